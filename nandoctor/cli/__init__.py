@@ -1,0 +1,38 @@
+"""`nandoctor` entry point: wires the subcommands; each lives in its own module with a
+`register(subparsers)` that adds its parser and a `run(args)` that calls the API."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import NandoctorError
+from . import check, grid, report
+
+COMMANDS = (grid, check, report)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit code 2."""
+
+    def error(self, message):
+        raise NandoctorError(f"{self.prog}: {message}")
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="nandoctor", description="Find the precision / attention / compile configuration that trains stably on this machine.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except NandoctorError as e:
+        print(f"nandoctor: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nandoctor: interrupted; results recorded so far are in the run directory (`nandoctor report DIR`)", file=sys.stderr)
+        return 130

@@ -1,0 +1,26 @@
+"""`nandoctor check`: one configuration, step-0 sanity, exit 0 (pass) or 1 (fail). Made for CI."""
+from __future__ import annotations
+
+from ..api import run_check
+from ..config import ATTNS, COMPILES, DTYPES, Cell
+from .common import add_model_args, recipe_from_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("check", help="quick step-0 sanity check of one configuration")
+    add_model_args(p)
+    p.add_argument("--dtype", default="bf16-amp", help=f"one of {', '.join(DTYPES)} (default bf16-amp)")
+    p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(ATTNS)} (default sdpa)")
+    p.add_argument("--compile", default="off", help=f"one of {', '.join(COMPILES)} (default off)")
+    p.set_defaults(func=run, steps=None)
+
+
+def run(args) -> int:
+    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}")
+    recipe = recipe_from_args(args)
+    analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out)
+    for name, passed, detail in checks:
+        print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
+    ok = all(passed for _, passed, _ in checks)
+    print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta['run_dir']})")
+    return 0 if ok else 1

@@ -1,0 +1,301 @@
+"""Typed configuration: the axes of the grid, the recipe tree, and narrow dotted overrides.
+
+This is a leaf module: it imports nothing from nandoctor. Every other stage reads these frozen
+dataclasses; YAML files and CLI flags are only ways to fill them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+DTYPES = ("fp32", "tf32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")
+ATTNS = ("eager", "sdpa", "sdpa:math", "sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "flash_attention_2")
+COMPILES = ("off", "inductor", "aot_eager")
+AXES = {"dtype": DTYPES, "attn": ATTNS, "compile": COMPILES}
+
+ADAPTER_TYPES = ("none", "lora", "dora")
+DATA_SOURCES = ("synthetic", "file")
+PAD_POLICIES = ("dedicated", "eos", "id0")
+LOAD_DTYPES = ("fp32", "bf16", "fp16")
+SCALES = ("auto", "probe", "full")
+
+
+class NandoctorError(Exception):
+    """An error the user caused (bad model, axis, recipe, run directory). The CLI prints it as one line
+    and exits 2; nothing else should catch it."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    hub_id: str | None = None  # looked up in the local Hugging Face cache only, never downloaded
+    path: str | None = None  # a local checkpoint directory (config.json + safetensors)
+    arch: dict = field(default_factory=dict)  # config values for AutoConfig.for_model(model_type, **arch)
+    dtype_on_load: str = "fp32"  # dtype of the master weights for the -amp cells
+    scale: str = "auto"  # auto: full size when it fits this machine, else a probe-scale twin
+    trust_remote_code: bool = False  # local checkpoints with their own modeling code
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    type: str = "none"
+    r: int = 8
+    alpha: int = 16
+    target_modules: tuple = ("q_proj", "v_proj")
+    dropout: float = 0.0
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = 1e-3
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: str = "synthetic"  # synthetic: a deterministic, learnable token stream from the seed
+    path: str | None = None  # for source=file: a local text file, encoded as bytes
+    batches: int = 4  # distinct batches the stream cycles through
+    pad_fraction: float = 0.0  # fraction of each sequence's tail that is padding
+
+
+@dataclass(frozen=True)
+class PadTokenConfig:
+    policy: str = "dedicated"  # dedicated: a reserved id; eos: pad is the eos id; id0: pad is id 0
+    mask_labels: bool = True  # pad positions get label -100
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str = "tiny-llama"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pad_token: PadTokenConfig = field(default_factory=PadTokenConfig)
+    grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
+    batch_size: int = 4
+    seq_len: int = 64
+    steps: int = 24
+    seed: int = 0
+    timeout_s: float = 600.0
+    axes: dict = field(default_factory=dict)  # default axis values for this recipe, e.g. {"compile": ["off"]}
+
+    def validate(self) -> "Recipe":
+        checks = [
+            ("adapter.type", self.adapter.type, ADAPTER_TYPES),
+            ("data.source", self.data.source, DATA_SOURCES),
+            ("pad_token.policy", self.pad_token.policy, PAD_POLICIES),
+            ("model.dtype_on_load", self.model.dtype_on_load, LOAD_DTYPES),
+            ("model.scale", self.model.scale, SCALES),
+        ]
+        for key, value, valid in checks:
+            if value not in valid:
+                raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
+        positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
+                    "timeout_s": self.timeout_s, "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches}
+        for key, value in positive.items():
+            if not value > 0:
+                raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")
+        if not 0.0 <= self.data.pad_fraction < 1.0:
+            raise NandoctorError(f"recipe {self.name!r}: data.pad_fraction must be in [0, 1), got {self.data.pad_fraction!r}")
+        if self.data.source == "file" and not self.data.path:
+            raise NandoctorError(f"recipe {self.name!r}: data.source=file needs data.path")
+        for axis, values in self.axes.items():
+            parse_axis_values(axis, values)
+        return self
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of the grid: precision x attention x compile."""
+    dtype: str = "fp32"
+    attn: str = "sdpa"
+    compile: str = "off"
+
+    @property
+    def id(self) -> str:
+        return f"{self.dtype}/{self.attn}/{self.compile}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Cell":
+        parts = text.split("/")
+        if len(parts) != 3:
+            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile, e.g. bf16-amp/sdpa/off")
+        cell = cls(*parts)
+        for axis in AXES:
+            parse_axis_values(axis, [getattr(cell, axis)])
+        return cell
+
+
+REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
+
+
+def parse_axis_values(axis: str, values) -> list[str]:
+    """Validate one axis ('dtype', 'attn', 'compile') and its values; returns the values as a list."""
+    if axis not in AXES:
+        raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v]
+    values = list(values)
+    if not values:
+        raise NandoctorError(f"axis {axis!r} has no values; valid: {', '.join(AXES[axis])}")
+    for v in values:
+        if v not in AXES[axis]:
+            raise NandoctorError(f"unknown {axis} value {v!r}; valid: {', '.join(AXES[axis])}")
+    return values
+
+
+def parse_axis_flag(text: str) -> tuple[str, list[str]]:
+    """'dtype=bf16-amp,fp16-amp' -> ('dtype', ['bf16-amp', 'fp16-amp'])."""
+    if "=" not in text:
+        raise NandoctorError(f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join(AXES)}")
+    name, values = text.split("=", 1)
+    return name.strip(), parse_axis_values(name.strip(), values)
+
+
+def _coerce(key: str, text, current):
+    """Type a value like the default it replaces (nanoGPT configurator style)."""
+    if not isinstance(text, str):
+        return text
+    if isinstance(current, bool):
+        if text.lower() in ("true", "1", "yes"):
+            return True
+        if text.lower() in ("false", "0", "no"):
+            return False
+        raise NandoctorError(f"{key}: expected true or false, got {text!r}")
+    try:
+        if isinstance(current, int):
+            return int(text)
+        if isinstance(current, float):
+            return float(text)
+        if isinstance(current, tuple):
+            return tuple(json.loads(text)) if text.startswith("[") else tuple(x for x in text.split(",") if x)
+        if isinstance(current, dict):
+            return json.loads(text)
+    except ValueError:
+        raise NandoctorError(f"{key}: cannot read {text!r} as {type(current).__name__}") from None
+    if current is None and text.lower() in ("none", "null"):
+        return None
+    return text
+
+
+def dotted_fields(obj=None, prefix: str = "") -> list[str]:
+    """Every settable dotted path of a Recipe ('optimizer.eps', 'grad_clip', ...)."""
+    obj = obj if obj is not None else Recipe()
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += dotted_fields(value, prefix + f.name + ".")
+        elif f.name != "name":
+            out.append(prefix + f.name)
+    return out
+
+
+def get_field(recipe: Recipe, key: str):
+    obj = recipe
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(obj) or not any(f.name == part for f in dataclasses.fields(obj)):
+            raise NandoctorError(f"unknown recipe field {key!r}; valid: {', '.join(dotted_fields())}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def set_field(recipe: Recipe, key: str, value) -> Recipe:
+    """Return a copy of recipe with the dotted field set, typed like its current value."""
+    current = get_field(recipe, key)
+    if dataclasses.is_dataclass(current):
+        raise NandoctorError(f"{key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(current)[0].name}")
+    head, _, rest = key.partition(".")
+    if not rest:
+        return dataclasses.replace(recipe, **{head: _coerce(key, value, current)})
+    return dataclasses.replace(recipe, **{head: _set_nested(getattr(recipe, head), rest, key, value)})
+
+
+def _set_nested(obj, rest: str, key: str, value):
+    head, _, tail = rest.partition(".")
+    if not tail:
+        return dataclasses.replace(obj, **{head: _coerce(key, value, getattr(obj, head))})
+    return dataclasses.replace(obj, **{head: _set_nested(getattr(obj, head), tail, key, value)})
+
+
+def recipe_from_dict(data: dict, name: str) -> Recipe:
+    """Build a Recipe from plain data (YAML), rejecting unknown keys with the list of valid ones."""
+    if not isinstance(data, dict):
+        raise NandoctorError(f"recipe {name!r}: expected a mapping at the top level")
+    return _build(Recipe, {"name": name, **data}, name, "").validate()
+
+
+def _build(cls, data: dict, name: str, prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    defaults = cls()
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise NandoctorError(f"recipe {name!r}: unknown key {prefix + key!r}; valid: {', '.join(prefix + k for k in fields)}")
+        default = getattr(defaults, key)
+        if dataclasses.is_dataclass(default):
+            if not isinstance(value, dict):
+                raise NandoctorError(f"recipe {name!r}: {prefix + key} must be a mapping")
+            kwargs[key] = _build(type(default), value, name, prefix + key + ".")
+        else:
+            kwargs[key] = _typed(name, prefix + key, value, default)
+    return cls(**kwargs)
+
+
+def _typed(name: str, key: str, value, default):
+    if isinstance(default, tuple) and isinstance(value, list):
+        return tuple(value)
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise NandoctorError(f"recipe {name!r}: {key} must be true or false, got {value!r}")
+    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(default, float) and isinstance(value, str):
+        try:
+            return float(value)  # YAML reads 1e-8 as a string
+        except ValueError:
+            raise NandoctorError(f"recipe {name!r}: {key} must be a number, got {value!r}") from None
+    if default is not None and not isinstance(value, type(default)) and not (isinstance(default, dict) and value is None):
+        raise NandoctorError(f"recipe {name!r}: {key} must be {type(default).__name__}, got {value!r}")
+    return value
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    return dataclasses.asdict(recipe)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number that turns a loss / grad-norm curve into a verdict, in one place.
+
+    - min_scale: a GradScaler whose scale falls below 1.0 has stopped calibrating: at scale < 1 the
+      gradients overflow fp16 even unscaled, so every further step is skipped.
+    - spike_factor / spike_window: a loss above 2x the mean of the previous 10 steps is a spike
+      (the rule of llm-foundry's loss-spike callback, which uses a running window and a multiplier).
+    - grad_explode_factor: a grad-norm 10x above the largest seen so far is an explosion (Megatron's
+      rerun machinery flags values more than 10x the running maximum as unexpectedly large).
+    - rise_nats: a run that ends more than 0.5 nats above where it started has diverged.
+    - drift_rel / drift_abs: a finite run whose mean |loss - reference loss| over its last quarter
+      exceeds 25% of the reference's own loss drop plus 0.02 nats has left the fp32 curve (a stall
+      is the common cause); bf16-amp stays within ~0.005 nats of fp32 on the default recipe.
+    - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
+    - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
+    """
+    min_scale: float = 1.0
+    spike_factor: float = 2.0
+    spike_window: int = 10
+    grad_explode_factor: float = 10.0
+    rise_nats: float = 0.5
+    drift_rel: float = 0.25
+    drift_abs: float = 0.02
+    init_loss_band_nats: float = 1.0
+    init_loss_band_rel: float = 0.10
+    fidelity_bucket: float = 0.005
+
+
+THRESHOLDS = Thresholds()

@@ -1,0 +1,20 @@
+"""summary.json: the analysis as data, for scripts that gate on it."""
+from __future__ import annotations
+
+from ..analysis import ProbeOutcome, RunAnalysis
+
+
+def _probe(o: ProbeOutcome) -> dict:
+    return {"probe_id": o.probe_id, "cell": o.record.get("cell"), "overrides": o.record.get("overrides") or {},
+            "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
+            "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
+            "steps_run": len(o.record.get("steps") or [])}
+
+
+def render_summary(a: RunAnalysis) -> dict:
+    return {"run_id": a.meta["run_id"], "kind": a.meta["kind"], "recipe": a.meta["recipe"]["name"],
+            "model": a.meta["model_plan"], "planned": a.expected, "finished": len(a.outcomes),
+            "recommended": a.recommended.probe_id if a.recommended else None,
+            "fastest_stable": a.fastest.probe_id if a.fastest else None,
+            "ranking": [o.probe_id for o in a.ranking], "exit_code": a.exit_code,
+            "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env")}

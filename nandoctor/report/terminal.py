@@ -1,0 +1,26 @@
+"""What the terminal shows: a line per probe as it finishes, then the ranked table."""
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from ..analysis import RunAnalysis
+from . import common
+
+
+def progress_line(done: int, total: int, record: dict, verdict) -> str:
+    wall = record.get("wall_s")
+    took = f"{wall:6.1f}s" if wall is not None else "      -"
+    return f"[{done:>3}/{total}] {record['probe_id']:<32} {verdict.name:<11} {took}  {verdict.reason}"
+
+
+def render_terminal(a: RunAnalysis, run_dir) -> str:
+    probed, why = common.model_line(a)
+    out = [f"model: {probed}", f"       {why}", ""]
+    rows = common.ranking_rows(a)
+    out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
+    fails = common.failure_rows(a)
+    if fails:
+        out += ["", tabulate([{k: r[k] for k in ("config", "verdict", "step", "reason")} for r in fails], headers="keys", maxcolwidths=[None, None, None, 70])]
+    out += [""] + common.headline(a)
+    out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
+    return "\n".join(out)

@@ -1,0 +1,62 @@
+"""The results store of one run directory: run.json (what was asked) and results.jsonl (one probe
+record per line, appended and fsynced as each probe finishes, so an interrupted run loses nothing)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from .config import NandoctorError
+
+RUN_FILE = "run.json"
+RESULTS_FILE = "results.jsonl"
+
+
+class ResultsStore:
+    def __init__(self, run_dir: str | Path):
+        self.dir = Path(run_dir)
+
+    @property
+    def results_path(self) -> Path:
+        return self.dir / RESULTS_FILE
+
+    def create(self, meta: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(record, default=str)  # floats keep full precision: json writes repr
+        with open(self.results_path, "a") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def meta(self) -> dict:
+        path = self.dir / RUN_FILE
+        if not self.dir.is_dir():
+            raise NandoctorError(f"run directory {str(self.dir)!r} does not exist; pass a directory made by `nandoctor grid`, e.g. reports/<run-id>")
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise NandoctorError(f"{str(self.dir)!r} is not a nandoctor run directory: it has no {RUN_FILE}") from None
+        except (OSError, ValueError) as e:
+            raise NandoctorError(f"cannot read {path}: {e}") from None
+
+    def records(self) -> list[dict]:
+        """Every complete record; a last line cut off by a crash of the runner itself is ignored."""
+        if not self.results_path.exists():
+            return []
+        try:
+            lines = self.results_path.read_text().splitlines()
+        except OSError as e:
+            raise NandoctorError(f"cannot read {self.results_path}: {e.strerror}") from None
+        out = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                if i != len(lines) - 1:
+                    raise NandoctorError(f"{self.results_path} line {i + 1} is not valid JSON") from None
+        return out

@@ -1,0 +1,139 @@
+"""Turn one probe record into one verdict with a one-line reason. Pure: no torch, no processes.
+Every threshold lives in config.Thresholds."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import THRESHOLDS, Thresholds
+from .probe import unrecoverable_at
+
+STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
+CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+VERDICTS = (STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT, CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED)
+HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
+CRASH_SIGNALS = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
+                 "SIGILL": "illegal instruction", "SIGFPE": "floating-point exception"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    reason: str
+    step: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.name not in (STABLE, UNSUPPORTED)
+
+
+def _fmt(x: float) -> str:
+    return repr(x) if not math.isfinite(x) else f"{x:.4g}"
+
+
+def harness_verdict(record: dict) -> Verdict | None:
+    """The verdict of a probe that did not finish on its own, or None if it did."""
+    status = record["status"]
+    last = len(record.get("steps") or []) - 1
+    done = f"after {last + 1} completed step(s)"
+    if status == "unsupported":
+        return Verdict(UNSUPPORTED, record["reason"])
+    if status == "timeout":
+        return Verdict(TIMEOUT, f"no result within {record.get('timeout_s', '?')} s, {done}", max(last, 0))
+    if status == "signal":
+        sig = record["signal"]
+        if sig in CRASH_SIGNALS:
+            return Verdict(CRASH, f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}", max(last, 0))
+        hint = " (the kernel's OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
+        return Verdict(KILLED, f"process killed by {sig}{hint} {done}", max(last, 0))
+    if status == "error":
+        err = record["error"]
+        first = (err.get("message") or "").strip().splitlines()[:1]
+        text = f"{err['type']}: {first[0] if first else ''}".strip().rstrip(":")
+        return Verdict(OOM if err.get("oom") else CRASH, text[:300], max(last + 1, 0))
+    if not record.get("steps"):
+        return Verdict(CRASH, "the probe finished without completing a training step")
+    return None
+
+
+def numeric_verdict(steps: list[dict], reference: list[dict] | None, t: Thresholds = THRESHOLDS) -> Verdict:
+    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given."""
+    for s in steps:
+        what = unrecoverable_at(s, t.min_scale)
+        if what == "loss":
+            return Verdict(NONFINITE, f"loss is {_fmt(s['loss'])} at step {s['step']}", s["step"])
+        if what == "grad":
+            return Verdict(NONFINITE, f"grad-norm is {_fmt(s['grad_norm'])} at step {s['step']} with no GradScaler to skip it", s["step"])
+        if what == "scale":
+            return Verdict(NONFINITE, f"GradScaler scale fell below {t.min_scale:g} at step {s['step']}: gradients overflow fp16 even unscaled", s["step"])
+    for s in steps:
+        if s["loss"] == 0.0:
+            return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s['step']}", s["step"])
+    losses = [s["loss"] for s in steps]
+    for k in range(3, len(losses)):
+        window = losses[max(0, k - t.spike_window):k]
+        mean = sum(window) / len(window)
+        if losses[k] > t.spike_factor * mean:
+            return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {k}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", k)
+    largest = None
+    for s in steps:
+        if s["skipped"] or not math.isfinite(s["grad_norm"]):
+            continue
+        if largest is not None and largest > 0 and s["grad_norm"] > t.grad_explode_factor * largest:
+            return Verdict(DIVERGED, f"grad-norm exploded to {_fmt(s['grad_norm'])} at step {s['step']}, {s['grad_norm'] / largest:.0f}x the largest before", s["step"])
+        largest = max(largest or 0.0, s["grad_norm"])
+    q = max(1, len(losses) // 4)
+    end = sum(losses[-q:]) / q
+    if len(losses) >= 4 and end > losses[0] + t.rise_nats:
+        return Verdict(DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", len(losses) - 1)
+    if reference:
+        n = min(len(steps), len(reference))
+        q = max(1, n // 4)
+        ref = [s["loss"] for s in reference[:n]]
+        dev = sum(abs(a - b) for a, b in zip(losses[n - q:n], ref[n - q:n])) / q
+        ref_drop = max(0.0, ref[0] - sum(ref[n - q:n]) / q)
+        tol = t.drift_rel * ref_drop + t.drift_abs
+        if dev > tol:
+            mine, theirs = sum(losses[n - q:n]) / q, sum(ref[n - q:n]) / q
+            return Verdict(DRIFT, f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
+                                  f"{dev:.3f} nats off, tolerance {tol:.3f} (25% of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})", n - q)
+    return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def classify(record: dict, reference: list[dict] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
+    return harness_verdict(record) or numeric_verdict(record["steps"], reference, t)
+
+
+def fidelity(steps: list[dict], reference: list[dict] | None) -> float | None:
+    """Mean relative loss error against the fp32 reference over their common steps (0 = identical)."""
+    if not reference or not steps:
+        return None
+    pairs = [(a["loss"], b["loss"]) for a, b in zip(steps, reference)]
+    if not all(math.isfinite(a) and math.isfinite(b) and b != 0 for a, b in pairs):
+        return None
+    return sum(abs(a - b) / abs(b) for a, b in pairs) / len(pairs)
+
+
+def check_results(record: dict, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS) -> list[tuple[str, bool, str]]:
+    """The step-0 sanity checks of `nandoctor check`: (name, passed, detail) each."""
+    failed = harness_verdict(record)
+    if failed:
+        return [("probe ran", False, f"{failed.name}: {failed.reason}")]
+    s0 = record["steps"][0]
+    out = [("loss finite at step 0", math.isfinite(s0["loss"]), f"loss {_fmt(s0['loss'])}")]
+    grad_ok = math.isfinite(s0["grad_norm"]) or (s0["skipped"] and s0["scale"] is not None)
+    out.append(("grad-norm finite at step 0", grad_ok,
+                f"grad-norm {_fmt(s0['grad_norm'])}" + (" (skipped by the GradScaler while calibrating)" if s0["skipped"] else "")))
+    out.append(("loss is not 0.0", s0["loss"] != 0.0, f"loss {_fmt(s0['loss'])}"))
+    if random_init:
+        expected = math.log(vocab)
+        band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)
+        ok = math.isfinite(s0["loss"]) and abs(s0["loss"] - expected) <= band
+        out.append(("initial loss near ln(vocab)", ok, f"loss {_fmt(s0['loss'])}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}"))
+    else:
+        out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
+    bad = [s for s in record["steps"] if unrecoverable_at(s, t.min_scale) == "scale"]
+    out.append(("no skipped step beyond GradScaler calibration", not bad,
+                f"scale fell below {t.min_scale:g} at step {bad[0]['step']}" if bad else
+                f"{sum(s['skipped'] for s in record['steps'])} calibration skip(s)"))
+    return out
