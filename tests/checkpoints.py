@@ -1,0 +1,71 @@
+"""Real tiny checkpoints on disk (config.json + safetensors), made the way a user's would be."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+TINY = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=1024, max_position_embeddings=256, tie_word_embeddings=False)
+
+
+def save_llama(path: Path, mlp_scale: dict | None = None, seed: int = 0, **overrides) -> Path:
+    """A random-init Llama saved with save_pretrained. mlp_scale {layer: (up_gate_factor, down_factor)}
+    multiplies that layer's MLP weights, so its activations get large in magnitude."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**TINY, **overrides}))
+    with torch.no_grad():
+        for layer, (up_gate, down) in (mlp_scale or {}).items():
+            mlp = model.model.layers[layer].mlp
+            mlp.up_proj.weight.mul_(up_gate)
+            mlp.gate_proj.weight.mul_(up_gate)
+            mlp.down_proj.weight.mul_(down)
+    model.save_pretrained(path)
+    return path
+
+
+# Layer 1's MLP scaled so that down_proj's output passes 65504 (fp16's largest finite value) while
+# fp32 and bf16 (8-bit exponent) hold it; measured on the 4 synthetic batches: max |down_proj| is
+# 2.1e5 to 3.2e5 (with factors 100/300 it was 4.7e4 to 7.1e4: only some batches overflow).
+LARGE_MLP = {1: (150.0, 600.0)}
+
+
+FAULTY_CODE = '''
+import ctypes, os, time
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class FaultyLlamaConfig(LlamaConfig):
+    model_type = "faulty-llama"
+
+
+class FaultyLlamaForCausalLM(LlamaForCausalLM):
+    """Modeling code with a bug per attention setting, as custom code in a checkpoint can have."""
+    config_class = FaultyLlamaConfig
+
+    def forward(self, *args, **kwargs):
+        attn = self.config._attn_implementation
+        pure_half = next(self.parameters()).dtype != __import__("torch").float32
+        if attn == "eager" and not pure_half:
+            raise RuntimeError("faulty-llama: unsupported rotary layout in custom kernel")
+        if attn == "eager" and pure_half:
+            time.sleep(3600)
+        if attn == "sdpa" and pure_half:
+            os.abort()
+        return super().forward(*args, **kwargs)
+'''
+
+
+def save_faulty_llama(path: Path) -> Path:
+    """A checkpoint with its own modeling code (auto_map): fp32/eager raises, fp32/sdpa trains,
+    half/eager hangs, half/sdpa aborts the process."""
+    save_llama(path)
+    (path / "faulty_llama.py").write_text(FAULTY_CODE)
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "faulty-llama"
+    config["architectures"] = ["FaultyLlamaForCausalLM"]
+    config["auto_map"] = {"AutoConfig": "faulty_llama.FaultyLlamaConfig",
+                          "AutoModelForCausalLM": "faulty_llama.FaultyLlamaForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
