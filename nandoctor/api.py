@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from .analysis import RunAnalysis, analyze, is_reference, reference_key
-from .config import Cell, NandoctorError, Recipe, recipe_to_dict
+from .config import REFERENCE_CELL, Cell, NandoctorError, Recipe, recipe_to_dict
 from .env import collect_summary
 from .models import ModelPlan, plan_model
 from .plan import PlannedProbe, plan_grid
@@ -111,7 +111,7 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
     from .capabilities import cell_support
     from .verdicts import check_results
     session = Session("check", recipe, out, 1, steps, device)
-    probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == Cell("fp32", "eager", "off"))
+    probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == REFERENCE_CELL)
     session.start(1, {"cell": cell.id})
     record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir)
