@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .analysis import RunAnalysis, analyze, is_reference, reference_key
 from .config import Cell, NandoctorError, Recipe, recipe_to_dict
-from .env import collect_summary
+from .env import collect_doctor, collect_summary
 from .models import ModelPlan, plan_model
 from .plan import PlannedProbe, plan_grid
 from .runner import ProbeRunner, ProbeTask, threads_per_probe
@@ -99,9 +99,12 @@ class Session:
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
              out=None, progress=None, device: dict | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
-    session = Session("grid", recipe, out, jobs, steps, device, progress)
+    from .doctor import doctor_section
+    session = Session("grid", recipe, out, jobs, steps, device or collect_doctor(), progress)
     probes = plan_grid(recipe, session.device, axes)
-    session.start(len(probes), {"axes": axes or {}})
+    runnable = [p.cell for p in probes if not p.unsupported]
+    doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]})
+    session.start(len(probes), {"axes": axes or {}, "doctor": doctor})
     session.run(recipe, probes)
     return render_run(session.dir)
 
