@@ -113,9 +113,11 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
     from .capabilities import cell_support
     from .verdicts import check_results
-    session = Session("check", recipe, out, 1, steps, device)
+    from .doctor import doctor_section
+    session = Session("check", recipe, out, 1, steps, device or collect_doctor())
     probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == Cell("fp32", "eager", "off"))
-    session.start(1, {"cell": cell.id})
+    doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
+    session.start(1, {"cell": cell.id, "doctor": doctor})
     record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir)
     checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")

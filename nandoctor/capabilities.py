@@ -55,6 +55,20 @@ def capability_row(capability: str | float) -> tuple[str, dict[str, bool]] | Non
     return arch, dict(zip(GPU_FEATURES, flags))
 
 
+def gpu_capabilities(env: dict) -> list[dict]:
+    """One row per visible GPU (from torch, else from NVML): its architecture and which precisions
+    and kernels run natively. `env` is the dict env.collect_doctor() returns."""
+    nvml = env.get("nvml") or {}
+    gpus = env.get("gpus") or (nvml.get("devices") if nvml.get("available") else None) or []
+    rows = []
+    for g in gpus:
+        row = capability_row(g["capability"])
+        arch, native = row if row else ("pre-Volta", {f: f == "fp32" for f in GPU_FEATURES})
+        rows.append({"index": g["index"], "name": g["name"], "capability": g["capability"], "architecture": arch,
+                     "memory_bytes": g["memory_bytes"], "native": native})
+    return rows
+
+
 def min_capability(feature: str) -> str:
     """The lowest compute capability in the table that runs `feature` natively."""
     return min((k for k, row in CAPABILITY_TABLE.items() if row[1 + GPU_FEATURES.index(feature)]), key=float)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .capabilities import GPU_FEATURES, capability_row, cell_support
+from .capabilities import cell_support, gpu_capabilities
 from .config import Cell, Recipe
 from .env import collect_doctor
 from .knowledge import SEVERITIES, evaluate, finding
@@ -13,19 +13,6 @@ from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load
                               setup_facts, trainer_cell)
 from .models import model_config
 from .plan import plan_grid
-
-
-def capabilities(env: dict) -> list[dict]:
-    """One row per visible GPU: its architecture and which precisions and kernels run natively."""
-    nvml = env.get("nvml") or {}
-    gpus = env.get("gpus") or (nvml.get("devices") if nvml.get("available") else None) or []
-    rows = []
-    for g in gpus:
-        row = capability_row(g["capability"])
-        arch, native = row if row else ("pre-Volta", {f: f in ("fp32", "fp16") for f in GPU_FEATURES})
-        rows.append({"index": g["index"], "name": g["name"], "capability": g["capability"], "architecture": arch,
-                     "memory_bytes": g["memory_bytes"], "native": native})
-    return rows
 
 
 def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args: dict | None = None,
@@ -50,7 +37,7 @@ def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | 
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
         findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer)
-    return {"capabilities": capabilities(env), "setup": setup, "findings": findings}
+    return {"capabilities": gpu_capabilities(env), "setup": setup, "findings": findings}
 
 
 def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = None, tokenizer_path: str | None = None,

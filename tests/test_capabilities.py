@@ -56,3 +56,12 @@ def test_planner_prunes_cuda_only_cells_on_cpu():
     assert set(unsupported) == {c for c in (p.probe_id for p in probes) if "tf32" in c or "efficient" in c or "cudnn" in c or "flash_attention_2" in c}
     assert "fp32/sdpa/off" not in unsupported and "fp32/eager/off" not in unsupported
     assert unsupported["fp32/sdpa:cudnn/off"] == "cuDNN SDPA is CUDA-only"
+
+
+def test_gpu_rows_come_from_nvml_when_torch_sees_no_gpu():
+    from nandoctor.capabilities import gpu_capabilities
+    env = {"gpus": [], "nvml": {"available": True, "driver": "550.54", "cuda_driver": "12.4",
+                                "devices": [{"index": 0, "name": "Tesla T4", "capability": "7.5", "memory_bytes": 15 << 30}]}}
+    (row,) = gpu_capabilities(env)
+    assert row["architecture"] == "Turing" and row["native"]["fp16"] and not row["native"]["bf16"]
+    assert gpu_capabilities({"gpus": [], "nvml": {"available": False, "reason": "no driver"}}) == []

@@ -6,7 +6,7 @@ import json
 
 from tabulate import tabulate
 
-from ..capabilities import GPU_FEATURES
+from ..capabilities import GPU_FEATURES, gpu_capabilities
 from .common import fmt_bytes
 
 
@@ -36,10 +36,10 @@ def environment_facts(env: dict) -> list[dict]:
     return [{"fact": k, "value": v} for k, v in core] + stack_facts(env)
 
 
-def capability_rows(doctor: dict) -> list[dict]:
+def capability_rows(env: dict) -> list[dict]:
     return [{"GPU": f"{c['index']}: {c['name']}", "cc": c["capability"], "arch": c["architecture"],
              "memory": fmt_bytes(c["memory_bytes"]), **{f: "yes" if c["native"][f] else "no" for f in GPU_FEATURES}}
-            for c in doctor.get("capabilities") or []]
+            for c in gpu_capabilities(env)]
 
 
 def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
@@ -56,13 +56,13 @@ def _table(rows: list[dict], fmt: str) -> str:
     return tabulate(rows, headers="keys", tablefmt=fmt) if rows else "_none_" if fmt == "github" else "none"
 
 
-def doctor_markdown(env: dict, doctor: dict, findings: list[dict]) -> list[str]:
+def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
     """The '## Doctor' section of report.md, as lines."""
     parts = ["## Doctor", "", "Known issues for this setup (rules in nandoctor/knowledge/rules.yaml, each with its evidence):", ""]
     parts += [_table([{k: r[k] for k in ("severity", "rule", "finding", "cells", "fix")} for r in finding_rows(findings)], "github"), ""]
     for r in finding_rows(findings):
         parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}")
-    caps = capability_rows(doctor)
+    caps = capability_rows(env)
     parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible; the CPU runs every dtype in software."), ""]
     if caps:
         parts += [_table(caps, "github"), ""]
@@ -74,7 +74,7 @@ def render_doctor_text(report: dict) -> str:
     """What `nandoctor doctor` prints."""
     env = report["environment"]
     out = ["Environment", tabulate([(r["fact"], r["value"]) for r in environment_facts(env)], tablefmt="plain"), ""]
-    caps = capability_rows(report)
+    caps = capability_rows(env)
     out += ["GPU capabilities (native support)", tabulate(caps, headers="keys") if caps else
             "no GPU visible to torch or NVML: probes run on the CPU (fp32 native; bf16/fp16 in software)", ""]
     setup = report.get("setup")

@@ -43,6 +43,6 @@ def render_html(a: RunAnalysis) -> str:
         meta=a.meta, headline=common.headline(a), probed=probed, why=why,
         ranking=common.ranking_rows(a), failures=common.failure_rows(a), unsupported=common.unsupported_rows(a),
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
-        capabilities=doctor.capability_rows(a.meta.get("doctor") or {}), bucket=100 * THRESHOLDS.fidelity_bucket,
+        capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
         overview_svg=line_chart(overview, "loss of the top-ranked stable configurations", width=860, height=260) if overview else "",
         cards=cards)
