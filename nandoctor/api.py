@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .analysis import RunAnalysis, analyze, is_reference, reference_key
 from .config import Cell, NandoctorError, Recipe, recipe_to_dict
+from .doctor import doctor_section
 from .env import collect_doctor, collect_summary
 from .models import ModelPlan, plan_model
 from .plan import PlannedProbe, plan_grid
@@ -99,7 +100,6 @@ class Session:
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
              out=None, progress=None, device: dict | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
-    from .doctor import doctor_section
     session = Session("grid", recipe, out, jobs, steps, device or collect_doctor(), progress)
     probes = plan_grid(recipe, session.device, axes)
     runnable = [p.cell for p in probes if not p.unsupported]
@@ -113,7 +113,6 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
     from .capabilities import cell_support
     from .verdicts import check_results
-    from .doctor import doctor_section
     session = Session("check", recipe, out, 1, steps, device or collect_doctor())
     probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == Cell("fp32", "eager", "off"))
     doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})

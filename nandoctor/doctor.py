@@ -57,8 +57,8 @@ def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = Non
         cells = [trainer_cell(trainer_args, attn)]
     else:
         cells = [p.cell for p in plan_grid(recipe, env, axes) if not p.unsupported]
-    unsupported = {c.id: cell_support(c, env) for c in cells if cell_support(c, env)}
-    setup = {"recipe": recipe.name, "cells": [c.id for c in cells], "unsupported": unsupported,
+    reasons = {c.id: cell_support(c, env) for c in cells}
+    setup = {"recipe": recipe.name, "cells": [c.id for c in cells], "unsupported": {cell: why for cell, why in reasons.items() if why},
              "trainer_args": str(Path(trainer_args_path)) if trainer_args_path else None,
              "tokenizer": str(tokenizer_path) if tokenizer_path else None}
     return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}

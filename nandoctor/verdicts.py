@@ -33,7 +33,7 @@ def _fmt(x: float) -> str:
 
 
 def known_crash(text: str) -> str:
-    """' Known issue ...: diagnosis Fix: fix' when the text matches a crash signature, else ''."""
+    """' -- known issue ID: diagnosis Fix: fix' when the text matches a crash signature, else ''."""
     sig = diagnose_crash(text)
     return f" -- known issue {sig.id}: {sig.diagnosis} Fix: {sig.fix}" if sig else ""
 
