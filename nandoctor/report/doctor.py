@@ -63,7 +63,7 @@ def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
     for r in finding_rows(findings):
         parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}")
     caps = capability_rows(env)
-    parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible; the CPU runs every dtype in software."), ""]
+    parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible to torch or NVML; probes run on the CPU."), ""]
     if caps:
         parts += [_table(caps, "github"), ""]
     parts += [_table(stack_facts(env), "github"), ""]
