@@ -9,7 +9,7 @@ from .config import REFERENCE_CELL
 from .knowledge import evaluate, finding, rule_by_id
 from .knowledge.facts import observed_facts
 from .ranking import rank, tokens_per_s
-from .store import ResultsStore
+from .store import BISECT_FILE, ResultsStore
 from .verdicts import HARNESS_FAILURES, STABLE, Verdict, classify, fidelity
 
 
@@ -37,6 +37,7 @@ class RunAnalysis:
     ranking: list[ProbeOutcome] = field(default_factory=list)
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
+    bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
 
     @property
     def recommended(self) -> ProbeOutcome | None:
@@ -56,7 +57,10 @@ class RunAnalysis:
     @property
     def exit_code(self) -> int:
         """0 when a stable configuration exists and no probe crashed, hung or was killed; else 1.
-        Numerical failures are findings, not errors: finding them is the point of a grid."""
+        Numerical failures are findings, not errors: finding them is the point of a grid.
+        A bisection exits 0 when it found a configuration that held up on its reruns, else 1."""
+        if self.meta.get("kind") == "bisect":
+            return 0 if self.bisection and self.bisection.get("recommended") is not None else 1
         if not self.ranking or any(o.verdict.name in HARNESS_FAILURES for o in self.outcomes):
             return 1
         return 0
@@ -110,4 +114,6 @@ def analyze(run_dir) -> RunAnalysis:
     store = ResultsStore(run_dir)
     meta = store.meta()
     meta["run_dir"] = str(run_dir)  # where it is now, which may differ from where it was written
-    return analyze_records(meta, store.records())
+    analysis = analyze_records(meta, store.records())
+    analysis.bisection = store.read_json(BISECT_FILE)
+    return analysis

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -66,6 +67,14 @@ class Session:
         self.done = 0
         self.planned = 0
         self.references: dict[str, list] = {}
+        self.plans = {json.dumps(recipe_to_dict(recipe), sort_keys=True, default=str): self.plan}
+
+    def plan_for(self, recipe: Recipe) -> ModelPlan:
+        """The model plan of a recipe variant (an adapter or model.* override changes it)."""
+        key = json.dumps(recipe_to_dict(recipe), sort_keys=True, default=str)
+        if key not in self.plans:
+            self.plans[key] = plan_model(recipe, self.device)
+        return self.plans[key]
 
     def start(self, planned: int, extra: dict | None = None) -> None:
         self.planned = planned
@@ -76,14 +85,17 @@ class Session:
                            "env": self.device, "planned": planned, **(extra or {})})
 
     def run(self, recipe: Recipe, probes: list[PlannedProbe]) -> list[dict]:
-        """Record the unsupported probes, run the others, return every record in plan order."""
+        """Record the unsupported probes, run the others, return every record in plan order. A probe
+        that carries its own recipe variant runs with it; the others run with `recipe`."""
         records = {}
         for p in probes:
             if p.unsupported:
-                records[p.probe_id] = unsupported_record(recipe, p, self.plan)
+                own = p.recipe or recipe
+                records[p.probe_id] = unsupported_record(own, p, self.plan_for(own))
                 self.store.append(records[p.probe_id])
                 self._report(records[p.probe_id])
-        tasks = [probe_task(recipe, p, self.plan, self.device, self.steps, self.jobs) for p in probes if not p.unsupported]
+        tasks = [probe_task(p.recipe or recipe, p, self.plan_for(p.recipe or recipe), self.device, self.steps, self.jobs)
+                 for p in probes if not p.unsupported]
         for r in self.runner.run(tasks, on_record=self._report):
             records[r["probe_id"]] = r
         return [records[p.probe_id] for p in probes]

@@ -184,13 +184,15 @@ class Bisection:
         trials = self._trials(factors, confirm)
         return self._step(phase, factors, trials, self._run(trials))
 
-    def probe_many(self, phase: str, candidates: list[list[str]], confirm: bool) -> list[Step]:
-        """Probe several configurations at once (the oracle may run them in parallel)."""
+    def probe_many(self, phase: str | list[str], candidates: list[list[str]], confirm: bool) -> list[Step]:
+        """Probe several configurations at once (the oracle may run them in parallel); `phase` names
+        all of them, or each one."""
+        phases = phase if isinstance(phase, list) else [phase] * len(candidates)
         groups = [self._trials(c, confirm) for c in candidates]
         runs = self._run([t for g in groups for t in g])
         steps, i = [], 0
-        for c, g in zip(candidates, groups):
-            steps.append(self._step(phase, c, g, runs[i:i + len(g)]))
+        for p, c, g in zip(phases, candidates, groups):
+            steps.append(self._step(p, c, g, runs[i:i + len(g)]))
             i += len(g)
         return steps
 
@@ -220,8 +222,7 @@ class Bisection:
     def run(self) -> BisectResult:
         result = BisectResult("bisected", "", {k: [self.good.get(k), self.bad[k]] for k in self.factors},
                               self.good, self.bad, full_grid=2 ** len(self.factors))
-        target, baseline = self.probe_many("confirm", [self.factors, []], confirm=True)
-        target.phase, baseline.phase = "confirm-target", "confirm-baseline"
+        target, baseline = self.probe_many(["confirm-target", "confirm-baseline"], [self.factors, []], confirm=True)
         if target.outcome == PASS:
             self._finish(result, "nothing-to-bisect", "the target is already stable: nothing to bisect", target)
         elif target.outcome in (FLAKY, UNRESOLVED):

@@ -19,6 +19,7 @@ class PlannedProbe:
     reference: bool = False
     overrides: dict = field(default_factory=dict)  # dotted recipe fields set for this probe (bisect)
     seed_offset: int = 0
+    recipe: Recipe | None = None  # this probe's recipe variant (the overrides applied); None: the run's
 
 
 def default_axes(recipe: Recipe, device: dict) -> dict[str, list[str]]:

@@ -30,7 +30,7 @@ class ProbeTask:
 
 
 def probe_dir(run_dir: Path, probe_id: str) -> Path:
-    return run_dir / "probes" / probe_id.replace("/", "__").replace("=", "-").replace(",", "+")
+    return run_dir / "probes" / probe_id.replace("/", "__").replace("=", "-").replace(",", "+").replace(" ", "_")
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:

@@ -10,6 +10,7 @@ from .config import NandoctorError
 
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
+BISECT_FILE = "bisect.json"  # the bisection path, culprits and recommendation of a `bisect` run
 
 
 class ResultsStore:
@@ -30,6 +31,19 @@ class ResultsStore:
             f.write(line + "\n")
             f.flush()
             os.fsync(f.fileno())
+
+    def write_json(self, name: str, data: dict) -> None:
+        (self.dir / name).write_text(json.dumps(data, indent=2, default=str))
+
+    def read_json(self, name: str) -> dict | None:
+        """A JSON file of the run directory, or None when the run has none (yet)."""
+        path = self.dir / name
+        if not path.exists():
+            return None
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise NandoctorError(f"cannot read {path}: {e}") from None
 
     def meta(self) -> dict:
         path = self.dir / RUN_FILE

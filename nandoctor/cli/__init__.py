@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..config import NandoctorError
-from . import check, doctor, grid, report
+from . import bisect, check, doctor, grid, report
 
-COMMANDS = (grid, check, report, doctor)
+COMMANDS = (grid, check, bisect, report, doctor)
 
 
 class Parser(argparse.ArgumentParser):

@@ -35,7 +35,7 @@ def fmt_loss(x: float | None) -> str:
 def label(o: ProbeOutcome) -> str:
     overrides = o.record.get("overrides") or {}
     extra = "".join(f" {k}={v}" for k, v in overrides.items())
-    return o.probe_id if not extra or o.probe_id.endswith(extra.strip()) else o.probe_id + extra
+    return o.probe_id if not extra or extra.strip() in o.probe_id else o.probe_id + extra
 
 
 def last_loss(o: ProbeOutcome) -> float | None:
@@ -78,7 +78,10 @@ def headline(a: RunAnalysis) -> list[str]:
     """The sentences a user reads first."""
     lines = []
     rec, fast = a.recommended, a.fastest
-    if rec:
+    if a.meta["kind"] == "bisect":
+        from .bisection import headline_lines
+        lines += headline_lines(a.bisection)
+    elif rec:
         lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, peak {fmt_bytes(rec.peak_memory_bytes)})")
         if fast is not rec:
             lines.append(f"Fastest stable: {label(fast)} ({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})")

@@ -8,7 +8,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis import ProbeOutcome, RunAnalysis
 from ..config import THRESHOLDS
-from . import common, doctor
+from . import bisection, common, doctor
 from .charts import line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -45,4 +45,9 @@ def render_html(a: RunAnalysis) -> str:
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
         capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
         overview_svg=line_chart(overview, "loss of the top-ranked stable configurations", width=860, height=260) if overview else "",
-        cards=cards)
+        cards=cards, bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None)
+
+
+def bisection_context(b: dict) -> dict:
+    return {"message": b["message"], "factors": bisection.factor_rows(b), "culprits": bisection.culprit_rows(b),
+            "recommendation": bisection.recommendation_lines(b), "path": bisection.path_rows(b)}

@@ -5,6 +5,7 @@ import xml.etree.ElementTree as ET
 
 from ..analysis import RunAnalysis
 from ..verdicts import HARNESS_FAILURES, UNSUPPORTED
+from . import bisection
 from .common import label
 
 
@@ -23,5 +24,24 @@ def render_junit(a: RunAnalysis) -> str:
             tag = "error" if o.verdict.name in HARNESS_FAILURES else "failure"
             node = ET.SubElement(case, tag, type=o.verdict.name, message=o.verdict.reason)
             node.text = o.record.get("log_tail") or (o.record.get("error") or {}).get("traceback") or o.verdict.reason
+    if a.meta["kind"] == "bisect" and a.bisection:
+        bisection_cases(suite, a.bisection)
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
+
+
+def bisection_cases(suite: ET.Element, b: dict) -> None:
+    """A failed case per culprit (its evidence as the message) and a case for the recommendation, which
+    fails when no configuration held up; the suite's counts are updated to include them."""
+    for c in b["culprits"]:
+        case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect.culprit", name=bisection.factor_text(b, c["factors"]))
+        ET.SubElement(case, "failure", type="culprit", message=f"{bisection.culprit_kind(c)}: fails alone at step "
+                      f"{c['evidence']}, passes without each factor at steps {c['minimality']}")
+    case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect", name="recommended configuration")
+    lines = bisection.recommendation_lines(b)
+    if lines:
+        ET.SubElement(case, "system-out").text = "\n".join(lines)
+    else:
+        ET.SubElement(case, "failure", type="no-stable-configuration", message=b["message"])
+    suite.set("tests", str(int(suite.get("tests")) + len(b["culprits"]) + 1))
+    suite.set("failures", str(int(suite.get("failures")) + len(b["culprits"]) + (0 if lines else 1)))

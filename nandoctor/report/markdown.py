@@ -5,7 +5,7 @@ from tabulate import tabulate
 
 from ..analysis import RunAnalysis
 from ..config import THRESHOLDS
-from . import common
+from . import bisection, common
 from .doctor import doctor_markdown
 
 
@@ -20,6 +20,8 @@ def render_markdown(a: RunAnalysis) -> str:
              f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.", ""]
     parts += [f"- {line}" for line in common.headline(a)]
     parts += ["", "## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
+    if m["kind"] == "bisect" and a.bisection:
+        parts += bisection_section(a.bisection)
     parts += ["## Stable configurations, ranked", "",
               "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
               f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then tokens/s, then peak memory.", "",
@@ -30,3 +32,13 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
     parts += [f"Command: `{m.get('command', '')}`", ""]
     return "\n".join(parts)
+
+
+def bisection_section(b: dict) -> list[str]:
+    parts = ["## Bisection", "", b["message"][0].upper() + b["message"][1:] + ".", "", _table(bisection.factor_rows(b)), "",
+             "### Culprits", "", _table(bisection.culprit_rows(b)), ""]
+    lines = bisection.recommendation_lines(b)
+    if lines:
+        parts += ["### Recommended configuration", "", "```", *lines, "```", ""]
+    parts += ["### Bisection path, probe by probe", "", _table(bisection.path_rows(b)), ""]
+    return parts

@@ -4,13 +4,13 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis import RunAnalysis
-from . import common
+from . import bisection, common
 
 
 def progress_line(done: int, total: int, record: dict, verdict) -> str:
     wall = record.get("wall_s")
     took = f"{wall:6.1f}s" if wall is not None else "      -"
-    return f"[{done:>3}/{total}] {record['probe_id']:<32} {verdict.name:<11} {took}  {verdict.reason}"
+    return f"[{done:>3}/{total or '?'}] {record['probe_id']:<32} {verdict.name:<11} {took}  {verdict.reason}"
 
 
 def render_terminal(a: RunAnalysis, run_dir) -> str:
@@ -21,6 +21,9 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
     fails = common.failure_rows(a)
     if fails:
         out += ["", tabulate([{k: r[k] for k in ("config", "verdict", "step", "reason")} for r in fails], headers="keys", maxcolwidths=[None, None, None, 70])]
+    if a.meta["kind"] == "bisect" and a.bisection:
+        out += ["", tabulate(bisection.culprit_rows(a.bisection), headers="keys") if a.bisection["culprits"] else "no culprits isolated"]
+        out += ["", "Recommended configuration:"] + [f"  {line}" for line in bisection.recommendation_lines(a.bisection)]
     out += [""] + common.headline(a)
     out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
     return "\n".join(out)

@@ -1,0 +1,47 @@
+"""`nandoctor bisect`: find the minimal set of settings that breaks training, and the stable
+configuration nearest the one the user wants."""
+from __future__ import annotations
+
+import dataclasses
+
+from ..bisect_run import run_bisect
+from ..report.bisection import describe_step, probe_line
+from ..report.terminal import render_terminal
+from .common import add_model_args, recipe_from_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("bisect", help="isolate the settings that break training (delta debugging)")
+    add_model_args(p)
+    p.add_argument("--bad", metavar="NAME=V,...", help="the target that fails, e.g. dtype=bf16-pure,optimizer.eps=1e-8 "
+                   "(default: the fastest configuration this device supports)")
+    p.add_argument("--good", metavar="NAME=V,...", help="the baseline that passes (default: dtype=fp32,attn=eager,compile=off)")
+    p.add_argument("--factor", action="append", default=[], metavar="NAME=VALUE",
+                   help="one more target setting to consider, an axis or a dotted recipe field (repeatable)")
+    p.add_argument("--reruns", type=int, default=1, help="identical reruns of every decisive probe (default 1)")
+    p.add_argument("--data-seeds", type=int, default=0, help="also rerun decisive probes on K other seeds (default 0)")
+    p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    p.set_defaults(func=run)
+
+
+def model_flags(args) -> list[str]:
+    """The flags that name the model and recipe, for the recommended command line."""
+    flags = []
+    for name in ("model", "recipe", "scale"):
+        if getattr(args, name):
+            flags += [f"--{name}", str(getattr(args, name))]
+    for item in args.set:
+        flags += ["--set", item]
+    return flags + (["--trust-remote-code"] if args.trust_remote_code else [])
+
+
+def run(args) -> int:
+    recipe = recipe_from_args(args)
+    analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, reruns=args.reruns,
+                             data_seeds=args.data_seeds, steps=args.steps, jobs=args.jobs, out=args.out,
+                             model_flags=model_flags(args),
+                             progress=lambda done, _, record, __: print(probe_line(done, record), flush=True),
+                             on_step=lambda step: print(describe_step(dataclasses.asdict(step)), flush=True))
+    print()
+    print(render_terminal(analysis, analysis.meta["run_dir"]))
+    return analysis.exit_code
