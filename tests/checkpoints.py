@@ -84,4 +84,47 @@ def save_tokenizer(path: Path, **special) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                                    unk_token="<unk>", **special)
     fast.save_pretrained(path)
+
+FLAKY_CODE = '''
+import math
+from pathlib import Path
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class FlakyLlamaConfig(LlamaConfig):
+    model_type = "flaky-llama"
+
+
+class FlakyLlamaForCausalLM(LlamaForCausalLM):
+    """Custom modeling code with state across runs: with sdpa attention, every odd-numbered process
+    that trains it (counted in a file named by config.flaky_counter_path) gets a NaN loss, as a
+    nondeterministic kernel would. Eager attention never touches the counter."""
+    config_class = FlakyLlamaConfig
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if self.config._attn_implementation == "sdpa":
+            if not hasattr(self, "_poisoned"):
+                counter = Path(self.config.flaky_counter_path)
+                n = int(counter.read_text()) + 1 if counter.exists() else 1
+                counter.write_text(str(n))
+                self._poisoned = n % 2 == 1
+            if self._poisoned:
+                out.loss = out.loss * math.nan
+        return out
+'''
+
+
+def save_flaky_llama(path: Path) -> Path:
+    """A checkpoint with its own modeling code (auto_map) whose sdpa runs alternate NaN / fine by
+    process, counted in path/runs.txt; eager runs are always fine."""
+    save_llama(path)
+    (path / "flaky_llama.py").write_text(FLAKY_CODE)
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "flaky-llama"
+    config["architectures"] = ["FlakyLlamaForCausalLM"]
+    config["flaky_counter_path"] = str(path / "runs.txt")
+    config["auto_map"] = {"AutoConfig": "flaky_llama.FlakyLlamaConfig",
+                          "AutoModelForCausalLM": "flaky_llama.FlakyLlamaForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
     return path

@@ -52,7 +52,8 @@ def headline_lines(b: dict | None) -> list[str]:
         lines.append(f"Flaky, not used as a culprit: {factor_text(b, step['factors'])} "
                      f"(verdicts {', '.join(step['verdicts'])} on identical reruns)")
     rec = b.get("recommendation")
-    lines.append(f"Recommended: {config_text(rec['config'])}" if rec else "No configuration tried held up as stable.")
+    lines.append(f"Recommended: {config_text(rec['config'])} (stable at step {b['recommended_step']})" if rec else
+                 "No configuration tried held up as stable.")
     k = len(b["factors"])
     lines.append(f"Probes: {b['probes']} probe processes over {b['configurations']} configurations for {k} "
                  f"factor(s); every mix of these factors is 2^{k} = {b['full_grid']} configurations.")
