@@ -14,6 +14,7 @@ from .api import Session, render_run
 from .bisect import Bisection, BisectResult, Run, Trial
 from .capabilities import cell_support
 from .config import AXES, REFERENCE_CELL, Cell, NandoctorError, Recipe, dotted_fields, get_field, parse_axis_values, set_field
+from .env import collect_summary
 from .plan import PlannedProbe
 from .ranking import tokens_per_s
 from .store import BISECT_FILE
@@ -69,7 +70,8 @@ def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: st
                          factors: list[str]) -> tuple[dict, dict]:
     """(good, bad) as full configurations. The baseline defaults to fp32/eager/off with the recipe's
     own fields; the target to the baseline with the given --bad values, or to the fastest cell the
-    device supports when --bad is absent. --factor NAME=VALUE adds one more target value."""
+    device supports when --bad is absent. --factor NAME=VALUE adds one more target value. Only the
+    values that differ between the two are factors of the search."""
     good_set = {k: typed_value(recipe, k, v, "--good") for k, v in parse_assignments(good, "--good").items()} if good else {}
     bad_set = {k: typed_value(recipe, k, v, "--bad") for k, v in parse_assignments(bad, "--bad").items()} if bad else \
         {"dtype": (c := fastest_cell(device)).dtype, "attn": c.attn, "compile": c.compile}
@@ -78,10 +80,9 @@ def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: st
     fields = [k for k in {**good_set, **bad_set} if k not in AXES]
     good_cfg = {**BASELINE_AXES, **{k: get_field(recipe, k) for k in fields}, **good_set}
     bad_cfg = {**good_cfg, **bad_set}
-    for name in list(bad_set) + [k for item in factors for k in parse_assignments(item, "--factor")]:
-        if bad_cfg[name] == good_cfg[name]:
-            raise NandoctorError(f"factor {name}={bad_cfg[name]!r} is the same in the target and the baseline; "
-                                 "a factor must differ between them")
+    if bad_cfg == good_cfg:  # a value equal in both is not a factor; with none left there is nothing to search
+        raise NandoctorError(f"the target and the baseline are the same configuration ({', '.join(f'{k}={v}' for k, v in bad_set.items())}); "
+                             "give --bad / --factor values that differ from the baseline")
     for label, cfg in (("target", bad_cfg), ("baseline", good_cfg)):
         variant(recipe, cfg)  # every combination is validated when it is probed; fail early on these two
         why = cell_support(cell_of(cfg), device)
@@ -158,8 +159,9 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     run directory (reports written) and the bisection result (also saved as bisect.json)."""
     if reruns < 0 or data_seeds < 0:
         raise NandoctorError(f"--reruns and --data-seeds must be >= 0, got {reruns} and {data_seeds}")
+    device = device or collect_summary()
+    good_cfg, bad_cfg = parse_configurations(recipe, device, good, bad, factors or [])  # before any model work
     session = Session("bisect", recipe, out, jobs, steps, device, progress)
-    good_cfg, bad_cfg = parse_configurations(recipe, session.device, good, bad, factors or [])
     session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds})
     oracle = ProbeOracle(session, recipe)
     result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()

@@ -50,7 +50,7 @@ def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
 
 def test_stable_target_ends_with_nothing_to_bisect(tmp_path, cli):
     out = tmp_path / "stable"
-    proc = cli("bisect", "--bad", "attn=sdpa", "--steps", "4", "--reruns", "0", "--out", out)
+    proc = cli("bisect", "--bad", "attn=sdpa", "--steps", "3", "--reruns", "0", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "nothing to bisect" in proc.stdout
     b = bisection(out)

@@ -1,0 +1,41 @@
+"""Parsing --good / --bad / --factor into configurations, and the default target: pure, no probes."""
+import pytest
+
+from nandoctor.bisect_run import fastest_cell, parse_assignments, parse_configurations
+from nandoctor.config import NandoctorError, Recipe
+
+CPU = {"device": "cpu", "gpus": [], "cxx": "/usr/bin/g++"}
+T4 = {"device": "cuda", "gpus": [{"capability": "7.5", "memory_bytes": 16 << 30}], "cudnn": 90100, "cxx": "/usr/bin/g++"}
+
+
+def test_a_comma_inside_a_tuple_value_does_not_split_the_assignment():
+    assert parse_assignments("dtype=fp16-pure,adapter.target_modules=q_proj,v_proj,grad_clip=0", "--bad") == \
+        {"dtype": "fp16-pure", "adapter.target_modules": "q_proj,v_proj", "grad_clip": "0"}
+
+
+def test_target_is_the_baseline_plus_the_bad_values_typed_like_the_recipe():
+    good, bad = parse_configurations(Recipe(), CPU, None, "dtype=fp16-pure,optimizer.eps=1e-8", ["grad_clip=0"])
+    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer.eps": 1e-8, "grad_clip": 1.0}
+    assert bad == {**good, "dtype": "fp16-pure", "grad_clip": 0.0}
+
+
+def test_a_target_equal_to_the_baseline_is_rejected():
+    with pytest.raises(NandoctorError, match="the target and the baseline are the same configuration"):
+        parse_configurations(Recipe(), CPU, None, "dtype=fp32,optimizer.eps=1e-8", [])
+
+
+def test_without_bad_the_target_is_the_fastest_cell_the_device_supports():
+    assert fastest_cell(CPU).id == "bf16-pure/sdpa:flash/inductor"
+    # a T4 (sm75) has no bf16 and no flash / cuDNN SDPA: fp16 with the memory-efficient kernel
+    assert fastest_cell(T4).id == "fp16-pure/sdpa:efficient/inductor"
+    assert fastest_cell({**CPU, "cxx": None}).compile == "aot_eager"
+
+
+def test_unsupported_target_is_one_clear_error():
+    with pytest.raises(NandoctorError, match="cannot run on this device: cuDNN SDPA is CUDA-only"):
+        parse_configurations(Recipe(), CPU, None, "attn=sdpa:cudnn", [])
+
+
+def test_bad_value_for_a_recipe_field_names_the_flag():
+    with pytest.raises(NandoctorError, match="--good: recipe .*pad_token.policy='left'"):
+        parse_configurations(Recipe(), CPU, "pad_token.policy=left", None, [])
