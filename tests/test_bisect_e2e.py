@@ -18,7 +18,7 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(tmp_path, cli):
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]
     assert b["path"][b["culprits"][0]["evidence"]]["verdicts"] == ["nonfinite"]
     assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off"}
-    assert "Culprit (single factor): dtype=fp16-pure" in proc.stdout
+    assert "Culprit (single factor): dtype=fp16-pure -> nonfinite" in proc.stdout
     rec = b["recommendation"]
     assert rec["command"] == "nandoctor check --dtype fp32 --attn sdpa --compile off"
     assert rec["model_loading"] == {"dtype": "torch.float32", "attn_implementation": "sdpa"}

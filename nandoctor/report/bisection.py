@@ -41,12 +41,16 @@ def culprit_kind(c: dict) -> str:
     return kind + (", data-dependent" if c["data_dependent"] else "")
 
 
+def evidence_verdicts(b: dict, c: dict) -> str:
+    return "/".join(sorted(set(b["path"][c["evidence"]]["verdicts"])))
+
+
 def headline_lines(b: dict | None) -> list[str]:
     if b is None:
         return ["The bisection did not finish: no bisect.json in this run directory."]
     lines = [f"Bisection: {b['message']}."]
     for c in b["culprits"]:
-        lines.append(f"Culprit ({culprit_kind(c)}): {factor_text(b, c['factors'])}")
+        lines.append(f"Culprit ({culprit_kind(c)}): {factor_text(b, c['factors'])} -> {evidence_verdicts(b, c)}")
     for i in b["flaky"]:
         step = b["path"][i]
         lines.append(f"Flaky, not used as a culprit: {factor_text(b, step['factors'])} "
@@ -73,7 +77,7 @@ def path_rows(b: dict) -> list[dict]:
 
 
 def culprit_rows(b: dict) -> list[dict]:
-    return [{"culprit": factor_text(b, c["factors"]), "kind": culprit_kind(c),
+    return [{"culprit": factor_text(b, c["factors"]), "kind": culprit_kind(c), "verdict": evidence_verdicts(b, c),
              "fails alone (step)": c["evidence"], "passes without each factor (steps)": ", ".join(map(str, c["minimality"]))}
             for c in b["culprits"]]
 
