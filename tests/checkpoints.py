@@ -84,6 +84,8 @@ def save_tokenizer(path: Path, **special) -> Path:
     fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
                                    unk_token="<unk>", **special)
     fast.save_pretrained(path)
+    return path
+
 
 FLAKY_CODE = '''
 import math
