@@ -87,7 +87,7 @@ class ModuleWatch:
             return
         first = _floating(list(args[:1]) or list(kwargs.values())[:1], [])[:1]
         self.forward_calls.append((name, stats, _stats(first)))
-        for t in outs:
+        for t in outs if name != ROOT else []:  # the root's output gradient is the loss scale itself
             if t.requires_grad:
                 t.register_hook(lambda g, name=name: self.backward_calls.append((name, _stats([g]))))
 
@@ -103,7 +103,8 @@ class ModuleWatch:
             rows = torch.stack([c[1] for c in calls]).cpu().tolist()
             for i, (call, row) in enumerate(zip(calls, rows)):
                 name, absmax = call[0], row[2]
-                seen[name] = absmax if math.isnan(absmax) else max(seen.get(name, 0.0), absmax)
+                if name != ROOT:  # the root's output is the loss and the lm_head's logits, not a new activation
+                    seen[name] = absmax if math.isnan(absmax) else max(seen.get(name, 0.0), absmax)
                 if not math.isfinite(absmax) and not any(e["phase"] == phase for e in events):
                     events.append(self._offender(step, phase, what, calls, rows, i))
         self.forward_calls, self.backward_calls = [], []

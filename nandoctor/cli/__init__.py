@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..config import NandoctorError
-from . import check, grid, report
+from . import check, explain, grid, report
 
-COMMANDS = (grid, check, report)
+COMMANDS = (grid, check, report, explain)
 
 
 class Parser(argparse.ArgumentParser):
