@@ -147,13 +147,15 @@ class OptimizerWatch:
         decay = optimizer.param_groups[0].get("weight_decay", 0.0)
         bad = []
         for (name, p), old in zip(self.named, self.before):
+            bad.append(~torch.isfinite(p.detach()).all())
             state = optimizer.state.get(p, {})
-            moving = state["exp_avg"] != 0 if "exp_avg" in state else torch.ones_like(p, dtype=torch.bool)
+            if "exp_avg" not in state:
+                continue  # no gradient yet: AdamW left it alone on purpose
+            moving = state["exp_avg"] != 0  # an element with a non-zero first moment is meant to move
             if decay:
                 moving = moving | (old != 0)
             lost += (moving & (p.detach() == old)).sum()
             meant += moving.sum()
-            bad.append(~torch.isfinite(p.detach()).all())
         self.update_loss = float(lost / meant) if float(meant) else None
         flags = torch.stack(bad).cpu().tolist()
         if any(flags) and self.event is None:
