@@ -93,13 +93,13 @@ class ModuleWatch:
 
     def end_step(self, step: int) -> list[dict]:
         """Fold this step's calls into the running abs-max per module; return its first offenders."""
+        import torch
         events = []
         for phase, calls, seen, what in (("forward", self.forward_calls, self.activation_absmax, "output"),
                                          ("backward", self.backward_calls, self.gradient_absmax, "gradient of output")):
             calls = [c for c in calls if c[1] is not None]
             if not calls:
                 continue
-            import torch
             rows = torch.stack([c[1] for c in calls]).cpu().tolist()
             for i, (call, row) in enumerate(zip(calls, rows)):
                 name, absmax = call[0], row[2]

@@ -1,7 +1,7 @@
 """The pure side of forensics: which event is the origin, headroom ratios, replay checks, fidelity curve."""
 import math
 
-from nandoctor.forensics import compute_dtype, headroom, origin, replay_cost, reproduced, update_loss
+from nandoctor.forensics import FINFO_MAX, compute_dtype, headroom, origin, replay_cost, reproduced, update_loss
 from nandoctor.verdicts import fidelity_curve
 
 NAN = math.nan
@@ -80,3 +80,8 @@ def test_fidelity_curve_is_relative_error_per_step_and_none_where_nonfinite():
     curve = fidelity_curve(mine, ref)
     assert math.isclose(curve[0]["loss"], 0.1) and curve[0]["grad_norm"] == 0.0
     assert curve[1]["loss"] is None and math.isclose(curve[1]["grad_norm"], 0.5)
+
+
+def test_finfo_table_matches_torch():
+    import torch
+    assert FINFO_MAX == {name: torch.finfo(getattr(torch, name)).max for name in FINFO_MAX}
