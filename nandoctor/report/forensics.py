@@ -84,7 +84,15 @@ def headroom_rows(o: ProbeOutcome, n: int = TIGHTEST) -> list[dict]:
     return [{"module": r["module"], "max |activation|": fmt_value(r["activation_absmax"]),
              f"{dtype} activation headroom": fmt_ratio(r["activation_headroom"]),
              "max |gradient|": fmt_value(r["gradient_absmax"]),
-             f"{dtype} gradient headroom": fmt_ratio(r["gradient_headroom"])} for r in headroom(f)[:n]]
+             f"{dtype} gradient headroom": fmt_ratio(r["gradient_headroom"])} for r in tightest(headroom(f), n)]
+
+
+def tightest(rows: list[dict], n: int) -> list[dict]:
+    """The n tightest by activation and the n tightest by gradient, tightest (either kind) first."""
+    big = math.inf
+    by_grad = sorted(rows, key=lambda r: big if r["gradient_headroom"] is None else r["gradient_headroom"])
+    chosen = {r["module"]: r for r in rows[:n] + by_grad[:n]}.values()
+    return sorted(chosen, key=lambda r: min(big if r[k] is None else r[k] for k in ("activation_headroom", "gradient_headroom")))
 
 
 def tightest_line(o: ProbeOutcome) -> str | None:
@@ -99,7 +107,9 @@ def tightest_line(o: ProbeOutcome) -> str | None:
     text = f"{dtype} headroom {fmt_ratio(act['activation_headroom'])} at {act['module']} (activation)"
     if grads:
         g = min(grads, key=lambda r: r["gradient_headroom"])
-        text += f", {fmt_ratio(g['gradient_headroom'])} at {g['module']} (gradient)"
+        scales = [st["scale"] for st in f.get("steps", []) if st.get("scale")]
+        scaled = f", loss-scaled by up to {max(scales):g}" if scales else ""
+        text += f", {fmt_ratio(g['gradient_headroom'])} at {g['module']} (gradient{scaled})"
     return text
 
 
@@ -195,7 +205,7 @@ def explain_text(o: ProbeOutcome) -> str:
         lines.append(f"  {kind}: {event_line(e)}")
     if _headroom_applies(f):
         lines.append(f"  {tightest_line(o)}")
-        for r in headroom(f)[:TIGHTEST]:
+        for r in tightest(headroom(f), TIGHTEST):
             lines.append(f"    {r['module']:<48} activation {fmt_value(r['activation_absmax']):>10} ({fmt_ratio(r['activation_headroom'])})"
                          f"  gradient {fmt_value(r['gradient_absmax']):>10} ({fmt_ratio(r['gradient_headroom'])})")
     uf, ul = f.get("underflow"), update_loss(f)
