@@ -28,7 +28,7 @@ from .probe import attention, build_optimizer, precision, train, unrecoverable_a
 
 PHASES = ("forward", "backward", "optimizer")  # the order they happen in within one step
 COMPUTE_DTYPES = {"bf16-amp": "bfloat16", "fp16-amp": "float16", "bf16-pure": "bfloat16", "fp16-pure": "float16"}
-ROOT = "<model>"  # named_modules() calls the root ""
+ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
 
 
 def compute_dtype(cell_dtype: str) -> str:
