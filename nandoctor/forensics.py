@@ -52,19 +52,22 @@ def _floating(obj, out: list) -> list:
 
 
 def _stats(tensors):
-    """A [min, max, absmax] tensor over the given tensors, without a device sync. NaN propagates."""
+    """A float [min, max] tensor over the given tensors, without a device sync. NaN propagates."""
     import torch
-    parts = [torch.stack(torch.aminmax(t.detach().float())) for t in tensors if t.numel()]
-    if not parts:
-        return None
-    mm = torch.stack(parts)
-    lo, hi = mm[:, 0].min(), mm[:, 1].max()
-    return torch.stack([lo, hi, torch.maximum(lo.abs(), hi.abs())])
+    parts = [torch.stack(torch.aminmax(t.detach())) for t in tensors if t.numel()]
+    if len(parts) < 2:
+        return parts[0].float() if parts else None
+    mm = torch.stack([x.float() for x in parts])
+    return torch.stack([mm[:, 0].min(), mm[:, 1].max()])
+
+
+def _absmax(lo: float, hi: float) -> float:
+    return math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
 
 
 def _as_dict(row) -> dict:
-    lo, hi, absmax = (float(x) for x in row)
-    return {"min": lo, "max": hi, "absmax": absmax}
+    lo, hi = (float(x) for x in row)
+    return {"min": lo, "max": hi, "absmax": _absmax(lo, hi)}
 
 
 class ModuleWatch:
@@ -73,7 +76,7 @@ class ModuleWatch:
 
     def __init__(self, model):
         self.names = {m: (n or ROOT) for n, m in model.named_modules()}
-        self.forward_calls: list[tuple] = []  # (module name, output stats, primary input stats)
+        self.forward_calls: list[tuple] = []  # (module name, output stats, primary input tensor or None)
         self.backward_calls: list[tuple] = []  # (module name, output-gradient stats)
         self.activation_absmax: dict[str, float] = {}
         self.gradient_absmax: dict[str, float] = {}
@@ -86,7 +89,8 @@ class ModuleWatch:
         if stats is None:
             return
         first = _floating(list(args[:1]) or list(kwargs.values())[:1], [])[:1]
-        self.forward_calls.append((name, stats, _stats(first)))
+        # the input is kept by reference and reduced only for an offender: autograd holds most inputs anyway
+        self.forward_calls.append((name, stats, first[0].detach() if first else None))
         for t in outs if name != ROOT else []:  # the root's output gradient is the loss scale itself
             if t.requires_grad:
                 t.register_hook(lambda g, name=name: self.backward_calls.append((name, _stats([g]))))
@@ -102,7 +106,7 @@ class ModuleWatch:
                 continue
             rows = torch.stack([c[1] for c in calls]).cpu().tolist()
             for i, (call, row) in enumerate(zip(calls, rows)):
-                name, absmax = call[0], row[2]
+                name, absmax = call[0], _absmax(*row)
                 if name != ROOT:  # the root's output is the loss and the lm_head's logits, not a new activation
                     seen[name] = absmax if math.isnan(absmax) else max(seen.get(name, 0.0), absmax)
                 if not math.isfinite(absmax) and not any(e["phase"] == phase for e in events):
@@ -115,7 +119,7 @@ class ModuleWatch:
         name = calls[i][0]
         event = {"step": step, "phase": phase, "module": name, "tensor": what, "stats": _as_dict(rows[i])}
         if phase == "forward" and calls[i][2] is not None:
-            event["before"] = {"what": "its input", "module": name, **_as_dict(calls[i][2].cpu().tolist())}
+            event["before"] = {"what": "its input", "module": name, **_as_dict(_stats([calls[i][2]]).cpu().tolist())}
         elif i > 0:  # in backward order, the gradient computed just before this one
             event["before"] = {"what": "the gradient computed just before", "module": calls[i - 1][0], **_as_dict(rows[i - 1])}
         return event
