@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 
 from .config import REFERENCE_CELL
+from .knowledge import evaluate, finding, rule_by_id
+from .knowledge.facts import observed_facts
 from .ranking import rank, tokens_per_s
 from .store import ResultsStore
 from .verdicts import HARNESS_FAILURES, STABLE, Verdict, classify, fidelity
@@ -34,6 +36,7 @@ class RunAnalysis:
     outcomes: list[ProbeOutcome]
     ranking: list[ProbeOutcome] = field(default_factory=list)
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
+    findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
 
     @property
     def recommended(self) -> ProbeOutcome | None:
@@ -84,7 +87,23 @@ def analyze_records(meta: dict, records: list[dict]) -> RunAnalysis:
     stable = [o for o in outcomes if o.verdict.name == STABLE]
     order = rank([{"o": o, "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes} for o in stable])
     return RunAnalysis(meta=meta, outcomes=outcomes, ranking=[row["o"] for row in order],
-                       expected=meta.get("planned", len(records)))
+                       expected=meta.get("planned", len(records)), findings=findings_of(meta, records))
+
+
+def findings_of(meta: dict, records: list[dict]) -> list[dict]:
+    """The doctor's findings for the planned setup, plus the rules that fire on what probes showed."""
+    findings = [dict(f) for f in (meta.get("doctor") or {}).get("findings", [])]
+    observed: dict[str, list[str]] = {}
+    for r in records:
+        for rule in evaluate(observed_facts(r)):
+            observed.setdefault(rule.id, []).append(r["probe_id"])
+    for rule_id, probes in observed.items():
+        known = next((f for f in findings if f["id"] == rule_id), None)
+        if known is None:
+            findings.append(finding(rule_by_id(rule_id), probes))
+        else:
+            known["cells"] = sorted(set(known["cells"]) | set(probes))
+    return findings
 
 
 def analyze(run_dir) -> RunAnalysis:

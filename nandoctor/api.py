@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 from .analysis import RunAnalysis, analyze, is_reference, reference_key
-from .config import Cell, NandoctorError, Recipe, recipe_to_dict
-from .env import collect_summary
+from .config import REFERENCE_CELL, Cell, NandoctorError, Recipe, recipe_to_dict
+from .doctor import doctor_section
+from .env import collect_doctor, collect_summary
 from .models import ModelPlan, plan_model
 from .plan import PlannedProbe, plan_grid
 from .runner import ProbeRunner, ProbeTask, threads_per_probe
@@ -99,9 +100,11 @@ class Session:
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
              out=None, progress=None, device: dict | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
-    session = Session("grid", recipe, out, jobs, steps, device, progress)
+    session = Session("grid", recipe, out, jobs, steps, device or collect_doctor(), progress)
     probes = plan_grid(recipe, session.device, axes)
-    session.start(len(probes), {"axes": axes or {}})
+    runnable = [p.cell for p in probes if not p.unsupported]
+    doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]})
+    session.start(len(probes), {"axes": axes or {}, "doctor": doctor})
     session.run(recipe, probes)
     return render_run(session.dir)
 
@@ -110,9 +113,10 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
     from .capabilities import cell_support
     from .verdicts import check_results
-    session = Session("check", recipe, out, 1, steps, device)
-    probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == Cell("fp32", "eager", "off"))
-    session.start(1, {"cell": cell.id})
+    session = Session("check", recipe, out, 1, steps, device or collect_doctor())
+    probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device), cell == REFERENCE_CELL)
+    doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
+    session.start(1, {"cell": cell.id, "doctor": doctor})
     record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir)
     checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")

@@ -7,13 +7,27 @@ from __future__ import annotations
 
 from .config import Cell
 
-# Minimum CUDA compute capability per feature, with the source of the number.
-MIN_CAPABILITY = {
-    "bf16": (8.0, "bf16 tensor-core math arrived with Ampere (sm80); torch.cuda.is_bf16_supported()"),
-    "tf32": (8.0, "TF32 is an Ampere (sm80) tensor-core mode; torch.backends.cuda.matmul.allow_tf32 docs"),
-    "sdpa:flash": (8.0, "PyTorch's flash SDPA kernels need sm80+ (torch/nn/attention docs, sdp_utils.cpp)"),
-    "sdpa:cudnn": (8.0, "cuDNN fused attention needs sm80+ and cuDNN 9 (torch sdp_utils.cpp check_cudnn_hardware_support)"),
-    "flash_attention_2": (8.0, "flash-attn 2 supports Ampere, Ada and Hopper only (Dao-AILab/flash-attention README)"),
+# What each CUDA compute capability runs natively, one row per architecture generation. A GPU
+# between two rows (8.6, 12.0) gets the row of the largest capability not above its own.
+GPU_FEATURES = ("fp32", "tf32", "fp16", "bf16", "fp8", "sdpa:flash", "sdpa:cudnn", "flash_attention_2")
+CAPABILITY_TABLE = {
+    #       arch         fp32  tf32   fp16  bf16   fp8    flash  cudnn  fa2
+    "7.0": ("Volta",     True, False, True, False, False, False, False, False),
+    "7.5": ("Turing",    True, False, True, False, False, False, False, False),
+    "8.0": ("Ampere",    True, True,  True, True,  False, True,  True,  True),
+    "8.9": ("Ada",       True, True,  True, True,  True,  True,  True,  True),
+    "9.0": ("Hopper",    True, True,  True, True,  True,  True,  True,  True),
+    "10.0": ("Blackwell", True, True, True, True,  True,  True,  True,  True),
+}
+FEATURE_SOURCES = {
+    "fp32": "every CUDA GPU",
+    "tf32": "TF32 is an Ampere (sm80) tensor-core mode; torch.backends.cuda.matmul.allow_tf32 docs",
+    "fp16": "fp16 tensor cores since Volta (sm70); NVIDIA Volta architecture whitepaper",
+    "bf16": "bf16 tensor-core math arrived with Ampere (sm80); Turing and older only emulate it (torch.cuda.is_bf16_supported)",
+    "fp8": "fp8 (e4m3/e5m2) tensor cores since Ada (sm89) and Hopper (sm90); torch._scaled_mm and Transformer Engine require sm89+",
+    "sdpa:flash": "PyTorch's flash SDPA kernels need sm80+ (torch/nn/attention docs, sdp_utils.cpp check_flash_attention_hardware_support)",
+    "sdpa:cudnn": "cuDNN fused attention needs sm80+ and cuDNN 9 (torch sdp_utils.cpp check_cudnn_hardware_support)",
+    "flash_attention_2": "flash-attn 2 supports Ampere, Ada and Hopper (Dao-AILab/flash-attention README); sm100 runs its PTX",
 }
 
 # Attention kernels that accept only half-precision inputs on CUDA.
@@ -31,13 +45,52 @@ CUDA_ONLY = {
 }
 
 
+def capability_row(capability: str | float) -> tuple[str, dict[str, bool]] | None:
+    """(architecture, {feature: native}) for a compute capability like '8.6', or None below 7.0."""
+    cc = float(capability)
+    known = [k for k in CAPABILITY_TABLE if float(k) <= cc]
+    if not known:
+        return None
+    arch, *flags = CAPABILITY_TABLE[max(known, key=float)]
+    return arch, dict(zip(GPU_FEATURES, flags))
+
+
+def gpu_capabilities(env: dict) -> list[dict]:
+    """One row per visible GPU (from torch, else from NVML): its architecture and which precisions
+    and kernels run natively. `env` is the dict env.collect_doctor() returns."""
+    nvml = env.get("nvml") or {}
+    gpus = env.get("gpus") or (nvml.get("devices") if nvml.get("available") else None) or []
+    rows = []
+    for g in gpus:
+        row = capability_row(g["capability"])
+        arch, native = row if row else ("pre-Volta", {f: f == "fp32" for f in GPU_FEATURES})
+        rows.append({"index": g["index"], "name": g["name"], "capability": g["capability"], "architecture": arch,
+                     "memory_bytes": g["memory_bytes"], "native": native})
+    return rows
+
+
+def min_capability(feature: str) -> str:
+    """The lowest compute capability in the table that runs `feature` natively."""
+    return min((k for k, row in CAPABILITY_TABLE.items() if row[1 + GPU_FEATURES.index(feature)]), key=float)
+
+
 def _capability(device: dict) -> float | None:
     gpus = device.get("gpus") or []
-    return float(gpus[0]["capability"]) if gpus else None
+    return min(float(g["capability"]) for g in gpus) if gpus else None
 
 
 def computes_in_half(dtype: str) -> bool:
     return dtype not in ("fp32", "tf32")
+
+
+def cell_features(cell: Cell) -> list[str]:
+    """The GPU_FEATURES a cell needs."""
+    features = [cell.attn] if cell.attn in GPU_FEATURES else []
+    if cell.dtype.startswith("bf16"):
+        features.append("bf16")
+    if cell.dtype == "tf32":
+        features.append("tf32")
+    return features
 
 
 def cell_support(cell: Cell, device: dict) -> str | None:
@@ -48,11 +101,11 @@ def cell_support(cell: Cell, device: dict) -> str | None:
             return CUDA_ONLY[feature]
     cc = _capability(device)
     if on_cuda and cc is not None:
-        features = [cell.attn] + (["bf16"] if cell.dtype.startswith("bf16") else []) + (["tf32"] if cell.dtype == "tf32" else [])
-        for feature in features:
-            if feature in MIN_CAPABILITY and cc < MIN_CAPABILITY[feature][0]:
-                need, why = MIN_CAPABILITY[feature]
-                return f"{feature} needs compute capability {need}, this GPU has {cc} ({why})"
+        row = capability_row(cc)
+        native = row[1] if row else {}
+        for feature in cell_features(cell):
+            if not native.get(feature, False):
+                return f"{feature} needs compute capability {min_capability(feature)}, this GPU has {cc} ({FEATURE_SOURCES[feature]})"
         if cell.attn in HALF_ONLY_CUDA and not computes_in_half(cell.dtype):
             return HALF_ONLY_CUDA[cell.attn]
         if cell.attn == "sdpa:cudnn" and (device.get("cudnn") or 0) < 90000:

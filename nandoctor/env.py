@@ -6,6 +6,7 @@ and the pure analysis stay fast. Gathering only; rendering lives in the report m
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
@@ -59,6 +60,101 @@ def get_cxx_compiler() -> str | None:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
+
+
+def get_nvml() -> dict:
+    """Driver and per-GPU facts from the NVIDIA Management Library. {'available': False, 'reason': ...}
+    when the nvidia-ml-py package or the driver's libnvidia-ml is absent (every CPU-only machine)."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"available": False, "reason": "the nvidia-ml-py package (pynvml) is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return {"available": False, "reason": f"NVML did not start: {e}"}
+    try:
+        devices = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            devices.append({"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)), "capability": f"{major}.{minor}",
+                            "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total})
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+        return {"available": True, "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "devices": devices}
+    except pynvml.NVMLError as e:
+        return {"available": False, "reason": f"NVML query failed: {e}"}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def get_nccl_version() -> str | None:
+    import torch
+    if not torch.cuda.is_available() or not hasattr(torch.cuda, "nccl"):
+        return None
+    try:
+        v = torch.cuda.nccl.version()
+    except (RuntimeError, AttributeError):
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def get_sdpa_backends() -> dict[str, bool]:
+    """Which scaled_dot_product_attention backends this build and device can dispatch to. On CPU,
+    math and a CPU flash kernel exist; efficient and cuDNN are CUDA kernels (checked on torch 2.13)."""
+    import torch
+    if not torch.cuda.is_available():
+        return {"math": True, "flash": True, "efficient": False, "cudnn": False}
+    cc = torch.cuda.get_device_capability(0)
+    cudnn = get_cudnn_version() or 0
+    return {"math": True, "flash": torch.backends.cuda.is_flash_attention_available() and cc >= (8, 0),
+            "efficient": True, "cudnn": cudnn >= 90000 and cc >= (8, 0)}
+
+
+def get_cpu_name() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def get_cpu_capability() -> str | None:
+    """The SIMD level torch's CPU kernels use (AVX2, AVX512, ...)."""
+    import torch
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except AttributeError:
+        return None
+
+
+ACCELERATION_PACKAGES = {"flash_attn": ("flash-attn", "flash_attn"), "transformer_engine": ("transformer-engine", "transformer_engine"),
+                         "torchao": ("torchao",), "bitsandbytes": ("bitsandbytes",)}
+
+
+def get_package(module: str) -> dict:
+    """Whether a package is importable (found on the path, not imported: importing flash-attn
+    without a GPU can itself fail) and its installed version."""
+    found = importlib.util.find_spec(module) is not None
+    version = next((v for v in map(get_version, ACCELERATION_PACKAGES.get(module, (module,))) if v), None)
+    return {"importable": found, "version": version}
+
+
+def collect_doctor() -> dict:
+    """Everything `nandoctor doctor` reports about this machine, as data."""
+    import torch
+    summary = collect_summary()
+    return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(), "sdpa_backends": get_sdpa_backends(),
+            "cpu_name": get_cpu_name(), "cpu_capability": get_cpu_capability(),
+            "packages": {m: get_package(m) for m in ACCELERATION_PACKAGES}, "cuda_available": torch.cuda.is_available()}
 
 
 def collect_summary() -> dict:

@@ -101,9 +101,12 @@ def probe_scale(config):
 
 def count_params(config, recipe: Recipe) -> tuple[int, int]:
     """(total, trainable) parameters, counted on the meta device (no memory, milliseconds)."""
+    import warnings
+
     import torch
     from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # peft calls transformers APIs deprecated in v5
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
         model = _apply_adapter(model, recipe)
     total = sum(p.numel() for p in model.parameters())

@@ -133,7 +133,9 @@ def peak_memory(device: str) -> tuple[int, str]:
 def run_probe(spec: dict, result: dict, steps_path: Path | None) -> None:
     """Build the model and optimizer the spec names and train; fills `result` as it goes."""
     import torch
+    from transformers.utils import logging as hf_logging
     from .env import collect_summary
+    hf_logging.disable_progress_bar()  # keep log.txt to what a reader of a failed probe needs
     torch.set_num_threads(spec.get("threads") or torch.get_num_threads())
     device = spec["device"]
     recipe = recipe_from_dict(spec["recipe"], spec["recipe"]["name"])
@@ -185,6 +187,7 @@ def main(argv: list[str]) -> int:
         result["error"] = {"type": type(e).__name__, "message": str(e)[:4000],
                            "traceback": traceback.format_exc()[-6000:],
                            "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError))}
+        traceback.print_exc()  # into log.txt, whose tail the record keeps
         code = 1
     if code == 0 and spec["recipe"].get("forensics_steps"):
         result["forensics"] = forensics_of(spec, result)

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 
 from .config import THRESHOLDS, Thresholds
+from .knowledge import diagnose_crash
 from .probe import unrecoverable_at
 
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
@@ -31,6 +32,12 @@ def _fmt(x: float) -> str:
     return repr(x) if not math.isfinite(x) else f"{x:.4g}"
 
 
+def known_crash(text: str) -> str:
+    """' -- known issue ID: diagnosis Fix: fix' when the text matches a crash signature, else ''."""
+    sig = diagnose_crash(text)
+    return f" -- known issue {sig.id}: {sig.diagnosis} Fix: {sig.fix}" if sig else ""
+
+
 def harness_verdict(record: dict) -> Verdict | None:
     """The verdict of a probe that did not finish on its own, or None if it did."""
     status = record["status"]
@@ -43,14 +50,14 @@ def harness_verdict(record: dict) -> Verdict | None:
     if status == "signal":
         sig = record["signal"]
         if sig in CRASH_SIGNALS:
-            return Verdict(CRASH, f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}", max(last, 0))
+            return Verdict(CRASH, f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}" + known_crash(record.get("log_tail") or ""), max(last, 0))
         hint = " (the kernel's OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
         return Verdict(KILLED, f"process killed by {sig}{hint} {done}", max(last, 0))
     if status == "error":
         err = record["error"]
         first = (err.get("message") or "").strip().splitlines()[:1]
         text = f"{err['type']}: {first[0] if first else ''}".strip().rstrip(":")
-        return Verdict(OOM if err.get("oom") else CRASH, text[:300], max(last + 1, 0))
+        return Verdict(OOM if err.get("oom") else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
     if not record.get("steps"):
         return Verdict(CRASH, "the probe finished without completing a training step")
     return None

@@ -69,3 +69,19 @@ def save_faulty_llama(path: Path) -> Path:
                           "AutoModelForCausalLM": "faulty_llama.FaultyLlamaForCausalLM"}
     (path / "config.json").write_text(json.dumps(config))
     return path
+
+
+LLAMA3_STYLE_VOCAB = ["!", "the", "cat", "sat", "on", "mat", "<unk>", "<|begin_of_text|>", "<|end_of_text|>", "<pad>"]
+
+
+def save_tokenizer(path: Path, **special) -> Path:
+    """A real word-level tokenizer built with the `tokenizers` library and saved the way
+    transformers saves one. Id 0 is "!", an ordinary token, as in Llama 3's vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(LLAMA3_STYLE_VOCAB)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
+                                   unk_token="<unk>", **special)
+    fast.save_pretrained(path)
+    return path

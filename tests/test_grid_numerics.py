@@ -63,6 +63,15 @@ def test_reports_are_written_and_agree(precision_run):
     assert 'tests="3"' in junit and 'failures="2"' in junit
 
 
+def test_grid_report_has_the_doctor_section_for_its_cells(precision_run):
+    out, _ = precision_run
+    findings = {f["id"]: f["cells"] for f in summary(out)["doctor"]["findings"]}
+    assert findings["fp16-adamw-eps-below-smallest-normal"] == ["fp16-pure/eager/off"]
+    assert findings["bf16-weights-without-fp32-master"] == ["bf16-pure/eager/off"]
+    md = (out / "report.md").read_text()
+    assert "## Doctor" in md and "fp16-adamw-eps-below-smallest-normal" in md
+
+
 @pytest.fixture(scope="module")
 def large_mlp_run(tmp_path_factory):
     from conftest import run_cli

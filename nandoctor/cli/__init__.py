@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..config import NandoctorError
-from . import check, explain, grid, report
+from . import check, doctor, explain, grid, report
 
-COMMANDS = (grid, check, report, explain)
+COMMANDS = (grid, check, report, doctor, explain)
 
 
 class Parser(argparse.ArgumentParser):

@@ -14,6 +14,12 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     return [lo + (hi - lo) * i / n for i in range(n + 1)]
 
 
+def _step_ticks(lo: int, hi: int, n: int = 5) -> list[int]:
+    """Whole-number steps for the x axis."""
+    stride = max(1, math.ceil((hi - lo) / n))
+    return list(range(int(lo), int(hi) + 1, stride))
+
+
 def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: int | None = None,
                mark_label: str = "", width: int = 420, height: int = 180) -> str:
     """series: [{'label', 'points': [(x, y)], 'dashed': bool}]. Returns one <svg> element."""
@@ -45,8 +51,8 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
         shown = 10 ** t if log_y else t
         parts.append(f'<text x="{pad_l - 4}" y="{py(t) + 4:.1f}" font-size="10" text-anchor="end">{shown:.3g}</text>')
         parts.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
-    for t in _ticks(x_lo, x_hi):
-        parts.append(f'<text x="{px(t):.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{t:.0f}</text>')
+    for t in _step_ticks(x_lo, x_hi):
+        parts.append(f'<text x="{px(t):.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{t}</text>')
     for i, s in enumerate(series):
         pts = [(px(x), py(tf(y))) for x, y in s["points"] if y is not None and math.isfinite(y) and (y > 0 or not log_y)]
         color = s.get("color") or PALETTE[i % len(PALETTE)]
@@ -60,9 +66,10 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
         x = px(mark_step)
         parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{pad_t}" y2="{pad_t + h}" stroke="#d62728" stroke-width="2"/>')
         parts.append(f'<text x="{min(x + 3, width - 60):.1f}" y="{pad_t + 12}" font-size="10" fill="#d62728">{escape(mark_label)}</text>')
-    legend_x = pad_l + 6
-    for i, s in enumerate(series[:4]):
+    legend_x = pad_l + 8 * len(title) + 12  # the legend runs along the title line, clear of the curves
+    for i, s in enumerate(series[:6]):
         color = s.get("color") or PALETTE[i % len(PALETTE)]
-        parts.append(f'<text x="{legend_x}" y="{pad_t + 12 + 11 * i}" font-size="9" fill="{color}">{escape(s["label"])}</text>')
+        parts.append(f'<text x="{legend_x}" y="14" font-size="9" fill="{color}">{escape(s["label"])}</text>')
+        legend_x += 6 * len(s["label"]) + 14
     parts.append("</svg>")
     return "".join(parts)

@@ -8,7 +8,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis import ProbeOutcome, RunAnalysis
 from ..config import THRESHOLDS
-from . import common, forensics
+from . import common, doctor, forensics
 from .charts import line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -43,7 +43,8 @@ def render_html(a: RunAnalysis) -> str:
     return _env.get_template("report.html.j2").render(
         meta=a.meta, headline=common.headline(a), probed=probed, why=why,
         ranking=common.ranking_rows(a), failures=common.failure_rows(a), unsupported=common.unsupported_rows(a),
-        environment=common.environment_rows(a), bucket=100 * THRESHOLDS.fidelity_bucket,
+        environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
+        capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
         overview_svg=line_chart(overview, "loss of the top-ranked stable configurations", width=860, height=260) if overview else "",
         cards=cards, forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
         headroom=forensics.headroom_sections(a))

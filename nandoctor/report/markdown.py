@@ -6,6 +6,7 @@ from tabulate import tabulate
 from ..analysis import RunAnalysis
 from ..config import THRESHOLDS
 from . import common
+from .doctor import doctor_markdown
 from .forensics import forensics_markdown
 
 
@@ -27,6 +28,7 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
     parts += ["## Not run on this device", "", _table(common.unsupported_rows(a)), ""]
+    parts += doctor_markdown(m.get("env", {}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
     parts += [f"Command: `{m.get('command', '')}`", ""]
     return "\n".join(parts)

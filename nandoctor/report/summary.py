@@ -18,4 +18,5 @@ def render_summary(a: RunAnalysis) -> dict:
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
             "ranking": [o.probe_id for o in a.ranking], "exit_code": a.exit_code,
-            "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env")}
+            "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),
+            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings}}

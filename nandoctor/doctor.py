@@ -1,0 +1,69 @@
+"""The doctor: what this machine can run and which known issues the planned setup walks into,
+before any probe runs. `run_doctor` is what `nandoctor doctor` calls; `doctor_section` is what every
+grid run stores in run.json for its reports."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .capabilities import cell_support, gpu_capabilities
+from .config import Cell, Recipe
+from .env import collect_doctor
+from .knowledge import SEVERITIES, evaluate, finding
+from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
+                              setup_facts, trainer_cell)
+from .models import model_config
+from .plan import plan_grid
+
+
+def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args: dict | None = None,
+                     tokenizer=None) -> list[dict]:
+    """Every rule that fires on some planned cell, once, with the cells it fires on."""
+    config = model_config(recipe)
+    recipe_facts = {**env_facts(env), "all_masked_batches": all_masked_batches(recipe, config)}
+    fired: dict[str, tuple] = {}
+    for cell in cells:
+        eager = Cell(cell.dtype, cell.attn, "off") in cells
+        facts = {**recipe_facts, **setup_facts(recipe, cell, config, trainer_args, tokenizer, eager_baseline=eager)}
+        for rule in evaluate(facts):
+            fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
+    ordered = sorted(fired.values(), key=lambda pair: SEVERITIES.index(pair[0].severity))
+    return [finding(rule, ids) for rule, ids in ordered]
+
+
+def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | None = None,
+                   trainer_args: dict | None = None, tokenizer=None, setup: dict | None = None) -> dict:
+    """Capabilities and findings: for the environment alone, or for a recipe's planned cells."""
+    if recipe is None:
+        findings = [finding(rule) for rule in evaluate(env_facts(env))]
+    else:
+        findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer)
+    return {"capabilities": gpu_capabilities(env), "setup": setup, "findings": findings}
+
+
+def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = None, tokenizer_path: str | None = None,
+               attn: str = "sdpa", axes: dict | None = None, env: dict | None = None) -> dict:
+    """The doctor report as data: environment, capabilities and, when a recipe or TrainingArguments
+    is given, the findings for that planned setup. A TrainingArguments JSON plans one cell (its
+    precision and torch_compile, with `attn`); a recipe alone plans the cells `grid` would run."""
+    env = env or collect_doctor()
+    trainer_args = read_trainer_args(trainer_args_path) if trainer_args_path else None
+    if recipe is None and trainer_args is None:
+        return {"environment": env, **doctor_section(env)}
+    recipe = recipe or Recipe()
+    if tokenizer_path is None and has_tokenizer(recipe.model.path):
+        tokenizer_path = recipe.model.path
+    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    if trainer_args is not None:
+        cells = [trainer_cell(trainer_args, attn)]
+    else:
+        cells = [p.cell for p in plan_grid(recipe, env, axes) if not p.unsupported]
+    reasons = {c.id: cell_support(c, env) for c in cells}
+    setup = {"recipe": recipe.name, "cells": [c.id for c in cells], "unsupported": {cell: why for cell, why in reasons.items() if why},
+             "trainer_args": str(Path(trainer_args_path)) if trainer_args_path else None,
+             "tokenizer": str(tokenizer_path) if tokenizer_path else None}
+    return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
+
+
+def exit_code(report: dict) -> int:
+    """0 when no finding is an error, else 1 (so CI can gate on `nandoctor doctor`)."""
+    return 1 if any(f["severity"] == "error" for f in report["findings"]) else 0

@@ -1,0 +1,102 @@
+"""The knowledge base: known-issue rules and crash signatures, as data (rules.yaml, signatures.yaml),
+and the small pure logic that matches them against facts or exception text.
+
+Imports nothing from nandoctor, so that verdicts can diagnose a crash without pulling in torch.
+Fact gathering lives in knowledge/facts.py.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+SEVERITIES = ("error", "warning", "advice")
+OPERATORS = {
+    "eq": lambda fact, v: fact == v,
+    "ne": lambda fact, v: fact is not None and fact != v,
+    "in": lambda fact, v: fact in v,
+    "lt": lambda fact, v: fact is not None and fact < v,
+    "le": lambda fact, v: fact is not None and fact <= v,
+    "gt": lambda fact, v: fact is not None and fact > v,
+    "ge": lambda fact, v: fact is not None and fact >= v,
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: str
+    title: str
+    when: dict
+    why: str
+    fix: str
+    evidence: tuple
+
+    def matches(self, facts: dict) -> bool:
+        """True when every condition of `when` holds; an unknown fact (absent or None) holds only
+        for an `in` list that contains None."""
+        for name, condition in self.when.items():
+            fact = facts.get(name)
+            ops = condition if isinstance(condition, dict) else {"eq": condition}
+            if not all(OPERATORS[op](fact, value) for op, value in ops.items()):
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    rule: str | None
+    pattern: str
+    diagnosis: str
+    fix: str
+    evidence: str
+
+
+def _load(name: str) -> list[dict]:
+    return yaml.safe_load((HERE / name).read_text())
+
+
+@functools.cache
+def rules() -> tuple[Rule, ...]:
+    out = []
+    for entry in _load("rules.yaml"):
+        rule = Rule(**{**entry, "evidence": tuple(entry["evidence"])})
+        unknown = [op for c in rule.when.values() if isinstance(c, dict) for op in c if op not in OPERATORS]
+        if rule.severity not in SEVERITIES or unknown or not rule.evidence:
+            raise ValueError(f"rules.yaml: rule {rule.id!r} is malformed (severity, operators {unknown} or evidence)")
+        out.append(rule)
+    return tuple(out)
+
+
+@functools.cache
+def signatures() -> tuple[Signature, ...]:
+    return tuple(Signature(**entry) for entry in _load("signatures.yaml"))
+
+
+def rule_by_id(rule_id: str) -> Rule:
+    return next(r for r in rules() if r.id == rule_id)
+
+
+def evaluate(facts: dict) -> list[Rule]:
+    """The rules that fire on these facts, most severe first."""
+    fired = [r for r in rules() if r.matches(facts)]
+    return sorted(fired, key=lambda r: SEVERITIES.index(r.severity))
+
+
+def diagnose_crash(text: str) -> Signature | None:
+    """The first crash signature whose pattern occurs in an exception message or output tail."""
+    for sig in signatures():
+        if re.search(sig.pattern, text or ""):
+            return sig
+    return None
+
+
+def finding(rule: Rule, cells: list[str] | None = None) -> dict:
+    """A fired rule as plain data, for run.json, summary.json and the renderers."""
+    return {"id": rule.id, "severity": rule.severity, "title": rule.title, "why": rule.why, "fix": rule.fix,
+            "evidence": list(rule.evidence), "cells": list(cells or [])}

@@ -1,0 +1,116 @@
+"""The facts the rules in rules.yaml are written against, gathered from the environment (env.py's
+dict), the planned setup (recipe + cell + optional TrainingArguments JSON + tokenizer) and, after a
+run, from a probe's recorded steps. Every fact is a plain value; an unknown one is None.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..config import Cell, NandoctorError, Recipe
+from ..models import PURE_DTYPES, batches
+
+# A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
+# GPT-2's <|endoftext|>. Id 0 spelled otherwise ("!" in Llama 3) is content.
+CONTROL_TOKEN = re.compile(r"^(<[^<>]*>|\[[A-Z_]+\])$")
+SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def env_facts(env: dict) -> dict:
+    gpus = env.get("gpus") or []
+    return {"device": env.get("device"),
+            "gpu_capability": min(float(g["capability"]) for g in gpus) if gpus else None,
+            "cudnn_version": env.get("cudnn"), "flash_attn": env.get("flash_attn")}
+
+
+def read_trainer_args(path: str | Path) -> dict:
+    """A TrainingArguments JSON as `TrainingArguments.to_json_string()` writes it."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise NandoctorError(f"cannot read --trainer-args {str(path)!r}: {e.strerror}") from None
+    except ValueError as e:
+        raise NandoctorError(f"--trainer-args {str(path)!r} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise NandoctorError(f"--trainer-args {str(path)!r}: expected a JSON object of TrainingArguments fields")
+    return data
+
+
+def trainer_cell(trainer_args: dict, attn: str = "sdpa") -> Cell:
+    """The grid cell a TrainingArguments setup runs: bf16=True / fp16=True are autocast (-amp) with
+    fp32 master weights unless the model was loaded in half; torch_compile selects inductor."""
+    dtype = "bf16-amp" if trainer_args.get("bf16") else "fp16-amp" if trainer_args.get("fp16") else \
+        "tf32" if trainer_args.get("tf32") else "fp32"
+    backend = "aot_eager" if trainer_args.get("torch_compile_backend") == "aot_eager" else "inductor"
+    return Cell(dtype, attn, backend if trainer_args.get("torch_compile") else "off")
+
+
+def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
+    """The dtype the optimizer updates, as models.build_model holds it: the pure cells hard-cast
+    everything; otherwise adapters are fp32 and full fine-tuning keeps the load dtype."""
+    if cell.dtype in PURE_DTYPES:
+        return SHORT_DTYPES[PURE_DTYPES[cell.dtype]]
+    return "fp32" if recipe.adapter.type != "none" else recipe.model.dtype_on_load
+
+
+def load_tokenizer(path: str | Path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {str(e).splitlines()[0]}") from None
+
+
+def has_tokenizer(path: str | Path | None) -> bool:
+    return bool(path) and any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+
+
+def tokenizer_facts(tokenizer) -> dict:
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    return {"tokenizer_has_pad": pad is not None,
+            "pad_id0_is_content": pad == 0 and not CONTROL_TOKEN.match(tokenizer.convert_ids_to_tokens(0) or ""),
+            "pad_is_eos": pad is not None and pad == eos}
+
+
+def recipe_pad_facts(recipe: Recipe) -> dict:
+    """The pad facts of nandoctor's own data stream (pad_token.policy)."""
+    policy = recipe.pad_token.policy
+    return {"tokenizer_has_pad": True, "pad_id0_is_content": policy == "id0", "pad_is_eos": policy == "eos"}
+
+
+def all_masked_batches(recipe: Recipe, config) -> int:
+    """How many of the recipe's distinct batches have every label -100 (their mean loss is 0/0)."""
+    stream = batches(recipe, config, recipe.seed)
+    return sum(bool((next(stream)["labels"] == -100).all()) for _ in range(recipe.data.batches))
+
+
+def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dict | None = None,
+                tokenizer=None, eager_baseline: bool = False) -> dict:
+    """Facts about one planned cell of a recipe (and the TrainingArguments / tokenizer when given)."""
+    args = trainer_args or {}
+    trained = trainable_dtype(recipe, cell)
+    init_kwargs = args.get("model_init_kwargs") or {}
+    facts = {
+        "dtype": cell.dtype, "attn": cell.attn, "compile": cell.compile,
+        "uses_bf16": cell.dtype.startswith("bf16") or trained == "bf16",
+        "grad_scaler": cell.dtype == "fp16-amp",
+        "trainable_dtype": trained,
+        "adapter": recipe.adapter.type,
+        "optimizer_eps": float(args.get("adam_epsilon", recipe.optimizer.eps)),
+        "padded": recipe.data.pad_fraction > 0,
+        "attn_softcapping": getattr(model_config, "attn_logit_softcapping", None) if model_config is not None else None,
+        "device_map": args.get("device_map") or init_kwargs.get("device_map"),
+        "eager_baseline": eager_baseline or cell.compile == "off",
+        "mask_pad_labels": recipe.pad_token.mask_labels,
+        "logging_nan_inf_filter": args.get("logging_nan_inf_filter"),
+    }
+    facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
+    return facts
+
+
+def observed_facts(record: dict) -> dict:
+    """Facts only a run can show, from one probe record: the lowest GradScaler scale it reached
+    (a skipped step halves the scale it was taken at)."""
+    scales = [s["scale"] / 2 if s["skipped"] else s["scale"] for s in record.get("steps") or [] if s.get("scale") is not None]
+    return {"grad_scale_min": min(scales) if scales else None}

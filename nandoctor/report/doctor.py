@@ -1,0 +1,97 @@
+"""The doctor section: environment facts, GPU capabilities and known-issue findings, as rows shared
+by the `nandoctor doctor` terminal output and the grid reports (Markdown, HTML, summary.json)."""
+from __future__ import annotations
+
+import json
+
+from tabulate import tabulate
+
+from ..capabilities import GPU_FEATURES, gpu_capabilities
+from .common import fmt_bytes
+
+
+def stack_facts(env: dict) -> list[dict]:
+    """The facts the doctor adds to the run's environment table: NVML, CPU, libraries, kernels."""
+    nvml = env.get("nvml") or {}
+    rows = [
+        ("NVML", f"driver {nvml['driver']}, CUDA driver {nvml['cuda_driver']}, {len(nvml['devices'])} GPU(s)"
+         if nvml.get("available") else f"not available: {nvml.get('reason', 'not checked')}"),
+        ("CPU", f"{env.get('cpu_name') or '?'}, {env.get('cpu_count')} cores usable, SIMD {env.get('cpu_capability') or '?'}"),
+        ("RAM", f"{fmt_bytes(env.get('ram_bytes'))} total, {fmt_bytes(env.get('ram_available_bytes'))} available"),
+        ("NCCL", env.get("nccl") or "-"),
+        ("SDPA backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in (env.get("sdpa_backends") or {}).items()) or "-"),
+        ("C++ compiler (inductor on CPU)", env.get("cxx") or "none on PATH"),
+    ]
+    for name, pkg in (env.get("packages") or {}).items():
+        rows.append((name, pkg["version"] if pkg["importable"] else "not installed"))
+    return [{"fact": k, "value": v} for k, v in rows]
+
+
+def environment_facts(env: dict) -> list[dict]:
+    gpus = env.get("gpus") or []
+    core = [("device", "cuda" if gpus else "cpu (no CUDA device visible to torch)"),
+            ("python / torch", f"{env.get('python')} / {env.get('torch')}"),
+            ("transformers / peft", f"{env.get('transformers')} / {env.get('peft')}"),
+            ("CUDA / cuDNN", f"{env.get('cuda') or '-'} / {env.get('cudnn') or '-'}")]
+    return [{"fact": k, "value": v} for k, v in core] + stack_facts(env)
+
+
+def capability_rows(env: dict) -> list[dict]:
+    return [{"GPU": f"{c['index']}: {c['name']}", "cc": c["capability"], "arch": c["architecture"],
+             "memory": fmt_bytes(c["memory_bytes"]), **{f: "yes" if c["native"][f] else "no" for f in GPU_FEATURES}}
+            for c in gpu_capabilities(env)]
+
+
+def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
+    rows = []
+    for f in findings:
+        cells = f.get("cells") or []
+        shown = ", ".join(cells[:max_cells]) + (f" (+{len(cells) - max_cells} more)" if len(cells) > max_cells else "")
+        rows.append({"severity": f["severity"], "rule": f["id"], "finding": f["title"], "cells": shown or "-",
+                     "why": f["why"], "fix": f["fix"], "evidence": "; ".join(f["evidence"])})
+    return rows
+
+
+def _table(rows: list[dict], fmt: str) -> str:
+    return tabulate(rows, headers="keys", tablefmt=fmt) if rows else "_none_" if fmt == "github" else "none"
+
+
+def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
+    """The '## Doctor' section of report.md, as lines."""
+    parts = ["## Doctor", "", "Known issues for this setup (rules in nandoctor/knowledge/rules.yaml, each with its evidence):", ""]
+    parts += [_table([{k: r[k] for k in ("severity", "rule", "finding", "cells", "fix")} for r in finding_rows(findings)], "github"), ""]
+    for r in finding_rows(findings):
+        parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}")
+    caps = capability_rows(env)
+    parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible to torch or NVML; probes run on the CPU."), ""]
+    if caps:
+        parts += [_table(caps, "github"), ""]
+    parts += [_table(stack_facts(env), "github"), ""]
+    return parts
+
+
+def render_doctor_text(report: dict) -> str:
+    """What `nandoctor doctor` prints."""
+    env = report["environment"]
+    out = ["Environment", tabulate([(r["fact"], r["value"]) for r in environment_facts(env)], tablefmt="plain"), ""]
+    caps = capability_rows(env)
+    out += ["GPU capabilities (native support)", tabulate(caps, headers="keys") if caps else
+            "no GPU visible to torch or NVML: probes run on the CPU (fp32 native; bf16/fp16 in software)", ""]
+    setup = report.get("setup")
+    if setup:
+        out.append(f"Planned setup: {setup['recipe']}, cells {', '.join(setup['cells']) or '-'}"
+                   + (f", trainer args {setup['trainer_args']}" if setup.get("trainer_args") else "")
+                   + (f", tokenizer {setup['tokenizer']}" if setup.get("tokenizer") else ""))
+        for cell, why in (setup.get("unsupported") or {}).items():
+            out.append(f"  {cell} cannot run here: {why}")
+        out.append("")
+    findings = report["findings"]
+    out.append(f"Findings: {len(findings)}" + ("" if findings else " (no known issue applies)"))
+    for r in finding_rows(findings):
+        out += [f"  [{r['severity']}] {r['rule']}: {r['finding']}" + (f" (cells: {r['cells']})" if r["cells"] != "-" else ""),
+                f"      why: {r['why']}", f"      fix: {r['fix']}", f"      evidence: {r['evidence']}"]
+    return "\n".join(out)
+
+
+def render_doctor_json(report: dict) -> str:
+    return json.dumps(report, indent=2, default=str)

@@ -1,0 +1,20 @@
+"""The analysis joins the doctor's planned findings with the rules that fire on what probes showed."""
+from nandoctor.analysis import findings_of
+
+
+def record(probe_id, scales):
+    return {"probe_id": probe_id, "steps": [{"scale": s, "skipped": skipped} for s, skipped in scales]}
+
+
+def test_a_scale_that_falls_below_1_in_a_probe_becomes_a_finding():
+    records = [record("fp16-amp/sdpa/off", [(4.0, True), (2.0, True), (1.0, True)]),
+               record("fp32/eager/off", [(None, False)])]
+    (f,) = findings_of({}, records)
+    assert f["id"] == "grad-scale-falls-below-1" and f["cells"] == ["fp16-amp/sdpa/off"]
+
+
+def test_planned_findings_are_kept_and_a_healthy_scaler_adds_nothing():
+    planned = {"id": "trainer-nan-inf-filter-hides-nan", "severity": "warning", "title": "t", "why": "w", "fix": "f",
+               "evidence": ["e"], "cells": ["fp16-amp/sdpa/off"]}
+    records = [record("fp16-amp/sdpa/off", [(65536.0, True), (32768.0, False)])]
+    assert findings_of({"doctor": {"findings": [planned]}}, records) == [planned]

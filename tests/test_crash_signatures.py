@@ -1,0 +1,38 @@
+"""Crash signatures: a crashed probe's exception text is matched against the knowledge base."""
+import pytest
+
+from nandoctor.knowledge import diagnose_crash, rule_by_id, signatures
+from nandoctor.verdicts import CRASH, classify
+
+MESSAGES = {  # signature id: an exception message as the library raises it
+    "unscale-fp16-gradients": "Attempting to unscale FP16 gradients.",
+    "unscale-bf16-gradients-cuda": "\"_amp_foreach_non_finite_check_and_unscale_cuda\" not implemented for 'BFloat16'",
+    "flash-attn-needs-ampere": "FlashAttention only supports Ampere GPUs or newer.",
+    "flash-attn-half-only": "FlashAttention only support fp16 and bf16 data type",
+    "sdpa-no-viable-backend": "No viable backend for scaled_dot_product_attention was found.",
+    "inductor-no-cxx-compiler": "torch._inductor.exc.InvalidCxxCompiler: No working C++ compiler found",
+}
+
+
+@pytest.mark.parametrize("sig_id", sorted(MESSAGES))
+def test_signature_matches_its_message(sig_id):
+    assert diagnose_crash(MESSAGES[sig_id]).id == sig_id
+
+
+def test_every_signature_has_a_message_and_its_rule_exists():
+    assert {s.id for s in signatures()} == set(MESSAGES)
+    for s in signatures():
+        if s.rule:
+            assert rule_by_id(s.rule).id == s.rule
+
+
+def test_unrelated_crash_gets_no_diagnosis():
+    assert diagnose_crash("RuntimeError: faulty-llama: unsupported rotary layout in custom kernel") is None
+
+
+def test_crash_verdict_carries_the_diagnosis_and_fix():
+    record = {"status": "error", "steps": [], "error": {"type": "ValueError", "message": MESSAGES["unscale-fp16-gradients"]}}
+    verdict = classify(record)
+    assert verdict.name == CRASH
+    assert verdict.reason.startswith("ValueError: Attempting to unscale FP16 gradients.")
+    assert "known issue unscale-fp16-gradients" in verdict.reason and "Fix: load the model in fp32" in verdict.reason

@@ -1,0 +1,111 @@
+"""Every known-issue rule fires on a setup that has the problem and stays silent on one that does
+not. Setups are real: recipes, cells, TrainingArguments dicts, tokenizers built with `tokenizers`,
+model configs from transformers; the facts come from nandoctor's own fact gathering."""
+import pytest
+from checkpoints import save_tokenizer
+
+from nandoctor.config import Cell, Recipe, set_field
+from nandoctor.knowledge import evaluate, rules
+from nandoctor.knowledge.facts import (all_masked_batches, env_facts, load_tokenizer, observed_facts, setup_facts,
+                                       trainer_cell)
+from nandoctor.models import model_config
+from nandoctor.recipes import recipe_by_name
+
+CPU = {"device": "cpu", "gpus": [], "cudnn": None}
+TINY = recipe_by_name("tiny-llama")
+
+
+def gpu(cc: str, cudnn: int = 90300) -> dict:
+    return {"device": "cuda", "gpus": [{"index": 0, "name": "test", "capability": cc, "memory_bytes": 16 << 30}], "cudnn": cudnn}
+
+
+def recipe(**fields) -> Recipe:
+    r = TINY
+    for key, value in fields.items():
+        r = set_field(r, key.replace("__", "."), value)
+    return r.validate()
+
+
+def facts(recipe_=TINY, cell="fp32/sdpa/off", env=CPU, trainer_args=None, tokenizer=None, config=None, eager=False, **extra):
+    c = trainer_cell(trainer_args) if trainer_args and cell is None else Cell.parse(cell)
+    return {**env_facts(env), **setup_facts(recipe_, c, config, trainer_args, tokenizer, eager), **extra}
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tokenizers")
+    return {name: load_tokenizer(save_tokenizer(base / name, **special)) for name, special in {
+        "no-pad": {}, "pad-id0": {"pad_token": "!"}, "pad-eos": {"pad_token": "<|end_of_text|>"},
+        "dedicated": {"pad_token": "<pad>"}}.items()}
+
+
+def gemma2():
+    return model_config(recipe_by_name("gemma-2-2b"))
+
+
+def masked_file_recipe(tmp_path):
+    path = tmp_path / "nul.bin"
+    path.write_bytes(bytes(4096))  # every byte 0 -> token 0 -> the pad id under policy id0
+    return recipe(data__source="file", data__path=str(path), pad_token__policy="id0")
+
+
+CASES = {  # rule id: (a setup with the problem, a setup without it); each a function of (tokenizers, tmp_path)
+    "no-native-bf16": (lambda t, p: facts(cell="bf16-amp/sdpa/off", env=gpu("7.5")),
+                       lambda t, p: facts(cell="fp16-amp/sdpa/off", env=gpu("7.5"))),
+    "bf16-weights-with-fp16-grad-scaler": (
+        lambda t, p: facts(recipe(model__dtype_on_load="bf16"), cell=None, trainer_args={"fp16": True}),
+        lambda t, p: facts(recipe(model__dtype_on_load="bf16"), cell=None, trainer_args={"bf16": True})),
+    "fp16-weights-with-grad-scaler": (lambda t, p: facts(recipe(model__dtype_on_load="fp16"), cell="fp16-amp/sdpa/off"),
+                                      lambda t, p: facts(recipe(model__dtype_on_load="fp32"), cell="fp16-amp/sdpa/off")),
+    "bf16-weights-without-fp32-master": (lambda t, p: facts(cell="bf16-pure/sdpa/off"),
+                                         lambda t, p: facts(cell="bf16-amp/sdpa/off")),
+    "cudnn-sdpa-before-9.3": (lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90100)),
+                              lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90300))),
+    "flash-attention-2-with-softcapping": (
+        lambda t, p: facts(recipe_by_name("gemma-2-2b"), cell="bf16-amp/flash_attention_2/off", config=gemma2()),
+        lambda t, p: facts(recipe_by_name("gemma-2-2b"), cell="bf16-amp/eager/off", config=gemma2())),
+    "efficient-sdpa-with-padding": (lambda t, p: facts(recipe(data__pad_fraction="0.25"), cell="bf16-amp/sdpa:efficient/off"),
+                                    lambda t, p: facts(recipe(data__pad_fraction="0.0"), cell="bf16-amp/sdpa:efficient/off")),
+    "device-map-auto-for-training": (lambda t, p: facts(trainer_args={"model_init_kwargs": {"device_map": "auto"}}),
+                                     lambda t, p: facts(trainer_args={"model_init_kwargs": {}})),
+    "compile-before-eager-is-stable": (lambda t, p: facts(cell=None, trainer_args={"torch_compile": True}),
+                                       lambda t, p: facts(cell="fp32/sdpa/inductor", eager=True)),
+    "tokenizer-without-pad-token": (lambda t, p: facts(tokenizer=t["no-pad"]), lambda t, p: facts(tokenizer=t["dedicated"])),
+    "pad-token-is-id-0": (lambda t, p: facts(tokenizer=t["pad-id0"]), lambda t, p: facts(tokenizer=t["dedicated"])),
+    "pad-equals-eos-with-masked-labels": (lambda t, p: facts(tokenizer=t["pad-eos"]),
+                                          lambda t, p: facts(recipe(pad_token__mask_labels="false"), tokenizer=t["pad-eos"])),
+    "fp16-adamw-eps-below-smallest-normal": (lambda t, p: facts(recipe(optimizer__eps="1e-8"), cell="fp16-pure/sdpa/off"),
+                                             lambda t, p: facts(recipe(optimizer__eps="1e-4"), cell="fp16-pure/sdpa/off")),
+    "peft-adapters-not-fp32": (lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-pure/sdpa/off"),
+                               lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off")),
+    "batch-with-all-labels-masked": (
+        lambda t, p: facts(all_masked_batches=all_masked_batches(masked_file_recipe(p), model_config(TINY))),
+        lambda t, p: facts(all_masked_batches=all_masked_batches(TINY, model_config(TINY)))),
+    "trainer-nan-inf-filter-hides-nan": (lambda t, p: facts(trainer_args={"logging_nan_inf_filter": True}),
+                                         lambda t, p: facts(trainer_args={"logging_nan_inf_filter": False})),
+    "grad-scale-falls-below-1": (
+        lambda t, p: observed_facts({"steps": [{"scale": 2.0, "skipped": True}, {"scale": 1.0, "skipped": True}]}),
+        lambda t, p: observed_facts({"steps": [{"scale": 65536.0, "skipped": True}, {"scale": 32768.0, "skipped": False}]})),
+}
+
+
+def test_every_rule_has_a_case_and_evidence():
+    assert {r.id for r in rules()} == set(CASES)
+    assert all(r.evidence and r.fix and r.why for r in rules())
+
+
+@pytest.mark.parametrize("rule_id", sorted(CASES))
+def test_rule_fires_on_the_problem_and_not_without_it(rule_id, tokenizers, tmp_path):
+    bad, good = CASES[rule_id]
+    assert rule_id in [r.id for r in evaluate(bad(tokenizers, tmp_path))]
+    assert rule_id not in [r.id for r in evaluate(good(tokenizers, tmp_path))]
+
+
+def test_a_clean_cpu_setup_fires_nothing():
+    assert evaluate({**env_facts(CPU), **setup_facts(TINY, Cell("fp32", "sdpa", "off"))}) == []
+    assert evaluate(env_facts(CPU)) == []
+
+
+def test_unknown_facts_do_not_fire_comparisons():
+    assert [r.id for r in evaluate({"gpu_capability": 7.5})] == ["no-native-bf16"]  # precision unknown: still advised
+    assert evaluate({"cudnn_version": None, "attn": "sdpa:cudnn"}) == []

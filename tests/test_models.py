@@ -1,0 +1,84 @@
+"""Model planning: which model is probed, at which scale, and why (meta device: no memory, fast)."""
+
+import pytest
+
+from nandoctor.models import model_config, plan_model, probe_scale, shape_of
+from nandoctor.recipes import recipe_by_name, resolve_model
+
+CPU_24G = {"device": "cpu", "gpus": [], "ram_bytes": 24 * 2**30, "ram_available_bytes": 23 * 2**30, "cpu_count": 2}
+
+
+def test_llama_8b_twin_keeps_head_dim_gqa_vocab_and_rope():
+    full = model_config(recipe_by_name("llama-3.1-8b"))
+    small = probe_scale(full)
+    a, b = shape_of(full), shape_of(small)
+    assert b["head_dim"] == a["head_dim"] == 128
+    assert a["heads"] // a["kv_heads"] == b["heads"] // b["kv_heads"] == 4
+    assert b["vocab"] == 128256 and b["layers"] == 2
+    assert small.rope_parameters == full.rope_parameters and small.rope_parameters["rope_type"] == "llama3"
+    assert b["intermediate"] / b["hidden"] == pytest.approx(a["intermediate"] / a["hidden"], rel=0.01)
+
+
+def test_gemma2_twin_keeps_its_alternating_layer_types_and_softcapping():
+    full = model_config(recipe_by_name("gemma-2-2b"))
+    small = probe_scale(full)
+    assert small.layer_types == full.layer_types[:2]
+    assert small.attn_logit_softcapping == 50.0 and shape_of(small)["head_dim"] == 256
+
+
+def test_8b_does_not_fit_24gib_so_auto_plans_a_probe_scale_twin_and_says_why():
+    plan = plan_model(recipe_by_name("llama-3.1-8b"), CPU_24G)
+    assert plan.scale == "probe" and plan.source == "architecture-twin"
+    assert plan.full_params > 8e9 and plan.params < 0.2e9
+    assert "no local weights for meta-llama/Llama-3.1-8B" in plan.why and "probe scale" in plan.why
+
+
+def test_tiny_llama_fits_and_is_probed_at_full_scale():
+    plan = plan_model(resolve_model(None), CPU_24G)
+    assert plan.scale == "full" and plan.params == plan.full_params
+    assert 1e6 < plan.params < 5e6
+
+
+def test_dora_adapter_makes_only_adapter_params_trainable():
+    plan = plan_model(recipe_by_name("llama-3.1-8b"), CPU_24G)
+    assert 0 < plan.trainable_params < plan.params / 10
+
+
+def test_file_data_and_padding_follow_the_recipe(tmp_path):
+    from nandoctor.config import recipe_from_dict
+    from nandoctor.models import batches
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    recipe = recipe_from_dict({"data": {"source": "file", "path": str(text), "pad_fraction": 0.5},
+                               "pad_token": {"policy": "dedicated"}, "seq_len": 32, "batch_size": 3}, "r")
+    config = model_config(resolve_model(None))
+    first = next(batches(recipe, config, seed=0))
+    pad = config.vocab_size - 1
+    assert first["input_ids"].shape == (3, 32)
+    assert ((first["input_ids"] == pad) == (first["attention_mask"] == 0)).all()
+    assert (first["labels"][first["attention_mask"] == 0] == -100).all()
+    assert (first["labels"][first["attention_mask"] == 1] < 256).all()  # bytes of the file
+
+
+def test_same_seed_same_batches_other_seed_other_batches():
+    from nandoctor.models import batches
+    recipe, config = resolve_model(None), model_config(resolve_model(None))
+    a, b, c = (next(batches(recipe, config, seed=s))["input_ids"] for s in (0, 0, 1))
+    assert (a == b).all() and not (a == c).all()
+
+
+def test_hub_id_in_the_local_cache_is_used_as_real_weights(tmp_path, monkeypatch):
+    """A cache laid out as huggingface_hub writes it: refs/main -> snapshots/<rev>/ with the files."""
+    from checkpoints import save_llama
+    repo = tmp_path / "hub" / "models--acme--tiny-llama"
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    save_llama(repo / "snapshots" / rev)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(rev)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    import huggingface_hub.constants as c
+    monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    recipe = resolve_model("acme/tiny-llama")
+    plan = plan_model(recipe, CPU_24G)
+    assert plan.source == "local-weights" and plan.path.endswith(rev)
+    assert "real weights from" in plan.why

@@ -1,0 +1,123 @@
+"""A probe that raises, aborts or hangs becomes a classified record; the grid goes on and keeps
+everything. Bad input is one line and exit code 2."""
+import json
+import os
+import shutil
+
+import pytest
+from checkpoints import LARGE_MLP, save_faulty_llama, save_llama
+from conftest import run_cli, summary
+
+
+@pytest.fixture(scope="module")
+def faulty_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("faulty")
+    ckpt = save_faulty_llama(base / "faulty-llama")
+    out = base / "run"
+    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32,bf16-pure",
+                   "--axis", "attn=eager,sdpa", "--set", "timeout_s=30", "--steps", "3", "--jobs", "2", "--out", out)
+    return out, proc
+
+
+def probe(out, probe_id):
+    return next(p for p in summary(out)["probes"] if p["probe_id"] == probe_id)
+
+
+def test_a_probe_that_raises_is_a_crash_with_its_message(faulty_run):
+    out, _ = faulty_run
+    p = probe(out, "fp32/eager/off")
+    assert p["verdict"] == "crash" and "RuntimeError: faulty-llama: unsupported rotary layout" in p["reason"]
+
+
+def test_a_probe_that_aborts_is_a_crash_naming_the_signal(faulty_run):
+    out, _ = faulty_run
+    p = probe(out, "bf16-pure/sdpa/off")
+    assert p["verdict"] == "crash" and "SIGABRT" in p["reason"]
+
+
+def test_a_probe_that_hangs_is_a_timeout(faulty_run):
+    out, _ = faulty_run
+    p = probe(out, "bf16-pure/eager/off")
+    assert p["verdict"] == "timeout" and "30" in p["reason"]
+
+
+def test_the_grid_completes_with_every_result_recorded(faulty_run):
+    out, proc = faulty_run
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["probe_id"] for r in records) == sorted(
+        ["fp32/eager/off", "fp32/sdpa/off", "bf16-pure/eager/off", "bf16-pure/sdpa/off"])
+    assert probe(out, "fp32/sdpa/off")["verdict"] == "stable"
+    assert proc.returncode == 1  # a probe crashed or hung: not a clean bill of health
+    assert "Traceback" not in proc.stderr
+    crashed = next(r for r in records if r["probe_id"] == "fp32/eager/off")
+    assert "faulty-llama" in crashed["log_tail"] and crashed["error"]["traceback"]
+
+
+def test_report_rerenders_an_interrupted_run(faulty_run, tmp_path):
+    out, _ = faulty_run
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    lines = (cut / "results.jsonl").read_text().splitlines()
+    (cut / "results.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # a half-written line
+    for name in ("report.md", "report.html", "summary.json"):
+        (cut / name).unlink()
+    proc = run_cli("report", cut)
+    assert proc.returncode in (0, 1), proc.stderr
+    md = (cut / "report.md").read_text()
+    assert "Interrupted run: 2 of 4 planned probes have results." in md
+    assert summary(cut)["finished"] == 2
+
+
+@pytest.mark.parametrize("args, words", [
+    (["grid", "--model", "llama-9"], "unknown model 'llama-9'"),
+    (["grid", "--axis", "dtype=bf17"], "unknown dtype value 'bf17'; valid: fp32, tf32"),
+    (["grid", "--axis", "precision=fp32"], "unknown axis 'precision'; valid axes: dtype, attn, compile"),
+    (["grid", "--set", "optimizer.epsilon=1"], "unknown recipe field 'optimizer.epsilon'"),
+    (["check", "--attn", "sdpa:fast"], "unknown attn value 'sdpa:fast'"),
+    (["report", "/nonexistent/run"], "does not exist"),
+    (["grid", "--jobs", "two"], "invalid int value"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words):
+    proc = run_cli(*args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
+
+
+def test_malformed_recipe_and_unreadable_run_dir_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optimizer:\n  lr: [1e-3\n")
+    proc = run_cli("grid", "--recipe", bad)
+    assert proc.returncode == 2 and "is not valid YAML at line" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("optimiser:\n  lr: 1e-3\n")
+    proc = run_cli("grid", "--recipe", unknown)
+    assert proc.returncode == 2 and "unknown key 'optimiser'" in proc.stderr
+    empty = tmp_path / "not-a-run"
+    empty.mkdir()
+    proc = run_cli("report", empty)
+    assert proc.returncode == 2 and "not a nandoctor run directory" in proc.stderr
+    locked = tmp_path / "locked"
+    shutil.copytree(empty, locked)
+    (locked / "run.json").write_text("{not json")
+    proc = run_cli("report", locked)
+    assert proc.returncode == 2 and "cannot read" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_check_passes_on_tiny_llama_and_fails_on_fp16_overflow(tmp_path):
+    ok = run_cli("check", "--dtype", "fp32", "--attn", "sdpa", "--out", tmp_path / "ok")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "PASS" in ok.stdout and "initial loss near ln(vocab)" in ok.stdout
+    ckpt = save_llama(tmp_path / "large-mlp", mlp_scale=LARGE_MLP)
+    bad = run_cli("check", "--model", ckpt, "--dtype", "fp16-amp", "--attn", "sdpa", "--out", tmp_path / "bad")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL loss finite at step 0" in bad.stdout
+    assert (tmp_path / "bad" / "junit.xml").exists()
+
+
+def test_github_step_summary_gets_the_markdown(tmp_path):
+    target = tmp_path / "step_summary.md"
+    proc = run_cli("check", "--dtype", "fp32", "--attn", "eager", "--out", tmp_path / "run",
+                   env={"GITHUB_STEP_SUMMARY": str(target)})
+    assert proc.returncode == 0, proc.stderr
+    assert "# nandoctor check: tiny-llama" in target.read_text()

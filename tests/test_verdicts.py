@@ -1,0 +1,109 @@
+"""Verdict thresholds on hand-made curves: pure logic, no torch."""
+import math
+
+from nandoctor.ranking import rank, tokens_per_s
+from nandoctor.verdicts import classify, fidelity, numeric_verdict, check_results
+
+NAN, INF = math.nan, math.inf
+
+
+def curve(losses, grads=None, scales=None, skipped=None):
+    n = len(losses)
+    grads = grads or [1.0] * n
+    scales = scales or [None] * n
+    skipped = skipped or [False] * n
+    return [{"step": i, "loss": l, "grad_norm": g, "scale": s, "skipped": k, "tokens_per_s": 100.0 + i}
+            for i, (l, g, s, k) in enumerate(zip(losses, grads, scales, skipped))]
+
+
+def falling(n=16, start=8.0, drop=2.0):
+    return [start - drop * i / (n - 1) for i in range(n)]
+
+
+def test_a_falling_finite_curve_is_stable():
+    assert numeric_verdict(curve(falling()), None).name == "stable"
+
+
+def test_nan_loss_is_nonfinite_at_its_step():
+    v = numeric_verdict(curve([8.0, 7.9, NAN]), None)
+    assert (v.name, v.step) == ("nonfinite", 2) and "loss is nan" in v.reason
+
+
+def test_inf_grad_without_scaler_is_nonfinite():
+    assert numeric_verdict(curve([8.0, 7.9], grads=[1.0, INF]), None).name == "nonfinite"
+
+
+def test_gradscaler_calibration_skips_are_not_failures():
+    steps = curve(falling(6), grads=[INF, INF, 1, 1, 1, 1], scales=[65536.0, 32768.0] + [16384.0] * 4,
+                  skipped=[True, True, False, False, False, False])
+    assert numeric_verdict(steps, None).name == "stable"
+
+
+def test_gradscaler_scale_collapse_is_nonfinite():
+    steps = curve([8.0] * 3, grads=[INF] * 3, scales=[4.0, 2.0, 1.0], skipped=[True] * 3)
+    v = numeric_verdict(steps, None)
+    assert v.name == "nonfinite" and "scale fell below 1" in v.reason and v.step == 2
+
+
+def test_exact_zero_loss_is_zero_loss():
+    assert numeric_verdict(curve([8.0, 0.0, 7.0]), None).name == "zero-loss"
+
+
+def test_loss_spike_over_twice_the_window_mean_is_diverged():
+    v = numeric_verdict(curve([8.0, 7.5, 7.0, 6.5, 15.0, 6.0]), None)
+    assert v.name == "diverged" and v.step == 4 and "spiked" in v.reason
+
+
+def test_grad_norm_explosion_is_diverged():
+    v = numeric_verdict(curve(falling(6), grads=[2.0, 2.0, 2.0, 50.0, 2.0, 2.0]), None)
+    assert v.name == "diverged" and "exploded" in v.reason
+
+
+def test_loss_rising_half_a_nat_is_diverged():
+    assert numeric_verdict(curve([8.0, 8.2, 8.4, 8.6, 8.8, 9.0, 9.2, 9.4]), None).name == "diverged"
+
+
+def test_curve_that_stalls_while_reference_falls_is_drift():
+    ref = curve(falling(16, drop=1.0))
+    stalled = curve([8.0 - 0.2 * i / 15 for i in range(16)])
+    v = numeric_verdict(stalled, ref)
+    assert v.name == "drift" and "fp32 reference" in v.reason
+
+
+def test_curve_within_tolerance_of_reference_is_stable():
+    ref = curve(falling(16, drop=1.0))
+    close = curve([l + 0.005 for l in falling(16, drop=1.0)])
+    assert numeric_verdict(close, ref).name == "stable"
+
+
+def test_harness_statuses_map_to_verdicts():
+    assert classify({"status": "timeout", "steps": [], "timeout_s": 5}).name == "timeout"
+    assert classify({"status": "signal", "signal": "SIGSEGV", "steps": []}).name == "crash"
+    assert classify({"status": "signal", "signal": "SIGKILL", "steps": []}).name == "killed"
+    err = {"type": "OutOfMemoryError", "message": "CUDA out of memory", "oom": True}
+    assert classify({"status": "error", "error": err, "steps": []}).name == "oom"
+    assert classify({"status": "unsupported", "reason": "no", "steps": []}).name == "unsupported"
+
+
+def test_fidelity_is_mean_relative_loss_error():
+    ref = curve([10.0, 8.0])
+    assert fidelity(curve([11.0, 8.0]), ref) == 0.05
+    assert fidelity(curve([NAN, 8.0]), ref) is None
+
+
+def test_rank_prefers_fidelity_buckets_then_speed_then_memory():
+    rows = [{"id": "slow-exact", "fidelity": 0.0, "tokens_per_s": 10, "peak_memory_bytes": 1},
+            {"id": "fast-close", "fidelity": 0.001, "tokens_per_s": 50, "peak_memory_bytes": 1},
+            {"id": "fast-far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1},
+            {"id": "fast-close-lean", "fidelity": 0.002, "tokens_per_s": 50, "peak_memory_bytes": 0}]
+    assert [r["id"] for r in rank(rows)] == ["fast-close-lean", "fast-close", "slow-exact", "fast-far"]
+
+
+def test_tokens_per_s_leaves_out_the_warmup_step():
+    assert tokens_per_s([{"tokens_per_s": 1.0}, {"tokens_per_s": 10.0}, {"tokens_per_s": 12.0}]) == 11.0
+
+
+def test_check_flags_initial_loss_far_from_ln_vocab():
+    record = {"status": "ok", "steps": curve([2.0])}
+    checks = dict((name, ok) for name, ok, _ in check_results(record, vocab=4096, random_init=True))
+    assert checks["initial loss near ln(vocab)"] is False and checks["loss finite at step 0"] is True
