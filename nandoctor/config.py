@@ -83,6 +83,7 @@ class Recipe:
     steps: int = 24
     seed: int = 0
     timeout_s: float = 600.0
+    forensics_steps: int = 4  # steps replayed with hooks after the timed ones (a failing probe: up to its failure); 0: off
     axes: dict = field(default_factory=dict)  # default axis values for this recipe, e.g. {"compile": ["off"]}
 
     def validate(self) -> "Recipe":
@@ -101,6 +102,8 @@ class Recipe:
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")
+        if self.forensics_steps < 0:
+            raise NandoctorError(f"recipe {self.name!r}: forensics_steps must be >= 0, got {self.forensics_steps!r}")
         if not 0.0 <= self.data.pad_fraction < 1.0:
             raise NandoctorError(f"recipe {self.name!r}: data.pad_fraction must be in [0, 1), got {self.data.pad_fraction!r}")
         if self.data.source == "file" and not self.data.path:

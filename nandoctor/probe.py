@@ -2,7 +2,8 @@
 
 The runner starts `python -m nandoctor.probe SPEC.json RESULT.json`. The child reads its spec, trains,
 appends each step to steps.jsonl as it goes (so a hang or a segfault still leaves the curve), and
-writes one JSON result. Exit code 0: trained (whatever the numbers did); 1: it raised.
+writes one JSON result. Exit code 0: trained (whatever the numbers did); 1: it raised. When the
+recipe asks for forensics, a probe that trained then replays its first steps with hooks (forensics.py).
 """
 from __future__ import annotations
 
@@ -114,6 +115,14 @@ class StepLog:
         self._planned = steps
 
 
+def build_optimizer(model, recipe):
+    """AdamW over the trainable parameters, in their own dtype (so its state is half in the pure cells)."""
+    import torch
+    o = recipe.optimizer
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
+                             betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
 def peak_memory(device: str) -> tuple[int, str]:
     import torch
     if device == "cuda":
@@ -137,9 +146,7 @@ def run_probe(spec: dict, result: dict, steps_path: Path | None) -> None:
     t0 = time.perf_counter()
     model = build_model(plan, recipe, cell, seed).to(device)
     data = ({k: v.to(device) for k, v in b.items()} for b in batches(recipe, model.config, seed))
-    o = recipe.optimizer
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
-                                  betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    optimizer = build_optimizer(model, recipe)
     autocast, scaler = precision(cell, device)
     forward = model if cell.compile == "off" else torch.compile(model, backend=cell.compile)
     result["load_s"] = time.perf_counter() - t0
@@ -157,6 +164,16 @@ def run_probe(spec: dict, result: dict, steps_path: Path | None) -> None:
         result["peak_memory_bytes"], result["peak_memory_kind"] = peak_memory(device)
 
 
+def forensics_of(spec: dict, result: dict) -> dict:
+    """The replay with hooks, after the timed run has freed its model. Its failure is recorded, never
+    turned into the probe's."""
+    from .forensics import replay
+    try:
+        return replay(spec, result)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+
+
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = json.loads(spec_path.read_text())
@@ -172,6 +189,8 @@ def main(argv: list[str]) -> int:
                            "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError))}
         traceback.print_exc()  # into log.txt, whose tail the record keeps
         code = 1
+    if code == 0 and spec["recipe"].get("forensics_steps"):
+        result["forensics"] = forensics_of(spec, result)
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
     os.replace(tmp, result_path)

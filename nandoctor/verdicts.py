@@ -144,3 +144,14 @@ def check_results(record: dict, vocab: int, random_init: bool, t: Thresholds = T
                 f"scale fell below {t.min_scale:g} at step {bad[0]['step']}" if bad else
                 f"{sum(s['skipped'] for s in record['steps'])} calibration skip(s)"))
     return out
+
+
+def _rel(a: float, b: float) -> float | None:
+    return abs(a - b) / abs(b) if math.isfinite(a) and math.isfinite(b) and b != 0 else None
+
+
+def fidelity_curve(steps: list[dict], reference: list[dict] | None) -> list[dict]:
+    """Per common step: relative loss and grad-norm error against the fp32 reference (None where
+    either value is non-finite). A GradScaler-skipped step still has a loss, so it still counts."""
+    return [{"step": a["step"], "loss": _rel(a["loss"], b["loss"]), "grad_norm": _rel(a["grad_norm"], b["grad_norm"])}
+            for a, b in zip(steps, reference or [])]

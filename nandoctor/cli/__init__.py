@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..config import NandoctorError
-from . import bisect, check, doctor, grid, report
+from . import bisect, check, doctor, explain, grid, report
 
-COMMANDS = (grid, check, bisect, report, doctor)
+COMMANDS = (grid, check, bisect, report, doctor, explain)
 
 
 class Parser(argparse.ArgumentParser):

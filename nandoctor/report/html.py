@@ -8,7 +8,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis import ProbeOutcome, RunAnalysis
 from ..config import THRESHOLDS
-from . import bisection, common, doctor
+from . import bisection, common, doctor, forensics
 from .charts import line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -38,14 +38,17 @@ def render_html(a: RunAnalysis) -> str:
         loss_svg, gn_svg = probe_charts(o)
         cards.append({"label": common.label(o), "verdict": o.verdict, "loss_svg": loss_svg, "gn_svg": gn_svg,
                       "fidelity": common.fmt_fidelity(o.fidelity), "rate": common.fmt_rate(o.tokens_per_s),
-                      "memory": common.fmt_bytes(o.peak_memory_bytes), "log_tail": o.record.get("log_tail")})
+                      "memory": common.fmt_bytes(o.peak_memory_bytes), "log_tail": o.record.get("log_tail"),
+                      "fidelity_svg": forensics.fidelity_chart(o), "explain": forensics.explain_text(o)})
     return _env.get_template("report.html.j2").render(
         meta=a.meta, headline=common.headline(a), probed=probed, why=why,
         ranking=common.ranking_rows(a), failures=common.failure_rows(a), unsupported=common.unsupported_rows(a),
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
         capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
         overview_svg=line_chart(overview, "loss of the top-ranked stable configurations", width=860, height=260) if overview else "",
-        cards=cards, bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None)
+        cards=cards, bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
+        forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
+        headroom=forensics.headroom_sections(a))
 
 
 def bisection_context(b: dict) -> dict:

@@ -7,6 +7,7 @@ from ..analysis import RunAnalysis
 from ..config import THRESHOLDS
 from . import bisection, common
 from .doctor import doctor_markdown
+from .forensics import forensics_markdown
 
 
 def _table(rows: list[dict]) -> str:
@@ -27,6 +28,7 @@ def render_markdown(a: RunAnalysis) -> str:
               f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then tokens/s, then peak memory.", "",
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
+    parts += forensics_markdown(a, _table)
     parts += ["## Not run on this device", "", _table(common.unsupported_rows(a)), ""]
     parts += doctor_markdown(m.get("env", {}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]

@@ -1,0 +1,18 @@
+"""`nandoctor explain DIR [--probe ID]`: the numerics forensics of a run's probes, in the terminal."""
+from __future__ import annotations
+
+from ..explain import explain
+from ..report.forensics import explain_text
+
+
+def register(sub) -> None:
+    p = sub.add_parser("explain", help="where and why a probe broke, and the headroom of the stable ones")
+    p.add_argument("run_dir", help="a run directory, e.g. reports/<run-id>")
+    p.add_argument("--probe", help="one probe id, e.g. fp16-amp/sdpa/off (default: every probe that ran)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    _, outcomes = explain(args.run_dir, args.probe)
+    print("\n\n".join(explain_text(o) for o in outcomes))
+    return 0

@@ -1,0 +1,232 @@
+"""The forensics of each probe as rows and sentences, shared by report.md, report.html, summary.json
+and `nandoctor explain`: where a probe broke, how much headroom the tightest modules have, how much of
+the gradient underflows and how much of each update rounds away."""
+from __future__ import annotations
+
+import math
+
+from ..analysis import ProbeOutcome, RunAnalysis
+from ..forensics import FINFO_MAX, headroom, origin, update_loss
+from ..verdicts import UNSUPPORTED, fidelity_curve
+from .charts import line_chart
+from .common import label
+
+TIGHTEST = 5  # modules listed per probe
+# bf16 keeps fp32's 8-bit exponent, so its range headroom is ~1e37x: only fp16 gets the per-module table
+NARROW_RANGE = ("float16",)
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+
+
+def fmt_ratio(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x == 0.0:
+        return "overflowed"
+    if not math.isfinite(x) or x >= 1e6:
+        return f"{x:.1e}x" if math.isfinite(x) else "unbounded"
+    return f"{x:.3g}x"
+
+
+def fmt_value(x: float | None) -> str:
+    return "-" if x is None else (repr(x) if not math.isfinite(x) else f"{x:.4g}")
+
+
+def fmt_fraction(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.3g}%"
+
+
+def forensics_of(o: ProbeOutcome) -> dict | None:
+    f = o.record.get("forensics")
+    return f if f and "error" not in f else None
+
+
+def _stats(d: dict) -> str:
+    return f"min {fmt_value(d['min'])}, max {fmt_value(d['max'])}, abs-max {fmt_value(d['absmax'])}"
+
+
+def event_line(e: dict) -> str:
+    """One sentence for a first-offender event."""
+    if e["phase"] == "optimizer":
+        text = (f"step {e['step']}, optimizer step: the update turned {e['parameter']} non-finite "
+                f"({e['nonfinite_elements']} elements; before it: {_stats(e['before'])})")
+        if e.get("eps") is not None and e.get("eps_in_dtype") == 0.0:
+            text += f"; AdamW eps={e['eps']:g} is 0.0 in {e.get('state_dtype', 'the weight dtype')}"
+        if e.get("exp_avg_sq_zero_fraction") is not None:
+            text += f", and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of its elements: update = m / 0"
+        return text
+    text = f"step {e['step']}, {e['module']}: {e['tensor']} holds NaN/inf ({_stats(e['stats'])})"
+    if e.get("before"):
+        b = e["before"]
+        where = "" if b["module"] == e["module"] else f" ({b['module']})"
+        text += f"; {b['what']}{where}: {_stats(b)}"
+    return text
+
+
+def first_offenders(f: dict) -> dict[str, dict]:
+    """The origin of the failure and the first forward and backward offenders from its step on; empty
+    when nothing unrecoverable happened (GradScaler calibration overflows are not offenders)."""
+    root = origin(f)
+    if not root:
+        return {}
+    out = {f"origin ({root['phase']})": root}
+    for phase in ("forward", "backward"):
+        e = next((e for e in f.get("events", []) if e["phase"] == phase and e["step"] >= root["step"]), None)
+        if e:
+            out[f"first {phase} offender"] = e
+    return out
+
+
+def headroom_rows(o: ProbeOutcome, n: int = TIGHTEST) -> list[dict]:
+    f = forensics_of(o)
+    if not f:
+        return []
+    dtype = SHORT_DTYPE.get(f["compute_dtype"], f["compute_dtype"])
+    return [{"module": r["module"], "max |activation|": fmt_value(r["activation_absmax"]),
+             f"{dtype} activation headroom": fmt_ratio(r["activation_headroom"]),
+             "max |gradient|": fmt_value(r["gradient_absmax"]),
+             f"{dtype} gradient headroom": fmt_ratio(r["gradient_headroom"])} for r in tightest(headroom(f), n)]
+
+
+def tightest(rows: list[dict], n: int) -> list[dict]:
+    """The n tightest by activation and the n tightest by gradient, tightest (either kind) first."""
+    big = math.inf
+    by_grad = sorted(rows, key=lambda r: big if r["gradient_headroom"] is None else r["gradient_headroom"])
+    chosen = {r["module"]: r for r in rows[:n] + by_grad[:n]}.values()
+    return sorted(chosen, key=lambda r: min(big if r[k] is None else r[k] for k in ("activation_headroom", "gradient_headroom")))
+
+
+def tightest_line(o: ProbeOutcome) -> str | None:
+    """'fp16 headroom 1.7x at model.layers.1.mlp.down_proj (activation)'."""
+    f = forensics_of(o)
+    rows = headroom(f)
+    if not rows:
+        return None
+    dtype = SHORT_DTYPE.get(f["compute_dtype"], f["compute_dtype"])
+    act = rows[0]
+    grads = [r for r in rows if r["gradient_headroom"] is not None]
+    text = f"{dtype} headroom {fmt_ratio(act['activation_headroom'])} at {act['module']} (activation)"
+    if grads:
+        g = min(grads, key=lambda r: r["gradient_headroom"])
+        scales = [st["scale"] for st in f.get("steps", []) if st.get("scale")]
+        scaled = f", loss-scaled by up to {max(scales):g}" if scales else ""
+        text += f", {fmt_ratio(g['gradient_headroom'])} at {g['module']} (gradient{scaled})"
+    return text
+
+
+def summary_row(o: ProbeOutcome) -> dict:
+    f = forensics_of(o)
+    uf = (f or {}).get("underflow")
+    ul = update_loss(f)
+    root = origin(f)
+    rows = headroom(f)
+    return {"config": label(o), "compute": f["compute_dtype"] if f else "-",
+            "tightest activation": f"{fmt_ratio(rows[0]['activation_headroom'])} {rows[0]['module']}" if rows else "-",
+            "grad underflow": f"{fmt_fraction(uf['fraction'])} (scale {uf['loss_scale']:g})" if uf else "-",
+            "update loss": f"{fmt_fraction(ul['mean'])} ({ul['weight_dtype']})" if ul else "-",
+            "origin": f"{root['phase']} step {root['step']}: {root.get('parameter') or root['module']}" if root else "-",
+            "replay": _replay_note(o)}
+
+
+def _replay_note(o: ProbeOutcome) -> str:
+    f = o.record.get("forensics")
+    if not f:
+        return "not run"
+    if "error" in f:
+        return f"failed: {f['error']}"
+    cost = f.get("cost") or {}
+    over = cost.get("hooked_step_overhead")
+    text = f"{f['replayed_steps']} steps, {cost.get('seconds', 0):.1f} s" + (f", hooked step {over:.2f}x" if over else "")
+    return text + ("" if f.get("reproduced") else ", DID NOT reproduce the timed losses")
+
+
+def probes_with_forensics(a: RunAnalysis) -> list[ProbeOutcome]:
+    return [o for o in a.outcomes if o.verdict.name != UNSUPPORTED and o.record.get("forensics")]
+
+
+def headroom_sections(a: RunAnalysis) -> list[dict]:
+    """The tightest modules of every fp16 probe that did not break."""
+    return [{"label": label(o), "line": tightest_line(o), "rows": headroom_rows(o)} for o in probes_with_forensics(a)
+            if _headroom_applies(forensics_of(o)) and headroom_rows(o)]
+
+
+def _headroom_applies(f: dict | None) -> bool:
+    """Headroom is a margin: it means something for fp16 probes that did not break
+    (after a NaN, every later module reads 'overflowed')."""
+    return bool(f) and f["compute_dtype"] in NARROW_RANGE and origin(f) is None
+
+
+def forensics_markdown(a: RunAnalysis, table) -> list[str]:
+    """The '## Numerics forensics' section of report.md; `table` renders a list of row dicts."""
+    probes = probes_with_forensics(a)
+    if not probes:
+        return []
+    parts = ["## Numerics forensics", "",
+             "Each probe replayed its first steps with hooks after the timed run (same seed; timings above "
+             "are from the unhooked run). Headroom = the compute dtype's largest finite value / the largest "
+             "|value| seen; grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
+             "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.", "",
+             table([summary_row(o) for o in probes]), ""]
+    for o in probes:
+        f = forensics_of(o)
+        if not f:
+            continue
+        offenders = first_offenders(f)
+        if offenders:
+            parts += [f"### {label(o)}: where it broke", ""]
+            parts += [f"- {kind}: {event_line(e)}" for kind, e in offenders.items()] + [""]
+    for h in headroom_sections(a):
+        parts += [f"### {h['label']}: tightest modules", "", f"{h['line']}.", "", table(h["rows"]), ""]
+    return parts
+
+
+def fidelity_chart(o: ProbeOutcome) -> str:
+    """Per-step relative error of loss and grad-norm against the fp32 reference, as an SVG."""
+    curve = fidelity_curve(o.record.get("steps") or [], o.reference_steps)
+    if not curve:
+        return ""
+    series = [{"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
+              {"label": "grad-norm rel. error", "points": [(c["step"], c["grad_norm"]) for c in curve], "dashed": True}]
+    return line_chart(series, "fidelity vs fp32 reference (relative error)")
+
+
+def explain_text(o: ProbeOutcome) -> str:
+    """What `nandoctor explain` prints for one probe."""
+    lines = [f"{label(o)}: {o.verdict.name} — {o.verdict.reason}"]
+    f = o.record.get("forensics")
+    if not f or "error" in f:
+        lines.append("  forensics: " + _replay_note(o))
+        return "\n".join(lines)
+    limit = FINFO_MAX[f["compute_dtype"]]
+    lines.append(f"  compute dtype {f['compute_dtype']} (largest finite {limit:.6g}), weights {f['weight_dtype']}; "
+                 f"replay: {_replay_note(o)}")
+    if f.get("note"):
+        lines.append(f"  note: {f['note']}")
+    for kind, e in first_offenders(f).items():
+        lines.append(f"  {kind}: {event_line(e)}")
+    if _headroom_applies(f):
+        lines.append(f"  {tightest_line(o)}")
+        for r in tightest(headroom(f), TIGHTEST):
+            lines.append(f"    {r['module']:<48} activation {fmt_value(r['activation_absmax']):>10} ({fmt_ratio(r['activation_headroom'])})"
+                         f"  gradient {fmt_value(r['gradient_absmax']):>10} ({fmt_ratio(r['gradient_headroom'])})")
+    uf, ul = f.get("underflow"), update_loss(f)
+    if uf:
+        worst = ", ".join(f"{w['parameter']} {fmt_fraction(w['fraction'])}" for w in uf["worst"] if w["fraction"])
+        lines.append(f"  gradient underflow in {uf['dtype']} at loss scale {uf['loss_scale']:g}: {fmt_fraction(uf['fraction'])} "
+                     f"of {uf['nonzero_elements']} non-zero elements" + (f" (worst: {worst})" if worst else ""))
+    if ul:
+        lines.append(f"  update loss ({ul['weight_dtype']} weights): mean {fmt_fraction(ul['mean'])}, max {fmt_fraction(ul['max'])} over {ul['steps']} steps")
+    curve = fidelity_curve(o.record.get("steps") or [], o.reference_steps)
+    if curve:
+        lines.append("  fidelity per step (loss rel. error): " + " ".join(fmt_fraction(c["loss"]) for c in curve))
+    return "\n".join(lines)
+
+
+def forensics_summary(o: ProbeOutcome) -> dict | None:
+    """The forensics as data for summary.json."""
+    f = forensics_of(o)
+    if not f:
+        return None
+    rows = headroom(f)
+    return {"compute_dtype": f["compute_dtype"], "origin": origin(f), "first_offenders": first_offenders(f),
+            "tightest": rows[:TIGHTEST], "underflow": f.get("underflow"), "update_loss": update_loss(f),
+            "reproduced": f.get("reproduced"), "cost": f.get("cost")}

@@ -1,0 +1,133 @@
+"""Forensics end to end: real tiny models replayed with hooks in the probe's child process."""
+import contextlib
+import io
+import json
+import re
+
+import pytest
+from checkpoints import LARGE_MLP, save_llama
+from conftest import run_cli, summary
+
+
+def probe_summary(run_dir, probe_id) -> dict:
+    return next(p for p in summary(run_dir)["probes"] if p["probe_id"] == probe_id)
+
+
+def forensics_record(run_dir, probe_id) -> dict:
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    return next(r for r in records if r["probe_id"] == probe_id)["forensics"]
+
+
+@pytest.fixture(scope="module")
+def large_mlp(tmp_path_factory):
+    """The large-MLP checkpoint under fp16-amp for one step (plus the fp32 reference)."""
+    base = tmp_path_factory.mktemp("forensics-ckpt")
+    ckpt = save_llama(base / "large-mlp", mlp_scale=LARGE_MLP)
+    out = base / "run"
+    proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp16-amp", "--axis", "attn=eager", "--steps", "1", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return ckpt, out
+
+
+def debug_underflow_overflow_first_module(ckpt) -> str:
+    """The module transformers' DebugUnderflowOverflow stops at, for the probe's first batch under fp16 autocast."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.debug_utils import DebugUnderflowOverflow
+
+    from nandoctor.models import batches
+    from nandoctor.recipes import resolve_model
+    recipe = resolve_model(str(ckpt))
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager")
+    model.config.use_cache = False
+    model.train()
+    batch = next(batches(recipe, model.config, recipe.seed))
+    DebugUnderflowOverflow(model)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed), pytest.raises(ValueError, match="inf/nan detected"):
+        with torch.autocast("cpu", dtype=torch.float16):
+            model(**batch)
+    frames = printed.getvalue().split("Detected inf/nan", 1)[1]
+    return re.findall(r"^ {18}(\S+) \w+$", frames, re.M)[-1]  # each frame opens with "<name> <Class>"
+
+
+def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0(large_mlp):
+    _, out = large_mlp
+    origin = probe_summary(out, "fp16-amp/eager/off")["forensics"]["origin"]
+    assert (origin["phase"], origin["step"]) == ("forward", 0)
+    assert origin["module"].startswith("model.layers.1.mlp")
+    assert origin["before"]["absmax"] < 65504 < origin["stats"]["absmax"]  # finite input, overflowed output
+
+
+def test_large_mlp_first_offender_agrees_with_debug_underflow_overflow(large_mlp):
+    ckpt, out = large_mlp
+    ours = probe_summary(out, "fp16-amp/eager/off")["forensics"]["origin"]["module"]
+    assert ours == debug_underflow_overflow_first_module(ckpt)
+
+
+def test_the_replay_retraces_the_timed_run_and_states_its_cost(large_mlp):
+    _, out = large_mlp
+    f = forensics_record(out, "fp16-amp/eager/off")
+    assert f["reproduced"] is True and f["replayed_steps"] == 1
+    assert f["cost"]["seconds"] > 0 and f["cost"]["hooked_step_overhead"] > 0
+
+
+@pytest.fixture(scope="module")
+def precision(tmp_path_factory):
+    """tiny-llama at lr 2e-5 in every reduced-precision cell the CPU runs, two steps each."""
+    out = tmp_path_factory.mktemp("forensics") / "precision"
+    proc = run_cli("grid", "--axis", "dtype=fp16-pure,bf16-pure,bf16-amp,fp16-amp", "--axis", "attn=eager",
+                   "--set", "optimizer.lr=2e-5", "--steps", "2", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_fp16_pure_adamw_eps_origin_is_the_optimizer_step(precision):
+    p = probe_summary(precision, "fp16-pure/eager/off")
+    assert p["verdict"] == "nonfinite" and p["step"] == 1
+    origin = p["forensics"]["origin"]
+    assert (origin["phase"], origin["step"]) == ("optimizer", 0)
+    assert origin["eps"] == 1e-8 and origin["eps_in_dtype"] == 0.0  # eps rounds to 0 in fp16
+
+
+def test_bf16_pure_update_loss_is_large_and_bf16_amp_small(precision):
+    pure = probe_summary(precision, "bf16-pure/eager/off")["forensics"]["update_loss"]
+    amp = probe_summary(precision, "bf16-amp/eager/off")["forensics"]["update_loss"]
+    assert pure["weight_dtype"] == "bfloat16" and amp["weight_dtype"] == "float32"
+    assert pure["mean"] > 0.5  # lr 2e-5 is below half a bf16 ulp of most weights
+    assert amp["mean"] < 0.001
+
+
+def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
+    assert probe_summary(precision, "fp16-amp/eager/off")["verdict"] == "stable"
+    md = (precision / "report.md").read_text()
+    html = (precision / "report.html").read_text()
+    section = md.split("### fp16-amp/eager/off: tightest modules", 1)[1]
+    ratio = re.search(r"fp16 headroom ([0-9.e+]+)x at (\S+) \(activation\)", section)
+    assert ratio and float(ratio.group(1)) > 1
+    assert "fp16 activation headroom" in section
+    assert f"fp16 headroom {ratio.group(1)}x at {ratio.group(2)}" in html and "fp16 activation headroom" in html
+
+
+def test_html_has_a_fidelity_curve_per_probe(precision):
+    html = (precision / "report.html").read_text()
+    assert html.count("fidelity vs fp32 reference (relative error)") >= 4
+
+
+def test_explain_prints_the_origin_of_one_probe(precision):
+    proc = run_cli("explain", precision, "--probe", "fp16-pure/eager/off")
+    assert proc.returncode == 0, proc.stderr
+    assert "origin (optimizer): step 0, optimizer step" in proc.stdout
+    assert "eps=1e-08 is 0.0 in float16" in proc.stdout
+
+
+def test_explain_unknown_probe_is_one_line_exit_2(precision):
+    proc = run_cli("explain", precision, "--probe", "fp8/eager/off")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "fp16-pure/eager/off" in proc.stderr
+
+
+def test_explain_bad_run_dir_is_one_line_exit_2(tmp_path):
+    proc = run_cli("explain", tmp_path / "missing")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
