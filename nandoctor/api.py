@@ -98,6 +98,7 @@ class Session:
     def resume(self, planned: int) -> None:
         """Continue a run directory: the probes its store holds count as done and are not rerun."""
         self.planned = planned
+        self.store.drop_partial_line()
         for record in self.store.records():
             self.recorded[record["probe_id"]] = record
             self._report(record, quiet=True)

@@ -106,6 +106,7 @@ class RunningProbe:
     folder: Path
     started: float
     timed_out: bool = False
+    pid: int | None = None  # set when the probe process exists
 
     @property
     def elapsed(self) -> float:
@@ -126,6 +127,7 @@ class ProbeRunner:
         slot_class = WarmSlot if warm else ColdSlot
         self.slots = [slot_class(i, self.events, i % gpus if gpus else None) for i in range(self.jobs)]
         self.opened = False
+        self.retried: set[str] = set()
 
     def open(self) -> "ProbeRunner":
         """Start the warm workers now (their imports overlap with whatever the caller does next)."""
@@ -174,7 +176,7 @@ class ProbeRunner:
             except queue.Empty:
                 index = None
             if index is not None and generation == self.slots[index].generation:
-                record = self._handle(self.slots[index], message, running)
+                record = self._handle(self.slots[index], message, running, pending)
                 if record is not None:
                     self.store.append(record)
                     records.append(record)
@@ -191,12 +193,12 @@ class ProbeRunner:
         left = [p.task.timeout_s - p.elapsed for p in running.values() if not p.timed_out]
         return max(0.01, min([MAX_WAIT_S] + left))
 
-    def _handle(self, slot, message: dict, running: dict[int, RunningProbe]) -> dict | None:
+    def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> dict | None:
         """Act on one slot event; returns a finished probe's record, if this event finished one."""
         if "ready" in message:
             slot.ready = True
         elif "started" in message:
-            slot.pid = message["started"]
+            slot.pid = running[slot.index].pid = message["started"]
         elif "exited" in message:
             slot.pid = None
             probe = running.pop(slot.index)
@@ -210,7 +212,10 @@ class ProbeRunner:
             worker = slot.worker.pid
             slot.open()  # a fresh worker takes the slot
             probe = running.pop(slot.index, None)
-            if probe is not None:
+            if probe is not None and probe.pid is None and probe.task.probe_id not in self.retried:
+                self.retried.add(probe.task.probe_id)  # the worker died before forking it: not the probe's doing
+                pending.insert(0, probe.task)
+            elif probe is not None:
                 record = self._record(slot, probe, None, worker_died=message["died"])
                 record["worker_pid"] = worker
                 return record

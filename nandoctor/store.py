@@ -31,6 +31,15 @@ class ResultsStore:
             f.flush()
             os.fsync(f.fileno())
 
+    def drop_partial_line(self) -> None:
+        """Cut a last line that a killed run left half-written, so that appends start on a fresh line."""
+        if not self.results_path.exists():
+            return
+        data = self.results_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.results_path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
     def meta(self) -> dict:
         path = self.dir / RUN_FILE
         if not self.dir.is_dir():
