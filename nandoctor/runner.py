@@ -126,15 +126,15 @@ class ProbeRunner:
         self.events: queue.Queue = queue.Queue()
         slot_class = WarmSlot if warm else ColdSlot
         self.slots = [slot_class(i, self.events, i % gpus if gpus else None) for i in range(self.jobs)]
-        self.opened = False
+        self.opened = 0  # slots whose worker has been started
         self.retried: set[str] = set()
 
-    def open(self) -> "ProbeRunner":
-        """Start the warm workers now (their imports overlap with whatever the caller does next)."""
-        if not self.opened:
-            self.opened = True
-            for slot in self.slots:
-                slot.open()
+    def open(self, slots: int = 1) -> "ProbeRunner":
+        """Start the first `slots` workers now, so that their imports overlap with what the caller does
+        next; run() starts as many more as it has probes for, up to `jobs`."""
+        for slot in self.slots[self.opened:min(slots, self.jobs)]:
+            slot.open()
+        self.opened = max(self.opened, min(slots, self.jobs))
         return self
 
     def preload(self, model_type: str) -> None:
@@ -163,12 +163,12 @@ class ProbeRunner:
 
     def run(self, tasks: list[ProbeTask], on_record=None) -> list[dict]:
         """Run every task; each record is appended to the store the moment its probe ends."""
-        self.open()
+        self.open(len(tasks))
         pending = list(tasks)
         running: dict[int, RunningProbe] = {}
         records = []
         while pending or running:
-            for slot in self.slots:
+            for slot in self.slots[:self.opened]:
                 if slot.ready and slot.index not in running and pending:
                     running[slot.index] = self._launch(slot, pending.pop(0))
             try:

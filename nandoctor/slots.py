@@ -112,7 +112,8 @@ class WarmSlot:
 
     def preload(self, model_type: str) -> None:
         self.preloads.append(model_type)
-        self._send({"preload": model_type})
+        if self.worker:  # else open() sends it
+            self._send({"preload": model_type})
 
     def launch(self, spec: Path, result: Path, log: Path) -> None:
         self.pid = None  # known when the worker says {"started": pid}

@@ -6,7 +6,8 @@ import time
 
 from conftest import summary
 
-FP32_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "3")
+# --jobs 2: one thread per probe (two threads per probe crawl on a shared 2-core box)
+FP32_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "3", "--jobs", "2")
 
 
 def lines(run_dir):
@@ -47,7 +48,7 @@ def test_resume_refuses_options_that_would_change_the_run(tmp_path, cli):
 
 def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli):
     env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
-    one = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--cache")
+    one = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--jobs", "2", "--cache")
     first = cli("grid", *one, "--out", tmp_path / "first", env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "cache: 0 probe(s) reused" in first.stdout

@@ -74,7 +74,8 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     runs = {}
     for mode in ("warm", "cold"):
         out = tmp_path / mode
-        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--steps", "3", "--out", out,
+        # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
+        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--steps", "3", "--jobs", "2", "--out", out,
                    *(["--cold"] if mode == "cold" else []))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs[mode] = out
