@@ -33,7 +33,7 @@ def run_grid(args: list[str], out: Path) -> float:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)], capture_output=True, text=True)
     wall = time.perf_counter() - t0
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not (out / "results.jsonl").exists():
         sys.exit(f"grid failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return wall
 
@@ -67,7 +67,7 @@ def main() -> None:
     rows, outs, loads = {}, {}, []
     for name, flags in MODES.items():
         loads.append(f"before {name}: {load()}")
-        out = base / name.replace(", --", "-jobs").replace(" ", "")
+        out = base / name.replace(", --jobs ", "-jobs")
         wall = run_grid(grid + flags, out)
         recs = records(out)
         outs[name] = out
