@@ -122,7 +122,6 @@ class ProbeRunner:
         self.run_dir = Path(run_dir)
         self.store = store
         self.jobs = max(1, jobs)
-        self.warm = warm
         self.events: queue.Queue = queue.Queue()
         slot_class = WarmSlot if warm else ColdSlot
         self.slots = [slot_class(i, self.events, i % gpus if gpus else None) for i in range(self.jobs)]
