@@ -161,10 +161,10 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
         raise NandoctorError(f"--reruns and --data-seeds must be >= 0, got {reruns} and {data_seeds}")
     device = device or collect_summary()
     good_cfg, bad_cfg = parse_configurations(recipe, device, good, bad, factors or [])  # before any model work
-    session = Session("bisect", recipe, out, jobs, steps, device, progress)
-    session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds})
-    oracle = ProbeOracle(session, recipe)
-    result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
+    with Session("bisect", recipe, out, jobs, steps, device, progress) as session:
+        session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds})
+        oracle = ProbeOracle(session, recipe)
+        result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
     result.probes = len(oracle.records)  # processes actually run, references for drift included
     data = result.to_dict()
     if result.recommended is not None:

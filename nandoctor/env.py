@@ -24,6 +24,18 @@ def get_cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def get_cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo); CPU kernels, and so the last digits of a loss, depend on it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def get_ram_bytes() -> tuple[int, int] | None:
     """(total, available) system memory, or None without psutil."""
     try:
@@ -173,6 +185,7 @@ def collect_summary() -> dict:
         "device": "cuda" if devices else "cpu",
         "gpus": devices,
         "cpu_count": get_cpu_count(),
+        "cpu_model": get_cpu_model(),
         "ram_bytes": ram[0] if ram else None,
         "ram_available_bytes": ram[1] if ram else None,
         "cxx": get_cxx_compiler(),

@@ -1,24 +1,25 @@
-"""Run probes in isolated OS processes, a few at a time, and append each result to the store.
+"""Run probes in isolated OS processes, one per slot at a time, and append each result to the store.
 
 Whatever a probe does — raise, segfault, abort, run out of memory, hang — the runner turns it into a
 record and goes on. Each probe gets its own folder under <run>/probes/ with spec.json, steps.jsonl,
-result.json and log.txt.
+result.json and log.txt. By default a probe is forked from a warm worker (slots.WarmSlot); with
+warm=False it is a fresh Python process (slots.ColdSlot). Either way the child runs probe.main.
 """
 from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .slots import ColdSlot, WarmSlot
 from .store import ResultsStore
 
 LOG_TAIL_CHARS = 4000
-POLL_S = 0.05
+MAX_WAIT_S = 0.5  # the longest the runner sleeps between timeout checks
 
 
 @dataclass
@@ -60,8 +61,10 @@ def _read_steps(path: Path) -> list[dict]:
     return steps
 
 
-def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float) -> dict:
-    """Build the probe's record from whatever the child left behind."""
+def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float,
+            worker_died: int | None = None) -> dict:
+    """Build the probe's record from whatever the child left behind. worker_died: the exit status of
+    a warm worker that died while this probe ran (the probe died with it)."""
     record = {"probe_id": task.probe_id, "cell": task.spec["cell"], "seed": task.spec["seed"],
               "steps_planned": task.spec["steps"], "device": task.spec["device"], "wall_s": wall_s, "timeout_s": task.timeout_s,
               "exit_code": returncode, "signal": None, "error": None, **task.extra}
@@ -82,6 +85,10 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
         record["status"], record["error"] = "error", result["error"]
     elif returncode == 0 and result:
         record["status"] = "ok"
+    elif worker_died is not None:
+        record["status"] = "error"
+        record["error"] = {"type": "WorkerDied", "message": f"the warm worker running this probe exited {worker_died}; the probe was killed with it",
+                           "traceback": "", "oom": False}
     else:
         record["status"] = "error"
         record["error"] = {"type": "ProbeExit", "message": f"probe process exited {returncode} without a result",
@@ -93,63 +100,129 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
     return record
 
 
-class ProbeRunner:
-    """Starts each probe as `python -m nandoctor.probe` in a new session (so a timeout kills its
-    whole process group), at most `jobs` at once."""
+@dataclass
+class RunningProbe:
+    task: ProbeTask
+    folder: Path
+    started: float
+    timed_out: bool = False
+    pid: int | None = None  # set when the probe process exists
 
-    def __init__(self, run_dir: Path, store: ResultsStore, jobs: int = 1, gpus: int = 0):
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+class ProbeRunner:
+    """Runs tasks on `jobs` slots (warm workers, or cold processes with warm=False); slot i is pinned
+    to GPU i % gpus when there are GPUs. Use as a context manager, or call close(): it stops the
+    workers and kills any probe still running."""
+
+    def __init__(self, run_dir: Path, store: ResultsStore, jobs: int = 1, gpus: int = 0, warm: bool = True):
         self.run_dir = Path(run_dir)
         self.store = store
         self.jobs = max(1, jobs)
-        self.gpus = gpus
+        self.events: queue.Queue = queue.Queue()
+        slot_class = WarmSlot if warm else ColdSlot
+        self.slots = [slot_class(i, self.events, i % gpus if gpus else None) for i in range(self.jobs)]
+        self.opened = 0  # slots whose worker has been started
+        self.retried: set[str] = set()
 
-    def _start(self, task: ProbeTask, slot: int):
+    def open(self, slots: int = 1) -> "ProbeRunner":
+        """Start the first `slots` workers now, so that their imports overlap with what the caller does
+        next; run() starts as many more as it has probes for, up to `jobs`."""
+        for slot in self.slots[self.opened:min(slots, self.jobs)]:
+            slot.open()
+        self.opened = max(self.opened, min(slots, self.jobs))
+        return self
+
+    def preload(self, model_type: str) -> None:
+        """Have the workers import this model type's modeling code before their first probe."""
+        for slot in self.slots:
+            slot.preload(model_type)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.close()
+
+    def __enter__(self) -> "ProbeRunner":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _launch(self, slot, task: ProbeTask) -> RunningProbe:
         folder = probe_dir(self.run_dir, task.probe_id)
         folder.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", "steps.jsonl"):
             (folder / stale).unlink(missing_ok=True)
         (folder / "spec.json").write_text(json.dumps(task.spec, default=str))
-        env = dict(os.environ)
-        if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot % self.gpus)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env["TOKENIZERS_PARALLELISM"] = "false"
-        log = open(folder / "log.txt", "wb")
-        proc = subprocess.Popen([sys.executable, "-m", "nandoctor.probe", str(folder / "spec.json"), str(folder / "result.json")],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        log.close()
-        return proc, folder, time.monotonic()
+        slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
+        return RunningProbe(task, folder, time.monotonic())
 
     def run(self, tasks: list[ProbeTask], on_record=None) -> list[dict]:
         """Run every task; each record is appended to the store the moment its probe ends."""
+        self.open(len(tasks))
         pending = list(tasks)
-        running: dict[int, tuple] = {}
+        running: dict[int, RunningProbe] = {}
         records = []
         while pending or running:
-            for slot in range(self.jobs):
-                if slot not in running and pending:
-                    task = pending.pop(0)
-                    running[slot] = (task, *self._start(task, slot))
-            time.sleep(POLL_S)
-            for slot, (task, proc, folder, started) in list(running.items()):
-                elapsed = time.monotonic() - started
-                timed_out = proc.poll() is None and elapsed > task.timeout_s
-                if timed_out:
-                    _kill_group(proc)
-                if proc.poll() is None:
-                    continue
-                del running[slot]
-                record = collect(task, folder, proc.returncode, timed_out, elapsed)
-                self.store.append(record)
-                records.append(record)
-                if on_record:
-                    on_record(record)
+            for slot in self.slots[:self.opened]:
+                if slot.ready and slot.index not in running and pending:
+                    running[slot.index] = self._launch(slot, pending.pop(0))
+            try:
+                index, generation, message = self.events.get(timeout=self._wait_s(running))
+            except queue.Empty:
+                index = None
+            if index is not None and generation == self.slots[index].generation:
+                record = self._handle(self.slots[index], message, running, pending)
+                if record is not None:
+                    self.store.append(record)
+                    records.append(record)
+                    if on_record:
+                        on_record(record)
+            for index, probe in running.items():
+                if not probe.timed_out and probe.elapsed > probe.task.timeout_s and self.slots[index].pid:
+                    probe.timed_out = True
+                    self.slots[index].kill_probe()  # its exit arrives as an event
         return records
 
+    @staticmethod
+    def _wait_s(running: dict[int, RunningProbe]) -> float:
+        left = [p.task.timeout_s - p.elapsed for p in running.values() if not p.timed_out]
+        return max(0.01, min([MAX_WAIT_S] + left))
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> dict | None:
+        """Act on one slot event; returns a finished probe's record, if this event finished one."""
+        if "ready" in message:
+            slot.ready = True
+        elif "started" in message:
+            slot.pid = running[slot.index].pid = message["started"]
+        elif "exited" in message:
+            slot.pid = None
+            probe = running.pop(slot.index)
+            return self._record(slot, probe, message["returncode"])
+        elif "died" in message:
+            if not slot.ready:
+                raise RuntimeError(f"a warm worker exited {message['died']} before it finished importing "
+                                   "(its error is printed above); `--cold` runs probes without warm workers")
+            slot.kill_probe()
+            slot.pid = None
+            worker = slot.worker.pid
+            slot.open()  # a fresh worker takes the slot
+            probe = running.pop(slot.index, None)
+            if probe is not None and probe.pid is None and probe.task.probe_id not in self.retried:
+                self.retried.add(probe.task.probe_id)  # the worker died before forking it: not the probe's doing
+                pending.insert(0, probe.task)
+            elif probe is not None:
+                record = self._record(slot, probe, None, worker_died=message["died"])
+                record["worker_pid"] = worker
+                return record
+        return None
+
+    def _record(self, slot, probe: RunningProbe, returncode, worker_died=None) -> dict:
+        record = collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed, worker_died)
+        record["launch"] = slot.kind
+        if slot.kind == "warm":
+            record["worker_pid"] = slot.worker.pid
+        return record

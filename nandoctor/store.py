@@ -45,6 +45,15 @@ class ResultsStore:
         except (OSError, ValueError) as e:
             raise NandoctorError(f"cannot read {path}: {e}") from None
 
+    def drop_partial_line(self) -> None:
+        """Cut a last line that a killed run left half-written, so that appends start on a fresh line."""
+        if not self.results_path.exists():
+            return
+        data = self.results_path.read_bytes()
+        if data and not data.endswith(b"\n"):
+            with open(self.results_path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
     def meta(self) -> dict:
         path = self.dir / RUN_FILE
         if not self.dir.is_dir():

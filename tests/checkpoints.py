@@ -128,5 +128,40 @@ def save_flaky_llama(path: Path) -> Path:
     config["flaky_counter_path"] = str(path / "runs.txt")
     config["auto_map"] = {"AutoConfig": "flaky_llama.FlakyLlamaConfig",
                           "AutoModelForCausalLM": "flaky_llama.FlakyLlamaForCausalLM"}
+
+CRASHING_CODE = '''
+import ctypes, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class CrashingLlamaConfig(LlamaConfig):
+    model_type = "crashing-llama"
+
+
+class CrashingLlamaForCausalLM(LlamaForCausalLM):
+    """Modeling code that brings its process down per attention cell: eager reads address 0 (a real
+    SIGSEGV), sdpa with only the math backend enabled sleeps forever, the other sdpa cells train."""
+    config_class = CrashingLlamaConfig
+
+    def forward(self, *args, **kwargs):
+        if self.config._attn_implementation == "eager":
+            ctypes.string_at(0)
+        if not torch.backends.cuda.flash_sdp_enabled():  # inside sdpa_kernel([MATH]): the sdpa:math cell
+            time.sleep(3600)
+        return super().forward(*args, **kwargs)
+'''
+
+
+def save_crashing_llama(path: Path) -> Path:
+    """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
+    fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa and fp32/sdpa:flash train."""
+    save_llama(path)
+    (path / "crashing_llama.py").write_text(CRASHING_CODE)
+    config = json.loads((path / "config.json").read_text())
+    config["model_type"] = "crashing-llama"
+    config["architectures"] = ["CrashingLlamaForCausalLM"]
+    config["auto_map"] = {"AutoConfig": "crashing_llama.CrashingLlamaConfig",
+                          "AutoModelForCausalLM": "crashing_llama.CrashingLlamaForCausalLM"}
     (path / "config.json").write_text(json.dumps(config))
     return path

@@ -1,10 +1,13 @@
 """`nandoctor grid`: probe every cell of dtype x attention x compile and rank the stable ones."""
 from __future__ import annotations
 
-from ..api import run_grid
-from ..config import parse_axis_flag
+from ..api import resume_grid, run_grid
+from ..cache import ProbeCache, default_cache_dir
+from ..config import NandoctorError, parse_axis_flag
 from ..report.terminal import progress_line, render_terminal
 from .common import add_model_args, recipe_from_args
+
+RUN_SHAPING = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out", "axis")
 
 
 def register(sub) -> None:
@@ -13,14 +16,31 @@ def register(sub) -> None:
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
                    help="restrict an axis: dtype, attn or compile (repeatable)")
     p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    p.add_argument("--resume", metavar="DIR", help="finish an interrupted grid run: probe only the cells missing from DIR/results.jsonl")
+    p.add_argument("--cache", action="store_true",
+                   help=f"reuse probe results with an identical fingerprint from earlier runs, and keep this run's (in $NANDOCTOR_CACHE_DIR, default {default_cache_dir()})")
+    p.add_argument("--cold", action="store_true", help="start a fresh Python process per probe instead of forking from warm workers")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    axes = dict(parse_axis_flag(a) for a in args.axis)
-    recipe = recipe_from_args(args)
-    analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
-                        progress=lambda *a: print(progress_line(*a), flush=True))
+    if args.jobs is not None and args.jobs <= 0:
+        raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
+    cache = ProbeCache() if args.cache else None
+    progress = lambda *a: print(progress_line(*a), flush=True)  # noqa: E731
+    if args.resume:
+        given = [f"--{name.replace('_', '-')}" for name in RUN_SHAPING if getattr(args, name)]
+        if given:
+            raise NandoctorError(f"--resume takes the recipe, axes, steps and run directory from DIR/run.json; drop {', '.join(given)}")
+        analysis = resume_grid(args.resume, jobs=args.jobs, progress=progress, warm=not args.cold, cache=cache)
+    else:
+        axes = dict(parse_axis_flag(a) for a in args.axis)
+        recipe = recipe_from_args(args)
+        analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
+                            progress=progress, warm=not args.cold, cache=cache)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
+    if cache:
+        reused = sum(1 for o in analysis.outcomes if o.record.get("cached_from"))
+        print(f"cache: {reused} probe(s) reused from {cache.path}")
     return analysis.exit_code

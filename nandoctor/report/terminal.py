@@ -10,6 +10,7 @@ from . import bisection, common
 def progress_line(done: int, total: int, record: dict, verdict) -> str:
     wall = record.get("wall_s")
     took = f"{wall:6.1f}s" if wall is not None else "      -"
+    took = " cached" if record.get("cached_from") else took
     return f"[{done:>3}/{total or '?'}] {record['probe_id']:<32} {verdict.name:<11} {took}  {verdict.reason}"
 
 

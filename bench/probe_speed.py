@@ -1,0 +1,98 @@
+"""How close is the wait to the probes' own training time? Runs one grid three ways through the real
+CLI — warm workers with --jobs 1, a cold process per probe (--cold) with --jobs 1, warm with --jobs 2 —
+and prints a Markdown table:
+
+- per-probe overhead: a probe's wall time minus the time of its training steps (imports, fork, model
+  build, optimizer, result writing), median over the grid's probes, warm against cold;
+- whole-grid wall time (the CLI command, start to exit) against the sum of the probes' step times;
+- grid wall time with --jobs 1 against --jobs 2;
+- whether warm and cold agree: same verdicts, bit-identical losses and grad-norms.
+
+Targets (issue 6): warm overhead <= 1/5 of cold; warm grid wall <= 1.5x the sum of step times.
+
+    PYTHONPATH=. python bench/probe_speed.py                      # the default tiny-llama grid
+    PYTHONPATH=. python bench/probe_speed.py --axis dtype=fp32    # a smaller grid, same table
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = {"warm, --jobs 1": ["--jobs", "1"], "cold, --jobs 1": ["--jobs", "1", "--cold"], "warm, --jobs 2": ["--jobs", "2"]}
+
+
+def run_grid(args: list[str], out: Path) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode not in (0, 1) or not (out / "results.jsonl").exists():
+        sys.exit(f"grid failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall
+
+
+def records(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["status"] != "unsupported"]
+
+
+def step_time(record: dict) -> float:
+    return sum(s["time_s"] for s in record["steps"])
+
+
+def curves(out: Path) -> dict:
+    verdicts = {p["probe_id"]: p["verdict"] for p in json.loads((out / "summary.json").read_text())["probes"]}
+    return {r["probe_id"]: (verdicts[r["probe_id"]], [(s["loss"], s["grad_norm"]) for s in r["steps"]]) for r in records(out)}
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="tiny-llama")
+    p.add_argument("--axis", action="append", default=[])
+    p.add_argument("--steps", type=int)
+    a = p.parse_args()
+    grid = ["--model", a.model] + [x for axis in a.axis for x in ("--axis", axis)] + (["--steps", str(a.steps)] if a.steps else [])
+    base = Path(tempfile.mkdtemp(prefix="nandoctor-bench-"))
+    rows, outs, loads = {}, {}, []
+    for name, flags in MODES.items():
+        loads.append(f"before {name}: {load()}")
+        out = base / name.replace(", --jobs ", "-jobs")
+        wall = run_grid(grid + flags, out)
+        recs = records(out)
+        outs[name] = out
+        rows[name] = {"probes": len(recs), "grid wall s": wall, "sum of step times s": sum(map(step_time, recs)),
+                      "median probe overhead s": statistics.median(r["wall_s"] - step_time(r) for r in recs)}
+    warm, cold = rows["warm, --jobs 1"], rows["cold, --jobs 1"]
+    same = curves(outs["warm, --jobs 1"]) == curves(outs["cold, --jobs 1"])
+    print(f"# probe speed: nandoctor grid {' '.join(grid)}\n")
+    print(f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print("\n".join(f"- {line}" for line in loads + [f"after: {load()}"]) + "\n")
+    print("| mode | probes | grid wall s | sum of step times s | wall / steps | median probe overhead s |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['probes']} | {r['grid wall s']:.1f} | {r['sum of step times s']:.1f} | "
+              f"{r['grid wall s'] / r['sum of step times s']:.2f} | {r['median probe overhead s']:.2f} |")
+    ratio = warm["median probe overhead s"] / cold["median probe overhead s"]
+    wall_ratio = warm["grid wall s"] / warm["sum of step times s"]
+    jobs = rows["warm, --jobs 2"]["grid wall s"] / warm["grid wall s"]
+    print()
+    print(f"- warm / cold per-probe overhead: {ratio:.3f} (target <= 0.2: {'met' if ratio <= 0.2 else 'NOT met'})")
+    print(f"- warm grid wall / sum of step times: {wall_ratio:.2f} (target <= 1.5: {'met' if wall_ratio <= 1.5 else 'NOT met'})")
+    print(f"- grid wall --jobs 2 / --jobs 1: {jobs:.2f}")
+    print(f"- warm and cold results identical (verdicts, every loss and grad-norm bit for bit): {'yes' if same else 'NO'}")
+    print(f"- run directories: {base}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The probe cache: finished probe records from earlier runs, looked up by fingerprint (`--cache`).
+
+It lives in $NANDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/nandoctor, else ~/.cache/nandoctor, as one
+append-only probes.jsonl. Only outcomes that a rerun would repeat are kept: probes that finished
+(whatever their numbers did) and probes that raised. Timeouts, signals and out-of-memory depend on
+the machine's load and memory at the time, so they are always rerun.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+CACHE_FILE = "probes.jsonl"
+
+
+def default_cache_dir() -> Path:
+    if os.environ.get("NANDOCTOR_CACHE_DIR"):
+        return Path(os.environ["NANDOCTOR_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "nandoctor"
+
+
+def cacheable(record: dict) -> bool:
+    if record.get("cached_from") or not record.get("fingerprint"):
+        return False
+    return record["status"] == "ok" or (record["status"] == "error" and not record["error"].get("oom"))
+
+
+class ProbeCache:
+    def __init__(self, directory: str | Path | None = None):
+        self.dir = Path(directory or default_cache_dir())
+        self._index: dict[str, dict] | None = None
+
+    @property
+    def path(self) -> Path:
+        return self.dir / CACHE_FILE
+
+    def _records(self) -> dict[str, dict]:
+        if self._index is None:
+            self._index = {}
+            if self.path.exists():
+                for line in self.path.read_text().splitlines():
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue  # a line cut off by a crash
+                    self._index[record["fingerprint"]] = record
+        return self._index
+
+    def lookup(self, fingerprint: str) -> dict | None:
+        return self._records().get(fingerprint)
+
+    def add(self, record: dict, run_dir: Path) -> None:
+        if not cacheable(record):
+            return
+        entry = {**record, "run_dir": str(run_dir)}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(entry, default=str) + "\n")
+        self._records()[record["fingerprint"]] = entry

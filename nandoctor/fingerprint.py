@@ -1,0 +1,39 @@
+"""A probe's fingerprint: a hash of everything that decides its numbers, so that a result can be
+reused (`--cache`) exactly when rerunning the probe would compute the same thing.
+
+What goes in: the probe's spec (recipe with its overrides applied, cell, model plan, steps, seed,
+device, threads: CPU kernels split reductions by thread count), the weight files' names, sizes and
+modification times for a local checkpoint, and the environment (library versions, device, GPU,
+CPU model). What stays out: the run's location and the plan's prose (`why` quotes free memory).
+Pure apart from stat()ing weight files; imports nothing from nandoctor.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+ENV_KEYS = ("python", "torch", "transformers", "peft", "cuda", "cudnn", "device", "flash_attn", "cpu_model")
+
+
+def environment_key(env: dict) -> dict:
+    """The facts of an environment (env.collect_summary()) that can change a probe's numbers."""
+    key = {k: env.get(k) for k in ENV_KEYS}
+    key["gpus"] = [(g.get("name"), g.get("capability")) for g in env.get("gpus") or []]
+    return key
+
+
+def weights_stamp(path: str | None) -> list:
+    if not path:
+        return []
+    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin", ".json", ".py"))
+    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
+def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
+    """sha256 hex of the probe's spec, its overrides and its environment; key order does not matter."""
+    spec = {k: v for k, v in spec.items() if k != "probe_id"}
+    plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
+    payload = {"spec": {**spec, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
+               "weights": weights_stamp(plan.get("path"))}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,104 @@
+"""A warm worker: `python -m nandoctor.worker`, started by the runner, one per slot.
+
+It imports torch, transformers, peft and the probe code once, then for each probe it is sent it
+forks a fresh child that runs `probe.main([SPEC, RESULT])` and `os._exit()`s. The child is a copy of
+an already-imported process, so a probe starts in milliseconds instead of seconds, and it is still its
+own process: a crash, hang or leaked state dies with it.
+
+The worker never runs a torch op and never touches CUDA: GNU OpenMP's thread pool and a CUDA context
+do not survive fork(), so both are first created in the child (which also sets its thread count).
+
+Protocol, one JSON object per line. stdin: {"preload": model_type} or
+{"spec": path, "result": path, "log": path}. stdout: {"ready": pid} once imported, then per probe
+{"started": child_pid} and {"exited": child_pid, "returncode": n} (n < 0: killed by signal -n).
+"""
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import importlib
+import json
+import os
+import signal
+import sys
+import traceback
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies, so that killing the CLI (or a worker)
+    leaves no orphan probe training on. Elsewhere this is a no-op."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def preload(model_type: str | None = None) -> None:
+    """Import what every probe needs (and the modeling module of model_type), running no torch op."""
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
+
+    from . import env, models, probe  # noqa: F401
+    if model_type:
+        from transformers.models.auto.configuration_auto import model_type_to_module_name
+        name = model_type_to_module_name(model_type)
+        try:
+            importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            pass  # custom code (trust_remote_code) or an unknown type: the child imports it itself
+
+
+def run_child(command: dict) -> None:
+    """In the forked child: own session (so a timeout kills the whole group), output to the probe's
+    log, then the probe. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        die_with_parent()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        faulthandler.enable()
+        from .probe import main
+        code = main([command["spec"], command["result"]])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle: it closes the workers
+    preload()
+    send({"ready": os.getpid()})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if "preload" in command:
+            preload(command["preload"])
+            continue
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            run_child(command)
+        send({"started": pid})
+        _, status = os.waitpid(pid, 0)
+        send({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

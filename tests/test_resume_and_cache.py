@@ -1,0 +1,67 @@
+"""--resume finishes an interrupted run; --cache reuses identical probes. Real runs, really interrupted."""
+import json
+import subprocess
+import sys
+import time
+
+from conftest import summary
+
+# --jobs 2: one thread per probe (two threads per probe crawl on a shared 2-core box)
+FP32_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "3", "--jobs", "2")
+
+
+def lines(run_dir):
+    path = run_dir / "results.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
+    out = tmp_path / "run"
+    grid = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *FP32_GRID, "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 600
+    while len(lines(out)) < 2 and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grid.kill()  # SIGKILL: no cleanup, as when a job is preempted
+    grid.wait()
+    before = lines(out)
+    assert 2 <= len(before) < 4, "the run must be interrupted part-way for this test to mean anything"
+    done = {json.loads(line)["probe_id"] for line in before}
+
+    proc = cli("grid", "--resume", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = lines(out)
+    assert after[:len(before)] == before  # what was recorded stays as it was
+    ran = [json.loads(line)["probe_id"] for line in after[len(before):]]
+    assert set(ran) == {"fp32/eager/off", "fp32/sdpa/off", "fp32/sdpa:math/off", "fp32/sdpa:flash/off"} - done
+    assert len(ran) == len(set(ran))
+    assert all(probe_id in proc.stdout for probe_id in ran)
+    assert not any(f"] {probe_id} " in proc.stdout for probe_id in done)  # no progress line: not rerun
+    assert [p["verdict"] for p in summary(out)["probes"]] == ["stable"] * 4
+
+
+def test_resume_refuses_options_that_would_change_the_run(tmp_path, cli):
+    proc = cli("grid", "--resume", tmp_path, "--steps", "5")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["nandoctor: error: --resume takes the recipe, axes, steps and run directory from DIR/run.json; drop --steps"]
+
+
+def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli):
+    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    one = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--jobs", "2", "--cache")
+    first = cli("grid", *one, "--out", tmp_path / "first", env=env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "cache: 0 probe(s) reused" in first.stdout
+
+    second = cli("grid", *one, "--out", tmp_path / "second", env=env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"cache: 1 probe(s) reused from {tmp_path / 'cache' / 'probes.jsonl'}" in second.stdout
+    reused = json.loads(lines(tmp_path / "second")[0])
+    original = json.loads(lines(tmp_path / "first")[0])
+    assert reused["cached_from"] == str(tmp_path / "first")
+    assert reused["steps"] == original["steps"] and reused["fingerprint"] == original["fingerprint"]
+    assert not (tmp_path / "second" / "probes").exists()  # nothing was spawned
+
+    changed = cli("grid", *one, "--set", "optimizer.lr=2e-3", "--out", tmp_path / "changed", env=env)
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    assert "cache: 0 probe(s) reused" in changed.stdout

@@ -1,0 +1,88 @@
+"""Warm workers end to end: real probes forked from a warm worker, real segfaults and hangs."""
+import json
+import os
+import signal
+
+import pytest
+from checkpoints import save_crashing_llama
+from conftest import summary, verdicts
+
+
+def records(run_dir):
+    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def crashing_run(tmp_path_factory):
+    from conftest import run_cli
+    base = tmp_path_factory.mktemp("crashing")
+    ckpt = save_crashing_llama(base / "ckpt")
+    out = base / "run"
+    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32",
+                   "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "2", "--set", "timeout_s=15", "--out", out)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
+    return out
+
+
+def test_a_segfault_in_a_warm_child_is_classified_as_crash(crashing_run):
+    probe = next(p for p in summary(crashing_run)["probes"] if p["probe_id"] == "fp32/eager/off")
+    assert probe["verdict"] == "crash"
+    assert "SIGSEGV" in probe["reason"]
+    assert "Fatal Python error: Segmentation fault" in records(crashing_run)["fp32/eager/off"]["log_tail"]
+
+
+def test_a_hang_in_a_warm_child_times_out(crashing_run):
+    hung = records(crashing_run)["fp32/sdpa:math/off"]
+    assert verdicts(crashing_run)["fp32/sdpa:math/off"] == "timeout"
+    assert 15 <= hung["wall_s"] < 25
+
+
+def test_the_worker_survives_its_childrens_crash_and_hang(crashing_run):
+    recs = records(crashing_run)
+    assert verdicts(crashing_run)["fp32/sdpa/off"] == "stable"
+    assert verdicts(crashing_run)["fp32/sdpa:flash/off"] == "stable"  # planned after the hang
+    assert {r["launch"] for r in recs.values()} == {"warm"}
+    assert len({r["worker_pid"] for r in recs.values()}) == 1  # one worker ran all four, never replaced
+
+
+def tiny_task(steps=2):
+    from nandoctor.api import probe_task
+    from nandoctor.config import Cell
+    from nandoctor.env import collect_summary
+    from nandoctor.models import plan_model
+    from nandoctor.plan import PlannedProbe
+    from nandoctor.recipes import resolve_model
+    recipe, device = resolve_model(None), collect_summary()
+    cell = Cell("fp32", "sdpa", "off")
+    return probe_task(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1)
+
+
+def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
+    from nandoctor.runner import ProbeRunner
+    from nandoctor.store import ResultsStore
+    task = tiny_task()
+    with ProbeRunner(tmp_path, ResultsStore(tmp_path), jobs=1) as runner:
+        first = runner.run([task])[0]
+        os.kill(first["worker_pid"], signal.SIGKILL)
+        second = runner.run([task])[0]
+    assert first["status"] == second["status"] == "ok"
+    assert second["worker_pid"] != first["worker_pid"]
+    assert [s["loss"] for s in second["steps"]] == [s["loss"] for s in first["steps"]]
+
+
+def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
+    runs = {}
+    for mode in ("warm", "cold"):
+        out = tmp_path / mode
+        # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
+        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--steps", "3", "--jobs", "2", "--out", out,
+                   *(["--cold"] if mode == "cold" else []))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[mode] = out
+    warm, cold = records(runs["warm"]), records(runs["cold"])
+    assert {r["launch"] for r in warm.values()} == {"warm"} and {r["launch"] for r in cold.values()} == {"cold"}
+    assert verdicts(runs["warm"]) == verdicts(runs["cold"])
+    assert len(warm) == 3
+    for probe_id, w in warm.items():
+        assert [(s["loss"], s["grad_norm"]) for s in w["steps"]] == [(s["loss"], s["grad_norm"]) for s in cold[probe_id]["steps"]]
+        assert w["fingerprint"] == cold[probe_id]["fingerprint"]
