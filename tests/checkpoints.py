@@ -128,6 +128,9 @@ def save_flaky_llama(path: Path) -> Path:
     config["flaky_counter_path"] = str(path / "runs.txt")
     config["auto_map"] = {"AutoConfig": "flaky_llama.FlakyLlamaConfig",
                           "AutoModelForCausalLM": "flaky_llama.FlakyLlamaForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
 
 CRASHING_CODE = '''
 import ctypes, time
