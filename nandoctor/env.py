@@ -128,17 +128,6 @@ def get_sdpa_backends() -> dict[str, bool]:
             "efficient": True, "cudnn": cudnn >= 90000 and cc >= (8, 0)}
 
 
-def get_cpu_name() -> str | None:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 def get_cpu_capability() -> str | None:
     """The SIMD level torch's CPU kernels use (AVX2, AVX512, ...)."""
     import torch
@@ -165,7 +154,7 @@ def collect_doctor() -> dict:
     import torch
     summary = collect_summary()
     return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(), "sdpa_backends": get_sdpa_backends(),
-            "cpu_name": get_cpu_name(), "cpu_capability": get_cpu_capability(),
+            "cpu_name": get_cpu_model(), "cpu_capability": get_cpu_capability(),
             "packages": {m: get_package(m) for m in ACCELERATION_PACKAGES}, "cuda_available": torch.cuda.is_available()}
 
 

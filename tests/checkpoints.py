@@ -57,18 +57,23 @@ class FaultyLlamaForCausalLM(LlamaForCausalLM):
 '''
 
 
+def save_custom_llama(path: Path, module: str, prefix: str, code: str, **config_extra) -> Path:
+    """A tiny Llama checkpoint with its own modeling code in path/module.py, wired through auto_map
+    as a checkpoint with custom code is (loading it needs --trust-remote-code)."""
+    save_llama(path)
+    (path / f"{module}.py").write_text(code)
+    config = json.loads((path / "config.json").read_text())
+    config.update(model_type=f"{prefix.lower()}-llama", architectures=[f"{prefix}LlamaForCausalLM"], **config_extra)
+    config["auto_map"] = {"AutoConfig": f"{module}.{prefix}LlamaConfig",
+                          "AutoModelForCausalLM": f"{module}.{prefix}LlamaForCausalLM"}
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def save_faulty_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map): fp32/eager raises, fp32/sdpa trains,
     half/eager hangs, half/sdpa aborts the process."""
-    save_llama(path)
-    (path / "faulty_llama.py").write_text(FAULTY_CODE)
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = "faulty-llama"
-    config["architectures"] = ["FaultyLlamaForCausalLM"]
-    config["auto_map"] = {"AutoConfig": "faulty_llama.FaultyLlamaConfig",
-                          "AutoModelForCausalLM": "faulty_llama.FaultyLlamaForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return save_custom_llama(path, "faulty_llama", "Faulty", FAULTY_CODE)
 
 
 LLAMA3_STYLE_VOCAB = ["!", "the", "cat", "sat", "on", "mat", "<unk>", "<|begin_of_text|>", "<|end_of_text|>", "<pad>"]
@@ -120,16 +125,7 @@ class FlakyLlamaForCausalLM(LlamaForCausalLM):
 def save_flaky_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map) whose sdpa runs alternate NaN / fine by
     process, counted in path/runs.txt; eager runs are always fine."""
-    save_llama(path)
-    (path / "flaky_llama.py").write_text(FLAKY_CODE)
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = "flaky-llama"
-    config["architectures"] = ["FlakyLlamaForCausalLM"]
-    config["flaky_counter_path"] = str(path / "runs.txt")
-    config["auto_map"] = {"AutoConfig": "flaky_llama.FlakyLlamaConfig",
-                          "AutoModelForCausalLM": "flaky_llama.FlakyLlamaForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return save_custom_llama(path, "flaky_llama", "Flaky", FLAKY_CODE, flaky_counter_path=str(path / "runs.txt"))
 
 
 CRASHING_CODE = '''
@@ -159,12 +155,4 @@ class CrashingLlamaForCausalLM(LlamaForCausalLM):
 def save_crashing_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
     fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa and fp32/sdpa:flash train."""
-    save_llama(path)
-    (path / "crashing_llama.py").write_text(CRASHING_CODE)
-    config = json.loads((path / "config.json").read_text())
-    config["model_type"] = "crashing-llama"
-    config["architectures"] = ["CrashingLlamaForCausalLM"]
-    config["auto_map"] = {"AutoConfig": "crashing_llama.CrashingLlamaConfig",
-                          "AutoModelForCausalLM": "crashing_llama.CrashingLlamaForCausalLM"}
-    (path / "config.json").write_text(json.dumps(config))
-    return path
+    return save_custom_llama(path, "crashing_llama", "Crashing", CRASHING_CODE)
