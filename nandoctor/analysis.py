@@ -74,14 +74,21 @@ def is_reference(record: dict) -> bool:
     return record.get("cell") == {"dtype": REFERENCE_CELL.dtype, "attn": REFERENCE_CELL.attn, "compile": REFERENCE_CELL.compile}
 
 
+def reference_steps(record: dict) -> list[dict] | None:
+    """The loss curve drift and fidelity are measured against: a reference probe's steps, when it
+    finished and is itself stable; None otherwise."""
+    if is_reference(record) and record["status"] == "ok" and classify(record).name == STABLE:
+        return record["steps"]
+    return None
+
+
 def analyze_records(meta: dict, records: list[dict]) -> RunAnalysis:
     """Verdicts need the fp32 reference of the same recipe and seed: classify references first."""
     references: dict[str, list[dict]] = {}
     for r in records:
-        if is_reference(r) and r["status"] == "ok":
-            v = classify(r)
-            if v.name == STABLE:
-                references[reference_key(r)] = r["steps"]
+        steps = reference_steps(r)
+        if steps is not None:
+            references[reference_key(r)] = steps
     outcomes = []
     for r in records:
         ref = None if is_reference(r) else references.get(reference_key(r))

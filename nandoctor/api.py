@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .analysis import RunAnalysis, analyze, is_reference, reference_key
+from .analysis import RunAnalysis, analyze, is_reference, reference_key, reference_steps
 from .cache import ProbeCache
 from .config import REFERENCE_CELL, Cell, NandoctorError, Recipe, recipe_from_dict, recipe_to_dict
 from .doctor import doctor_section
@@ -152,8 +152,9 @@ class Session:
 
     def _report(self, record: dict, quiet: bool = False) -> None:
         self.done += 1
-        if is_reference(record) and record["status"] == "ok":
-            self.references[reference_key(record)] = record["steps"]
+        steps = reference_steps(record)
+        if steps is not None:
+            self.references[reference_key(record)] = steps
         verdict = classify(record, None if is_reference(record) else self.references.get(reference_key(record)))
         if self.progress and not quiet:
             self.progress(self.done, self.planned, record, verdict)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from .analysis import RunAnalysis, is_reference, reference_key
+from .analysis import RunAnalysis, is_reference, reference_key, reference_steps
 from .api import Session, render_run
 from .bisect import Bisection, BisectResult, Run, Trial
 from .capabilities import cell_support
@@ -130,8 +130,7 @@ class ProbeOracle:
         for record in self.session.run(self.recipe, todo) if todo else []:
             self.records[record["probe_id"]] = record
             if is_reference(record):
-                ok = record["status"] == "ok" and classify(record).name == STABLE
-                self.references[reference_key(record)] = record["steps"] if ok else None
+                self.references[reference_key(record)] = reference_steps(record)
 
     def __call__(self, trials: list[Trial]) -> list[Run]:
         probes = [self.planned(t) for t in trials]

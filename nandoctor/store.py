@@ -23,7 +23,7 @@ class ResultsStore:
 
     def create(self, meta: dict) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / RUN_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        self.write_json(RUN_FILE, meta)
 
     def append(self, record: dict) -> None:
         line = json.dumps(record, default=str)  # floats keep full precision: json writes repr
