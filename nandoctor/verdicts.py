@@ -113,12 +113,10 @@ def classify(record: dict, reference: list[dict] | None = None, t: Thresholds = 
 
 def fidelity(steps: list[dict], reference: list[dict] | None) -> float | None:
     """Mean relative loss error against the fp32 reference over their common steps (0 = identical)."""
-    if not reference or not steps:
+    errors = [point["loss"] for point in fidelity_curve(steps, reference)]
+    if not errors or None in errors:
         return None
-    pairs = [(a["loss"], b["loss"]) for a, b in zip(steps, reference)]
-    if not all(math.isfinite(a) and math.isfinite(b) and b != 0 for a, b in pairs):
-        return None
-    return sum(abs(a - b) / abs(b) for a, b in pairs) / len(pairs)
+    return sum(errors) / len(errors)
 
 
 def check_results(record: dict, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS) -> list[tuple[str, bool, str]]:
