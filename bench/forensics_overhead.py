@@ -7,28 +7,30 @@ import statistics
 import sys
 import time
 
-from nandoctor.config import Cell
+from nandoctor.cells import Cell
+from nandoctor.child.build import setup
+from nandoctor.child.hooks import ModuleWatch, OptimizerWatch
+from nandoctor.child.train import train
 from nandoctor.env import collect_summary
-from nandoctor.forensics import ModuleWatch, OptimizerWatch
-from nandoctor.models import batches, build_model, plan_model
-from nandoctor.probe import attention, build_optimizer, precision, train
+from nandoctor.models import plan_model
+from nandoctor.record import ProbeSpec
 from nandoctor.recipes import resolve_model
 
 STEPS_PER_BLOCK = 4
 
 
-def block_seconds(model, data, optimizer, scaler, autocast, attend, grad_clip, hooked: bool) -> float:
+def block_seconds(s, grad_clip, hooked: bool) -> float:
     """Wall time per step of one block, the hooks' per-step bookkeeping (end_step) included."""
-    watches = (ModuleWatch(model), OptimizerWatch(model, optimizer)) if hooked else None
+    watches = (ModuleWatch(s.model), OptimizerWatch(s.model, s.optimizer)) if hooked else None
 
-    def on_step(step, *_):
+    def on_step(step):
         if watches:
-            watches[0].end_step(step)
+            watches[0].end_step(step.step)
             watches[1].take()
         return True
 
     t0 = time.perf_counter()
-    train(model, data, optimizer, scaler, autocast, attend, grad_clip, STEPS_PER_BLOCK, on_step)
+    train(s.model, s, grad_clip, STEPS_PER_BLOCK, on_step)
     seconds = (time.perf_counter() - t0) / STEPS_PER_BLOCK
     for w in watches or ():
         w.remove()
@@ -37,15 +39,14 @@ def block_seconds(model, data, optimizer, scaler, autocast, attend, grad_clip, h
 
 def main(dtype: str = "fp32", rounds: int = 6) -> None:
     recipe = resolve_model("tiny-llama")
-    cell = Cell(dtype, "sdpa", "off")
-    model = build_model(plan_model(recipe, collect_summary()), recipe, cell, recipe.seed)
-    optimizer = build_optimizer(model, recipe)
-    autocast, scaler = precision(cell, "cpu")
-    data = batches(recipe, model.config, recipe.seed)
+    device = collect_summary()
+    spec = ProbeSpec("bench", recipe, Cell(dtype, "sdpa", "off"), plan_model(recipe, device), 0, recipe.seed,
+                     device["device"], device["cpu_count"])
+    s = setup(spec)
     times = {False: [], True: []}
     for _ in range(rounds):
         for hooked in (False, True):
-            times[hooked].append(block_seconds(model, data, optimizer, scaler, autocast, attention(cell), recipe.grad_clip, hooked))
+            times[hooked].append(block_seconds(s, recipe.grad_clip, hooked))
     plain, hooked = statistics.median(times[False][1:]), statistics.median(times[True][1:])
     print(f"{dtype}: {plain * 1e3:.1f} ms/step plain, {hooked * 1e3:.1f} ms/step hooked: overhead {hooked / plain:.2f}x "
           f"(median of {rounds - 1} blocks of {STEPS_PER_BLOCK} steps each)")

@@ -1,11 +1,12 @@
 """Which grid cells a device can run, as data. The planner records the others as `unsupported`
 with the reason, without spawning a process.
 
-Imports only config. `device` is the dict `env.collect_summary()` returns.
+Imports only cells (each axis value's row says which GPU features it needs). `device` is the dict
+`env.collect_summary()` returns.
 """
 from __future__ import annotations
 
-from .config import Cell
+from .cells import ATTENTIONS, PRECISIONS, Cell
 
 # What each CUDA compute capability runs natively, one row per architecture generation. A GPU
 # between two rows (8.6, 12.0) gets the row of the largest capability not above its own.
@@ -29,21 +30,6 @@ FEATURE_SOURCES = {
     "sdpa:cudnn": "cuDNN fused attention needs sm80+ and cuDNN 9 (torch sdp_utils.cpp check_cudnn_hardware_support)",
     "flash_attention_2": "flash-attn 2 supports Ampere, Ada and Hopper (Dao-AILab/flash-attention README); sm100 runs its PTX",
 }
-
-# Attention kernels that accept only half-precision inputs on CUDA.
-HALF_ONLY_CUDA = {
-    "sdpa:flash": "the CUDA flash SDPA kernel takes fp16/bf16 inputs only",
-    "sdpa:cudnn": "the cuDNN SDPA kernel takes fp16/bf16 inputs only",
-    "flash_attention_2": "flash-attn 2 takes fp16/bf16 inputs only",
-}
-
-CUDA_ONLY = {
-    "tf32": "tf32 is a CUDA matmul mode; this device is a CPU",
-    "sdpa:efficient": "the memory-efficient SDPA kernel is CUDA-only",
-    "sdpa:cudnn": "cuDNN SDPA is CUDA-only",
-    "flash_attention_2": "flash-attn 2 is CUDA-only",
-}
-
 
 def capability_row(capability: str | float) -> tuple[str, dict[str, bool]] | None:
     """(architecture, {feature: native}) for a compute capability like '8.6', or None below 7.0."""
@@ -80,25 +66,20 @@ def _capability(device: dict) -> float | None:
 
 
 def computes_in_half(dtype: str) -> bool:
-    return dtype not in ("fp32", "tf32")
+    return PRECISIONS[dtype].compute != "float32"
 
 
 def cell_features(cell: Cell) -> list[str]:
     """The GPU_FEATURES a cell needs."""
-    features = [cell.attn] if cell.attn in GPU_FEATURES else []
-    if cell.dtype.startswith("bf16"):
-        features.append("bf16")
-    if cell.dtype == "tf32":
-        features.append("tf32")
-    return features
+    return [*cell.attention.gpu_features, *cell.precision.gpu_features]
 
 
 def cell_support(cell: Cell, device: dict) -> str | None:
     """None when the device can run the cell, else a one-line reason it cannot."""
     on_cuda = device.get("device") == "cuda"
-    for feature in (cell.dtype, cell.attn):
-        if feature in CUDA_ONLY and not on_cuda:
-            return CUDA_ONLY[feature]
+    for row in (cell.precision, cell.attention):
+        if row.cuda_only and not on_cuda:
+            return row.cuda_only
     cc = _capability(device)
     if on_cuda and cc is not None:
         row = capability_row(cc)
@@ -106,12 +87,22 @@ def cell_support(cell: Cell, device: dict) -> str | None:
         for feature in cell_features(cell):
             if not native.get(feature, False):
                 return f"{feature} needs compute capability {min_capability(feature)}, this GPU has {cc} ({FEATURE_SOURCES[feature]})"
-        if cell.attn in HALF_ONLY_CUDA and not computes_in_half(cell.dtype):
-            return HALF_ONLY_CUDA[cell.attn]
+        if cell.attention.half_only_cuda and not computes_in_half(cell.dtype):
+            return cell.attention.half_only_cuda
+        if cell.attn == "sdpa:flash" and device.get("flash_sdpa") is False:
+            return "this torch build has no CUDA flash SDPA kernel (torch.backends.cuda.is_flash_attention_available())"
         if cell.attn == "sdpa:cudnn" and (device.get("cudnn") or 0) < 90000:
             return f"cuDNN SDPA needs cuDNN 9, this build has {device.get('cudnn')}"
-    if cell.attn == "flash_attention_2" and not device.get("flash_attn"):
-        return "flash_attention_2 needs the flash-attn package, which is not installed"
+    package = cell.attention.package
+    if package and not device.get(package):
+        return f"{cell.attn} needs the {package.replace('_', '-')} package, which is not installed"
     if cell.compile == "inductor" and not on_cuda and not device.get("cxx"):
         return "inductor on CPU generates C++ and no C++ compiler is on PATH"
     return None
+
+
+def sdpa_backends(device: dict) -> dict[str, bool]:
+    """Which scaled_dot_product_attention backends this device runs (with half inputs): the sdpa:*
+    rows of the cell table, judged by cell_support. On a CPU, math and a CPU flash kernel exist."""
+    return {name.split(":")[1]: cell_support(Cell("fp16-amp", name, "off"), device) is None
+            for name in ATTENTIONS if name.startswith("sdpa:")}

@@ -1,7 +1,7 @@
-"""Typed configuration: the axes of the grid, the recipe tree, and narrow dotted overrides.
+"""Typed configuration: the recipe tree, narrow dotted overrides, and the verdict thresholds.
 
-This is a leaf module: it imports nothing from nandoctor. Every other stage reads these frozen
-dataclasses; YAML files and CLI flags are only ways to fill them.
+Foundation module: imports only errors and cells (what the axis values mean). Every other stage reads
+these frozen dataclasses; YAML files and CLI flags are only ways to fill them.
 """
 from __future__ import annotations
 
@@ -10,21 +10,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-DTYPES = ("fp32", "tf32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")
-ATTNS = ("eager", "sdpa", "sdpa:math", "sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "flash_attention_2")
-COMPILES = ("off", "inductor", "aot_eager")
-AXES = {"dtype": DTYPES, "attn": ATTNS, "compile": COMPILES}
+from .cells import LOAD_DTYPES, parse_axis_values
+from .errors import NandoctorError
 
 ADAPTER_TYPES = ("none", "lora", "dora")
 DATA_SOURCES = ("synthetic", "file")
 PAD_POLICIES = ("dedicated", "eos", "id0")
-LOAD_DTYPES = ("fp32", "bf16", "fp16")
 SCALES = ("auto", "probe", "full")
-
-
-class NandoctorError(Exception):
-    """An error the user caused (bad model, axis, recipe, run directory). The CLI prints it as one line
-    and exits 2; nothing else should catch it."""
 
 
 @dataclass(frozen=True)
@@ -111,54 +103,6 @@ class Recipe:
         for axis, values in self.axes.items():
             parse_axis_values(axis, values)
         return self
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One point of the grid: precision x attention x compile."""
-    dtype: str = "fp32"
-    attn: str = "sdpa"
-    compile: str = "off"
-
-    @property
-    def id(self) -> str:
-        return f"{self.dtype}/{self.attn}/{self.compile}"
-
-    @classmethod
-    def parse(cls, text: str) -> "Cell":
-        parts = text.split("/")
-        if len(parts) != 3:
-            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile, e.g. bf16-amp/sdpa/off")
-        cell = cls(*parts)
-        for axis in AXES:
-            parse_axis_values(axis, [getattr(cell, axis)])
-        return cell
-
-
-REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
-
-
-def parse_axis_values(axis: str, values) -> list[str]:
-    """Validate one axis ('dtype', 'attn', 'compile') and its values; returns the values as a list."""
-    if axis not in AXES:
-        raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
-    if isinstance(values, str):
-        values = [v for v in values.split(",") if v]
-    values = list(values)
-    if not values:
-        raise NandoctorError(f"axis {axis!r} has no values; valid: {', '.join(AXES[axis])}")
-    for v in values:
-        if v not in AXES[axis]:
-            raise NandoctorError(f"unknown {axis} value {v!r}; valid: {', '.join(AXES[axis])}")
-    return values
-
-
-def parse_axis_flag(text: str) -> tuple[str, list[str]]:
-    """'dtype=bf16-amp,fp16-amp' -> ('dtype', ['bf16-amp', 'fp16-amp'])."""
-    if "=" not in text:
-        raise NandoctorError(f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join(AXES)}")
-    name, values = text.split("=", 1)
-    return name.strip(), parse_axis_values(name.strip(), values)
 
 
 def _coerce(key: str, text, current):
@@ -288,6 +232,10 @@ class Thresholds:
       is the common cause); bf16-amp stays within ~0.005 nats of fp32 on the default recipe.
     - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
     - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
+    - spike_min_history: a spike needs at least 3 earlier steps to compare with (steps 0-2 of a fresh
+      model fall fast, and a mean of one or two of them is noise).
+    - rise_min_steps: a rise is judged only on curves of 4 steps or more.
+    - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
     """
     min_scale: float = 1.0
     spike_factor: float = 2.0
@@ -299,6 +247,9 @@ class Thresholds:
     init_loss_band_nats: float = 1.0
     init_loss_band_rel: float = 0.10
     fidelity_bucket: float = 0.005
+    spike_min_history: int = 3
+    rise_min_steps: int = 4
+    tail_fraction: float = 0.25
 
 
 THRESHOLDS = Thresholds()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .capabilities import cell_support, gpu_capabilities
-from .config import Cell, Recipe
+from .capabilities import cell_support, gpu_capabilities, sdpa_backends
+from .cells import Cell
+from .config import Recipe
 from .env import collect_doctor
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
@@ -37,7 +38,7 @@ def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | 
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
         findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer)
-    return {"capabilities": gpu_capabilities(env), "setup": setup, "findings": findings}
+    return {"capabilities": gpu_capabilities(env), "sdpa_backends": sdpa_backends(env), "setup": setup, "findings": findings}
 
 
 def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = None, tokenizer_path: str | None = None,

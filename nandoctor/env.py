@@ -116,16 +116,13 @@ def get_nccl_version() -> str | None:
     return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
 
 
-def get_sdpa_backends() -> dict[str, bool]:
-    """Which scaled_dot_product_attention backends this build and device can dispatch to. On CPU,
-    math and a CPU flash kernel exist; efficient and cuDNN are CUDA kernels (checked on torch 2.13)."""
+def get_flash_sdpa_built() -> bool | None:
+    """Whether this torch build has PyTorch's own CUDA flash-attention SDPA kernel; None without CUDA.
+    (Which SDPA backends a device can run is decided in capabilities.sdpa_backends, from this fact.)"""
     import torch
     if not torch.cuda.is_available():
-        return {"math": True, "flash": True, "efficient": False, "cudnn": False}
-    cc = torch.cuda.get_device_capability(0)
-    cudnn = get_cudnn_version() or 0
-    return {"math": True, "flash": torch.backends.cuda.is_flash_attention_available() and cc >= (8, 0),
-            "efficient": True, "cudnn": cudnn >= 90000 and cc >= (8, 0)}
+        return None
+    return torch.backends.cuda.is_flash_attention_available()
 
 
 def get_cpu_capability() -> str | None:
@@ -153,7 +150,7 @@ def collect_doctor() -> dict:
     """Everything `nandoctor doctor` reports about this machine, as data."""
     import torch
     summary = collect_summary()
-    return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(), "sdpa_backends": get_sdpa_backends(),
+    return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(),
             "cpu_name": get_cpu_model(), "cpu_capability": get_cpu_capability(),
             "packages": {m: get_package(m) for m in ACCELERATION_PACKAGES}, "cuda_available": torch.cuda.is_available()}
 
@@ -179,5 +176,6 @@ def collect_summary() -> dict:
         "ram_available_bytes": ram[1] if ram else None,
         "cxx": get_cxx_compiler(),
         "flash_attn": get_version("flash-attn") or get_version("flash_attn"),
+        "flash_sdpa": get_flash_sdpa_built() if devices else None,
         "executable": sys.executable,
     }

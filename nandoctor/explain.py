@@ -1,8 +1,8 @@
 """The API behind `nandoctor explain`: one run directory's analysis and the probes asked about."""
 from __future__ import annotations
 
-from .analysis import ProbeOutcome, RunAnalysis, analyze
-from .config import NandoctorError
+from .analysis.run import ProbeOutcome, RunAnalysis, analyze
+from .errors import NandoctorError
 
 
 def explain(run_dir, probe_id: str | None = None) -> tuple[RunAnalysis, list[ProbeOutcome]]:

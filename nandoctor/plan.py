@@ -7,15 +7,14 @@ import itertools
 from dataclasses import dataclass, field
 
 from .capabilities import cell_support, computes_in_half
-from .config import AXES, REFERENCE_CELL, Cell, Recipe, parse_axis_values
+from .cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
+from .config import Recipe
 
 CPU_DEFAULT_COMPILE = ["off"]  # the first inductor step costs ~36 s on a 2-core CPU: opt in with --axis
 
-# Which cells cost more, to order them (never used as a number). Compiling costs most: a first inductor
-# step takes ~36 s on a 2-core CPU, aot_eager traces without generating code. On a CPU, half precision
-# is slower, not faster: tiny-llama steps measured on the 2-core dev machine, 1 thread, took 0.15 s in
-# fp32, 0.7 s in bf16-amp and 1.0 s in bf16-pure (no half-precision matmul units).
-COMPILE_COST = {"off": 0, "aot_eager": 1, "inductor": 2}
+# On a CPU, half precision is slower, not faster: tiny-llama steps measured on the 2-core dev machine,
+# 1 thread, took 0.15 s in fp32, 0.7 s in bf16-amp and 1.0 s in bf16-pure (no half-precision matmul
+# units). Compiling costs most everywhere (cells.Compilation.cost).
 
 
 @dataclass(frozen=True)
@@ -23,7 +22,6 @@ class PlannedProbe:
     probe_id: str
     cell: Cell
     unsupported: str | None = None
-    reference: bool = False
     overrides: dict = field(default_factory=dict)  # dotted recipe fields set for this probe (bisect)
     seed_offset: int = 0
     recipe: Recipe | None = None  # this probe's recipe variant (the overrides applied); None: the run's
@@ -40,7 +38,7 @@ def default_axes(recipe: Recipe, device: dict) -> dict[str, list[str]]:
 
 def cost_rank(cell: Cell, device: dict) -> tuple[int, bool]:
     """Sort key: cheaper cells first."""
-    return COMPILE_COST[cell.compile], device.get("device") != "cuda" and computes_in_half(cell.dtype)
+    return cell.compilation.cost, device.get("device") != "cuda" and computes_in_half(cell.dtype)
 
 
 def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None) -> list[PlannedProbe]:
@@ -51,5 +49,4 @@ def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = 
         chosen[name] = parse_axis_values(name, values)
     cells = [Cell(d, a, c) for d, a, c in itertools.product(chosen["dtype"], chosen["attn"], chosen["compile"])]
     ordered = [REFERENCE_CELL] + sorted((c for c in cells if c != REFERENCE_CELL), key=lambda c: cost_rank(c, device))
-    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device), reference=c == REFERENCE_CELL)
-            for c in ordered]
+    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device)) for c in ordered]

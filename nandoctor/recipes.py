@@ -9,7 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import NandoctorError, Recipe, recipe_from_dict
+from .config import Recipe, recipe_from_dict
+from .errors import NandoctorError
 
 RECIPE_DIRS = (
     Path(__file__).resolve().parent.parent / "recipes",  # a source checkout or an editable install

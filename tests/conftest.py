@@ -28,3 +28,16 @@ def verdicts(run_dir: Path) -> dict:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests need CUDA: without it they are skipped, with the reason."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA; torch sees no GPU on this machine")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)

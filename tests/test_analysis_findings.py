@@ -1,9 +1,11 @@
 """The analysis joins the doctor's planned findings with the rules that fire on what probes showed."""
-from nandoctor.analysis import findings_of
+from nandoctor.analysis.run import findings_of
+from nandoctor.cells import Cell
+from nandoctor.record import ProbeRecord, Step
 
 
 def record(probe_id, scales):
-    return {"probe_id": probe_id, "steps": [{"scale": s, "skipped": skipped} for s, skipped in scales]}
+    return ProbeRecord(probe_id, Cell(), steps=[Step(i, 8.0, 1.0, skipped, s) for i, (s, skipped) in enumerate(scales)])
 
 
 def test_a_scale_that_falls_below_1_in_a_probe_becomes_a_finding():

@@ -1,7 +1,7 @@
 """The bisection engine against small fake oracles: pure logic, no torch, no processes."""
 import math
 
-from nandoctor.bisect import FLAKY, Bisection, Run, ddmin, judge, split, Trial
+from nandoctor.bisect.engine import FLAKY, Bisection, Run, ddmin, judge, split, Trial
 
 FACTORS = [f"f{i}" for i in range(16)]
 GOOD = {f: "good" for f in FACTORS}

@@ -1,8 +1,9 @@
 """Parsing --good / --bad / --factor into configurations, and the default target: pure, no probes."""
 import pytest
 
-from nandoctor.bisect_run import fastest_cell, parse_assignments, parse_configurations
-from nandoctor.config import NandoctorError, Recipe
+from nandoctor.bisect.factors import fastest_cell, parse_assignments, parse_configurations
+from nandoctor.config import Recipe
+from nandoctor.errors import NandoctorError
 
 CPU = {"device": "cpu", "gpus": [], "cxx": "/usr/bin/g++"}
 T4 = {"device": "cuda", "gpus": [{"capability": "7.5", "memory_bytes": 16 << 30}], "cudnn": 90100, "cxx": "/usr/bin/g++"}

@@ -3,6 +3,9 @@ import json
 
 from checkpoints import save_flaky_llama
 from conftest import summary
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: real probe processes
 
 
 def bisection(run_dir):

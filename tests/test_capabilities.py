@@ -2,7 +2,8 @@
 import pytest
 
 from nandoctor.capabilities import CAPABILITY_TABLE, FEATURE_SOURCES, GPU_FEATURES, capability_row, cell_support
-from nandoctor.config import Cell, Recipe
+from nandoctor.cells import Cell
+from nandoctor.config import Recipe
 from nandoctor.plan import plan_grid
 
 EXPECTED = {  # capability: features that run natively

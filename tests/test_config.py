@@ -1,8 +1,9 @@
 """Axes, recipes and overrides: the user-facing validation, pure and fast."""
 import pytest
 
-from nandoctor.config import (NandoctorError, Recipe, Cell, parse_axis_flag, recipe_from_dict, set_field,
-                              get_field, dotted_fields)
+from nandoctor.cells import Cell, parse_axis_flag
+from nandoctor.config import Recipe, dotted_fields, get_field, recipe_from_dict, set_field
+from nandoctor.errors import NandoctorError
 from nandoctor.recipes import recipe_by_name, recipe_names, resolve_model
 
 

@@ -2,7 +2,9 @@
 import pytest
 
 from nandoctor.knowledge import diagnose_crash, rule_by_id, signatures
-from nandoctor.verdicts import CRASH, classify
+from nandoctor.analysis.verdicts import CRASH, classify
+from nandoctor.cells import Cell
+from nandoctor.record import ProbeRecord
 
 MESSAGES = {  # signature id: an exception message as the library raises it
     "unscale-fp16-gradients": "Attempting to unscale FP16 gradients.",
@@ -31,7 +33,7 @@ def test_unrelated_crash_gets_no_diagnosis():
 
 
 def test_crash_verdict_carries_the_diagnosis_and_fix():
-    record = {"status": "error", "steps": [], "error": {"type": "ValueError", "message": MESSAGES["unscale-fp16-gradients"]}}
+    record = ProbeRecord("p", Cell(), "error", error={"type": "ValueError", "message": MESSAGES["unscale-fp16-gradients"]})
     verdict = classify(record)
     assert verdict.name == CRASH
     assert verdict.reason.startswith("ValueError: Attempting to unscale FP16 gradients.")

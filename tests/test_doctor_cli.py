@@ -5,7 +5,7 @@ import pytest
 from checkpoints import save_llama, save_tokenizer
 from conftest import summary
 
-from nandoctor.config import NandoctorError
+from nandoctor.errors import NandoctorError
 from nandoctor.doctor import exit_code, run_doctor
 from nandoctor.recipes import resolve_model
 from nandoctor.report.doctor import render_doctor_text
@@ -13,6 +13,7 @@ from nandoctor.report.doctor import render_doctor_text
 FP16_ARGS = {"fp16": True, "bf16": False, "adam_epsilon": 1e-8, "logging_nan_inf_filter": False, "torch_compile": False}
 
 
+@pytest.mark.slow
 def test_cpu_only_machine_without_nvml_gives_a_clean_report(cli):
     proc = cli("doctor", "--json")
     assert proc.returncode == 0, proc.stderr
@@ -22,7 +23,7 @@ def test_cpu_only_machine_without_nvml_gives_a_clean_report(cli):
     if env["gpus"]:
         pytest.skip("this machine has a GPU")
     assert env["nvml"]["available"] is False and env["nvml"]["reason"]
-    assert env["sdpa_backends"] == {"math": True, "flash": True, "efficient": False, "cudnn": False}
+    assert report["sdpa_backends"] == {"math": True, "flash": True, "efficient": False, "cudnn": False}
     assert set(env["packages"]) == {"flash_attn", "transformer_engine", "torchao", "bitsandbytes"}
     assert env["cpu_count"] >= 1 and env["ram_bytes"] > 0
     assert report["capabilities"] == [] and report["findings"] == []
@@ -30,6 +31,7 @@ def test_cpu_only_machine_without_nvml_gives_a_clean_report(cli):
     assert "NVML" in text and "not available" in text and "Findings: 0 (no known issue applies)" in text
 
 
+@pytest.mark.slow
 def test_trainer_args_fp16_with_a_bf16_loaded_model_is_an_error(cli, tmp_path):
     args = tmp_path / "args.json"
     args.write_text(json.dumps(FP16_ARGS))
@@ -63,6 +65,7 @@ def test_bad_trainer_args_file_is_a_user_error(tmp_path):
         run_doctor(None, str(bad))
 
 
+@pytest.mark.slow
 def test_fp16_weights_crash_carries_its_diagnosis_into_report_md(cli, tmp_path):
     out = tmp_path / "run"
     proc = cli("check", "--dtype", "fp16-amp", "--attn", "eager", "--set", "model.dtype_on_load=fp16", "--out", out)

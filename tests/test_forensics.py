@@ -8,6 +8,8 @@ import pytest
 from checkpoints import LARGE_MLP, save_llama
 from conftest import run_cli, summary
 
+pytestmark = pytest.mark.slow  # end to end: real probe processes
+
 
 def probe_summary(run_dir, probe_id) -> dict:
     return next(p for p in summary(run_dir)["probes"] if p["probe_id"] == probe_id)
@@ -35,7 +37,7 @@ def debug_underflow_overflow_first_module(ckpt) -> str:
     from transformers import AutoModelForCausalLM
     from transformers.debug_utils import DebugUnderflowOverflow
 
-    from nandoctor.models import batches
+    from nandoctor.data import batches
     from nandoctor.recipes import resolve_model
     recipe = resolve_model(str(ckpt))
     model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager")

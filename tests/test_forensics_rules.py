@@ -1,15 +1,22 @@
 """The pure side of forensics: which event is the origin, headroom ratios, replay checks, fidelity curve."""
 import math
 
-from nandoctor.forensics import FINFO_MAX, compute_dtype, headroom, origin, replay_cost, reproduced, update_loss
-from nandoctor.verdicts import fidelity_curve
+from nandoctor.analysis.forensics import FINFO_MAX, headroom, origin, update_loss
+from nandoctor.analysis.verdicts import fidelity_curve
+from nandoctor.cells import AXES, Cell
+from nandoctor.child.hooks import replay_cost, reproduced
+from nandoctor.record import Step
 
 NAN = math.nan
 
 
-def step(i, loss=2.0, skipped=False, scale=None, grad_norm=1.0, update=None):
-    return {"step": i, "loss": loss, "grad_norm": grad_norm, "skipped": skipped, "scale": scale, "time_s": 0.1,
-            "update_loss": update}
+def step(i, loss=2.0, skipped=False, scale=None, grad_norm=1.0, update=None, time_s=0.1):
+    return Step(i, loss, grad_norm, skipped, scale, time_s, update_loss=update)
+
+
+def steps(*made):
+    """Steps as the forensics record holds them (JSON)."""
+    return [s.to_dict() for s in made]
 
 
 def event(i, phase, module="m"):
@@ -17,18 +24,18 @@ def event(i, phase, module="m"):
 
 
 def test_backward_overflow_on_a_gradscaler_calibration_skip_is_not_the_origin():
-    f = {"steps": [step(0, skipped=True, scale=65536.0), step(1, scale=32768.0)],
+    f = {"steps": steps(step(0, skipped=True, scale=65536.0), step(1, scale=32768.0)),
          "events": [event(0, "backward", "lm_head")]}
     assert origin(f) is None
 
 
 def test_backward_overflow_that_drives_the_scale_below_one_is_the_origin():
-    f = {"steps": [step(0, skipped=True, scale=1.0)], "events": [event(0, "backward", "lm_head")]}
+    f = {"steps": steps(step(0, skipped=True, scale=1.0)), "events": [event(0, "backward", "lm_head")]}
     assert origin(f)["module"] == "lm_head"
 
 
 def test_optimizer_step_before_the_next_forward_is_the_origin():
-    f = {"steps": [step(0), step(1, loss=NAN)],
+    f = {"steps": steps(step(0), step(1, loss=NAN)),
          "events": [event(1, "forward", "model.embed_tokens"), event(0, "optimizer", "model.embed_tokens"),
                     event(1, "backward", "lm_head")]}
     o = origin(f)
@@ -36,7 +43,7 @@ def test_optimizer_step_before_the_next_forward_is_the_origin():
 
 
 def test_forward_comes_before_backward_within_a_step():
-    f = {"steps": [step(0, loss=NAN)], "events": [event(0, "backward", "a"), event(0, "forward", "b")]}
+    f = {"steps": steps(step(0, loss=NAN)), "events": [event(0, "backward", "a"), event(0, "forward", "b")]}
     assert origin(f)["module"] == "b"
 
 
@@ -51,12 +58,12 @@ def test_headroom_is_the_dtype_max_over_the_largest_value_tightest_first():
 
 
 def test_compute_dtype_of_each_precision_cell():
-    assert [compute_dtype(d) for d in ("fp32", "tf32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")] == \
+    assert [Cell(d).precision.compute for d in AXES["dtype"]] == \
         ["float32", "float32", "bfloat16", "float16", "bfloat16", "float16"]
 
 
 def test_update_loss_averages_the_steps_that_ran_an_optimizer_step():
-    f = {"weight_dtype": "bfloat16", "steps": [step(0, update=0.6), step(1, skipped=True), step(2, update=0.8)]}
+    f = {"weight_dtype": "bfloat16", "steps": steps(step(0, update=0.6), step(1, skipped=True), step(2, update=0.8))}
     u = update_loss(f)
     assert math.isclose(u["mean"], 0.7) and u["max"] == 0.8 and u["steps"] == 2
 
@@ -69,8 +76,8 @@ def test_a_replay_reproduces_only_with_the_same_losses_nan_included():
 
 
 def test_replay_cost_is_the_median_hooked_over_timed_step_ratio_without_step_0():
-    timed = [dict(step(i), time_s=t) for i, t in enumerate([5.0, 1.0, 1.0, 1.0])]
-    hooked = [dict(step(i), time_s=t) for i, t in enumerate([9.0, 1.2, 1.5, 1.3])]
+    timed = [step(i, time_s=t) for i, t in enumerate([5.0, 1.0, 1.0, 1.0])]
+    hooked = [step(i, time_s=t) for i, t in enumerate([9.0, 1.2, 1.5, 1.3])]
     assert math.isclose(replay_cost(timed, hooked, 3.0)["hooked_step_overhead"], 1.3)
 
 

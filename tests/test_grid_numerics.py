@@ -5,6 +5,8 @@ import pytest
 from checkpoints import LARGE_MLP, save_llama
 from conftest import summary, verdicts
 
+pytestmark = pytest.mark.slow  # end to end: real probe processes
+
 
 @pytest.fixture(scope="module")
 def precision_run(tmp_path_factory):

@@ -4,14 +4,21 @@ model configs from transformers; the facts come from nandoctor's own fact gather
 import pytest
 from checkpoints import save_tokenizer
 
-from nandoctor.config import Cell, Recipe, set_field
+from nandoctor.cells import Cell
+from nandoctor.config import Recipe, set_field
 from nandoctor.knowledge import evaluate, rules
 from nandoctor.knowledge.facts import (all_masked_batches, env_facts, load_tokenizer, observed_facts, setup_facts,
                                        trainer_cell)
 from nandoctor.models import model_config
+from nandoctor.record import ProbeRecord, Step
 from nandoctor.recipes import recipe_by_name
 
 CPU = {"device": "cpu", "gpus": [], "cudnn": None}
+
+
+def scaled(scales):
+    """A probe record whose steps ran at these (loss scale, skipped) pairs."""
+    return ProbeRecord("fp16-amp/sdpa/off", Cell("fp16-amp"), steps=[Step(i, 8.0, 1.0, k, s) for i, (s, k) in enumerate(scales)])
 TINY = recipe_by_name("tiny-llama")
 
 
@@ -84,8 +91,8 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
     "trainer-nan-inf-filter-hides-nan": (lambda t, p: facts(trainer_args={"logging_nan_inf_filter": True}),
                                          lambda t, p: facts(trainer_args={"logging_nan_inf_filter": False})),
     "grad-scale-falls-below-1": (
-        lambda t, p: observed_facts({"steps": [{"scale": 2.0, "skipped": True}, {"scale": 1.0, "skipped": True}]}),
-        lambda t, p: observed_facts({"steps": [{"scale": 65536.0, "skipped": True}, {"scale": 32768.0, "skipped": False}]})),
+        lambda t, p: observed_facts(scaled([(2.0, True), (1.0, True)])),
+        lambda t, p: observed_facts(scaled([(65536.0, True), (32768.0, False)]))),
 }
 
 

@@ -46,7 +46,7 @@ def test_dora_adapter_makes_only_adapter_params_trainable():
 
 def test_file_data_and_padding_follow_the_recipe(tmp_path):
     from nandoctor.config import recipe_from_dict
-    from nandoctor.models import batches
+    from nandoctor.data import batches
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
     recipe = recipe_from_dict({"data": {"source": "file", "path": str(text), "pad_fraction": 0.5},
@@ -61,7 +61,7 @@ def test_file_data_and_padding_follow_the_recipe(tmp_path):
 
 
 def test_same_seed_same_batches_other_seed_other_batches():
-    from nandoctor.models import batches
+    from nandoctor.data import batches
     recipe, config = resolve_model(None), model_config(resolve_model(None))
     a, b, c = (next(batches(recipe, config, seed=s))["input_ids"] for s in (0, 0, 1))
     assert (a == b).all() and not (a == c).all()

@@ -1,10 +1,12 @@
 """Pure logic of fast probes: grid order, fingerprints, the store's repair of a cut-off line."""
 import json
 
-from nandoctor.config import REFERENCE_CELL, Recipe
-from nandoctor.fingerprint import environment_key, probe_fingerprint
+from nandoctor.cells import REFERENCE_CELL, Cell
+from nandoctor.config import Recipe
 from nandoctor.plan import plan_grid
-from nandoctor.store import ResultsStore
+from nandoctor.record import ProbeRecord
+from nandoctor.run.fingerprint import environment_key, probe_fingerprint
+from nandoctor.run.store import ResultsStore
 
 CPU = {"device": "cpu", "cxx": "/usr/bin/g++", "cpu_count": 2}
 CUDA = {"device": "cuda", "gpus": [{"name": "H100", "capability": "9.0", "memory_bytes": 8e10}], "cudnn": 90100, "flash_attn": None}
@@ -13,7 +15,7 @@ ENV = {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.23.0", "peft": 
 SPEC = {"probe_id": "fp32/sdpa/off", "recipe": {"name": "tiny-llama", "optimizer": {"lr": 1e-3}},
         "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"},
         "model_plan": {"source": "architecture-twin", "path": None, "why": "27 GiB free"}, "steps": 24, "seed": 0,
-        "device": "cpu", "threads": 2, "stop_on_nonfinite": True}
+        "device": "cpu", "threads": 2}
 
 
 def test_grid_runs_reference_first_then_full_precision_then_half_then_compiled_on_cpu():
@@ -53,12 +55,12 @@ def test_environment_key_names_gpus_by_model_not_memory():
 
 def test_store_drops_a_half_written_last_line_before_appending(tmp_path):
     store = ResultsStore(tmp_path)
-    store.append({"probe_id": "a"})
+    store.append(ProbeRecord("a", Cell()))
     with open(store.results_path, "a") as f:
         f.write('{"probe_id": "b", "ste')
     store.drop_partial_line()
-    store.append({"probe_id": "c"})
-    assert [r["probe_id"] for r in store.records()] == ["a", "c"]
+    store.append(ProbeRecord("c", Cell()))
+    assert [r.probe_id for r in store.records()] == ["a", "c"]
 
 
 def test_recipe_round_trips_through_run_json_for_resume():

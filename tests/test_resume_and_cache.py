@@ -5,6 +5,9 @@ import sys
 import time
 
 from conftest import summary
+import pytest
+
+pytestmark = pytest.mark.slow  # end to end: real probe processes
 
 # --jobs 2: one thread per probe (two threads per probe crawl on a shared 2-core box)
 FP32_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "3", "--jobs", "2")

@@ -8,6 +8,8 @@ import pytest
 from checkpoints import LARGE_MLP, save_faulty_llama, save_llama
 from conftest import run_cli, summary
 
+pytestmark = pytest.mark.slow  # end to end: real probe processes
+
 
 @pytest.fixture(scope="module")
 def faulty_run(tmp_path_factory):

@@ -1,8 +1,12 @@
 """Verdict thresholds on hand-made curves: pure logic, no torch."""
 import math
 
-from nandoctor.ranking import rank, tokens_per_s
-from nandoctor.verdicts import classify, fidelity, numeric_verdict, check_results
+import pandas as pd
+
+from nandoctor.analysis.ranking import rank, tokens_per_s
+from nandoctor.analysis.verdicts import check_results, classify, fidelity, numeric_verdict
+from nandoctor.cells import Cell
+from nandoctor.record import ProbeRecord, Step
 
 NAN, INF = math.nan, math.inf
 
@@ -12,8 +16,11 @@ def curve(losses, grads=None, scales=None, skipped=None):
     grads = grads or [1.0] * n
     scales = scales or [None] * n
     skipped = skipped or [False] * n
-    return [{"step": i, "loss": l, "grad_norm": g, "scale": s, "skipped": k, "tokens_per_s": 100.0 + i}
-            for i, (l, g, s, k) in enumerate(zip(losses, grads, scales, skipped))]
+    return [Step(i, l, g, k, s, tokens_per_s=100.0 + i) for i, (l, g, s, k) in enumerate(zip(losses, grads, scales, skipped))]
+
+
+def record(status, **fields):
+    return ProbeRecord("p", Cell(), status, **fields)
 
 
 def falling(n=16, start=8.0, drop=2.0):
@@ -77,12 +84,12 @@ def test_curve_within_tolerance_of_reference_is_stable():
 
 
 def test_harness_statuses_map_to_verdicts():
-    assert classify({"status": "timeout", "steps": [], "timeout_s": 5}).name == "timeout"
-    assert classify({"status": "signal", "signal": "SIGSEGV", "steps": []}).name == "crash"
-    assert classify({"status": "signal", "signal": "SIGKILL", "steps": []}).name == "killed"
+    assert classify(record("timeout", timeout_s=5)).name == "timeout"
+    assert classify(record("signal", signal="SIGSEGV")).name == "crash"
+    assert classify(record("signal", signal="SIGKILL")).name == "killed"
     err = {"type": "OutOfMemoryError", "message": "CUDA out of memory", "oom": True}
-    assert classify({"status": "error", "error": err, "steps": []}).name == "oom"
-    assert classify({"status": "unsupported", "reason": "no", "steps": []}).name == "unsupported"
+    assert classify(record("error", error=err)).name == "oom"
+    assert classify(record("unsupported", reason="no")).name == "unsupported"
 
 
 def test_fidelity_is_mean_relative_loss_error():
@@ -92,18 +99,18 @@ def test_fidelity_is_mean_relative_loss_error():
 
 
 def test_rank_prefers_fidelity_buckets_then_speed_then_memory():
-    rows = [{"id": "slow-exact", "fidelity": 0.0, "tokens_per_s": 10, "peak_memory_bytes": 1},
-            {"id": "fast-close", "fidelity": 0.001, "tokens_per_s": 50, "peak_memory_bytes": 1},
-            {"id": "fast-far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1},
-            {"id": "fast-close-lean", "fidelity": 0.002, "tokens_per_s": 50, "peak_memory_bytes": 0}]
-    assert [r["id"] for r in rank(rows)] == ["fast-close-lean", "fast-close", "slow-exact", "fast-far"]
+    rows = pd.DataFrame([{"id": "slow-exact", "fidelity": 0.0, "tokens_per_s": 10, "peak_memory_bytes": 1},
+                         {"id": "fast-close", "fidelity": 0.001, "tokens_per_s": 50, "peak_memory_bytes": 1},
+                         {"id": "fast-far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1},
+                         {"id": "fast-close-lean", "fidelity": 0.002, "tokens_per_s": 50, "peak_memory_bytes": 0}])
+    assert list(rank(rows)["id"]) == ["fast-close-lean", "fast-close", "slow-exact", "fast-far"]
 
 
 def test_tokens_per_s_leaves_out_the_warmup_step():
-    assert tokens_per_s([{"tokens_per_s": 1.0}, {"tokens_per_s": 10.0}, {"tokens_per_s": 12.0}]) == 11.0
+    steps = [Step(i, 1.0, 1.0, tokens_per_s=rate) for i, rate in enumerate([1.0, 10.0, 12.0])]
+    assert tokens_per_s(steps) == 11.0
 
 
 def test_check_flags_initial_loss_far_from_ln_vocab():
-    record = {"status": "ok", "steps": curve([2.0])}
-    checks = dict((name, ok) for name, ok, _ in check_results(record, vocab=4096, random_init=True))
+    checks = dict((name, ok) for name, ok, _ in check_results(record("ok", steps=curve([2.0])), vocab=4096, random_init=True))
     assert checks["initial loss near ln(vocab)"] is False and checks["loss finite at step 0"] is True

@@ -7,6 +7,8 @@ import pytest
 from checkpoints import save_crashing_llama
 from conftest import summary, verdicts
 
+pytestmark = pytest.mark.slow  # end to end: real probe processes
+
 
 def records(run_dir):
     return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
@@ -46,28 +48,29 @@ def test_the_worker_survives_its_childrens_crash_and_hang(crashing_run):
 
 
 def tiny_task(steps=2):
-    from nandoctor.api import probe_task
-    from nandoctor.config import Cell
+    from nandoctor.cells import Cell
     from nandoctor.env import collect_summary
     from nandoctor.models import plan_model
     from nandoctor.plan import PlannedProbe
     from nandoctor.recipes import resolve_model
+    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.session import probe_spec
     recipe, device = resolve_model(None), collect_summary()
     cell = Cell("fp32", "sdpa", "off")
-    return probe_task(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1)
+    return ProbeTask(probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1), recipe.timeout_s)
 
 
 def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
-    from nandoctor.runner import ProbeRunner
-    from nandoctor.store import ResultsStore
+    from nandoctor.run.runner import ProbeRunner
+    from nandoctor.run.store import ResultsStore
     task = tiny_task()
     with ProbeRunner(tmp_path, ResultsStore(tmp_path), jobs=1) as runner:
         first = runner.run([task])[0]
-        os.kill(first["worker_pid"], signal.SIGKILL)
+        os.kill(first.worker_pid, signal.SIGKILL)
         second = runner.run([task])[0]
-    assert first["status"] == second["status"] == "ok"
-    assert second["worker_pid"] != first["worker_pid"]
-    assert [s["loss"] for s in second["steps"]] == [s["loss"] for s in first["steps"]]
+    assert first.status == second.status == "ok"
+    assert second.worker_pid != first.worker_pid
+    assert [s.loss for s in second.steps] == [s.loss for s in first.steps]
 
 
 def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import NandoctorError
+from ..errors import NandoctorError
 from . import bisect, check, doctor, explain, grid, report
 
 COMMANDS = (grid, check, bisect, report, doctor, explain)

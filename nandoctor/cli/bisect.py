@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..bisect_run import run_bisect
+from ..bisect.oracle import run_bisect
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
 from .common import add_model_args, recipe_from_args

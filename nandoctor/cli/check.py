@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 from ..api import run_check
-from ..config import ATTNS, COMPILES, DTYPES, Cell
+from ..cells import AXES, Cell
 from .common import add_model_args, recipe_from_args
 
 
 def register(sub) -> None:
     p = sub.add_parser("check", help="quick step-0 sanity check of one configuration")
     add_model_args(p)
-    p.add_argument("--dtype", default="bf16-amp", help=f"one of {', '.join(DTYPES)} (default bf16-amp)")
-    p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(ATTNS)} (default sdpa)")
-    p.add_argument("--compile", default="off", help=f"one of {', '.join(COMPILES)} (default off)")
+    p.add_argument("--dtype", default="bf16-amp", help=f"one of {', '.join(AXES['dtype'])} (default bf16-amp)")
+    p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(AXES['attn'])} (default sdpa)")
+    p.add_argument("--compile", default="off", help=f"one of {', '.join(AXES['compile'])} (default off)")
     p.set_defaults(func=run, steps=None)
 
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import SCALES, NandoctorError, Recipe, set_field
+from ..config import SCALES, Recipe, set_field
+from ..errors import NandoctorError
 from ..recipes import resolve_model
 
 

@@ -2,7 +2,7 @@
 Exit 0 when no finding is an error, 1 otherwise."""
 from __future__ import annotations
 
-from ..config import ATTNS, parse_axis_flag, parse_axis_values
+from ..cells import AXES, parse_axis_flag, parse_axis_values
 from ..doctor import exit_code, run_doctor
 from ..report.doctor import render_doctor_json, render_doctor_text
 from .common import recipe_from_args
@@ -15,7 +15,7 @@ def register(sub) -> None:
     p.add_argument("--recipe", help="a recipe YAML file to lint")
     p.add_argument("--trainer-args", help="a TrainingArguments JSON (as to_json_string() writes it): lints its precision and torch_compile")
     p.add_argument("--tokenizer", help="a local tokenizer directory (default: the checkpoint's own, when it has one)")
-    p.add_argument("--attn", default="sdpa", help=f"attention of the --trainer-args setup, one of {', '.join(ATTNS)} (default sdpa)")
+    p.add_argument("--attn", default="sdpa", help=f"attention of the --trainer-args setup, one of {', '.join(AXES['attn'])} (default sdpa)")
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2", help="restrict the linted grid axes, as for grid")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. model.dtype_on_load=bf16")
     p.set_defaults(func=run, steps=None, scale=None, trust_remote_code=False)

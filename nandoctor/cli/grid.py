@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from ..api import resume_grid, run_grid
-from ..cache import ProbeCache, default_cache_dir
-from ..config import NandoctorError, parse_axis_flag
+from ..cells import parse_axis_flag
+from ..errors import NandoctorError
+from ..run.cache import ProbeCache, default_cache_dir
 from ..report.terminal import progress_line, render_terminal
 from .common import add_model_args, recipe_from_args
 
@@ -41,6 +42,6 @@ def run(args) -> int:
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     if cache:
-        reused = sum(1 for o in analysis.outcomes if o.record.get("cached_from"))
+        reused = sum(1 for o in analysis.outcomes if o.record.cached_from)
         print(f"cache: {reused} probe(s) reused from {cache.path}")
     return analysis.exit_code

@@ -8,8 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from ..config import Cell, NandoctorError, Recipe
-from ..models import PURE_DTYPES, batches
+from ..cells import Cell, compile_of_training_args, precision_of_training_args
+from ..config import Recipe
+from ..data import batches
+from ..errors import NandoctorError
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
 # GPT-2's <|endoftext|>. Id 0 spelled otherwise ("!" in Llama 3) is content.
@@ -40,17 +42,14 @@ def read_trainer_args(path: str | Path) -> dict:
 def trainer_cell(trainer_args: dict, attn: str = "sdpa") -> Cell:
     """The grid cell a TrainingArguments setup runs: bf16=True / fp16=True are autocast (-amp) with
     fp32 master weights unless the model was loaded in half; torch_compile selects inductor."""
-    dtype = "bf16-amp" if trainer_args.get("bf16") else "fp16-amp" if trainer_args.get("fp16") else \
-        "tf32" if trainer_args.get("tf32") else "fp32"
-    backend = "aot_eager" if trainer_args.get("torch_compile_backend") == "aot_eager" else "inductor"
-    return Cell(dtype, attn, backend if trainer_args.get("torch_compile") else "off")
+    return Cell(precision_of_training_args(trainer_args), attn, compile_of_training_args(trainer_args))
 
 
 def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     """The dtype the optimizer updates, as models.build_model holds it: the pure cells hard-cast
     everything; otherwise adapters are fp32 and full fine-tuning keeps the load dtype."""
-    if cell.dtype in PURE_DTYPES:
-        return SHORT_DTYPES[PURE_DTYPES[cell.dtype]]
+    if cell.precision.weights:
+        return SHORT_DTYPES[cell.precision.weights]
     return "fp32" if recipe.adapter.type != "none" else recipe.model.dtype_on_load
 
 
@@ -94,7 +93,7 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
     facts = {
         "dtype": cell.dtype, "attn": cell.attn, "compile": cell.compile,
         "uses_bf16": cell.dtype.startswith("bf16") or trained == "bf16",
-        "grad_scaler": cell.dtype == "fp16-amp",
+        "grad_scaler": cell.precision.scaler,
         "trainable_dtype": trained,
         "adapter": recipe.adapter.type,
         "optimizer_eps": float(args.get("adam_epsilon", recipe.optimizer.eps)),
@@ -109,8 +108,8 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
     return facts
 
 
-def observed_facts(record: dict) -> dict:
+def observed_facts(record) -> dict:
     """Facts only a run can show, from one probe record: the lowest GradScaler scale it reached
     (a skipped step halves the scale it was taken at)."""
-    scales = [s["scale"] / 2 if s["skipped"] else s["scale"] for s in record.get("steps") or [] if s.get("scale") is not None]
+    scales = [s.scale / 2 if s.skipped else s.scale for s in record.steps if s.scale is not None]
     return {"grad_scale_min": min(scales) if scales else None}

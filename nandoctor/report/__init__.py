@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..analysis import RunAnalysis
+from ..analysis.run import RunAnalysis
 
 
 def write_reports(a: RunAnalysis, run_dir: Path) -> None:

@@ -21,12 +21,12 @@ def config_text(config: dict) -> str:
     return " ".join([cell] + [f"{k}={_value(v)}" for k, v in config.items() if k not in ("dtype", "attn", "compile")])
 
 
-def probe_line(done: int, record: dict) -> str:
+def probe_line(done: int, record) -> str:
     """A probe has finished. Its verdict waits for the fp32 reference of its recipe variant (drift),
     so the verdicts are printed with the bisection step, not here."""
-    wall = record.get("wall_s")
+    wall = record.wall_s
     took = f"{wall:.1f}s" if wall is not None else "-"
-    return f"  [{done:>3}] probe finished in {took:>7}: {record['probe_id']}"
+    return f"  [{done:>3}] probe finished in {took:>7}: {record.probe_id}"
 
 
 def describe_step(step: dict) -> str:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import math
 
-from ..analysis import ProbeOutcome, RunAnalysis
-from ..models import describe, plan_from_dict
-from ..verdicts import UNSUPPORTED
+from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.verdicts import UNSUPPORTED
+from ..record import ModelPlan
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -33,14 +33,14 @@ def fmt_loss(x: float | None) -> str:
 
 
 def label(o: ProbeOutcome) -> str:
-    overrides = o.record.get("overrides") or {}
+    overrides = o.record.overrides
     extra = "".join(f" {k}={v}" for k, v in overrides.items())
     return o.probe_id if not extra or extra.strip() in o.probe_id else o.probe_id + extra
 
 
 def last_loss(o: ProbeOutcome) -> float | None:
-    steps = o.record.get("steps") or []
-    return steps[-1]["loss"] if steps else None
+    steps = o.record.steps
+    return steps[-1].loss if steps else None
 
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
@@ -59,8 +59,8 @@ def unsupported_rows(a: RunAnalysis) -> list[dict]:
 
 
 def model_line(a: RunAnalysis) -> tuple[str, str]:
-    plan = plan_from_dict(a.meta["model_plan"])
-    return describe(plan), plan.why
+    plan = ModelPlan.from_dict(a.meta["model_plan"])
+    return plan.describe(), plan.why
 
 
 def environment_rows(a: RunAnalysis) -> list[dict]:

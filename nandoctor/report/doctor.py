@@ -6,7 +6,7 @@ import json
 
 from tabulate import tabulate
 
-from ..capabilities import GPU_FEATURES, gpu_capabilities
+from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
 from .common import fmt_bytes
 
 
@@ -19,7 +19,7 @@ def stack_facts(env: dict) -> list[dict]:
         ("CPU", f"{env.get('cpu_name') or '?'}, {env.get('cpu_count')} cores usable, SIMD {env.get('cpu_capability') or '?'}"),
         ("RAM", f"{fmt_bytes(env.get('ram_bytes'))} total, {fmt_bytes(env.get('ram_available_bytes'))} available"),
         ("NCCL", env.get("nccl") or "-"),
-        ("SDPA backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in (env.get("sdpa_backends") or {}).items()) or "-"),
+        ("SDPA backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in sdpa_backends(env).items()) or "-"),
         ("C++ compiler (inductor on CPU)", env.get("cxx") or "none on PATH"),
     ]
     for name, pkg in (env.get("packages") or {}).items():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from ..analysis import ProbeOutcome, RunAnalysis
-from ..forensics import FINFO_MAX, headroom, origin, update_loss
-from ..verdicts import UNSUPPORTED, fidelity_curve
+from ..analysis.forensics import FINFO_MAX, headroom, origin, update_loss
+from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from .charts import line_chart
 from .common import label
 
@@ -36,7 +36,7 @@ def fmt_fraction(x: float | None) -> str:
 
 
 def forensics_of(o: ProbeOutcome) -> dict | None:
-    f = o.record.get("forensics")
+    f = o.record.forensics
     return f if f and "error" not in f else None
 
 
@@ -128,7 +128,7 @@ def summary_row(o: ProbeOutcome) -> dict:
 
 
 def _replay_note(o: ProbeOutcome) -> str:
-    f = o.record.get("forensics")
+    f = o.record.forensics
     if not f:
         return "not run"
     if "error" in f:
@@ -140,7 +140,7 @@ def _replay_note(o: ProbeOutcome) -> str:
 
 
 def probes_with_forensics(a: RunAnalysis) -> list[ProbeOutcome]:
-    return [o for o in a.outcomes if o.verdict.name != UNSUPPORTED and o.record.get("forensics")]
+    return [o for o in a.outcomes if o.verdict.name != UNSUPPORTED and o.record.forensics]
 
 
 def headroom_sections(a: RunAnalysis) -> list[dict]:
@@ -181,7 +181,7 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
 
 def fidelity_chart(o: ProbeOutcome) -> str:
     """Per-step relative error of loss and grad-norm against the fp32 reference, as an SVG."""
-    curve = fidelity_curve(o.record.get("steps") or [], o.reference_steps)
+    curve = fidelity_curve(o.record.steps, o.reference_steps)
     if not curve:
         return ""
     series = [{"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
@@ -192,7 +192,7 @@ def fidelity_chart(o: ProbeOutcome) -> str:
 def explain_text(o: ProbeOutcome) -> str:
     """What `nandoctor explain` prints for one probe."""
     lines = [f"{label(o)}: {o.verdict.name} — {o.verdict.reason}"]
-    f = o.record.get("forensics")
+    f = o.record.forensics
     if not f or "error" in f:
         lines.append("  forensics: " + _replay_note(o))
         return "\n".join(lines)
@@ -215,7 +215,7 @@ def explain_text(o: ProbeOutcome) -> str:
                      f"of {uf['nonzero_elements']} non-zero elements" + (f" (worst: {worst})" if worst else ""))
     if ul:
         lines.append(f"  update loss ({ul['weight_dtype']} weights): mean {fmt_fraction(ul['mean'])}, max {fmt_fraction(ul['max'])} over {ul['steps']} steps")
-    curve = fidelity_curve(o.record.get("steps") or [], o.reference_steps)
+    curve = fidelity_curve(o.record.steps, o.reference_steps)
     if curve:
         lines.append("  fidelity per step (loss rel. error): " + " ".join(fmt_fraction(c["loss"]) for c in curve))
     return "\n".join(lines)

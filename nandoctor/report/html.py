@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..analysis import ProbeOutcome, RunAnalysis
+from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..config import THRESHOLDS
 from . import bisection, common, doctor, forensics
 from .charts import line_chart
@@ -15,21 +15,21 @@ _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoes
 
 
 def probe_charts(o: ProbeOutcome) -> tuple[str, str]:
-    steps = o.record.get("steps") or []
+    steps = o.record.steps
     mark = o.verdict.step if o.verdict.failed else None
     ref = o.reference_steps or []
-    loss = [{"label": common.label(o), "points": [(s["step"], s["loss"]) for s in steps]}]
-    gn = [{"label": "grad-norm (before clipping)", "points": [(s["step"], s["grad_norm"]) for s in steps]}]
+    loss = [{"label": common.label(o), "points": [(s.step, s.loss) for s in steps]}]
+    gn = [{"label": "grad-norm (before clipping)", "points": [(s.step, s.grad_norm) for s in steps]}]
     if ref:
-        loss.append({"label": "fp32 reference", "points": [(s["step"], s["loss"]) for s in ref], "dashed": True, "color": "#888"})
-        gn.append({"label": "fp32 reference", "points": [(s["step"], s["grad_norm"]) for s in ref], "dashed": True, "color": "#888"})
+        loss.append({"label": "fp32 reference", "points": [(s.step, s.loss) for s in ref], "dashed": True, "color": "#888"})
+        gn.append({"label": "fp32 reference", "points": [(s.step, s.grad_norm) for s in ref], "dashed": True, "color": "#888"})
     return (line_chart(loss, "loss", mark_step=mark, mark_label=o.verdict.name),
             line_chart(gn, "grad-norm", log_y=True, mark_step=mark, mark_label=o.verdict.name))
 
 
 def render_html(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
-    overview = [{"label": common.label(o), "points": [(s["step"], s["loss"]) for s in o.record.get("steps") or []]}
+    overview = [{"label": common.label(o), "points": [(s.step, s.loss) for s in o.record.steps]}
                 for o in a.ranking[:8]]
     cards = []
     for o in a.outcomes:
@@ -38,7 +38,7 @@ def render_html(a: RunAnalysis) -> str:
         loss_svg, gn_svg = probe_charts(o)
         cards.append({"label": common.label(o), "verdict": o.verdict, "loss_svg": loss_svg, "gn_svg": gn_svg,
                       "fidelity": common.fmt_fidelity(o.fidelity), "rate": common.fmt_rate(o.tokens_per_s),
-                      "memory": common.fmt_bytes(o.peak_memory_bytes), "log_tail": o.record.get("log_tail"),
+                      "memory": common.fmt_bytes(o.peak_memory_bytes), "log_tail": o.record.log_tail,
                       "fidelity_svg": forensics.fidelity_chart(o), "explain": forensics.explain_text(o)})
     return _env.get_template("report.html.j2").render(
         meta=a.meta, headline=common.headline(a), probed=probed, why=why,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-from ..analysis import RunAnalysis
-from ..verdicts import HARNESS_FAILURES, UNSUPPORTED
+from ..analysis.run import RunAnalysis
+from ..analysis.verdicts import HARNESS_FAILURES, UNSUPPORTED
 from . import bisection
 from .common import label
 
@@ -17,13 +17,13 @@ def render_junit(a: RunAnalysis) -> str:
                        skipped=str(sum(o.verdict.name == UNSUPPORTED for o in a.outcomes)))
     for o in a.outcomes:
         case = ET.SubElement(suite, "testcase", classname=f"nandoctor.{a.meta['kind']}", name=label(o),
-                             time=f"{o.record.get('wall_s') or 0:.3f}")
+                             time=f"{o.record.wall_s or 0:.3f}")
         if o.verdict.name == UNSUPPORTED:
             ET.SubElement(case, "skipped", message=o.verdict.reason)
         elif o.verdict.failed:
             tag = "error" if o.verdict.name in HARNESS_FAILURES else "failure"
             node = ET.SubElement(case, tag, type=o.verdict.name, message=o.verdict.reason)
-            node.text = o.record.get("log_tail") or (o.record.get("error") or {}).get("traceback") or o.verdict.reason
+            node.text = o.record.log_tail or (o.record.error or {}).get("traceback") or o.verdict.reason
     if a.meta["kind"] == "bisect" and a.bisection:
         bisection_cases(suite, a.bisection)
     ET.indent(suite)

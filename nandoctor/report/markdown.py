@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..analysis import RunAnalysis
+from ..analysis.run import RunAnalysis
 from ..config import THRESHOLDS
 from . import bisection, common
 from .doctor import doctor_markdown

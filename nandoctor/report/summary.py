@@ -1,15 +1,15 @@
 """summary.json: the analysis as data, for scripts that gate on it."""
 from __future__ import annotations
 
-from ..analysis import ProbeOutcome, RunAnalysis
+from ..analysis.run import ProbeOutcome, RunAnalysis
 from .forensics import forensics_summary
 
 
 def _probe(o: ProbeOutcome) -> dict:
-    return {"probe_id": o.probe_id, "cell": o.record.get("cell"), "overrides": o.record.get("overrides") or {},
+    return {"probe_id": o.probe_id, "cell": o.record.cell.to_dict(), "overrides": o.record.overrides,
             "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
-            "steps_run": len(o.record.get("steps") or []), "forensics": forensics_summary(o)}
+            "steps_run": len(o.record.steps), "forensics": forensics_summary(o)}
 
 
 def render_summary(a: RunAnalysis) -> dict:

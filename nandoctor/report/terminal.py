@@ -3,15 +3,16 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..analysis import RunAnalysis
+from ..analysis.run import RunAnalysis
+from ..record import ProbeRecord
 from . import bisection, common
 
 
-def progress_line(done: int, total: int, record: dict, verdict) -> str:
-    wall = record.get("wall_s")
+def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
+    wall = record.wall_s
     took = f"{wall:6.1f}s" if wall is not None else "      -"
-    took = " cached" if record.get("cached_from") else took
-    return f"[{done:>3}/{total or '?'}] {record['probe_id']:<32} {verdict.name:<11} {took}  {verdict.reason}"
+    took = " cached" if record.cached_from else took
+    return f"[{done:>3}/{total or '?'}] {record.probe_id:<32} {verdict.name:<11} {took}  {verdict.reason}"
 
 
 def render_terminal(a: RunAnalysis, run_dir) -> str:

@@ -1,7 +1,7 @@
-"""A warm worker: `python -m nandoctor.worker`, started by the runner, one per slot.
+"""A warm worker: `python -m nandoctor.child.worker`, started by the runner, one per slot.
 
 It imports torch, transformers, peft and the probe code once, then for each probe it is sent it
-forks a fresh child that runs `probe.main([SPEC, RESULT])` and `os._exit()`s. The child is a copy of
+forks a fresh child that runs `entry.main([SPEC, RESULT])` and `os._exit()`s. The child is a copy of
 an already-imported process, so a probe starts in milliseconds instead of seconds, and it is still its
 own process: a crash, hang or leaked state dies with it.
 
@@ -42,7 +42,8 @@ def preload(model_type: str | None = None) -> None:
     import transformers  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
 
-    from . import env, models, probe  # noqa: F401
+    from .. import env  # noqa: F401
+    from . import build, entry, hooks, train  # noqa: F401
     if model_type:
         from transformers.models.auto.configuration_auto import model_type_to_module_name
         name = model_type_to_module_name(model_type)
@@ -65,7 +66,7 @@ def run_child(command: dict) -> None:
         os.dup2(log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         faulthandler.enable()
-        from .probe import main
+        from .entry import main
         code = main([command["spec"], command["result"]])
     except BaseException:
         traceback.print_exc()

@@ -6,7 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from .config import NandoctorError
+from ..errors import NandoctorError
+from ..record import ProbeRecord
 
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
@@ -25,8 +26,8 @@ class ResultsStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.write_json(RUN_FILE, meta)
 
-    def append(self, record: dict) -> None:
-        line = json.dumps(record, default=str)  # floats keep full precision: json writes repr
+    def append(self, record: ProbeRecord) -> None:
+        line = json.dumps(record.to_dict(), default=str)  # floats keep full precision: json writes repr
         with open(self.results_path, "a") as f:
             f.write(line + "\n")
             f.flush()
@@ -65,7 +66,7 @@ class ResultsStore:
         except (OSError, ValueError) as e:
             raise NandoctorError(f"cannot read {path}: {e}") from None
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[ProbeRecord]:
         """Every complete record; a last line cut off by a crash of the runner itself is ignored."""
         if not self.results_path.exists():
             return []
@@ -78,8 +79,13 @@ class ResultsStore:
             if not line.strip():
                 continue
             try:
-                out.append(json.loads(line))
+                data = json.loads(line)
             except ValueError:
                 if i != len(lines) - 1:
                     raise NandoctorError(f"{self.results_path} line {i + 1} is not valid JSON") from None
+                continue
+            try:
+                out.append(ProbeRecord.from_dict(data))
+            except (KeyError, TypeError, AttributeError):
+                raise NandoctorError(f"{self.results_path} line {i + 1} is not a nandoctor probe record") from None
         return out

@@ -3,18 +3,18 @@
 Whatever a probe does — raise, segfault, abort, run out of memory, hang — the runner turns it into a
 record and goes on. Each probe gets its own folder under <run>/probes/ with spec.json, steps.jsonl,
 result.json and log.txt. By default a probe is forked from a warm worker (slots.WarmSlot); with
-warm=False it is a fresh Python process (slots.ColdSlot). Either way the child runs probe.main.
+warm=False it is a fresh Python process (slots.ColdSlot). Either way the child runs child.entry.main.
 """
 from __future__ import annotations
 
 import json
 import os
 import queue
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..record import ProbeRecord, ProbeSpec
 from .slots import ColdSlot, WarmSlot
 from .store import ResultsStore
 
@@ -24,10 +24,13 @@ MAX_WAIT_S = 0.5  # the longest the runner sleeps between timeout checks
 
 @dataclass
 class ProbeTask:
-    probe_id: str
-    spec: dict  # what the child reads: recipe, cell, model plan, steps, seed, device
+    spec: ProbeSpec  # what the child reads
     timeout_s: float
-    extra: dict = field(default_factory=dict)  # copied into the record (overrides, reference flag, ...)
+    run_facts: dict = field(default_factory=dict)  # record fields the parent knows (overrides, fingerprint)
+
+    @property
+    def probe_id(self) -> str:
+        return self.spec.probe_id
 
 
 def probe_dir(run_dir: Path, probe_id: str) -> Path:
@@ -62,12 +65,8 @@ def _read_steps(path: Path) -> list[dict]:
 
 
 def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float,
-            worker_died: int | None = None) -> dict:
-    """Build the probe's record from whatever the child left behind. worker_died: the exit status of
-    a warm worker that died while this probe ran (the probe died with it)."""
-    record = {"probe_id": task.probe_id, "cell": task.spec["cell"], "seed": task.spec["seed"],
-              "steps_planned": task.spec["steps"], "device": task.spec["device"], "wall_s": wall_s, "timeout_s": task.timeout_s,
-              "exit_code": returncode, "signal": None, "error": None, **task.extra}
+            worker_died: int | None = None, **run_facts) -> ProbeRecord:
+    """The probe's record from whatever the child left behind in its folder."""
     result_path = folder / "result.json"
     result = {}
     if result_path.exists():
@@ -75,29 +74,8 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
             result = json.loads(result_path.read_text())
         except ValueError:
             result = {}
-    record.update({k: v for k, v in result.items() if k != "error"})
-    record["steps"] = result.get("steps") or _read_steps(folder / "steps.jsonl")
-    if timed_out:
-        record["status"] = "timeout"
-    elif returncode is not None and returncode < 0:
-        record["status"], record["signal"] = "signal", signal.Signals(-returncode).name
-    elif result.get("error"):
-        record["status"], record["error"] = "error", result["error"]
-    elif returncode == 0 and result:
-        record["status"] = "ok"
-    elif worker_died is not None:
-        record["status"] = "error"
-        record["error"] = {"type": "WorkerDied", "message": f"the warm worker running this probe exited {worker_died}; the probe was killed with it",
-                           "traceback": "", "oom": False}
-    else:
-        record["status"] = "error"
-        record["error"] = {"type": "ProbeExit", "message": f"probe process exited {returncode} without a result",
-                           "traceback": "", "oom": False}
-    if record["status"] != "ok":
-        record["log_tail"] = _tail(folder / "log.txt")
-    record["recipe"] = task.spec["recipe"]
-    record["model"] = task.spec["model_plan"]
-    return record
+    return ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
+                                task.timeout_s, _tail(folder / "log.txt"), worker_died, **task.run_facts, **run_facts)
 
 
 @dataclass
@@ -156,11 +134,11 @@ class ProbeRunner:
         folder.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", "steps.jsonl"):
             (folder / stale).unlink(missing_ok=True)
-        (folder / "spec.json").write_text(json.dumps(task.spec, default=str))
+        (folder / "spec.json").write_text(json.dumps(task.spec.to_dict(), default=str))
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 
-    def run(self, tasks: list[ProbeTask], on_record=None) -> list[dict]:
+    def run(self, tasks: list[ProbeTask], on_record=None) -> list[ProbeRecord]:
         """Run every task; each record is appended to the store the moment its probe ends."""
         self.open(len(tasks))
         pending = list(tasks)
@@ -192,7 +170,7 @@ class ProbeRunner:
         left = [p.task.timeout_s - p.elapsed for p in running.values() if not p.timed_out]
         return max(0.01, min([MAX_WAIT_S] + left))
 
-    def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> dict | None:
+    def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> ProbeRecord | None:
         """Act on one slot event; returns a finished probe's record, if this event finished one."""
         if "ready" in message:
             slot.ready = True
@@ -215,14 +193,10 @@ class ProbeRunner:
                 self.retried.add(probe.task.probe_id)  # the worker died before forking it: not the probe's doing
                 pending.insert(0, probe.task)
             elif probe is not None:
-                record = self._record(slot, probe, None, worker_died=message["died"])
-                record["worker_pid"] = worker
-                return record
+                return collect(probe.task, probe.folder, None, probe.timed_out, probe.elapsed, message["died"],
+                               launch=slot.kind, worker_pid=worker)
         return None
 
-    def _record(self, slot, probe: RunningProbe, returncode, worker_died=None) -> dict:
-        record = collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed, worker_died)
-        record["launch"] = slot.kind
-        if slot.kind == "warm":
-            record["worker_pid"] = slot.worker.pid
-        return record
+    def _record(self, slot, probe: RunningProbe, returncode) -> ProbeRecord:
+        worker = slot.worker.pid if slot.kind == "warm" else None
+        return collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed, launch=slot.kind, worker_pid=worker)

@@ -11,6 +11,8 @@ import json
 import os
 from pathlib import Path
 
+from ..record import ProbeRecord
+
 CACHE_FILE = "probes.jsonl"
 
 
@@ -21,41 +23,41 @@ def default_cache_dir() -> Path:
     return Path(base) / "nandoctor"
 
 
-def cacheable(record: dict) -> bool:
-    if record.get("cached_from") or not record.get("fingerprint"):
+def cacheable(record: ProbeRecord) -> bool:
+    if record.cached_from or not record.fingerprint:
         return False
-    return record["status"] == "ok" or (record["status"] == "error" and not record["error"].get("oom"))
+    return record.status == "ok" or (record.status == "error" and not record.error.get("oom"))
 
 
 class ProbeCache:
     def __init__(self, directory: str | Path | None = None):
         self.dir = Path(directory or default_cache_dir())
-        self._index: dict[str, dict] | None = None
+        self._index: dict[str, tuple[ProbeRecord, str]] | None = None
 
     @property
     def path(self) -> Path:
         return self.dir / CACHE_FILE
 
-    def _records(self) -> dict[str, dict]:
+    def _records(self) -> dict[str, tuple[ProbeRecord, str]]:
         if self._index is None:
             self._index = {}
             if self.path.exists():
                 for line in self.path.read_text().splitlines():
                     try:
-                        record = json.loads(line)
+                        entry = json.loads(line)
                     except ValueError:
                         continue  # a line cut off by a crash
-                    self._index[record["fingerprint"]] = record
+                    self._index[entry["fingerprint"]] = (ProbeRecord.from_dict(entry), entry["run_dir"])
         return self._index
 
-    def lookup(self, fingerprint: str) -> dict | None:
+    def lookup(self, fingerprint: str) -> tuple[ProbeRecord, str] | None:
+        """(the cached record, the run directory it was measured in), or None."""
         return self._records().get(fingerprint)
 
-    def add(self, record: dict, run_dir: Path) -> None:
+    def add(self, record: ProbeRecord, run_dir: Path) -> None:
         if not cacheable(record):
             return
-        entry = {**record, "run_dir": str(run_dir)}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps(entry, default=str) + "\n")
-        self._records()[record["fingerprint"]] = entry
+            f.write(json.dumps({**record.to_dict(), "run_dir": str(run_dir)}, default=str) + "\n")
+        self._records()[record.fingerprint] = (record, str(run_dir))

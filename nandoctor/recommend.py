@@ -1,5 +1,6 @@
 """A probed configuration as the arguments a user passes to train with it: a `nandoctor check` command
-line, `transformers.TrainingArguments` and the model-loading call. Pure: imports only config.
+line, `transformers.TrainingArguments`, the model-loading call and Lightning's `precision`, each read
+from the cell table. Pure: imports only cells and config.
 
 Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
 torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
@@ -10,14 +11,8 @@ from __future__ import annotations
 
 import shlex
 
-from .config import AXES, Cell, Recipe, get_field
-
-AMP_FLAGS = {"bf16-amp": {"bf16": True}, "fp16-amp": {"fp16": True}, "tf32": {"tf32": True}}
-# pure cells hold the weights themselves in half precision: load them so and turn autocast off
-PURE_LOAD = {"bf16-pure": "torch.bfloat16", "fp16-pure": "torch.float16"}
-ON_LOAD = {"fp32": "torch.float32", "bf16": "torch.bfloat16", "fp16": "torch.float16"}
-SDPA_BACKEND = {"sdpa:math": "MATH", "sdpa:flash": "FLASH_ATTENTION", "sdpa:efficient": "EFFICIENT_ATTENTION",
-                "sdpa:cudnn": "CUDNN_ATTENTION"}
+from .cells import AXES, Cell, weight_dtype
+from .config import Recipe, get_field
 
 
 def call_text(name: str, kwargs: dict) -> str:
@@ -39,18 +34,23 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
 
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
-    args = {**AMP_FLAGS.get(cell.dtype, {}), "learning_rate": o.lr, "adam_beta1": o.betas[0], "adam_beta2": o.betas[1],
+    args = {**cell.precision.training_args, "learning_rate": o.lr, "adam_beta1": o.betas[0], "adam_beta2": o.betas[1],
             "adam_epsilon": o.eps, "weight_decay": o.weight_decay, "max_grad_norm": recipe.grad_clip,
             "per_device_train_batch_size": recipe.batch_size, "seed": recipe.seed}
-    if cell.compile != "off":
-        args.update(torch_compile=True, torch_compile_backend=cell.compile)
+    if cell.compilation.backend:
+        args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     return args
 
 
 def model_loading(cell: Cell, recipe: Recipe) -> dict:
-    attn = "sdpa" if cell.attn.startswith("sdpa") else cell.attn
-    dtype = PURE_LOAD.get(cell.dtype) or ON_LOAD[recipe.model.dtype_on_load]
-    return {"dtype": dtype, "attn_implementation": attn}
+    """Pure cells hold the weights themselves in half precision: load them so (autocast stays off)."""
+    return {"dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
+            "attn_implementation": cell.attention.implementation}
+
+
+def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
+    args = {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
+    return args
 
 
 def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str]) -> dict:
@@ -62,9 +62,13 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
     if a.type != "none":
         lines.append(call_text("LoraConfig", {"r": a.r, "lora_alpha": a.alpha, "target_modules": list(a.target_modules),
                                               "lora_dropout": a.dropout, "use_dora": a.type == "dora"}))
-    if cell.attn in SDPA_BACKEND:
-        lines.append(f"with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.{SDPA_BACKEND[cell.attn]}): trainer.train()")
+    lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
+    if cell.precision.tf32:
+        lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
+    if cell.attention.sdpa_backend:
+        lines.append(f"with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()")
     return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
             "command": check_command(config, base, model_flags),
             "training_arguments": training_arguments(cell, recipe), "model_loading": model_loading(cell, recipe),
+            "lightning": lightning_arguments(cell, recipe),
             "python": lines}

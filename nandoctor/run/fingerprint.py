@@ -30,9 +30,15 @@ def weights_stamp(path: str | None) -> list:
     return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
+# Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
+# entries of those runs reachable.
+LEGACY_SPEC = {"stop_on_nonfinite": True}
+
+
 def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
-    """sha256 hex of the probe's spec, its overrides and its environment; key order does not matter."""
-    spec = {k: v for k, v in spec.items() if k != "probe_id"}
+    """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides and its environment; key
+    order does not matter."""
+    spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
     payload = {"spec": {**spec, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
                "weights": weights_stamp(plan.get("path"))}

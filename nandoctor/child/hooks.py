@@ -1,7 +1,8 @@
-"""Numerics forensics: where a probe broke, and how much margin a stable one has.
+"""Numerics forensics, the measuring half (in the probe process): where a probe broke, and how much
+margin a stable one has. analysis/forensics.py reads what this writes.
 
 After its timed steps, the probe's child rebuilds the model with the same seed and replays the first
-steps with instrumentation hung off the unchanged training loop (`probe.train`):
+steps with instrumentation hung off the unchanged training loop (`train.train`):
 
 - forward hooks on every module record the output's min / max / abs-max and the primary input's, and
   hang a tensor hook on each output for its gradient; the first module whose output (forward) or output
@@ -13,7 +14,6 @@ steps with instrumentation hung off the unchanged training loop (`probe.train`):
   non-zero in fp32 but round to zero in the compute dtype (after loss scaling).
 
 The timed steps run without any of this, so throughput stays honest; the replay measures its own cost.
-The summaries at the bottom are pure (no torch): the analysis and the reports use them.
 """
 from __future__ import annotations
 
@@ -22,18 +22,13 @@ import math
 import statistics
 import time
 
-from .config import Cell, recipe_from_dict
-from .models import batches, build_model, plan_from_dict, weight_dtype
-from .probe import attention, build_optimizer, precision, train, unrecoverable_at
+from ..cells import weight_dtype
+from ..data import batches
+from ..record import ProbeRecord, ProbeSpec, Step
+from .build import setup
+from .train import train
 
-PHASES = ("forward", "backward", "optimizer")  # the order they happen in within one step
-COMPUTE_DTYPES = {"bf16-amp": "bfloat16", "fp16-amp": "float16", "bf16-pure": "bfloat16", "fp16-pure": "float16"}
 ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
-
-
-def compute_dtype(cell_dtype: str) -> str:
-    """The dtype the matmuls run in: the autocast dtype, the pure cells' weight dtype, else float32."""
-    return COMPUTE_DTYPES.get(cell_dtype, "float32")
 
 
 def _floating(obj, out: list) -> list:
@@ -221,115 +216,59 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
             "nonzero_elements": total, "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]]}
 
 
-def replay(spec: dict, timed: dict) -> dict:
+def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
     """Rebuild the probe's model with the same seed, replay its first steps with hooks, and return the
-    forensics record. `timed` is the child's result of the timed run (steps, first_nonfinite)."""
-    import torch
+    forensics record. `timed` is the record of the timed run (steps, first_nonfinite)."""
     t0 = time.perf_counter()
-    device = spec["device"]
-    recipe = recipe_from_dict(spec["recipe"], spec["recipe"]["name"])
-    cell, plan, seed = Cell(**spec["cell"]), plan_from_dict(spec["model_plan"]), spec["seed"]
-    first_bad = timed.get("first_nonfinite")
-    n_steps = first_bad["step"] + 1 if first_bad else min(len(timed["steps"]), recipe.forensics_steps)
-    model = build_model(plan, recipe, cell, seed).to(device)
-    stream = ({k: v.to(device) for k, v in b.items()} for b in batches(recipe, model.config, seed))
-    optimizer = build_optimizer(model, recipe)
-    autocast, scaler = precision(cell, device)
-    dtype = compute_dtype(cell.dtype)
-    out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(recipe, cell), "replayed_steps": n_steps,
+    cell, recipe = spec.cell, spec.recipe
+    first_bad = timed.first_nonfinite
+    n_steps = first_bad["step"] + 1 if first_bad else min(len(timed.steps), recipe.forensics_steps)
+    s = setup(spec)
+    dtype = cell.precision.compute
+    out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load), "replayed_steps": n_steps,
            "compile": "off", "events": [], "steps": []}
     if cell.compile != "off":
         out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
     if dtype != "float32":
         t1 = time.perf_counter()
-        scales = [s["scale"] for s in timed["steps"] if s.get("scale")]
-        first = {k: v.to(device) for k, v in next(batches(recipe, model.config, seed)).items()}
-        out["underflow"] = gradient_underflow(model, first, dtype, scales[-1] if scales else 1.0)
+        scales = [st.scale for st in timed.steps if st.scale]
+        first = {k: v.to(spec.device) for k, v in next(batches(recipe, s.model.config, spec.seed)).items()}
+        out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
         out["underflow"]["seconds"] = time.perf_counter() - t1
-    modules, opt = ModuleWatch(model), OptimizerWatch(model, optimizer)
+    modules, opt = ModuleWatch(s.model), OptimizerWatch(s.model, s.optimizer)
 
-    def on_step(step, loss, grad_norm, skipped, scale, seconds, tokens):
-        update_loss, opt_event = opt.take()
-        for e in modules.end_step(step) + ([{"step": step, **opt_event}] if opt_event else []):
+    def on_step(step: Step) -> bool:
+        step.update_loss, opt_event = opt.take()
+        for e in modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else []):
             out["events"].append(e)
-        record = {"step": step, "loss": loss, "grad_norm": grad_norm, "skipped": skipped, "scale": scale,
-                  "time_s": seconds, "update_loss": update_loss}
-        out["steps"].append(record)
-        return unrecoverable_at(record) is None
+        out["steps"].append(step)
+        return step.unrecoverable() is None
 
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     try:
-        train(model, stream, optimizer, scaler, autocast, attention(cell), recipe.grad_clip, n_steps, on_step, sync)
+        train(s.model, s, recipe.grad_clip, n_steps, on_step)
     finally:
         modules.remove()
         opt.remove()
     out["activation_absmax"] = modules.activation_absmax
     out["gradient_absmax"] = modules.gradient_absmax
-    out["reproduced"] = reproduced(timed["steps"], out["steps"])
-    out["cost"] = replay_cost(timed["steps"], out["steps"], time.perf_counter() - t0)
+    out["reproduced"] = reproduced(timed.steps, out["steps"])
+    out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
+    out["steps"] = [st.to_dict() for st in out["steps"]]
     return out
-
-
-# ---- pure summaries: no torch below this line ------------------------------------------------------
-
-FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}  # torch.finfo(dtype).max
 
 
 def _same(a: float, b: float) -> bool:
     return a == b or (math.isnan(a) and math.isnan(b))
 
 
-def reproduced(timed: list[dict], replayed: list[dict]) -> bool:
+def reproduced(timed: list[Step], replayed: list[Step]) -> bool:
     """Did the replay retrace the timed run: the same loss, bit for bit, at every replayed step?"""
-    return bool(replayed) and all(_same(a["loss"], b["loss"]) for a, b in zip(timed, replayed))
+    return bool(replayed) and all(_same(a.loss, b.loss) for a, b in zip(timed, replayed))
 
 
-def replay_cost(timed: list[dict], replayed: list[dict], seconds: float) -> dict:
+def replay_cost(timed: list[Step], replayed: list[Step], seconds: float) -> dict:
     """The replay's wall time and how much slower a hooked step is than the same timed step (median of
     the per-step ratios, step 0 left out when there are others: it carries allocator warm-up)."""
-    pairs = [(b["time_s"], a["time_s"]) for a, b in zip(timed, replayed) if a.get("time_s") and b.get("time_s")]
+    pairs = [(b.time_s, a.time_s) for a, b in zip(timed, replayed) if a.time_s and b.time_s]
     pairs = pairs[1:] or pairs
     return {"seconds": seconds, "hooked_step_overhead": statistics.median(h / t for h, t in pairs) if pairs else None}
-
-
-def origin(forensics: dict | None) -> dict | None:
-    """The first event that made the run unrecoverable: the earliest by (step, phase), leaving out
-    backward overflows at steps the GradScaler skipped and recovered from (its calibration)."""
-    if not forensics:
-        return None
-    steps = {s["step"]: s for s in forensics.get("steps", [])}
-
-    def harmful(e):
-        s = steps.get(e["step"])
-        calibration = s is not None and s["skipped"] and unrecoverable_at(s) is None
-        return not (e["phase"] == "backward" and calibration)
-
-    events = sorted((e for e in forensics.get("events", []) if harmful(e)), key=lambda e: (e["step"], PHASES.index(e["phase"])))
-    return events[0] if events else None
-
-
-def headroom(forensics: dict | None) -> list[dict]:
-    """Per module: largest |activation| and |gradient| seen, and the compute dtype's largest finite
-    value divided by each (1.0 = at the edge, below 1 = overflowed). Tightest activation first."""
-    if not forensics:
-        return []
-    limit = FINFO_MAX[forensics["compute_dtype"]]
-    acts, grads = forensics.get("activation_absmax", {}), forensics.get("gradient_absmax", {})
-
-    def ratio(x):
-        return None if x is None else (0.0 if not math.isfinite(x) else (math.inf if x == 0 else limit / x))
-
-    rows = [{"module": m, "activation_absmax": acts.get(m), "activation_headroom": ratio(acts.get(m)),
-             "gradient_absmax": grads.get(m), "gradient_headroom": ratio(grads.get(m))} for m in set(acts) | set(grads)]
-    big = math.inf
-    return sorted(rows, key=lambda r: (r["activation_headroom"] if r["activation_headroom"] is not None else big,
-                                       r["gradient_headroom"] if r["gradient_headroom"] is not None else big, r["module"]))
-
-
-def update_loss(forensics: dict | None) -> dict | None:
-    """Mean and largest per-step fraction of parameter elements whose update rounded away."""
-    values = [s["update_loss"] for s in (forensics or {}).get("steps", []) if s.get("update_loss") is not None]
-    if not values:
-        return None
-    return {"mean": sum(values) / len(values), "max": max(values), "steps": len(values),
-            "weight_dtype": forensics["weight_dtype"]}

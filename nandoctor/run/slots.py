@@ -1,9 +1,9 @@
 """Slots: where probes run, one at a time per slot. Each slot reports to the runner through one
 queue of events (slot index, generation, message), so the runner waits on one thing.
 
-- WarmSlot owns a warm worker (`python -m nandoctor.worker`) and asks it to fork a child per probe:
+- WarmSlot owns a warm worker (`python -m nandoctor.child.worker`) and asks it to fork a child per probe:
   the import of torch / transformers / peft is paid once per worker, not once per probe.
-- ColdSlot starts a fresh `python -m nandoctor.probe` per probe: the baseline, and the fallback
+- ColdSlot starts a fresh `python -m nandoctor.child` per probe: the baseline, and the fallback
   (`--cold`) when forking is not wanted.
 
 Either way a probe is its own process in its own session: a timeout kills its whole process group.
@@ -57,7 +57,7 @@ class ColdSlot:
 
     def launch(self, spec: Path, result: Path, log: Path) -> None:
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "nandoctor.probe", str(spec), str(result)],
+            proc = subprocess.Popen([sys.executable, "-m", "nandoctor.child", str(spec), str(result)],
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=probe_env(self.gpu), start_new_session=True)
         self.pid = proc.pid
@@ -92,7 +92,7 @@ class WarmSlot:
         self.generation += 1
         self.ready, self.pid = False, None
         # the worker is in the runner's process group (Ctrl-C reaches it); each probe gets its own
-        self.worker = subprocess.Popen([sys.executable, "-m", "nandoctor.worker"], stdin=subprocess.PIPE,
+        self.worker = subprocess.Popen([sys.executable, "-m", "nandoctor.child.worker"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=probe_env(self.gpu), text=True, bufsize=1)
         threading.Thread(target=self._read, args=(self.worker, self.generation), daemon=True).start()
         for model_type in self.preloads:

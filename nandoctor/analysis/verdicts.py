@@ -1,0 +1,203 @@
+"""Turn one probe record into one verdict with a one-line reason, and judge every probe against the
+right fp32 reference (References). Pure: no torch, no processes. Every threshold lives in
+config.Thresholds."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+from ..cells import REFERENCE_CELL
+from ..config import THRESHOLDS, Thresholds
+from ..knowledge import diagnose_crash
+from ..record import ProbeRecord, Step
+
+STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
+CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
+CRASH_SIGNALS = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
+                 "SIGILL": "illegal instruction", "SIGFPE": "floating-point exception"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    reason: str
+    step: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.name not in (STABLE, UNSUPPORTED)
+
+
+def _fmt(x: float) -> str:
+    return repr(x) if not math.isfinite(x) else f"{x:.4g}"
+
+
+def known_crash(text: str) -> str:
+    """' -- known issue ID: diagnosis Fix: fix' when the text matches a crash signature, else ''."""
+    sig = diagnose_crash(text)
+    return f" -- known issue {sig.id}: {sig.diagnosis} Fix: {sig.fix}" if sig else ""
+
+
+def harness_verdict(record: ProbeRecord) -> Verdict | None:
+    """The verdict of a probe that did not finish on its own, or None if it did."""
+    status = record.status
+    last = len(record.steps) - 1
+    done = f"after {last + 1} completed step(s)"
+    if status == "unsupported":
+        return Verdict(UNSUPPORTED, record.reason)
+    if status == "timeout":
+        return Verdict(TIMEOUT, f"no result within {record.timeout_s if record.timeout_s is not None else '?'} s, {done}", max(last, 0))
+    if status == "signal":
+        sig = record.signal
+        if sig in CRASH_SIGNALS:
+            return Verdict(CRASH, f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}" + known_crash(record.log_tail or ""), max(last, 0))
+        hint = " (the kernel's OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
+        return Verdict(KILLED, f"process killed by {sig}{hint} {done}", max(last, 0))
+    if status == "error":
+        err = record.error
+        first = (err.get("message") or "").strip().splitlines()[:1]
+        text = f"{err['type']}: {first[0] if first else ''}".strip().rstrip(":")
+        return Verdict(OOM if err.get("oom") else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
+    if not record.steps:
+        return Verdict(CRASH, "the probe finished without completing a training step")
+    return None
+
+
+def _tail(n: int, t: Thresholds) -> int:
+    """How many of the last steps the end of a curve is judged on."""
+    return max(1, int(n * t.tail_fraction))
+
+
+def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS) -> Verdict:
+    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given."""
+    for s in steps:
+        what = s.unrecoverable(t.min_scale)
+        if what == "loss":
+            return Verdict(NONFINITE, f"loss is {_fmt(s.loss)} at step {s.step}", s.step)
+        if what == "grad":
+            return Verdict(NONFINITE, f"grad-norm is {_fmt(s.grad_norm)} at step {s.step} with no GradScaler to skip it", s.step)
+        if what == "scale":
+            return Verdict(NONFINITE, f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled", s.step)
+    for s in steps:
+        if s.loss == 0.0:
+            return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
+    losses = [s.loss for s in steps]
+    for k in range(t.spike_min_history, len(losses)):
+        window = losses[max(0, k - t.spike_window):k]
+        mean = sum(window) / len(window)
+        if losses[k] > t.spike_factor * mean:
+            return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {k}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", k)
+    largest = None
+    for s in steps:
+        if s.skipped or not math.isfinite(s.grad_norm):
+            continue
+        if largest is not None and largest > 0 and s.grad_norm > t.grad_explode_factor * largest:
+            return Verdict(DIVERGED, f"grad-norm exploded to {_fmt(s.grad_norm)} at step {s.step}, {s.grad_norm / largest:.0f}x the largest before", s.step)
+        largest = max(largest or 0.0, s.grad_norm)
+    q = _tail(len(losses), t)
+    end = sum(losses[-q:]) / q
+    if len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
+        return Verdict(DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", len(losses) - 1)
+    if reference:
+        n = min(len(steps), len(reference))
+        q = _tail(n, t)
+        ref = [s.loss for s in reference[:n]]
+        dev = sum(abs(a - b) for a, b in zip(losses[n - q:n], ref[n - q:n])) / q
+        ref_drop = max(0.0, ref[0] - sum(ref[n - q:n]) / q)
+        tol = t.drift_rel * ref_drop + t.drift_abs
+        if dev > tol:
+            mine, theirs = sum(losses[n - q:n]) / q, sum(ref[n - q:n]) / q
+            return Verdict(DRIFT, f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
+                                  f"{dev:.3f} nats off, tolerance {tol:.3f} ({t.drift_rel:.0%} of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})", n - q)
+    return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
+    return harness_verdict(record) or numeric_verdict(record.steps, reference, t)
+
+
+def is_reference(record: ProbeRecord) -> bool:
+    return record.cell == REFERENCE_CELL
+
+
+def reference_key(record: ProbeRecord) -> str:
+    """Drift is judged against the reference of the same recipe variant and seed."""
+    return json.dumps([record.recipe, record.seed], sort_keys=True, default=str)
+
+
+class References:
+    """The one place where a probe meets its fp32 reference: the steps of the stable fp32/eager probe
+    of the same recipe variant and seed. Learn the references first, then judge any probe."""
+
+    def __init__(self):
+        self.steps: dict[str, list[Step] | None] = {}  # reference key -> a stable reference's steps, else None
+
+    def learn(self, record: ProbeRecord) -> None:
+        if is_reference(record):
+            if record.status == "ok" and classify(record).name == STABLE:
+                self.steps[reference_key(record)] = record.steps
+            else:
+                self.steps.setdefault(reference_key(record), None)
+
+    def knows(self, record: ProbeRecord) -> bool:
+        """Whether the reference of this probe has run (stable or not)."""
+        return reference_key(record) in self.steps
+
+    def of(self, record: ProbeRecord) -> list[Step] | None:
+        """The reference curve this probe is judged against; None for a reference itself, or when its
+        reference has not run or was not stable."""
+        return None if is_reference(record) else self.steps.get(reference_key(record))
+
+    def judge(self, record: ProbeRecord) -> Verdict:
+        return classify(record, self.of(record))
+
+    def fidelity(self, record: ProbeRecord, verdict: Verdict) -> float | None:
+        if is_reference(record) and verdict.name == STABLE:
+            return 0.0
+        return fidelity(record.steps, self.of(record))
+
+
+def fidelity(steps: list[Step], reference: list[Step] | None) -> float | None:
+    """Mean relative loss error against the fp32 reference over their common steps (0 = identical)."""
+    errors = [point["loss"] for point in fidelity_curve(steps, reference)]
+    if not errors or None in errors:
+        return None
+    return sum(errors) / len(errors)
+
+
+def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS) -> list[tuple[str, bool, str]]:
+    """The step-0 sanity checks of `nandoctor check`: (name, passed, detail) each."""
+    failed = harness_verdict(record)
+    if failed:
+        return [("probe ran", False, f"{failed.name}: {failed.reason}")]
+    s0 = record.steps[0]
+    out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}")]
+    grad_ok = math.isfinite(s0.grad_norm) or (s0.skipped and s0.scale is not None)
+    out.append(("grad-norm finite at step 0", grad_ok,
+                f"grad-norm {_fmt(s0.grad_norm)}" + (" (skipped by the GradScaler while calibrating)" if s0.skipped else "")))
+    out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
+    if random_init:
+        expected = math.log(vocab)
+        band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)
+        ok = math.isfinite(s0.loss) and abs(s0.loss - expected) <= band
+        out.append(("initial loss near ln(vocab)", ok, f"loss {_fmt(s0.loss)}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}"))
+    else:
+        out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
+    bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
+    out.append(("no skipped step beyond GradScaler calibration", not bad,
+                f"scale fell below {t.min_scale:g} at step {bad[0].step}" if bad else
+                f"{sum(s.skipped for s in record.steps)} calibration skip(s)"))
+    return out
+
+
+def _rel(a: float, b: float) -> float | None:
+    return abs(a - b) / abs(b) if math.isfinite(a) and math.isfinite(b) and b != 0 else None
+
+
+def fidelity_curve(steps: list[Step], reference: list[Step] | None) -> list[dict]:
+    """Per common step: relative loss and grad-norm error against the fp32 reference (None where
+    either value is non-finite). A GradScaler-skipped step still has a loss, so it still counts."""
+    return [{"step": a.step, "loss": _rel(a.loss, b.loss), "grad_norm": _rel(a.grad_norm, b.grad_norm)}
+            for a, b in zip(steps, reference or [])]

@@ -1,0 +1,96 @@
+"""The factors of a bisection: parse --good / --bad / --factor into full configurations (the three
+grid axes plus dotted recipe fields), and turn a configuration back into a cell and a recipe variant.
+Pure apart from the recipe validation it calls."""
+from __future__ import annotations
+
+import itertools
+import re
+
+from ..capabilities import cell_support
+from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
+from ..config import Recipe, dotted_fields, get_field, set_field
+from ..errors import NandoctorError
+
+BASELINE_AXES = REFERENCE_CELL.to_dict()
+# What a user would like to train with, fastest first: lowest precision, fused attention, compile on.
+# The default target is the first combination the device supports (capabilities.cell_support).
+FASTEST_FIRST = {
+    "dtype": ("bf16-pure", "fp16-pure", "bf16-amp", "fp16-amp", "tf32", "fp32"),
+    "attn": ("sdpa:flash", "sdpa:cudnn", "flash_attention_2", "sdpa:efficient", "sdpa", "eager"),
+    "compile": ("inductor", "aot_eager", "off"),
+}
+
+
+def fastest_cell(device: dict) -> Cell:
+    for dtype, attn, compile_ in itertools.product(*FASTEST_FIRST.values()):
+        cell = Cell(dtype, attn, compile_)
+        if cell_support(cell, device) is None:
+            return cell
+    return REFERENCE_CELL
+
+
+def parse_assignments(text: str, flag: str) -> dict[str, str]:
+    """'dtype=bf16-pure,optimizer.eps=1e-8' -> {'dtype': 'bf16-pure', 'optimizer.eps': '1e-8'}. A comma
+    starts a new assignment only when NAME= follows, so tuple values like q_proj,v_proj survive."""
+    out = {}
+    for item in re.split(r",(?=\s*[A-Za-z_][\w.]*\s*=)", text):
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip():
+            raise NandoctorError(f"bad {flag} {item!r}: expected NAME=VALUE[,NAME=VALUE], e.g. dtype=bf16-pure,optimizer.eps=1e-8")
+        out[name.strip()] = value.strip()
+    return out
+
+
+def typed_value(recipe: Recipe, name: str, value: str, flag: str):
+    """An axis value checked against its axis, or a recipe field typed like its default."""
+    if name in AXES:
+        if "," in value:
+            raise NandoctorError(f"{flag}: {name} takes one value, got {value!r}")
+        return parse_axis_values(name, [value])[0]
+    try:
+        return get_field(set_field(recipe, name, value).validate(), name)
+    except NandoctorError as e:
+        if name not in dotted_fields():
+            raise NandoctorError(f"{flag}: unknown factor {name!r}; valid: {', '.join(AXES)} or a recipe field "
+                                 f"({', '.join(dotted_fields())})") from None
+        raise NandoctorError(f"{flag}: {e}") from None
+
+
+def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: str | None,
+                         factors: list[str]) -> tuple[dict, dict]:
+    """(good, bad) as full configurations. The baseline defaults to fp32/eager/off with the recipe's
+    own fields; the target to the baseline with the given --bad values, or to the fastest cell the
+    device supports when --bad is absent. --factor NAME=VALUE adds one more target value. Only the
+    values that differ between the two are factors of the search."""
+    good_set = {k: typed_value(recipe, k, v, "--good") for k, v in parse_assignments(good, "--good").items()} if good else {}
+    bad_set = {k: typed_value(recipe, k, v, "--bad") for k, v in parse_assignments(bad, "--bad").items()} if bad else \
+        {"dtype": (c := fastest_cell(device)).dtype, "attn": c.attn, "compile": c.compile}
+    for item in factors:
+        bad_set.update({k: typed_value(recipe, k, v, "--factor") for k, v in parse_assignments(item, "--factor").items()})
+    fields = [k for k in {**good_set, **bad_set} if k not in AXES]
+    good_cfg = {**BASELINE_AXES, **{k: get_field(recipe, k) for k in fields}, **good_set}
+    bad_cfg = {**good_cfg, **bad_set}
+    if bad_cfg == good_cfg:  # a value equal in both is not a factor; with none left there is nothing to search
+        raise NandoctorError(f"the target and the baseline are the same configuration ({', '.join(f'{k}={v}' for k, v in bad_set.items())}); "
+                             "give --bad / --factor values that differ from the baseline")
+    for label, cfg in (("target", bad_cfg), ("baseline", good_cfg)):
+        variant(recipe, cfg)  # every combination is validated when it is probed; fail early on these two
+        why = cell_support(cell_of(cfg), device)
+        if why:
+            raise NandoctorError(f"the {label} {cell_of(cfg).id} cannot run on this device: {why}")
+    return good_cfg, bad_cfg
+
+
+def cell_of(config: dict) -> Cell:
+    return Cell(config["dtype"], config["attn"], config["compile"])
+
+
+def variant(recipe: Recipe, config: dict) -> Recipe:
+    for name, value in config.items():
+        if name not in AXES:
+            recipe = set_field(recipe, name, value)
+    return recipe.validate()
+
+
+def fmt_value(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)

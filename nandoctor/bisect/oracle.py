@@ -1,0 +1,88 @@
+"""`nandoctor bisect` as an API: parse the good and bad configurations, run the bisection engine with
+real probes (each in its own process through a Session), write bisect.json next to results.jsonl and
+render the reports.
+"""
+from __future__ import annotations
+
+from ..analysis.ranking import tokens_per_s
+from ..analysis.run import RunAnalysis
+from ..analysis.verdicts import STABLE, UNSUPPORTED, References, is_reference
+from ..api import Progress, render_run
+from ..capabilities import cell_support
+from ..cells import AXES
+from ..config import Recipe, get_field
+from ..env import collect_summary
+from ..errors import NandoctorError
+from ..plan import PlannedProbe
+from ..recommend import recommendation
+from ..record import ProbeRecord
+from ..run.session import Session
+from ..run.store import BISECT_FILE
+from .engine import Bisection, BisectResult, Run, Trial
+from .factors import BASELINE_AXES, cell_of, fmt_value, parse_configurations, variant
+
+
+
+class ProbeOracle:
+    """The bisection's oracle: runs each trial as a real probe process, and before trusting a stable
+    verdict runs the fp32/eager reference of the same recipe variant and seed, since drift is
+    measured against it. Records are cached by probe id, which names the full configuration."""
+
+    def __init__(self, session: Session, recipe: Recipe):
+        self.session, self.recipe = session, recipe
+        self.records: dict[str, ProbeRecord] = {}
+        self.references = References()
+
+    def planned(self, trial: Trial) -> PlannedProbe:
+        cell = cell_of(trial.config)
+        own = variant(self.recipe, trial.config)
+        overrides = {k: v for k, v in trial.config.items() if k not in AXES and v != get_field(self.recipe, k)}
+        probe_id = cell.id + "".join(f" {k}={fmt_value(v)}" for k, v in overrides.items())
+        probe_id += (f" seed+{trial.seed}" if trial.seed else "") + (f" rerun{trial.attempt}" if trial.attempt else "")
+        return PlannedProbe(probe_id, cell, cell_support(cell, self.session.device),
+                            {k: fmt_value(v) for k, v in overrides.items()}, trial.seed, own)
+
+    def _run(self, probes: list[PlannedProbe]) -> None:
+        todo = [p for p in probes if p.probe_id not in self.records]
+        for record in self.session.run(self.recipe, todo) if todo else []:
+            self.records[record.probe_id] = record
+            self.references.learn(record)
+
+    def __call__(self, trials: list[Trial]) -> list[Run]:
+        probes = [self.planned(t) for t in trials]
+        self._run(probes)
+        needed = {}
+        for t, p in zip(trials, probes):
+            r = self.records[p.probe_id]
+            if not is_reference(r) and not self.references.knows(r) and self.references.judge(r).name == STABLE:
+                ref = Trial({**t.config, **BASELINE_AXES}, t.seed, 0)
+                needed[self.planned(ref).probe_id] = self.planned(ref)
+        self._run(list(needed.values()))
+        return [self._outcome(self.records[p.probe_id]) for p in probes]
+
+    def _outcome(self, record: ProbeRecord) -> Run:
+        v = self.references.judge(record)
+        return Run(record.probe_id, v.name, v.failed, v.name != UNSUPPORTED, tokens_per_s(record.steps))
+
+
+def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, factors: list[str] | None = None,
+               reruns: int = 1, data_seeds: int = 0, steps: int | None = None, jobs: int | None = None, out=None,
+               model_flags: list[str] | None = None, progress=None, on_step=None,
+               device: dict | None = None) -> tuple[RunAnalysis, BisectResult]:
+    """Bisect between a good and a bad configuration with real probes; returns the analysis of the
+    run directory (reports written) and the bisection result (also saved as bisect.json)."""
+    if reruns < 0 or data_seeds < 0:
+        raise NandoctorError(f"--reruns and --data-seeds must be >= 0, got {reruns} and {data_seeds}")
+    device = device or collect_summary()
+    good_cfg, bad_cfg = parse_configurations(recipe, device, good, bad, factors or [])  # before any model work
+    with Session("bisect", recipe, out, jobs, steps, device, Progress(progress)) as session:
+        session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds})
+        oracle = ProbeOracle(session, recipe)
+        result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
+    result.probes = len(oracle.records)  # processes actually run, references for drift included
+    data = result.to_dict()
+    if result.recommended is not None:
+        data["recommendation"] = recommendation(result.recommended, variant(recipe, result.recommended),
+                                                recipe, model_flags or [])
+    session.store.write_json(BISECT_FILE, data)
+    return render_run(session.dir), result

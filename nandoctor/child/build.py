@@ -1,0 +1,99 @@
+"""What one probe trains with, built from its spec inside the probe process: the model, the data
+stream, the optimizer, and the cell's numerics (autocast, GradScaler, SDPA backend pin). The timed
+run, the forensics replay and the benchmarks all start from `setup`, so they train the same thing."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..cells import LOAD_DTYPES, Cell, weight_dtype
+from ..config import Recipe
+from ..data import batches
+from ..models import apply_adapter, model_config, probe_scale
+from ..record import ModelPlan, ProbeSpec
+
+
+def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int):
+    """The model for one probe, on CPU, in training mode, adapter applied, weights in their dtype."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    load_dtype = getattr(torch, LOAD_DTYPES[recipe.model.dtype_on_load])
+    attn = cell.attention.implementation
+    remote = recipe.model.trust_remote_code
+    torch.manual_seed(seed)
+    if plan.source == "local-weights":
+        model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
+                                                     trust_remote_code=remote)
+    else:
+        config = model_config(recipe)
+        config = probe_scale(config) if plan.scale == "probe" else config
+        model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
+                                                 trust_remote_code=remote)
+    model.config.use_cache = False
+    model = apply_adapter(model, recipe)
+    model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
+    if recipe.adapter.type != "none" and cell.precision.weights is None:
+        # peft keeps adapters in fp32 when the base is half; .to() above undid that for -amp cells
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()
+    model.train()
+    return model
+
+
+def build_optimizer(model, recipe: Recipe):
+    """AdamW over the trainable parameters, in their own dtype (so its state is half in the pure cells)."""
+    import torch
+    o = recipe.optimizer
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
+                             betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def precision(cell: Cell, device: str):
+    """(autocast context factory, GradScaler) for a cell; the scaler is live only where the cell's row
+    says so (fp16-amp)."""
+    import torch
+    p = cell.precision
+    if device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = p.tf32
+        torch.backends.cudnn.allow_tf32 = p.tf32
+    scaler = torch.amp.GradScaler(device, enabled=p.scaler)
+    if p.autocast:
+        dtype = getattr(torch, p.autocast)
+        return (lambda: torch.autocast(device, dtype=dtype)), scaler
+    return contextlib.nullcontext, scaler
+
+
+def attention(cell: Cell):
+    """A context that pins the SDPA backend for the sdpa:* cells; the others dispatch as usual."""
+    backend_name = cell.attention.sdpa_backend
+    if backend_name is None:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+    return lambda: sdpa_kernel([backend])
+
+
+@dataclass
+class Setup:
+    """Everything `train.train` needs for one probe."""
+    model: Any
+    data: Any  # an endless iterator of batches already on the device
+    optimizer: Any
+    autocast: Callable
+    scaler: Any
+    attend: Callable
+    sync: Callable  # waits for the device, so that step times are real
+
+
+def setup(spec: ProbeSpec) -> Setup:
+    """Build the probe's model, data, optimizer and numerics on its device, seeded by the spec."""
+    import torch
+    device = spec.device
+    model = build_model(spec.plan, spec.recipe, spec.cell, spec.seed).to(device)
+    data = ({k: v.to(device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
+    optimizer = build_optimizer(model, spec.recipe)
+    autocast, scaler = precision(spec.cell, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    return Setup(model, data, optimizer, autocast, scaler, attention(spec.cell), sync)

@@ -1,0 +1,71 @@
+"""The training loop a probe runs, and the log that streams its steps to disk as they happen."""
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+
+from ..record import Step
+from .build import Setup
+
+
+def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
+    """Forward, backward, unscale, grad-norm, clip, step. `model` is the module to call (the compiled
+    one in compile cells). on_step(Step) returns False to stop early."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    for step in range(steps):
+        batch = next(s.data)
+        t0 = time.perf_counter()
+        with s.attend():
+            with s.autocast():
+                loss = model(**batch).loss
+            s.scaler.scale(loss).backward()
+        s.scaler.unscale_(s.optimizer)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # total norm before clipping
+        scale = s.scaler.get_scale() if s.scaler.is_enabled() else None
+        s.scaler.step(s.optimizer)  # skipped by the scaler when the unscaled grads hold inf/nan
+        s.scaler.update()
+        s.optimizer.zero_grad(set_to_none=True)
+        s.sync()
+        seconds = time.perf_counter() - t0
+        skipped = scale is not None and s.scaler.get_scale() < scale
+        tokens = int(batch["attention_mask"].sum())
+        record = Step(step, loss.item(), grad_norm.item(), skipped, scale, seconds, tokens,
+                      tokens / seconds if seconds > 0 else None)
+        if not on_step(record):
+            break
+
+
+class StepLog:
+    """Collects the steps, streams them to steps.jsonl (a hang or a segfault still leaves the curve),
+    and stops the run at the first unrecoverable step."""
+
+    def __init__(self, path: Path | None, planned: int):
+        self.steps: list[Step] = []
+        self.first_nonfinite: dict | None = None
+        self.stopped_early = False
+        self.planned = planned
+        self.file = open(path, "a") if path else None
+
+    def __call__(self, step: Step) -> bool:
+        self.steps.append(step)
+        if self.file:
+            self.file.write(json.dumps(step.to_dict()) + "\n")
+            self.file.flush()
+        what = step.unrecoverable()
+        if what:
+            self.first_nonfinite = {"step": step.step, "what": what}
+            self.stopped_early = step.step + 1 < self.planned
+            return False
+        return True
+
+
+def peak_memory(device: str) -> tuple[int, str]:
+    import torch
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated(), "cuda-allocator-peak"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process-peak-rss"

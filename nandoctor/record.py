@@ -1,0 +1,201 @@
+"""Typed contracts at the process and file boundaries: what the child reads (ProbeSpec, with the
+ModelPlan the parent decided) and what every probe leaves in results.jsonl (ProbeRecord of Steps).
+
+Each has `to_dict` / `from_dict`; `from_dict` ignores keys it does not know, so that records written
+by earlier versions still read. Records are built here only: from a child's result
+(`ProbeRecord.finished`), for a cell the device cannot run (`ProbeRecord.unsupported`), or from the
+probe cache (`ProbeRecord.reused`).
+
+Foundation module: imports only config and cells.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal as signals
+from dataclasses import dataclass, field
+
+from .cells import Cell
+from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """What a run probes, decided once in the parent (models.plan_model) and read by every child."""
+    source: str  # "local-weights" or "architecture-twin"
+    scale: str  # "full" or "probe"
+    model_type: str
+    params: int  # parameters of the model actually probed
+    full_params: int  # parameters of the model the recipe names
+    trainable_params: int
+    path: str | None  # weights directory when source is local-weights
+    why: str
+    shape: dict  # hidden, layers, heads, kv heads, head_dim, intermediate, vocab of the probed model
+
+    def describe(self) -> str:
+        s = self.shape
+        return (f"{self.model_type} {self.source} at {self.scale} scale, {self.params / 1e6:.2f}M params "
+                f"(hidden {s['hidden']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} heads x {s['head_dim']}, vocab {s['vocab']})")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ModelPlan":
+        return cls(**_known(cls, data))
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """What one probe process is asked to do (its spec.json)."""
+    probe_id: str
+    recipe: Recipe
+    cell: Cell
+    plan: ModelPlan
+    steps: int
+    seed: int
+    device: str  # "cpu" or "cuda"
+    threads: int  # torch intra-op threads, so that K probes at once do not oversubscribe the cores
+
+    def to_dict(self) -> dict:
+        return {"probe_id": self.probe_id, "recipe": recipe_to_dict(self.recipe), "cell": self.cell.to_dict(),
+                "model_plan": self.plan.to_dict(), "steps": self.steps, "seed": self.seed, "device": self.device,
+                "threads": self.threads}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ProbeSpec":
+        recipe = data["recipe"]
+        return cls(data["probe_id"], recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe["name"]),
+                   Cell(**data["cell"]), ModelPlan.from_dict(data["model_plan"]), data["steps"], data["seed"],
+                   data["device"], data.get("threads") or 1)
+
+
+@dataclass
+class Step:
+    """One training step as measured: loss and grad-norm (before clipping), and the GradScaler's say."""
+    step: int
+    loss: float
+    grad_norm: float
+    skipped: bool = False  # the GradScaler skipped the optimizer step (inf/nan in the unscaled grads)
+    scale: float | None = None  # the loss scale the step ran at; None without a GradScaler
+    time_s: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    update_loss: float | None = None  # forensics replay only: share of meant updates that rounded away
+
+    def unrecoverable(self, min_scale: float = THRESHOLDS.min_scale) -> str | None:
+        """What made this step unrecoverable ('loss', 'grad' or 'scale'), or None. A GradScaler skip
+        with a finite loss is calibration, not failure, until the scale would fall below min_scale."""
+        if not math.isfinite(self.loss):
+            return "loss"
+        if self.scale is None and not math.isfinite(self.grad_norm):
+            return "grad"  # without a scaler, a non-finite grad reaches the weights
+        if self.scale is not None and self.skipped and self.scale / 2 < min_scale:
+            return "scale"
+        return None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Step":
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class ProbeRecord:
+    """One line of results.jsonl: a probe's configuration, how its process ended, and what it measured.
+
+    status: ok (trained to the end or stopped at an unrecoverable step), error (raised), timeout,
+    signal (died of one), unsupported (never spawned: `reason` says why)."""
+    probe_id: str
+    cell: Cell
+    status: str = "ok"
+    steps: list[Step] = field(default_factory=list)
+    seed: int = 0
+    recipe: dict = field(default_factory=dict)
+    model: dict = field(default_factory=dict)  # the ModelPlan, as data
+    overrides: dict = field(default_factory=dict)  # dotted recipe fields set for this probe (bisect)
+    reason: str | None = None  # why an unsupported cell was not run
+    error: dict | None = None  # type, message, traceback, oom
+    signal: str | None = None
+    exit_code: int | None = None
+    log_tail: str | None = None
+    device: str | None = None
+    steps_planned: int | None = None
+    timeout_s: float | None = None
+    wall_s: float | None = None
+    fingerprint: str | None = None
+    launch: str | None = None  # "warm" (forked from a worker) or "cold" (a fresh interpreter)
+    worker_pid: int | None = None
+    cached_from: str | None = None  # the run directory a reused record was first measured in
+    env: dict | None = None
+    load_s: float | None = None
+    train_s: float | None = None
+    first_nonfinite: dict | None = None
+    stopped_early: bool = False
+    peak_memory_bytes: int | None = None
+    peak_memory_kind: str | None = None
+    forensics: dict | None = None
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["cell"] = self.cell.to_dict()
+        out["steps"] = [s.to_dict() for s in self.steps]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ProbeRecord":
+        kwargs = _known(cls, data)
+        kwargs["cell"] = Cell(**data["cell"])
+        kwargs["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
+        return cls(**kwargs)
+
+    @classmethod
+    def unsupported(cls, spec: ProbeSpec, reason: str, overrides: dict) -> "ProbeRecord":
+        return cls(spec.probe_id, spec.cell, "unsupported", seed=spec.seed, recipe=recipe_to_dict(spec.recipe),
+                   model=spec.plan.to_dict(), overrides=overrides, reason=reason)
+
+    @classmethod
+    def finished(cls, spec: ProbeSpec, result: dict, steps: list[dict], returncode: int | None, timed_out: bool,
+                 wall_s: float, timeout_s: float, log_tail: str, worker_died: int | None = None, **run_facts) -> "ProbeRecord":
+        """The record of a probe process from whatever it left behind: its result.json (`result`, empty
+        when it wrote none), the steps it streamed, and how it exited. worker_died: the exit status of
+        a warm worker that died while this probe ran (the probe died with it)."""
+        record = cls.from_dict({**result, "probe_id": spec.probe_id, "cell": spec.cell.to_dict(),
+                                "steps": result.get("steps") or steps})
+        record.seed, record.device, record.steps_planned = spec.seed, spec.device, spec.steps
+        record.recipe, record.model = recipe_to_dict(spec.recipe), spec.plan.to_dict()
+        record.wall_s, record.timeout_s, record.exit_code = wall_s, timeout_s, returncode
+        for name, value in run_facts.items():
+            setattr(record, name, value)
+        if timed_out:
+            record.status = "timeout"
+        elif returncode is not None and returncode < 0:
+            record.status, record.signal = "signal", signals.Signals(-returncode).name
+        elif result.get("error"):
+            record.status = "error"
+        elif returncode == 0 and result:
+            record.status, record.error = "ok", None
+        elif worker_died is not None:
+            record.status = "error"
+            record.error = {"type": "WorkerDied", "message": f"the warm worker running this probe exited {worker_died}; "
+                            "the probe was killed with it", "traceback": "", "oom": False}
+        else:
+            record.status = "error"
+            record.error = {"type": "ProbeExit", "message": f"probe process exited {returncode} without a result",
+                            "traceback": "", "oom": False}
+        if record.status != "error":
+            record.error = None
+        if record.status != "ok":
+            record.log_tail = log_tail
+        return record
+
+    def reused(self, probe_id: str, cached_from: str, **run_facts) -> "ProbeRecord":
+        """This cached record under another run's probe id."""
+        return dataclasses.replace(self, probe_id=probe_id, cached_from=cached_from, **run_facts)

@@ -1,0 +1,136 @@
+"""One run directory being filled: its store, its device facts, the model plan and the runner. Grid,
+check and bisect all run their probes through a Session."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..config import Recipe, recipe_to_dict
+from ..env import collect_summary
+from ..models import plan_model
+from ..plan import PlannedProbe
+from ..record import ModelPlan, ProbeRecord, ProbeSpec
+from .cache import ProbeCache
+from .fingerprint import probe_fingerprint
+from .runner import ProbeRunner, ProbeTask, threads_per_probe
+from .store import ResultsStore
+
+REPORTS_DIR = Path("reports")
+
+
+def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
+    if out:
+        return Path(out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    safe = recipe.name.replace("/", "--")
+    path = REPORTS_DIR / f"{stamp}-{kind}-{safe}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = REPORTS_DIR / f"{stamp}-{kind}-{safe}-{n}"
+    return path
+
+
+def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dict, steps: int, jobs: int) -> ProbeSpec:
+    return ProbeSpec(probe.probe_id, recipe, probe.cell, plan, steps, recipe.seed + probe.seed_offset, device["device"],
+                     threads_per_probe(jobs, device["cpu_count"]))
+
+
+class Session:
+    """A run directory being filled. A context manager: leaving it stops the warm workers and kills any
+    probe still running.
+
+    warm=False starts a cold Python process per probe; cache (a ProbeCache) reuses records with an
+    identical fingerprint and keeps the new ones; plan reuses a model plan (when resuming);
+    on_record(record) is called for every record as it is kept, resumed ones included."""
+
+    def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
+                 device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
+                 plan: ModelPlan | None = None):
+        self.kind, self.recipe = kind, recipe
+        self.device = device or collect_summary()
+        self.steps = steps or recipe.steps
+        gpus = len(self.device.get("gpus") or [])
+        self.jobs = jobs or max(1, gpus)
+        self.dir = new_run_dir(out, kind, recipe)
+        self.store = ResultsStore(self.dir)
+        self.runner = ProbeRunner(self.dir, self.store, self.jobs, gpus, warm).open()  # workers import while we plan
+        try:
+            self.plan = plan or plan_model(recipe, self.device)
+        except BaseException:
+            self.runner.close()
+            raise
+        self.runner.preload(self.plan.model_type)
+        self.cache = cache
+        self.on_record = on_record or (lambda record: None)
+        self.planned = 0
+        self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
+        self.plans = {self._key(recipe): self.plan}
+
+    @staticmethod
+    def _key(recipe: Recipe) -> str:
+        return json.dumps(recipe_to_dict(recipe), sort_keys=True, default=str)
+
+    def plan_for(self, recipe: Recipe) -> ModelPlan:
+        """The model plan of a recipe variant (an adapter or model.* override changes it)."""
+        key = self._key(recipe)
+        if key not in self.plans:
+            self.plans[key] = plan_model(recipe, self.device)
+        return self.plans[key]
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.runner.close()
+
+    def start(self, planned: int, extra: dict | None = None) -> None:
+        self.planned = planned
+        self.store.create({"kind": self.kind, "run_id": self.dir.name, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+                           "recipe": recipe_to_dict(self.recipe), "model_plan": self.plan.to_dict(),
+                           "steps": self.steps, "seed": self.recipe.seed, "jobs": self.jobs,
+                           "env": self.device, "planned": planned, **(extra or {})})
+
+    def resume(self, planned: int) -> list[ProbeRecord]:
+        """Continue a run directory: the probes its store holds count as done and are not rerun.
+        Returns them (the caller learns their references)."""
+        self.planned = planned
+        self.store.drop_partial_line()
+        records = self.store.records()
+        for record in records:
+            self.recorded[record.probe_id] = record
+        return records
+
+    def run(self, recipe: Recipe, probes: list[PlannedProbe]) -> list[ProbeRecord]:
+        """Record the unsupported probes, reuse cached ones, run the others; every record in plan order.
+        A probe that carries its own recipe variant runs with it; the others run with `recipe`."""
+        records = {p.probe_id: self.recorded[p.probe_id] for p in probes if p.probe_id in self.recorded}
+        tasks = []
+        for p in probes:
+            if p.probe_id in records:
+                continue
+            own = p.recipe or recipe
+            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.jobs)
+            if p.unsupported:
+                records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, p.unsupported, p.overrides))
+                continue
+            fingerprint = probe_fingerprint(spec.to_dict(), p.overrides, self.device)
+            hit = self.cache.lookup(fingerprint) if self.cache else None
+            if hit:
+                cached, run_dir = hit
+                records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
+            else:
+                tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
+        for r in self.runner.run(tasks, on_record=self.on_record):
+            records[r.probe_id] = r
+            if self.cache:
+                self.cache.add(r, self.dir)
+        return [records[p.probe_id] for p in probes]
+
+    def _keep(self, record: ProbeRecord) -> ProbeRecord:
+        self.store.append(record)
+        self.on_record(record)
+        return record

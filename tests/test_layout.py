@@ -1,0 +1,103 @@
+"""The import rules that keep the stages and the two processes apart, read from the source with ast
+(every import counts, including the ones inside functions)."""
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nandoctor"
+FOUNDATION = {"nandoctor.errors", "nandoctor.cells", "nandoctor.config", "nandoctor.record", "nandoctor.env"}
+# what each part may never import: later stages, and across the process boundary
+FORBIDDEN = {
+    "nandoctor.child": ("nandoctor.analysis", "nandoctor.report", "nandoctor.bisect", "nandoctor.run", "nandoctor.api",
+                        "nandoctor.cli", "nandoctor.doctor", "nandoctor.knowledge"),
+    "nandoctor.analysis": ("nandoctor.child", "nandoctor.report", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli", "torch"),
+    "nandoctor.run": ("nandoctor.analysis", "nandoctor.report", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli", "nandoctor.child"),
+    "nandoctor.report": ("nandoctor.child", "nandoctor.run.runner", "nandoctor.run.session", "nandoctor.bisect", "nandoctor.api", "torch"),
+    "nandoctor.plan": ("nandoctor.run", "nandoctor.child", "nandoctor.analysis", "nandoctor.report"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PACKAGE.rglob("*.py") if p.name != "__main__.py"}
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every module `name` imports: nandoctor modules resolved, other top-level packages by name."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            subs = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known]
+            out.update(subs or [target])
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_the_graph_sees_the_package():
+    g = graph()
+    assert "nandoctor.child.entry" in g and "nandoctor.record" in g["nandoctor.child.entry"]
+    assert "torch" in g["nandoctor.child.train"]
+
+
+def test_there_is_no_import_cycle():
+    g = graph()
+    internal = {m: {t for t in targets if t in g and t != m} for m, targets in g.items()}
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for t in sorted(internal[m]):
+            if state.get(t) == 1:
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(t):] + [t]))
+            if t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(internal):
+        if m not in state:
+            visit(m, [m])
+
+
+@pytest.mark.parametrize("part", sorted(FORBIDDEN))
+def test_a_part_never_imports_a_later_stage_or_the_other_process(part):
+    bad = [(m, t) for m, targets in graph().items() if within(m, part)
+           for t in targets for f in FORBIDDEN[part] if within(t, f)]
+    assert bad == []
+
+
+def test_foundation_modules_import_only_each_other():
+    g = graph()
+    for m in FOUNDATION:
+        assert {t for t in g[m] if within(t, "nandoctor")} <= FOUNDATION, m
+
+
+@pytest.mark.parametrize("module, heavy", [("nandoctor", "torch,transformers,pandas"), ("nandoctor.cli", "torch,transformers")])
+def test_importing_the_package_and_the_cli_stays_light(module, heavy):
+    import subprocess
+    import sys
+    code = f"import sys, {module}; print(sorted(set('{heavy}'.split(',')) & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"

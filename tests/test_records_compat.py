@@ -1,0 +1,78 @@
+"""Runs written before the typed records (tests/fixtures/run-before-issue-9: a 4-probe tiny-llama grid
+with --cache, written by the code of that time) still read, resume and hit the cache."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import verdicts
+
+from nandoctor.analysis.run import analyze
+from nandoctor.record import ProbeRecord, ProbeSpec
+from nandoctor.run.cache import ProbeCache
+from nandoctor.run.fingerprint import probe_fingerprint
+from nandoctor.run.store import ResultsStore
+
+FIXTURE = Path(__file__).parent / "fixtures" / "run-before-issue-9"
+EXPECTED = {"fp32/eager/off": "stable", "fp32/sdpa/off": "stable", "fp16-pure/eager/off": "nonfinite",
+            "fp16-pure/sdpa/off": "nonfinite"}
+
+
+def test_old_records_read_as_typed_records_and_round_trip():
+    records = ResultsStore(FIXTURE).records()
+    assert [r.probe_id for r in records] == list(EXPECTED)
+    assert all(ProbeRecord.from_dict(json.loads(json.dumps(r.to_dict()))) == r for r in records)
+    fp16 = records[2]
+    assert fp16.first_nonfinite == {"step": 1, "what": "loss"} and len(fp16.steps) == 2
+
+
+def test_old_run_analyses_to_the_same_verdicts():
+    analysis = analyze(FIXTURE)
+    assert {o.probe_id: o.verdict.name for o in analysis.outcomes} == EXPECTED
+    assert all(o.verdict.step == 1 for o in analysis.outcomes if o.verdict.name == "nonfinite")
+    assert analysis.recommended.probe_id in ("fp32/eager/off", "fp32/sdpa/off")
+
+
+def test_old_spec_fingerprints_like_it_did_so_old_cache_entries_hit(tmp_path):
+    old_spec = json.loads((FIXTURE / "spec-fp32-sdpa-off.json").read_text())
+    env = json.loads((FIXTURE / "run.json").read_text())["env"]
+    record = next(r for r in ResultsStore(FIXTURE).records() if r.probe_id == "fp32/sdpa/off")
+    assert probe_fingerprint(ProbeSpec.from_dict(old_spec).to_dict(), {}, env) == record.fingerprint
+    (tmp_path / "probes.jsonl").write_text((FIXTURE / "cache-probes.jsonl").read_text())
+    cached, run_dir = ProbeCache(tmp_path).lookup(record.fingerprint)
+    assert cached.steps == record.steps and run_dir == "/tmp/oldfix/run"
+
+
+@pytest.mark.slow
+def test_an_old_interrupted_run_resumes_with_only_its_missing_probe(tmp_path, cli):
+    from nandoctor.env import collect_doctor
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["env"] = collect_doctor()  # resume refuses another environment; the format is what is tested here
+    (run / "run.json").write_text(json.dumps(meta))
+    lines = (run / "results.jsonl").read_text().splitlines()
+    (run / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    proc = cli("grid", "--resume", run)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran = [json.loads(line)["probe_id"] for line in (run / "results.jsonl").read_text().splitlines()[3:]]
+    assert ran == ["fp16-pure/sdpa/off"]
+    assert verdicts(run) == EXPECTED
+
+
+def test_load_run_gives_one_row_per_probe_with_its_rank():
+    import nandoctor
+    table = nandoctor.load_run(FIXTURE)
+    assert list(table["probe_id"]) == list(EXPECTED) and list(table["verdict"]) == list(EXPECTED.values())
+    assert {"dtype", "attn", "compile", "step", "fidelity", "tokens_per_s", "peak_memory_bytes", "rank"} <= set(table.columns)
+    assert sorted(table["rank"].dropna()) == [1, 2] and table["step"].iloc[2] == 1
+
+
+@pytest.mark.slow
+def test_report_csv_writes_the_same_table(tmp_path, cli):
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    proc = cli("report", run, "--csv", tmp_path / "probes.csv")
+    assert proc.returncode == 0, proc.stderr
+    import pandas as pd
+    assert list(pd.read_csv(tmp_path / "probes.csv")["verdict"]) == list(EXPECTED.values())
