@@ -20,3 +20,12 @@ def test_planned_findings_are_kept_and_a_healthy_scaler_adds_nothing():
                "evidence": ["e"], "cells": ["fp16-amp/sdpa/off"]}
     records = [record("fp16-amp/sdpa/off", [(65536.0, True), (32768.0, False)])]
     assert findings_of({"doctor": {"findings": [planned]}}, records) == [planned]
+
+
+def test_a_probe_named_by_a_warning_is_flagged_and_advice_flags_nothing():
+    from nandoctor.analysis.run import flags_of
+    warning = {"id": "bf16-weights-without-fp32-master", "severity": "warning", "cells": ["bf16-pure/sdpa/off"]}
+    advice = {"id": "some-advice", "severity": "advice", "cells": ["bf16-pure/sdpa/off"]}
+    probe = ProbeRecord("bf16-pure/sdpa/off", Cell("bf16-pure", "sdpa", "off"))
+    assert flags_of(probe, [warning, advice]) == ["bf16-weights-without-fp32-master"]
+    assert flags_of(ProbeRecord("fp32/sdpa/off", Cell()), [warning]) == []

@@ -124,3 +124,33 @@ def test_parallel_probing_finds_the_same_culprit():
 def test_judge_needs_every_probe_resolved():
     trials = [Trial({"a": 1}), Trial({"a": 1}, attempt=1)]
     assert judge(trials, [Run("x", "unsupported", False, resolved=False), Run("y", "stable", False)])[0] == "unresolved"
+
+
+class TimingOutOracle(FakeOracle):
+    """The target configuration (every factor applied) hangs: a timeout, unresolved."""
+
+    def __call__(self, trials):
+        runs = super().__call__(trials)
+        return [Run(r.probe_id, "timeout", True, resolved=False) if len(t.config) == sum(v == "bad" for v in t.config.values())
+                else r for t, r in zip(trials, runs)]
+
+
+def test_a_target_that_only_times_out_is_unresolved_with_no_culprit():
+    oracle = TimingOutOracle(lambda applied: False)
+    result = Bisection(GOOD, BAD, oracle, reruns=0).run()
+    assert result.status == "unresolved-target" and not result.culprits
+    assert result.message.startswith("could not test the target: its probes ended timeout")
+    assert result.recommended == GOOD  # the baseline passed: it is still the safe configuration
+
+
+def test_an_unresolved_subset_is_neither_pass_nor_fail_for_ddmin():
+    # f12 fails; a subset with f9 but not f12 hangs: ddmin must still isolate f12 and never blame f9
+    class Hangs(FakeOracle):
+        def __call__(self, trials):
+            runs = super().__call__(trials)
+            return [Run(r.probe_id, "timeout", True, resolved=False) if t.config["f9"] == "bad" and t.config["f12"] == "good"
+                    else r for t, r in zip(trials, runs)]
+
+    result = Bisection(GOOD, BAD, Hangs(lambda applied: "f12" in applied), reruns=0).run()
+    assert [c.factors for c in result.culprits] == [["f12"]]
+    assert any(s.outcome == "unresolved" and "f9" in s.factors for s in result.path)

@@ -81,3 +81,26 @@ def test_unknown_factor_is_one_line_and_exit_2(cli):
     proc = cli("bisect", "--bad", "dtype=bf16-pure,optimizer.epsilon=1e-8")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "unknown factor 'optimizer.epsilon'" in proc.stderr
+
+
+def test_a_target_that_only_times_out_is_unresolved_exit_2_and_blames_nothing(tmp_path, cli):
+    from checkpoints import save_faulty_llama
+    ckpt = save_faulty_llama(tmp_path / "faulty")  # fp32/sdpa trains; half-precision weights with eager hang
+    out = tmp_path / "run"
+    proc = cli("bisect", "--model", ckpt, "--trust-remote-code", "--good", "attn=sdpa", "--bad", "dtype=bf16-pure,attn=eager",
+               "--steps", "2", "--reruns", "0", "--set", "timeout_s=8", "--out", out)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    b = bisection(out)
+    assert b["status"] == "unresolved-target" and b["culprits"] == []
+    assert b["path"][0]["verdicts"] == ["timeout"] and b["path"][0]["outcome"] == "unresolved"
+    assert "could not test the target" in proc.stdout and "--fail-on timeout" in proc.stdout
+
+
+def test_the_default_cpu_bisect_on_tiny_llama_targets_a_fast_cell_and_finishes(tmp_path, cli):
+    out = tmp_path / "default"
+    proc = cli("bisect", "--steps", "3", "--reruns", "0", "--out", out)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    b = bisection(out)
+    assert b["bad"]["dtype"] == "fp32" and b["bad"]["compile"] == "off"  # no bf16 or inductor on a CPU by default
+    assert not any("timeout" in step["verdicts"] for step in b["path"])

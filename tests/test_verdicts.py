@@ -114,3 +114,11 @@ def test_tokens_per_s_leaves_out_the_warmup_step():
 def test_check_flags_initial_loss_far_from_ln_vocab():
     checks = dict((name, ok) for name, ok, _ in check_results(record("ok", steps=curve([2.0])), vocab=4096, random_init=True))
     assert checks["initial loss near ln(vocab)"] is False and checks["loss finite at step 0"] is True
+
+
+def test_inside_a_fidelity_bucket_a_cell_flagged_by_a_rule_ranks_below_a_clean_one():
+    rows = pd.DataFrame([{"id": "bf16-pure", "fidelity": 0.0018, "tokens_per_s": 90, "peak_memory_bytes": 1,
+                          "flags": "bf16-weights-without-fp32-master"},
+                         {"id": "bf16-amp", "fidelity": 0.0003, "tokens_per_s": 50, "peak_memory_bytes": 1, "flags": ""},
+                         {"id": "far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1, "flags": ""}])
+    assert list(rank(rows)["id"]) == ["bf16-amp", "bf16-pure", "far"]

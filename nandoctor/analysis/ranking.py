@@ -1,5 +1,6 @@
 """Order stable probes: fidelity to the fp32 reference first (in buckets, so that near-equal fidelity
-lets speed decide), then tokens/s, then peak memory. Pure: works on the run's probe table."""
+lets speed decide), then unflagged before flagged by nandoctor's own rules, then tokens/s, then peak
+memory. Pure: works on the run's probe table."""
 from __future__ import annotations
 
 import statistics
@@ -18,12 +19,14 @@ def tokens_per_s(steps: list[Step]) -> float | None:
 
 
 def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
-    """The rows of `table` (columns fidelity, tokens_per_s, peak_memory_bytes), best first; rows that
-    tie keep their order."""
+    """The rows of `table` (columns fidelity, tokens_per_s, peak_memory_bytes and, optionally, flags),
+    best first; rows that tie keep their order."""
+    flags = table["flags"] if "flags" in table else pd.Series("", index=table.index)
     keys = pd.DataFrame({
         "bucket": np.floor(table["fidelity"].astype(float) / t.fidelity_bucket).fillna(0),
+        "flagged": flags.fillna("").astype(bool),
         "speed": -table["tokens_per_s"].astype(float).fillna(0.0),
         "memory": table["peak_memory_bytes"].astype(float).fillna(0),
     }, index=table.index)
-    order = keys.sort_values(["bucket", "speed", "memory"], kind="stable").index
+    order = keys.sort_values(["bucket", "flagged", "speed", "memory"], kind="stable").index
     return table.loc[order]

@@ -14,6 +14,8 @@ from ..run.store import BISECT_FILE, ResultsStore
 from .ranking import rank, tokens_per_s
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
 
+FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
+
 
 @dataclass
 class ProbeOutcome:
@@ -22,6 +24,7 @@ class ProbeOutcome:
     fidelity: float | None
     tokens_per_s: float | None
     reference_steps: list[Step] | None = None
+    flags: list[str] = field(default_factory=list)  # ids of the error / warning findings that name this probe
 
     @property
     def probe_id(self) -> str:
@@ -58,8 +61,11 @@ class RunAnalysis:
     def exit_code(self) -> int:
         """0 when a stable configuration exists and no probe crashed, hung or was killed; else 1.
         Numerical failures are findings, not errors: finding them is the point of a grid.
-        A bisection exits 0 when it found a configuration that held up on its reruns, else 1."""
+        A bisection exits 0 when it found a configuration that held up on its reruns, 2 when it could
+        not test the target or the baseline (timeout, out of memory: the user's setup to change), else 1."""
         if self.meta.get("kind") == "bisect":
+            if self.bisection and self.bisection.get("status", "").startswith("unresolved"):
+                return 2
             return 0 if self.bisection and self.bisection.get("recommended") is not None else 1
         if not self.ranking or any(o.verdict.name in HARNESS_FAILURES for o in self.outcomes):
             return 1
@@ -72,9 +78,9 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
              "compile": o.record.cell.compile, "overrides": o.record.overrides, "seed": o.record.seed,
              "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
              "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
-             "steps_run": len(o.record.steps), "wall_s": o.record.wall_s} for o in outcomes]
+             "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
     columns = ["probe_id", "dtype", "attn", "compile", "overrides", "seed", "verdict", "step", "reason", "fidelity",
-               "tokens_per_s", "peak_memory_bytes", "steps_run", "wall_s"]
+               "tokens_per_s", "peak_memory_bytes", "steps_run", "wall_s", "flags"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64"})
 
 
@@ -83,14 +89,23 @@ def analyze_records(meta: dict, records: list[ProbeRecord]) -> RunAnalysis:
     references = References()
     for r in records:
         references.learn(r)
+    findings = findings_of(meta, records)
     outcomes = []
     for r in records:
         v = references.judge(r)
-        outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), tokens_per_s(r.steps), references.of(r)))
+        outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), tokens_per_s(r.steps), references.of(r),
+                                     flags_of(r, findings)))
     table = probe_table(outcomes)
     ranked = rank(table[table["verdict"] == STABLE])
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
-                       expected=meta.get("planned", len(records)), findings=findings_of(meta, records))
+                       expected=meta.get("planned", len(records)), findings=findings)
+
+
+def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
+    """The error and warning findings that name this probe (by probe id or cell id): nandoctor's own
+    rules say it trains, but at a cost the ranking should not hide."""
+    names = {record.probe_id, record.cell.id}
+    return [f["id"] for f in findings if f["severity"] in FLAGGING and names & set(f.get("cells") or [])]
 
 
 def findings_of(meta: dict, records: list[ProbeRecord]) -> list[dict]:

@@ -15,6 +15,9 @@ from ..record import ProbeRecord, Step
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
+# Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
+# of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
+UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED)
 CRASH_SIGNALS = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
                  "SIGILL": "illegal instruction", "SIGFPE": "floating-point exception"}
 

@@ -68,7 +68,7 @@ class Culprit:
 
 @dataclass
 class BisectResult:
-    status: str  # bisected, nothing-to-bisect, flaky-target, baseline-fails
+    status: str  # bisected, nothing-to-bisect, flaky-target, unresolved-target, unresolved-baseline, baseline-fails
     message: str
     factors: dict  # name -> [good value, bad value]
     good: dict
@@ -225,11 +225,16 @@ class Bisection:
         target, baseline = self.probe_many(["confirm-target", "confirm-baseline"], [self.factors, []], confirm=True)
         if target.outcome == PASS:
             self._finish(result, "nothing-to-bisect", "the target is already stable: nothing to bisect", target)
-        elif target.outcome in (FLAKY, UNRESOLVED):
-            why = "its verdict changed between identical reruns" if target.outcome == FLAKY else "its probes could not run"
-            self._finish(result, "flaky-target" if target.outcome == FLAKY else "unresolved-target",
-                         f"the target is {target.outcome} ({why}: {', '.join(target.verdicts)}); not bisected",
+        elif target.outcome == FLAKY:
+            self._finish(result, "flaky-target", f"the target is flaky (its verdict changed between identical reruns: "
+                         f"{', '.join(target.verdicts)}); not bisected", baseline if baseline.outcome == PASS else None)
+        elif target.outcome == UNRESOLVED:
+            self._finish(result, "unresolved-target", f"could not test the target: its probes ended "
+                         f"{', '.join(target.verdicts)}, which says nothing about its numerics; not bisected",
                          baseline if baseline.outcome == PASS else None)
+        elif baseline.outcome == UNRESOLVED:
+            self._finish(result, "unresolved-baseline", f"could not test the baseline: its probes ended "
+                         f"{', '.join(baseline.verdicts)}; not bisected", None)
         elif baseline.outcome != PASS:
             self._finish(result, "baseline-fails", f"the baseline does not pass ({baseline.outcome}: "
                          f"{', '.join(baseline.verdicts)}); nothing to bisect against", None)

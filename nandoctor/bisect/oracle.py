@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..analysis.ranking import tokens_per_s
 from ..analysis.run import RunAnalysis
-from ..analysis.verdicts import STABLE, UNSUPPORTED, References, is_reference
+from ..analysis.verdicts import STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import Progress, render_run
 from ..capabilities import cell_support
 from ..cells import AXES
@@ -21,6 +21,24 @@ from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
 from .factors import BASELINE_AXES, cell_of, fmt_value, parse_configurations, variant
 
+FAIL_ON = tuple(v for v in UNRESOLVED_VERDICTS if v != "unsupported")  # what --fail-on may count as a failure
+# What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
+UNRESOLVED_ADVICE = {
+    "timeout": "give the probe more time (--set timeout_s=...), fewer steps (--steps) or a smaller model (--scale probe); "
+               "--fail-on timeout counts the hang itself as the failure",
+    "oom": "use a smaller model (--scale probe) or batch (--set batch_size=...); --fail-on oom counts running out of memory as the failure",
+    "killed": "something outside killed the probe (the kernel's OOM killer sends SIGKILL): free memory or use --scale probe; "
+              "--fail-on killed counts it as the failure",
+    "unsupported": "choose a --bad / --good this device can run (`nandoctor doctor` lists what it runs)",
+}
+
+
+
+def resolved(verdict: str, fail_on: tuple[str, ...]) -> bool:
+    """A probe that could not say (unsupported, timed out, out of memory, killed) is unresolved: ddmin
+    neither passes nor fails it, as git bisect skips an untestable revision, unless the user hunts
+    that very failure (--fail-on)."""
+    return verdict not in UNRESOLVED_VERDICTS or verdict in fail_on
 
 
 class ProbeOracle:
@@ -28,8 +46,8 @@ class ProbeOracle:
     verdict runs the fp32/eager reference of the same recipe variant and seed, since drift is
     measured against it. Records are cached by probe id, which names the full configuration."""
 
-    def __init__(self, session: Session, recipe: Recipe):
-        self.session, self.recipe = session, recipe
+    def __init__(self, session: Session, recipe: Recipe, fail_on: tuple[str, ...] = ()):
+        self.session, self.recipe, self.fail_on = session, recipe, fail_on
         self.records: dict[str, ProbeRecord] = {}
         self.references = References()
 
@@ -62,24 +80,33 @@ class ProbeOracle:
 
     def _outcome(self, record: ProbeRecord) -> Run:
         v = self.references.judge(record)
-        return Run(record.probe_id, v.name, v.failed, v.name != UNSUPPORTED, tokens_per_s(record.steps))
+        return Run(record.probe_id, v.name, v.failed, resolved(v.name, self.fail_on), tokens_per_s(record.steps))
 
 
 def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, factors: list[str] | None = None,
                reruns: int = 1, data_seeds: int = 0, steps: int | None = None, jobs: int | None = None, out=None,
                model_flags: list[str] | None = None, progress=None, on_step=None,
-               device: dict | None = None) -> tuple[RunAnalysis, BisectResult]:
+               device: dict | None = None, fail_on: tuple[str, ...] = ()) -> tuple[RunAnalysis, BisectResult]:
     """Bisect between a good and a bad configuration with real probes; returns the analysis of the
-    run directory (reports written) and the bisection result (also saved as bisect.json)."""
+    run directory (reports written) and the bisection result (also saved as bisect.json).
+    fail_on: unresolved verdicts (timeout, oom, killed) to count as failures, for hunting a hang or a leak."""
     if reruns < 0 or data_seeds < 0:
         raise NandoctorError(f"--reruns and --data-seeds must be >= 0, got {reruns} and {data_seeds}")
+    unknown = [v for v in fail_on if v not in FAIL_ON]
+    if unknown:
+        raise NandoctorError(f"--fail-on: unknown verdict {unknown[0]!r}; valid: {', '.join(FAIL_ON)}")
     device = device or collect_summary()
     good_cfg, bad_cfg = parse_configurations(recipe, device, good, bad, factors or [])  # before any model work
     with Session("bisect", recipe, out, jobs, steps, device, Progress(progress)) as session:
-        session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds})
-        oracle = ProbeOracle(session, recipe)
+        session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
+                          "fail_on": list(fail_on)})
+        oracle = ProbeOracle(session, recipe, tuple(fail_on))
         result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
     result.probes = len(oracle.records)  # processes actually run, references for drift included
+    stuck = next((step for step in result.path if step.outcome == "unresolved" and step.phase.startswith("confirm")), None)
+    if result.status.startswith("unresolved") and stuck is not None:
+        advice = [UNRESOLVED_ADVICE[v] for v in dict.fromkeys(stuck.verdicts) if v in UNRESOLVED_ADVICE]
+        result.message += "; to test it: " + "; ".join(advice)
     data = result.to_dict()
     if result.recommended is not None:
         data["recommendation"] = recommendation(result.recommended, variant(recipe, result.recommended),

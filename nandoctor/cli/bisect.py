@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..bisect.oracle import run_bisect
+from ..bisect.oracle import FAIL_ON, run_bisect
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
 from .common import add_model_args, recipe_from_args
@@ -21,6 +21,8 @@ def register(sub) -> None:
     p.add_argument("--reruns", type=int, default=1, help="identical reruns of every decisive probe (default 1)")
     p.add_argument("--data-seeds", type=int, default=0, help="also rerun decisive probes on K other seeds (default 0)")
     p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    p.add_argument("--fail-on", default="", metavar="V,...", help=f"count these verdicts as failures instead of unresolved "
+                   f"({', '.join(FAIL_ON)}), to hunt a hang or a leak")
     p.set_defaults(func=run)
 
 
@@ -39,7 +41,7 @@ def run(args) -> int:
     recipe = recipe_from_args(args)
     analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, reruns=args.reruns,
                              data_seeds=args.data_seeds, steps=args.steps, jobs=args.jobs, out=args.out,
-                             model_flags=model_flags(args),
+                             model_flags=model_flags(args), fail_on=tuple(v for v in args.fail_on.split(",") if v),
                              progress=lambda done, _, record, __: print(probe_line(done, record), flush=True),
                              on_step=lambda step: print(describe_step(dataclasses.asdict(step)), flush=True))
     print()

@@ -82,7 +82,9 @@ def headline(a: RunAnalysis) -> list[str]:
         from .bisection import headline_lines
         lines += headline_lines(a.bisection)
     elif rec:
-        lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, peak {fmt_bytes(rec.peak_memory_bytes)})")
+        flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
+        lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
+                     f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
         if fast is not rec:
             lines.append(f"Fastest stable: {label(fast)} ({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})")
     else:
