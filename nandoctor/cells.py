@@ -86,8 +86,21 @@ COMPILATIONS = {c.name: c for c in (
 
 # The weight dtypes a model can be loaded in (recipe field model.dtype_on_load) -> torch dtype name.
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()}  # "bfloat16" -> "bf16"
 
 AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS)}
+
+
+def _lightning_aliases() -> dict[str, str]:
+    """Lightning's precision names as dtype values: each names the first row that has it ("32-true" is
+    fp32; tf32 also trains under "32-true", with TF32 matmuls switched on in code)."""
+    aliases: dict[str, str] = {}
+    for p in PRECISIONS.values():
+        aliases.setdefault(p.lightning, p.name)
+    return aliases
+
+
+ALIASES = {"dtype": _lightning_aliases()}
 
 
 @dataclass(frozen=True)
@@ -121,10 +134,7 @@ class Cell:
         parts = text.split("/")
         if len(parts) != 3:
             raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile, e.g. bf16-amp/sdpa/off")
-        cell = cls(*parts)
-        for axis in AXES:
-            parse_axis_values(axis, [getattr(cell, axis)])
-        return cell
+        return cls(*(parse_axis_values(axis, [value])[0] for axis, value in zip(AXES, parts)))
 
 
 REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
@@ -150,17 +160,20 @@ def compile_of_training_args(args: dict) -> str:
 
 
 def parse_axis_values(axis: str, values) -> list[str]:
-    """Validate one axis ('dtype', 'attn', 'compile') and its values; returns the values as a list."""
+    """Validate one axis ('dtype', 'attn', 'compile') and its values, aliases resolved; returns the
+    values as a list."""
     if axis not in AXES:
         raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
     if isinstance(values, str):
         values = [v for v in values.split(",") if v]
-    values = list(values)
+    values = [ALIASES.get(axis, {}).get(v, v) for v in values]
     if not values:
         raise NandoctorError(f"axis {axis!r} has no values; valid: {', '.join(AXES[axis])}")
     for v in values:
         if v not in AXES[axis]:
-            raise NandoctorError(f"unknown {axis} value {v!r}; valid: {', '.join(AXES[axis])}")
+            aliases = ALIASES.get(axis)
+            also = f" (or Lightning's {', '.join(aliases)})" if aliases else ""
+            raise NandoctorError(f"unknown {axis} value {v!r}; valid: {', '.join(AXES[axis])}{also}")
     return values
 
 

@@ -49,8 +49,7 @@ def model_loading(cell: Cell, recipe: Recipe) -> dict:
 
 
 def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
-    args = {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
-    return args
+    return {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
 
 
 def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str]) -> dict:

@@ -70,3 +70,13 @@ def test_unknown_model_lists_the_valid_kinds():
 def test_hub_id_not_in_cache_is_refused_without_download():
     with pytest.raises(NandoctorError, match="not in the local Hugging Face cache"):
         resolve_model("someone/not-a-cached-model")
+
+
+def test_lightning_precision_names_are_dtype_aliases():
+    from nandoctor.cells import Cell, parse_axis_values
+    assert parse_axis_values("dtype", "32-true,bf16-mixed,16-mixed,bf16-true,16-true") == \
+        ["fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"]
+    assert Cell.parse("bf16-mixed/sdpa/off") == Cell("bf16-amp", "sdpa", "off")
+    assert recipe_from_dict({"axes": {"dtype": ["16-mixed"]}}, "r").axes == {"dtype": ["16-mixed"]}
+    with pytest.raises(NandoctorError, match="or Lightning's 32-true, bf16-mixed"):
+        parse_axis_values("dtype", ["64-true"])

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from ..cells import Cell, compile_of_training_args, precision_of_training_args
+from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args
 from ..config import Recipe
 from ..data import batches
 from ..errors import NandoctorError
@@ -16,7 +16,6 @@ from ..errors import NandoctorError
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
 # GPT-2's <|endoftext|>. Id 0 spelled otherwise ("!" in Llama 3) is content.
 CONTROL_TOKEN = re.compile(r"^(<[^<>]*>|\[[A-Z_]+\])$")
-SHORT_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def env_facts(env: dict) -> dict:

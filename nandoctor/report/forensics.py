@@ -8,13 +8,13 @@ import math
 from ..analysis.forensics import FINFO_MAX, headroom, origin, update_loss
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
+from ..cells import SHORT_DTYPES
 from .charts import line_chart
 from .common import label
 
 TIGHTEST = 5  # modules listed per probe
 # bf16 keeps fp32's 8-bit exponent, so its range headroom is ~1e37x: only fp16 gets the per-module table
 NARROW_RANGE = ("float16",)
-SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 
 def fmt_ratio(x: float | None) -> str:
@@ -80,7 +80,7 @@ def headroom_rows(o: ProbeOutcome, n: int = TIGHTEST) -> list[dict]:
     f = forensics_of(o)
     if not f:
         return []
-    dtype = SHORT_DTYPE.get(f["compute_dtype"], f["compute_dtype"])
+    dtype = SHORT_DTYPES.get(f["compute_dtype"], f["compute_dtype"])
     return [{"module": r["module"], "max |activation|": fmt_value(r["activation_absmax"]),
              f"{dtype} activation headroom": fmt_ratio(r["activation_headroom"]),
              "max |gradient|": fmt_value(r["gradient_absmax"]),
@@ -101,7 +101,7 @@ def tightest_line(o: ProbeOutcome) -> str | None:
     rows = headroom(f)
     if not rows:
         return None
-    dtype = SHORT_DTYPE.get(f["compute_dtype"], f["compute_dtype"])
+    dtype = SHORT_DTYPES.get(f["compute_dtype"], f["compute_dtype"])
     act = rows[0]
     grads = [r for r in rows if r["gradient_headroom"] is not None]
     text = f"{dtype} headroom {fmt_ratio(act['activation_headroom'])} at {act['module']} (activation)"
