@@ -36,15 +36,17 @@ def log_ticks(lo: float, hi: float) -> list[float]:
         return [float(d) for d in decades]
     marks = [d + math.log10(m) for d in decades for m in (1, 2, 5)]
     inside = [t for t in marks if lo - 1e-9 <= t <= hi + 1e-9]
-    below = [t for t in marks if t < lo - 1e-9][-1:]
-    above = [t for t in marks if t > hi + 1e-9][:1]
-    return below + inside + above
+    if len(inside) >= 2:
+        return inside
+    return [t for t in marks if t < lo - 1e-9][-1:] + inside + [t for t in marks if t > hi + 1e-9][:1]
 
 
 def fmt_tick(v: float, step: float) -> str:
     """As many decimals as the tick spacing needs, no more."""
-    if v != 0 and (abs(v) >= 1e5 or abs(v) < 1e-3):
-        return f"{v:.0e}"
+    if v == 0:
+        return "0"
+    if step < 1e-3 or abs(v) >= 1e5:
+        return f"{v:.1e}"
     decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
     decimals += 1 if step * 10 ** decimals % 1 else 0  # 2.5, 0.25
     return f"{v:.{decimals}f}"
@@ -138,13 +140,14 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
 
     parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>')
     for t in ticks:
-        shown = fmt_tick(10 ** t, 10 ** t) if log_y else fmt_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0)
+        value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
+        shown = fmt_tick(value, value) if log_y else fmt_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0)
         parts.append(f'<text x="{pad_l - 4}" y="{py(t) + 4:.1f}" font-size="10" text-anchor="end">{shown}</text>')
         parts.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
     for t in _step_ticks(x_lo, x_hi):
         if t >= x_lo:
             parts.append(f'<text x="{px(t):.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{t}</text>')
-    parts.append(f'<text x="{width - pad_r}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">step</text>')
+    parts.append(f'<text x="{pad_l - 4}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">step</text>')
     colors = [s.get("color") or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
     for s, color in zip(series, colors):
         pts = [(px(x), py(tf(y))) for x, y in s["points"] if _finite(y, log_y)]

@@ -203,7 +203,7 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
 def fidelity_chart(o: ProbeOutcome) -> str:
     """Per-step relative error of loss and grad-norm against the fp32 reference, as an SVG."""
     curve = fidelity_curve(o.record.steps, o.reference_steps)
-    if not curve:
+    if sum(c["loss"] is not None for c in curve) < 2:  # one point is not a curve
         return ""
     series = [{"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
               {"label": "grad-norm rel. error", "points": [(c["step"], c["grad_norm"]) for c in curve], "dashed": True}]

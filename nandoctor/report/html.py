@@ -88,8 +88,8 @@ def overview_chart(a: RunAnalysis) -> str:
 def probe_card(o: ProbeOutcome) -> dict:
     loss_svg, gn_svg = probe_charts(o)
     rate = common.shown_rate(o)
-    facts = [f"fidelity {common.fmt_fidelity(o.fidelity)}"] + ([f"{common.fmt_rate(rate)} tokens/s"] if rate else [])
-    facts.append(f"peak {common.fmt_bytes(o.peak_memory_bytes)}")
+    facts = ([f"fidelity {common.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else []) + \
+        ([f"{common.fmt_rate(rate)} tokens/s"] if rate else []) + [f"peak {common.fmt_bytes(o.peak_memory_bytes)}"]
     no_curve = "" if loss_svg else (f"No loss curve: {len(o.record.steps)} step(s) ran and fewer than two losses are finite.")
     return {"label": common.label(o), "verdict": o.verdict, "loss_svg": loss_svg, "gn_svg": gn_svg, "facts": " · ".join(facts),
             "no_curve": no_curve, "log_tail": o.record.log_tail, "fidelity_svg": forensics.fidelity_chart(o),
