@@ -98,9 +98,10 @@ def probe_card(o: ProbeOutcome) -> dict:
 
 def render_html(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
+    panels = matrix.matrix_panels(a)
     return _env.get_template("report.html.j2").render(
         meta=a.meta, headline=common.headline(a), probed=probed, why=why,
-        panels=matrix.matrix_panels(a), off_grid=matrix.off_grid_rows(a), colors=matrix.VERDICT_COLORS,
+        panels=panels, key=matrix.verdicts_shown(panels), off_grid=matrix.off_grid_rows(a), colors=matrix.VERDICT_COLORS,
         classes=[{**c, "line": failures.failure_line(c)} for c in failures.failure_classes(a)],
         unsupported_classes=failures.unsupported_classes(a),
         ranking=common.ranking_rows(a), failures=common.failure_rows(a),

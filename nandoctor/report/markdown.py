@@ -49,7 +49,7 @@ def bisection_section(b: dict) -> list[str]:
     return parts
 
 
-MARK = {"stable": "✅", "unsupported": "–", matrix.PENDING: "not run"}  # any other verdict is a failure: ❌
+MARK = {"stable": "✅", "unsupported": "–", matrix.PENDING: "not reached"}  # any other verdict is a failure: ❌
 
 
 def _md_cell(c: dict | None) -> str:
@@ -75,7 +75,7 @@ def matrix_section(a: RunAnalysis) -> list[str]:
         parts += ["★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step · – not run on this device", ""]
     if off_grid:
         parts += ["Probes with recipe overrides or other seeds (not in the matrix): "
-                  + "; ".join(f"`{r['config']}` {r['verdict']}" + ("" if r["step"] == "-" else f" at step {r['step']}") for r in off_grid), ""]
+                  + "; ".join(("★ " if r["recommended"] else "") + f"`{r['config']}` {r['verdict']}" + ("" if r["step"] == "-" else f" at step {r['step']}") for r in off_grid), ""]
     return parts
 
 

@@ -10,7 +10,7 @@ from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import STABLE, UNSUPPORTED
 from ..cells import AXES, Cell
 from .common import fmt_fidelity, fmt_rate, label
-from .forensics import tightest_line, forensics_of, headroom_applies
+from .forensics import forensics_of, headroom_applies, tightest_line
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
@@ -36,7 +36,17 @@ def _representative(probes: list[ProbeOutcome]) -> ProbeOutcome:
     return next((o for o in probes if o.verdict.failed), probes[0])
 
 
-def _cell(a: RunAnalysis, probes: list[ProbeOutcome]) -> dict:
+def recommended_ids(a: RunAnalysis) -> set[str]:
+    """The probes of the recommended configuration: the bisection's recommendation in a bisect run
+    (its ranking is only the probes it happened to need), else the top of the ranking."""
+    if a.meta.get("kind") == "bisect":
+        b = a.bisection or {}
+        step = b.get("recommended_step")
+        return set(b["path"][step]["probe_ids"]) if step is not None else set()
+    return {a.recommended.probe_id} if a.recommended else set()
+
+
+def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str]) -> dict:
     o = _representative(probes)
     v = o.verdict
     if v.name == STABLE:
@@ -51,7 +61,8 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome]) -> dict:
     if forensics_of(o) and headroom_applies(forensics_of(o)):
         title.append(tightest_line(o))
     return {"probe_id": o.probe_id, "verdict": v.name, "lines": lines, "title": "\n".join(title),
-            "recommended": o is a.recommended, "fastest": o is a.fastest and o is not a.recommended}
+            "recommended": o.probe_id in recommended,
+            "fastest": a.meta.get("kind") != "bisect" and o is a.fastest and o is not a.recommended}
 
 
 def matrix_panels(a: RunAnalysis) -> list[dict]:
@@ -66,8 +77,9 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
     cells = list(by_cell) + planned
     if not by_cell:
         return []
+    recommended = recommended_ids(a)
     values = {axis: [v for v in AXES[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
-    pending = {"verdict": PENDING, "lines": ["not run"], "title": "the run was interrupted before this cell ran",
+    pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
                "recommended": False, "fastest": False}
     panels = []
     for comp in values["compile"]:
@@ -76,15 +88,22 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
             row = []
             for attn in values["attn"]:
                 cell = Cell(dtype, attn, comp)
-                row.append(_cell(a, by_cell[cell]) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
+                row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
         panels.append({"compile": comp, "columns": values["attn"], "rows": rows})
     return panels
 
 
+def verdicts_shown(panels: list[dict]) -> list[str]:
+    """The verdicts the matrix shows, in VERDICT_COLORS order: its colour key."""
+    shown = {c["verdict"] for p in panels for r in p["rows"] for c in r["cells"] if c}
+    return [v for v in VERDICT_COLORS if v in shown]
+
+
 def off_grid_rows(a: RunAnalysis) -> list[dict]:
     """The probes the matrix has no place for: recipe overrides (a bisection's factors) or other seeds."""
+    recommended = recommended_ids(a)
     return [{"config": label(o) + ("" if o.record.seed == a.meta.get("seed") else f" seed={o.record.seed}"),
-             "verdict": o.verdict.name, "step": "-" if o.verdict.step is None else o.verdict.step}
-            for o in a.outcomes if not _in_grid(a, o)]
+             "verdict": o.verdict.name, "step": "-" if o.verdict.step is None else o.verdict.step,
+             "recommended": o.probe_id in recommended} for o in a.outcomes if not _in_grid(a, o)]
