@@ -147,7 +147,7 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
     for t in _step_ticks(x_lo, x_hi):
         if t >= x_lo:
             parts.append(f'<text x="{px(t):.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{t}</text>')
-    parts.append(f'<text x="{pad_l - 4}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">step</text>')
+    parts.append(f'<text x="{pad_l - 12}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">step</text>')
     colors = [s.get("color") or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
     for s, color in zip(series, colors):
         pts = [(px(x), py(tf(y))) for x, y in s["points"] if _finite(y, log_y)]
