@@ -102,7 +102,7 @@ def test_interrupted_run_shows_the_cells_it_did_not_reach(small_grid, tmp_path):
     lines = (run / "results.jsonl").read_text().splitlines()
     (run / "results.jsonl").write_text("\n".join(lines[:2]) + "\n")
     html = render_html(analyze(run))
-    assert html.count('class="v-pending"') == 2 and "Interrupted run: 2 of 4 planned probes" in html
+    assert html.count('<td class="v-pending"') == 2 and "Interrupted run: 2 of 4 planned probes" in html
 
 
 def test_check_run_gets_a_one_cell_matrix(tmp_path):
