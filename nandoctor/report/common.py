@@ -4,8 +4,11 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import UNSUPPORTED
+from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
+from ..cells import AXES, Cell
 from ..record import ModelPlan
+
+AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode"}
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -22,6 +25,12 @@ def fmt_rate(x: float | None) -> str:
     return f"{x:,.0f}" if x else "-"
 
 
+def shown_rate(o: ProbeOutcome) -> float | None:
+    """tokens/s worth printing: a probe that stopped at a non-finite step or did not finish timed too
+    few steps (and the wrong arithmetic) for its rate to mean anything."""
+    return None if o.verdict.name in (NONFINITE, *HARNESS_FAILURES) else o.tokens_per_s
+
+
 def fmt_fidelity(x: float | None) -> str:
     return f"{100 * x:.3f}%" if x is not None else "-"
 
@@ -36,6 +45,36 @@ def label(o: ProbeOutcome) -> str:
     overrides = o.record.overrides
     extra = "".join(f" {k}={v}" for k, v in overrides.items())
     return o.probe_id if not extra or extra.strip() in o.probe_id else o.probe_id + extra
+
+
+def _values(cells: list[Cell], axis: str) -> list[str]:
+    present = {getattr(c, axis) for c in cells}
+    return [v for v in AXES[axis] if v in present]
+
+
+def cells_text(cells: list[Cell], universe: list[Cell]) -> str:
+    """A set of cells in words, against the cells of the run they come from:
+    'fp16-pure with every attention', 'sdpa:efficient with every precision but tf32',
+    'fp32/eager/off'. An axis with one value in the whole run goes unsaid."""
+    cells = list(dict.fromkeys(cells))
+    if len(cells) == 1:
+        return cells[0].id
+    varying = [axis for axis in AXES if len(_values(cells, axis)) > 1]
+    product = math.prod(len(_values(cells, axis)) for axis in varying)
+    if product != len(cells):  # not a full cross product: describe it one value of the first varying axis at a time
+        first = varying[0]
+        return "; ".join(cells_text([c for c in cells if getattr(c, first) == v], universe) for v in _values(cells, first))
+    fixed = [axis for axis in AXES if axis not in varying]
+    peers = [u for u in universe if all(getattr(u, axis) == getattr(cells[0], axis) for axis in fixed)]
+    named = [getattr(cells[0], axis) for axis in fixed if len(_values(universe, axis)) > 1]
+    spans = []
+    for axis in varying:
+        mine, every = _values(cells, axis), _values(peers, axis)
+        missing = [v for v in every if v not in mine]
+        noun = AXIS_NOUNS[axis]
+        spans.append(f"every {noun}" if not missing else
+                     f"every {noun} but {', '.join(missing)}" if len(missing) < len(mine) else f"{noun} {', '.join(mine)}")
+    return f"{'/'.join(named)} with {' and '.join(spans)}" if named else " and ".join(spans)
 
 
 def last_loss(o: ProbeOutcome) -> float | None:

@@ -118,13 +118,31 @@ def summary_row(o: ProbeOutcome) -> dict:
     uf = (f or {}).get("underflow")
     ul = update_loss(f)
     root = origin(f)
-    rows = headroom(f)
-    return {"config": label(o), "compute": f["compute_dtype"] if f else "-",
-            "tightest activation": f"{fmt_ratio(rows[0]['activation_headroom'])} {rows[0]['module']}" if rows else "-",
+    return {"config": label(o), "compute": f["compute_dtype"] if f else "-", "headroom": headroom_text(o),
             "grad underflow": f"{fmt_fraction(uf['fraction'])} (scale {uf['loss_scale']:g})" if uf else "-",
             "update loss": f"{fmt_fraction(ul['mean'])} ({ul['weight_dtype']})" if ul else "-",
             "origin": f"{root['phase']} step {root['step']}: {root.get('parameter') or root['module']}" if root else "-",
             "replay": _replay_note(o)}
+
+
+def headroom_text(o: ProbeOutcome) -> str:
+    """The margin worth reading for one probe. fp16: the tightest activation and gradient. bf16 and
+    fp32 share fp32's exponent, so a ratio to their own largest value (~1e37x) says nothing: say
+    whether the activations would fit fp16 instead. A probe that broke has no margin left."""
+    f = forensics_of(o)
+    rows = headroom(f)
+    if not rows or origin(f):
+        return "-"
+    if headroom_applies(f):
+        return tightest_line(o)
+    seen = [r for r in rows if r["activation_absmax"] is not None and math.isfinite(r["activation_absmax"])]
+    if not seen:
+        return "-"
+    top = max(seen, key=lambda r: r["activation_absmax"])
+    peak = fmt_value(top["activation_absmax"])
+    if top["activation_absmax"] < FINFO_MAX["float16"]:
+        return f"no activation reached fp16's range (largest |activation| {peak}, at {top['module']})"
+    return f"|activation| {peak} at {top['module']}: beyond fp16's range (65504)"
 
 
 def _replay_note(o: ProbeOutcome) -> str:
@@ -135,7 +153,10 @@ def _replay_note(o: ProbeOutcome) -> str:
         return f"failed: {f['error']}"
     cost = f.get("cost") or {}
     over = cost.get("hooked_step_overhead")
-    text = f"{f['replayed_steps']} steps, {cost.get('seconds', 0):.1f} s" + (f", hooked step {over:.2f}x" if over else "")
+    # The median hooked / timed step time; below 1 it is timing noise (hooks never make a step faster),
+    # so only a real slowdown is worth a number.
+    slower = f", hooked steps {over:.2f}x slower" if over and over >= 1 else ""
+    text = f"{f['replayed_steps']} steps, {cost.get('seconds', 0):.1f} s{slower}"
     return text + ("" if f.get("reproduced") else ", DID NOT reproduce the timed losses")
 
 
@@ -146,10 +167,10 @@ def probes_with_forensics(a: RunAnalysis) -> list[ProbeOutcome]:
 def headroom_sections(a: RunAnalysis) -> list[dict]:
     """The tightest modules of every fp16 probe that did not break."""
     return [{"label": label(o), "line": tightest_line(o), "rows": headroom_rows(o)} for o in probes_with_forensics(a)
-            if _headroom_applies(forensics_of(o)) and headroom_rows(o)]
+            if headroom_applies(forensics_of(o)) and headroom_rows(o)]
 
 
-def _headroom_applies(f: dict | None) -> bool:
+def headroom_applies(f: dict | None) -> bool:
     """Headroom is a margin: it means something for fp16 probes that did not break
     (after a NaN, every later module reads 'overflowed')."""
     return bool(f) and f["compute_dtype"] in NARROW_RANGE and origin(f) is None
@@ -182,7 +203,7 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
 def fidelity_chart(o: ProbeOutcome) -> str:
     """Per-step relative error of loss and grad-norm against the fp32 reference, as an SVG."""
     curve = fidelity_curve(o.record.steps, o.reference_steps)
-    if not curve:
+    if sum(c["loss"] is not None for c in curve) < 2:  # one point is not a curve
         return ""
     series = [{"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
               {"label": "grad-norm rel. error", "points": [(c["step"], c["grad_norm"]) for c in curve], "dashed": True}]
@@ -203,7 +224,7 @@ def explain_text(o: ProbeOutcome) -> str:
         lines.append(f"  note: {f['note']}")
     for kind, e in first_offenders(f).items():
         lines.append(f"  {kind}: {event_line(e)}")
-    if _headroom_applies(f):
+    if headroom_applies(f):
         lines.append(f"  {tightest_line(o)}")
         for r in tightest(headroom(f), TIGHTEST):
             lines.append(f"    {r['module']:<48} activation {fmt_value(r['activation_absmax']):>10} ({fmt_ratio(r['activation_headroom'])})"

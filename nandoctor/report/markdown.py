@@ -1,11 +1,13 @@
-"""report.md: the ranked table, the failures with their reasons, the model and the environment."""
+"""report.md: in the order of report.html — the recommendation, the verdict matrix, one line per
+failure class — then the ranked table, the failures, forensics, doctor and environment. Plain
+GitHub-flavoured Markdown: tables and lists, no HTML."""
 from __future__ import annotations
 
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
 from ..config import THRESHOLDS
-from . import bisection, common
+from . import bisection, common, failures, matrix
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
 
@@ -19,8 +21,10 @@ def render_markdown(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
     parts = [f"# nandoctor {m['kind']}: {m['recipe']['name']}", "",
              f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.", ""]
-    parts += [f"- {line}" for line in common.headline(a)]
-    parts += ["", "## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
+    head = common.headline(a)
+    parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + [""]
+    parts += matrix_section(a) + failure_section(a)
+    parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
     if m["kind"] == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
     parts += ["## Stable configurations, ranked", "",
@@ -29,7 +33,6 @@ def render_markdown(a: RunAnalysis) -> str:
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
-    parts += ["## Not run on this device", "", _table(common.unsupported_rows(a)), ""]
     parts += doctor_markdown(m.get("env", {}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
     parts += [f"Command: `{m.get('command', '')}`", ""]
@@ -43,4 +46,44 @@ def bisection_section(b: dict) -> list[str]:
     if lines:
         parts += ["### Recommended configuration", "", "```", *lines, "```", ""]
     parts += ["### Bisection path, probe by probe", "", _table(bisection.path_rows(b)), ""]
+    return parts
+
+
+MARK = {"stable": "✅", "unsupported": "–", matrix.PENDING: "not reached"}  # any other verdict is a failure: ❌
+
+
+def _md_cell(c: dict | None) -> str:
+    if c is None:
+        return ""
+    if c["verdict"] in ("unsupported", matrix.PENDING):
+        return MARK[c["verdict"]]
+    sep = " · " if c["verdict"] == "stable" else " "
+    text = f"{MARK.get(c['verdict'], '❌')} {sep.join(c['lines'])}".replace("|", "\\|")
+    return f"**★ {text}**" if c["recommended"] else text
+
+
+def matrix_section(a: RunAnalysis) -> list[str]:
+    """The verdict matrix as one Markdown table per compile value."""
+    panels, off_grid = matrix.matrix_panels(a), matrix.off_grid_rows(a)
+    if not panels and not off_grid:
+        return []
+    parts = ["## Verdict per configuration", ""]
+    for p in panels:
+        rows = [{"dtype \\ attention": r["dtype"], **{col: _md_cell(c) for col, c in zip(p["columns"], r["cells"])}} for r in p["rows"]]
+        parts += [f"compile={p['compile']}:", "", _table(rows), ""]
+    if panels:
+        parts += ["★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step · – not run on this device", ""]
+    if off_grid:
+        parts += ["Probes with recipe overrides or other seeds (not in the matrix): "
+                  + "; ".join(("★ " if r["recommended"] else "") + f"`{r['config']}` {r['verdict']}" + ("" if r["step"] == "-" else f" at step {r['step']}") for r in off_grid), ""]
+    return parts
+
+
+def failure_section(a: RunAnalysis) -> list[str]:
+    classes, unsupported = failures.failure_classes(a), failures.unsupported_classes(a)
+    parts = []
+    if classes:
+        parts += ["## Why the others failed", ""] + [f"- {failures.failure_line(c)}" for c in classes] + [""]
+    if unsupported:
+        parts += ["Not run on this device:", ""] + [f"- {u['subject']}: {u['reason']}" for u in unsupported] + [""]
     return parts

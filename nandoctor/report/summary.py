@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
+from .failures import failure_classes
 from .forensics import forensics_summary
 
 
@@ -18,5 +19,6 @@ def render_summary(a: RunAnalysis) -> dict:
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
             "ranking": [o.probe_id for o in a.ranking], "exit_code": a.exit_code,
+            "failure_classes": failure_classes(a),
             "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),
             "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings}}

@@ -1,0 +1,109 @@
+"""The verdict matrix at the top of report.html and report.md: one panel per compile value, a row per
+dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
+in cells.AXES order, so a new dtype or attention value gets its row or column without a change here.
+
+A cell holds the probe of the run's own recipe and seed; probes with recipe overrides or other seeds
+(bisect runs, --data-seeds) have no place in a dtype x attention grid and are listed beside it."""
+from __future__ import annotations
+
+from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.verdicts import STABLE, UNSUPPORTED
+from ..cells import AXES, Cell
+from .common import fmt_fidelity, fmt_rate, label
+from .forensics import forensics_of, headroom_applies, tightest_line
+
+PENDING = "pending"  # planned, but the run was interrupted before it ran
+# Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
+VERDICT_COLORS = {"stable": ("#bfe5b4", "#1b4d14"), "drift": ("#fbe49a", "#5c4a00"), "diverged": ("#f9c185", "#6b3600"),
+                  "zero-loss": ("#e7b3e6", "#5a1657"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
+                  "oom": ("#c98bd6", "#3f0a4d"), "timeout": ("#c98bd6", "#3f0a4d"), "killed": ("#c98bd6", "#3f0a4d"),
+                  "unsupported": ("#eeeeee", "#9a9a9a"), PENDING: ("#ffffff", "#777777")}
+
+
+def _in_grid(a: RunAnalysis, o: ProbeOutcome) -> bool:
+    return not o.record.overrides and o.record.seed == a.meta.get("seed", o.record.seed)
+
+
+def _planned_cells(a: RunAnalysis) -> list[Cell]:
+    """The cells a grid planned to probe (run.json), so an interrupted grid shows what it did not reach."""
+    if a.meta.get("kind") != "grid":
+        return []
+    return [Cell.parse(c) for c in ((a.meta.get("doctor") or {}).get("setup") or {}).get("cells", [])]
+
+
+def _representative(probes: list[ProbeOutcome]) -> ProbeOutcome:
+    """Reruns of one cell: show the first that failed (a verdict that changes on a rerun is a failure)."""
+    return next((o for o in probes if o.verdict.failed), probes[0])
+
+
+def recommended_ids(a: RunAnalysis) -> set[str]:
+    """The probes of the recommended configuration: the bisection's recommendation in a bisect run
+    (its ranking is only the probes it happened to need), else the top of the ranking."""
+    if a.meta.get("kind") == "bisect":
+        b = a.bisection or {}
+        step = b.get("recommended_step")
+        return set(b["path"][step]["probe_ids"]) if step is not None else set()
+    return {a.recommended.probe_id} if a.recommended else set()
+
+
+def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str]) -> dict:
+    o = _representative(probes)
+    v = o.verdict
+    if v.name == STABLE:
+        lines = [fmt_fidelity(o.fidelity), f"{fmt_rate(o.tokens_per_s)} tok/s"]
+    elif v.name == UNSUPPORTED:
+        lines = ["not run here"]
+    else:
+        lines = [v.name] + ([f"at step {v.step}"] if v.step is not None else [])
+    if len(probes) > 1:
+        lines.append(f"{len(probes)} probes: " + "/".join(sorted({p.verdict.name for p in probes})))
+    title = [f"{label(p)}: {p.verdict.name}: {p.verdict.reason}" for p in probes]
+    if forensics_of(o) and headroom_applies(forensics_of(o)):
+        title.append(tightest_line(o))
+    return {"probe_id": o.probe_id, "verdict": v.name, "lines": lines, "title": "\n".join(title),
+            "recommended": o.probe_id in recommended,
+            "fastest": a.meta.get("kind") != "bisect" and o is a.fastest and o is not a.recommended}
+
+
+def matrix_panels(a: RunAnalysis) -> list[dict]:
+    """[{'compile', 'columns': [attn], 'rows': [{'dtype', 'cells': [cell dict or None]}]}]; a cell dict
+    has 'verdict' (a verdict name, or 'pending'), 'lines' (what the cell shows), 'title' (the hover
+    text: every probe's reason) and 'recommended' / 'fastest'. Empty when no probe fits the grid."""
+    by_cell: dict[Cell, list[ProbeOutcome]] = {}
+    for o in a.outcomes:
+        if _in_grid(a, o):
+            by_cell.setdefault(o.record.cell, []).append(o)
+    planned = [c for c in _planned_cells(a) if c not in by_cell]
+    cells = list(by_cell) + planned
+    if not by_cell:
+        return []
+    recommended = recommended_ids(a)
+    values = {axis: [v for v in AXES[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
+    pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
+               "recommended": False, "fastest": False}
+    panels = []
+    for comp in values["compile"]:
+        rows = []
+        for dtype in values["dtype"]:
+            row = []
+            for attn in values["attn"]:
+                cell = Cell(dtype, attn, comp)
+                row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
+            if any(row):
+                rows.append({"dtype": dtype, "cells": row})
+        panels.append({"compile": comp, "columns": values["attn"], "rows": rows})
+    return panels
+
+
+def verdicts_shown(panels: list[dict]) -> list[str]:
+    """The verdicts the matrix shows, in VERDICT_COLORS order: its colour key."""
+    shown = {c["verdict"] for p in panels for r in p["rows"] for c in r["cells"] if c}
+    return [v for v in VERDICT_COLORS if v in shown]
+
+
+def off_grid_rows(a: RunAnalysis) -> list[dict]:
+    """The probes the matrix has no place for: recipe overrides (a bisection's factors) or other seeds."""
+    recommended = recommended_ids(a)
+    return [{"config": label(o) + ("" if o.record.seed == a.meta.get("seed") else f" seed={o.record.seed}"),
+             "verdict": o.verdict.name, "step": "-" if o.verdict.step is None else o.verdict.step,
+             "recommended": o.probe_id in recommended} for o in a.outcomes if not _in_grid(a, o)]
