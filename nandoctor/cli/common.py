@@ -40,9 +40,14 @@ def recipe_from_args(args) -> Recipe:
     return recipe.validate()
 
 
+def _given(value) -> bool:
+    """A flag the user passed: not its unset default (None, False, []); a 0 counts (--reruns 0)."""
+    return value is not None and value is not False and value != []
+
+
 def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
     """--resume takes everything that shapes the run (`taken`) from DIR/run.json; a flag that would change it is an error."""
-    given = [f"--{name.replace('_', '-')}" for name in shaping if getattr(args, name) not in (None, False, [])]
+    given = [f"--{name.replace('_', '-')}" for name in shaping if _given(getattr(args, name))]
     if given:
         raise NandoctorError(f"--resume takes {taken} from DIR/run.json; drop {', '.join(given)}")
 
