@@ -72,10 +72,10 @@ def test_bisect_resume_of_a_grid_run_is_refused(tmp_path, cli):
 
 
 def test_bisect_resume_refuses_flags_that_would_change_the_search(tmp_path, cli):
-    proc = cli("bisect", "--resume", tmp_path, "--bad", "dtype=fp16-pure", "--reruns", "0")
+    proc = cli("bisect", "--resume", tmp_path, "--bad", "dtype=fp16-pure", "--reruns", "0", "--fail-on", "timeout")
     assert proc.returncode == 2
-    assert error_lines(proc) == ["nandoctor: error: --resume takes the recipe, --good, --bad, reruns, steps and run "
-                                 "directory from DIR/run.json; drop --bad, --reruns"]
+    assert error_lines(proc) == ["nandoctor: error: --resume takes the recipe, --good, --bad, --fail-on, reruns, steps and run "
+                                 "directory from DIR/run.json; drop --bad, --reruns, --fail-on"]
 
 
 def test_usage_error_is_prefixed_once(cli):

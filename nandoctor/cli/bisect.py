@@ -47,7 +47,7 @@ def run(args) -> int:
     hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
     on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
     if args.resume:
-        refuse_with_resume(args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, reruns, steps and run directory")
+        refuse_with_resume(args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory")
         analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step)
     else:
         recipe = recipe_from_args(args)

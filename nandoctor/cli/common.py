@@ -41,8 +41,8 @@ def recipe_from_args(args) -> Recipe:
 
 
 def _given(value) -> bool:
-    """A flag the user passed: not its unset default (None, False, []); a 0 counts (--reruns 0)."""
-    return value is not None and value is not False and value != []
+    """A flag the user passed: not its unset default (None, False, [], ""); a 0 counts (--reruns 0)."""
+    return value is not None and value is not False and value not in ([], "")
 
 
 def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
