@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
@@ -18,6 +20,19 @@ from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.session import Session
 from .run.store import ResultsStore
+
+
+@dataclass
+class Listener:
+    """What a run tells its caller while it goes; every hook is optional.
+
+    started(run_dir, plan, warnings): once the model is planned, before any probe runs;
+    probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
+    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None).
+    """
+    started: Callable | None = None
+    probe: Callable | None = None
+    alive: Callable | None = None
 
 
 class Progress:
@@ -37,12 +52,41 @@ class Progress:
             self.progress(self.done, self.planned, record, self.references.judge(record))
 
 
+def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session_args) -> tuple[Session, Progress]:
+    """A Session whose records and heartbeats go to the listener, which hears about the model plan."""
+    listener = listener or Listener()
+    judge = Progress(listener.probe)
+    session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, **session_args)
+    try:
+        if listener.started:
+            listener.started(session.dir, session.plan, session.warnings)
+    except BaseException:
+        session.runner.close()
+        raise
+    return session, judge
+
+
+def resumable(run_dir, kind: str, device: dict) -> tuple[dict, Recipe, ModelPlan]:
+    """What continuing DIR takes from its run.json: the run's meta, recipe and model plan. Refuses a
+    run of another kind, and one made in another environment (its probes would not be comparable)."""
+    meta = ResultsStore(run_dir).meta()
+    if meta.get("kind") != kind:
+        raise NandoctorError(f"{run_dir} is a {meta.get('kind')!r} run; `nandoctor {kind} --resume` continues {kind} runs only")
+    then, now = environment_key(meta["env"]), environment_key(device)
+    changed = [f"{k} {then[k]} -> {now[k]}" for k in then if then[k] != now.get(k)]
+    if changed:
+        raise NandoctorError(f"{run_dir} was run in another environment ({'; '.join(changed)}); start a new run instead")
+    recipe = recipe_from_dict({k: v for k, v in meta["recipe"].items() if k != "name"}, meta["recipe"]["name"])
+    return meta, recipe, ModelPlan.from_dict(meta["model_plan"])
+
+
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
-             out=None, progress=None, device: dict | None = None, warm: bool = True,
+             out=None, listener: Listener | None = None, device: dict | None = None, warm: bool = True,
              cache: ProbeCache | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
-    judge = Progress(progress)
-    with Session("grid", recipe, out, jobs, steps, device or collect_doctor(), judge, warm, cache) as session:
+    session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
+                                  device=device or collect_doctor(), warm=warm, cache=cache)
+    with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
         doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]})
@@ -52,23 +96,15 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
     return render_run(session.dir)
 
 
-def resume_grid(run_dir, jobs: int | None = None, progress=None, warm: bool = True,
+def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = None, warm: bool = True,
                 cache: ProbeCache | None = None, device: dict | None = None) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
     only the cells missing from DIR/results.jsonl are probed."""
-    store = ResultsStore(run_dir)
-    meta = store.meta()
-    if meta.get("kind") != "grid":
-        raise NandoctorError(f"{run_dir} is a {meta.get('kind')!r} run; only grid runs can be resumed")
     device = device or collect_doctor()
-    then, now = environment_key(meta["env"]), environment_key(device)
-    changed = [f"{k} {then[k]} -> {now[k]}" for k in then if then[k] != now.get(k)]
-    if changed:
-        raise NandoctorError(f"{run_dir} was run in another environment ({'; '.join(changed)}); start a new run instead")
-    recipe = recipe_from_dict({k: v for k, v in meta["recipe"].items() if k != "name"}, meta["recipe"]["name"])
-    judge = Progress(progress)
-    with Session("grid", recipe, run_dir, jobs or meta["jobs"], meta["steps"], device, judge, warm, cache,
-                 ModelPlan.from_dict(meta["model_plan"])) as session:
+    meta, recipe, plan = resumable(run_dir, "grid", device)
+    session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
+                                  device=device, warm=warm, cache=cache, plan=plan, resume=True)
+    with session:
         probes = plan_grid(recipe, device, meta.get("axes") or None)
         judge.planned = len(probes)
         for record in session.resume(len(probes)):
@@ -77,9 +113,11 @@ def resume_grid(run_dir, jobs: int | None = None, progress=None, warm: bool = Tr
     return render_run(run_dir)
 
 
-def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True):
+def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True,
+              listener: Listener | None = None):
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
-    with Session("check", recipe, out, 1, steps, device or collect_doctor(), warm=warm) as session:
+    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device or collect_doctor(), warm=warm)
+    with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
         doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
         session.start(1, {"cell": cell.id, "doctor": doctor})

@@ -9,6 +9,7 @@ from .capabilities import cell_support, gpu_capabilities, sdpa_backends
 from .cells import Cell
 from .config import Recipe
 from .env import collect_doctor
+from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
                               setup_facts, trainer_cell)
@@ -49,6 +50,8 @@ def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = Non
     env = env or collect_doctor()
     trainer_args = read_trainer_args(trainer_args_path) if trainer_args_path else None
     if recipe is None and trainer_args is None:
+        if tokenizer_path:
+            raise NandoctorError("--tokenizer is checked as part of a planned setup; add --model, --recipe or --trainer-args")
         return {"environment": env, **doctor_section(env)}
     recipe = recipe or Recipe()
     if tokenizer_path is None and has_tokenizer(recipe.model.path):

@@ -105,16 +105,21 @@ def memory_budget(device: dict) -> int:
     return device.get("ram_available_bytes") or device.get("ram_bytes") or 0
 
 
+def training_fit(full: int, trainable: int, device: dict) -> tuple[bool, str]:
+    """Whether training a model of `full` parameters (`trainable` of them trained) fits this device, and why."""
+    need = full * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
+    budget = memory_budget(device)
+    text = f"{full / 1e6:.1f}M params need ~{need / 2**30:.1f} GiB to train; {FIT_FRACTION:.0%} of {budget / 2**30:.0f} GiB is available"
+    return need <= FIT_FRACTION * budget, text
+
+
 def plan_model(recipe: Recipe, device: dict) -> ModelPlan:
     """Decide what will be probed: local weights or a twin, full or probe scale, and why."""
     config = model_config(recipe)
     full, trainable = count_params(config, recipe)
-    need = full * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
-    budget = memory_budget(device)
-    fits = need <= FIT_FRACTION * budget
+    fits, fit_text = training_fit(full, trainable, device)
     scale = recipe.model.scale if recipe.model.scale != "auto" else ("full" if fits else "probe")
     weights = _weights_dir(recipe)
-    fit_text = f"{full / 1e6:.1f}M params need ~{need / 2**30:.1f} GiB to train; {FIT_FRACTION:.0%} of {budget / 2**30:.0f} GiB is available"
     if weights is not None and scale == "full":
         source, why = "local-weights", f"real weights from {weights}"
     elif weights is not None:
@@ -130,6 +135,23 @@ def plan_model(recipe: Recipe, device: dict) -> ModelPlan:
     return ModelPlan(source=source, scale=scale, model_type=config.model_type, params=params, full_params=full,
                      trainable_params=trainable, path=str(weights) if source == "local-weights" else None,
                      why=why, shape=shape_of(probed))
+
+
+def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
+    """What the user must hear before the probes spend minutes: a --scale full that the planner
+    expects not to fit, and a checkpoint of their own that is not what gets trained."""
+    warnings = []
+    if plan.scale == "full":
+        fits, fit_text = training_fit(plan.full_params, plan.trainable_params, device)
+        if not fits:
+            warnings.append(f"--scale full will likely run out of memory ({fit_text}); --scale auto probes a smaller twin")
+    if recipe.model.path and plan.source == "architecture-twin":
+        if _weights_dir(recipe) is None:
+            warnings.append(f"{recipe.model.path} has a config.json but no weights (*.safetensors or *.bin): every probe "
+                            "trains a RANDOM-INIT twin built from that config, not your checkpoint")
+        else:
+            warnings.append(f"your checkpoint's weights are NOT what gets trained: {plan.why}")
+    return warnings
 
 
 def apply_adapter(model, recipe: Recipe):

@@ -42,6 +42,12 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     return args
 
 
+def checkpoint_name(recipe: Recipe) -> str:
+    """What from_pretrained loads: the hub id, else the local directory; a recipe built from an
+    architecture alone (tiny-llama) names no checkpoint, so the line says to put the user's own."""
+    return recipe.model.hub_id or recipe.model.path or "<your checkpoint>"
+
+
 def model_loading(cell: Cell, recipe: Recipe) -> dict:
     """Pure cells hold the weights themselves in half precision: load them so (autocast stays off)."""
     return {"dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
@@ -56,7 +62,7 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`)."""
     cell = Cell(config["dtype"], config["attn"], config["compile"])
     lines = [call_text("TrainingArguments", training_arguments(cell, recipe)),
-             call_text("AutoModelForCausalLM.from_pretrained", {"pretrained_model_name_or_path": recipe.model.path or recipe.model.hub_id or recipe.name, **model_loading(cell, recipe)})]
+             call_text("AutoModelForCausalLM.from_pretrained", {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe)})]
     a = recipe.adapter
     if a.type != "none":
         lines.append(call_text("LoraConfig", {"r": a.r, "lora_alpha": a.alpha, "target_modules": list(a.target_modules),

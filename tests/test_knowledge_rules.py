@@ -88,6 +88,8 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
     "batch-with-all-labels-masked": (
         lambda t, p: facts(all_masked_batches=all_masked_batches(masked_file_recipe(p), model_config(TINY))),
         lambda t, p: facts(all_masked_batches=all_masked_batches(TINY, model_config(TINY)))),
+    "trainer-bf16-and-fp16": (lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": True}),
+                              lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": False})),
     "trainer-nan-inf-filter-hides-nan": (lambda t, p: facts(trainer_args={"logging_nan_inf_filter": True}),
                                          lambda t, p: facts(trainer_args={"logging_nan_inf_filter": False})),
     "grad-scale-falls-below-1": (

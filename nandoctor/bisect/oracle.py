@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..analysis.ranking import tokens_per_s
 from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import STABLE, UNRESOLVED_VERDICTS, References, is_reference
-from ..api import Progress, render_run
+from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES
 from ..config import Recipe, get_field
@@ -85,7 +85,7 @@ class ProbeOracle:
 
 def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, factors: list[str] | None = None,
                reruns: int = 1, data_seeds: int = 0, steps: int | None = None, jobs: int | None = None, out=None,
-               model_flags: list[str] | None = None, progress=None, on_step=None,
+               model_flags: list[str] | None = None, listener: Listener | None = None, on_step=None,
                device: dict | None = None, fail_on: tuple[str, ...] = ()) -> tuple[RunAnalysis, BisectResult]:
     """Bisect between a good and a bad configuration with real probes; returns the analysis of the
     run directory (reports written) and the bisection result (also saved as bisect.json).
@@ -96,12 +96,39 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     if unknown:
         raise NandoctorError(f"--fail-on: unknown verdict {unknown[0]!r}; valid: {', '.join(FAIL_ON)}")
     device = device or collect_summary()
-    good_cfg, bad_cfg = parse_configurations(recipe, device, good, bad, factors or [])  # before any model work
-    with Session("bisect", recipe, out, jobs, steps, device, Progress(progress)) as session:
+    request = {"good": good, "bad": bad, "factors": factors or []}  # as given: resume parses it again
+    good_cfg, bad_cfg = parse_configurations(recipe, device, **request)  # before any model work
+    session, _ = open_session("bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device)
+    with session:
         session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
-                          "fail_on": list(fail_on)})
+                          "fail_on": list(fail_on), "request": request, "model_flags": model_flags or []})
         oracle = ProbeOracle(session, recipe, tuple(fail_on))
         result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
+    return _finish(session, recipe, oracle, result, model_flags or [])
+
+
+def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = None, on_step=None,
+                  device: dict | None = None) -> tuple[RunAnalysis, BisectResult]:
+    """Continue an interrupted bisect with the settings of DIR/run.json. The probes DIR/results.jsonl
+    holds are replayed, not rerun: the search retraces its path from them and goes on where it stopped."""
+    device = device or collect_summary()
+    meta, recipe, plan = resumable(run_dir, "bisect", device)
+    if "request" not in meta:
+        raise NandoctorError(f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect")
+    good_cfg, bad_cfg = parse_configurations(recipe, device, **meta["request"])
+    session, judge = open_session("bisect", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
+                                  device=device, plan=plan, resume=True)
+    with session:
+        for record in session.resume(0):
+            judge(record, quiet=True)
+        oracle = ProbeOracle(session, recipe, tuple(meta["fail_on"]))
+        result = Bisection(good_cfg, bad_cfg, oracle, meta["reruns"], meta["data_seeds"], session.jobs, on_step).run()
+    return _finish(session, recipe, oracle, result, meta["model_flags"])
+
+
+def _finish(session: Session, recipe: Recipe, oracle: ProbeOracle, result: BisectResult,
+            model_flags: list[str]) -> tuple[RunAnalysis, BisectResult]:
+    """Save bisect.json next to the results and render the reports."""
     result.probes = len(oracle.records)  # processes actually run, references for drift included
     stuck = next((step for step in result.path if step.outcome == "unresolved" and step.phase.startswith("confirm")), None)
     if result.status.startswith("unresolved") and stuck is not None:
@@ -110,6 +137,6 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     data = result.to_dict()
     if result.recommended is not None:
         data["recommendation"] = recommendation(result.recommended, variant(recipe, result.recommended),
-                                                recipe, model_flags or [])
+                                                recipe, model_flags)
     session.store.write_json(BISECT_FILE, data)
     return render_run(session.dir), result

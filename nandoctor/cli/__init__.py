@@ -12,10 +12,10 @@ COMMANDS = (grid, check, bisect, report, doctor, explain)
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit code 2."""
+    """argparse, but a usage error is one line on stderr and exit code 2 (main adds the prefix)."""
 
     def error(self, message):
-        raise NandoctorError(f"{self.prog}: {message}")
+        raise NandoctorError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> Parser:
@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     except NandoctorError as e:
         print(f"nandoctor: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("nandoctor: interrupted; results recorded so far are in the run directory (`nandoctor report DIR`)", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        resume = getattr(e, "resume_command", None)  # a RunInterrupted knows its run directory
+        print(f"nandoctor: interrupted; the probes recorded so far are kept: continue with `{resume}`" if resume
+              else "nandoctor: interrupted", file=sys.stderr)
         return 130

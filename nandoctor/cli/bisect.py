@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..bisect.oracle import FAIL_ON, run_bisect
+from ..bisect.oracle import FAIL_ON, resume_bisect, run_bisect
+from ..errors import NandoctorError
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
-from .common import add_model_args, recipe_from_args
+from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
+
+SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
 
 def register(sub) -> None:
@@ -18,9 +21,10 @@ def register(sub) -> None:
     p.add_argument("--good", metavar="NAME=V,...", help="the baseline that passes (default: dtype=fp32,attn=eager,compile=off)")
     p.add_argument("--factor", action="append", default=[], metavar="NAME=VALUE",
                    help="one more target setting to consider, an axis or a dotted recipe field (repeatable)")
-    p.add_argument("--reruns", type=int, default=1, help="identical reruns of every decisive probe (default 1)")
-    p.add_argument("--data-seeds", type=int, default=0, help="also rerun decisive probes on K other seeds (default 0)")
+    p.add_argument("--reruns", type=int, help="identical reruns of every decisive probe (default 1)")
+    p.add_argument("--data-seeds", type=int, help="also rerun decisive probes on K other seeds (default 0)")
     p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    p.add_argument("--resume", metavar="DIR", help="continue an interrupted bisect: the probes DIR/results.jsonl holds are reused, not rerun")
     p.add_argument("--fail-on", default="", metavar="V,...", help=f"count these verdicts as failures instead of unresolved "
                    f"({', '.join(FAIL_ON)}), to hunt a hang or a leak")
     p.set_defaults(func=run)
@@ -38,12 +42,19 @@ def model_flags(args) -> list[str]:
 
 
 def run(args) -> int:
-    recipe = recipe_from_args(args)
-    analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, reruns=args.reruns,
-                             data_seeds=args.data_seeds, steps=args.steps, jobs=args.jobs, out=args.out,
-                             model_flags=model_flags(args), fail_on=tuple(v for v in args.fail_on.split(",") if v),
-                             progress=lambda done, _, record, __: print(probe_line(done, record), flush=True),
-                             on_step=lambda step: print(describe_step(dataclasses.asdict(step)), flush=True))
+    if args.jobs is not None and args.jobs <= 0:
+        raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
+    hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
+    on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
+    if args.resume:
+        refuse_with_resume(args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory")
+        analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step)
+    else:
+        recipe = recipe_from_args(args)
+        search = {name: getattr(args, name) for name in ("reruns", "data_seeds") if getattr(args, name) is not None}
+        analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, steps=args.steps,
+                                 jobs=args.jobs, out=args.out, model_flags=model_flags(args), listener=hear,
+                                 on_step=on_step, fail_on=tuple(v for v in args.fail_on.split(",") if v), **search)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     return analysis.exit_code

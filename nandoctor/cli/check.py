@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, Cell
-from .common import add_model_args, recipe_from_args
+from .common import add_model_args, listener, recipe_from_args
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def register(sub) -> None:
 def run(args) -> int:
     cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}")
     recipe = recipe_from_args(args)
-    analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out)
+    analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None))
     for name, passed, detail in checks:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
     ok = all(passed for _, passed, _ in checks)

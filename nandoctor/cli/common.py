@@ -1,11 +1,16 @@
-"""Arguments several subcommands share: which model, which recipe, and narrow overrides."""
+"""Arguments several subcommands share: which model, which recipe, and narrow overrides; and the
+lines every run prints while it goes."""
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..api import Listener
 from ..config import SCALES, Recipe, set_field
 from ..errors import NandoctorError
 from ..recipes import resolve_model
+
+MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -15,7 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=SCALES, help="full model, probe-scale twin, or auto (full when it fits)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local checkpoint's own modeling code")
-    p.add_argument("--out", help="run directory (default: reports/<run-id>)")
+    p.add_argument("--out", help="run directory, new or empty (default: reports/<run-id>)")
 
 
 def recipe_from_args(args) -> Recipe:
@@ -33,3 +38,37 @@ def recipe_from_args(args) -> Recipe:
     if args.steps is not None and args.steps <= 0:
         raise NandoctorError(f"--steps must be > 0, got {args.steps}")
     return recipe.validate()
+
+
+def _given(value) -> bool:
+    """A flag the user passed: not its unset default (None, False, [], ""); a 0 counts (--reruns 0)."""
+    return value is not None and value is not False and value not in ([], "")
+
+
+def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
+    """--resume takes everything that shapes the run (`taken`) from DIR/run.json; a flag that would change it is an error."""
+    given = [f"--{name.replace('_', '-')}" for name in shaping if _given(getattr(args, name))]
+    if given:
+        raise NandoctorError(f"--resume takes {taken} from DIR/run.json; drop {', '.join(given)}")
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def started(run_dir, plan, warnings: list[str]) -> None:
+    """Before any probe runs: where the run goes, which model is built and why, and what the user must know."""
+    say(f"run directory: {run_dir}")
+    say(f"model: {plan.describe()}; {plan.why}")
+    for warning in warnings:
+        print(f"nandoctor: WARNING: {warning}", file=sys.stderr, flush=True)
+
+
+def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
+    last = f"step {step['step']} loss {step['loss']:.4g}" if step else "no step yet"
+    return f"  ... {probe_id} running {elapsed_s:.0f} s, {last}"
+
+
+def listener(probe) -> Listener:
+    """What a run prints: the start lines, `probe(...)` per finished probe, a heartbeat per running one."""
+    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)))

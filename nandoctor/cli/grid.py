@@ -6,9 +6,7 @@ from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
 from ..report.terminal import progress_line, render_terminal
-from .common import add_model_args, recipe_from_args
-
-RUN_SHAPING = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out", "axis")
+from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
 
 
 def register(sub) -> None:
@@ -28,17 +26,15 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs <= 0:
         raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     cache = ProbeCache() if args.cache else None
-    progress = lambda *a: print(progress_line(*a), flush=True)  # noqa: E731
+    hear = listener(lambda *a: say(progress_line(*a)))
     if args.resume:
-        given = [f"--{name.replace('_', '-')}" for name in RUN_SHAPING if getattr(args, name)]
-        if given:
-            raise NandoctorError(f"--resume takes the recipe, axes, steps and run directory from DIR/run.json; drop {', '.join(given)}")
-        analysis = resume_grid(args.resume, jobs=args.jobs, progress=progress, warm=not args.cold, cache=cache)
+        refuse_with_resume(args, MODEL_FLAGS + ("axis",), "the recipe, axes, steps and run directory")
+        analysis = resume_grid(args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache)
     else:
         axes = dict(parse_axis_flag(a) for a in args.axis)
         recipe = recipe_from_args(args)
         analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
-                            progress=progress, warm=not args.cold, cache=cache)
+                            listener=hear, warm=not args.cold, cache=cache)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     if cache:

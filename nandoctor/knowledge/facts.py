@@ -52,16 +52,25 @@ def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     return "fp32" if recipe.adapter.type != "none" else recipe.model.dtype_on_load
 
 
+# The files a transformers tokenizer directory is loaded from (fast, config, BPE, WordPiece, SentencePiece)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+
+
 def load_tokenizer(path: str | Path):
+    """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
     from transformers import AutoTokenizer
+    if not Path(path).is_dir():
+        raise NandoctorError(f"tokenizer directory {str(path)!r} does not exist; pass a local directory (nothing is downloaded)")
+    if not has_tokenizer(path):
+        raise NandoctorError(f"tokenizer directory {str(path)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     try:
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {str(e).splitlines()[0]}") from None
+        raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {' '.join(str(e).split())}") from None
 
 
 def has_tokenizer(path: str | Path | None) -> bool:
-    return bool(path) and any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    return bool(path) and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def tokenizer_facts(tokenizer) -> dict:
@@ -102,6 +111,7 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
         "eager_baseline": eager_baseline or cell.compile == "off",
         "mask_pad_labels": recipe.pad_token.mask_labels,
         "logging_nan_inf_filter": args.get("logging_nan_inf_filter"),
+        "trainer_bf16_and_fp16": bool(args.get("bf16") and args.get("fp16")) if trainer_args else None,
     }
     facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
     return facts

@@ -138,8 +138,9 @@ class ProbeRunner:
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 
-    def run(self, tasks: list[ProbeTask], on_record=None) -> list[ProbeRecord]:
-        """Run every task; each record is appended to the store the moment its probe ends."""
+    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
+        """Run every task; each record is appended to the store the moment its probe ends.
+        on_wait(running probes) is called at least every MAX_WAIT_S (a heartbeat hangs off it)."""
         self.open(len(tasks))
         pending = list(tasks)
         running: dict[int, RunningProbe] = {}
@@ -163,6 +164,8 @@ class ProbeRunner:
                 if not probe.timed_out and probe.elapsed > probe.task.timeout_s and self.slots[index].pid:
                     probe.timed_out = True
                     self.slots[index].kill_probe()  # its exit arrives as an event
+            if on_wait:
+                on_wait(list(running.values()))
         return records
 
     @staticmethod

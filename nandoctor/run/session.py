@@ -3,25 +3,52 @@ check and bisect all run their probes through a Session."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from ..config import Recipe, recipe_to_dict
 from ..env import collect_summary
-from ..models import plan_model
+from ..errors import NandoctorError
+from ..models import plan_model, plan_warnings
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .runner import ProbeRunner, ProbeTask, threads_per_probe
-from .store import ResultsStore
+from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 
 REPORTS_DIR = Path("reports")
+HEARTBEAT_S = 15.0  # how often a running probe says it is alive
+RESUME_COMMANDS = {"grid": "nandoctor grid --resume {dir}", "bisect": "nandoctor bisect --resume {dir}"}
+
+
+def resume_command(kind: str, run_dir: str | Path) -> str | None:
+    """The command line that finishes an interrupted run of this kind, or None (a check is not resumed)."""
+    template = RESUME_COMMANDS.get(kind)
+    return template.format(dir=shlex.quote(str(run_dir))) if template else None
+
+
+def refuse_used_out(path: Path) -> None:
+    """--out must be a new or unused directory: appending to a run already there would mix two runs in
+    one results.jsonl and judge the old probes against the new reference."""
+    if path.exists() and not path.is_dir():
+        raise NandoctorError(f"--out {str(path)!r} is a file; pass a directory for the run (it is created when missing)")
+    if not any((path / name).exists() for name in (RUN_FILE, RESULTS_FILE, "probes")):
+        return
+    try:
+        kind = (ResultsStore(path).read_json(RUN_FILE) or {}).get("kind", "nandoctor")
+    except NandoctorError:
+        kind = "nandoctor"  # an unreadable run.json is still somebody's run
+    command = resume_command(kind, path)
+    finish = f"finish it with `{command}` or " if command else ""
+    raise NandoctorError(f"--out {str(path)!r} already holds a {kind} run; {finish}pass another --out")
 
 
 def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     if out:
+        refuse_used_out(Path(out))
         return Path(out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = recipe.name.replace("/", "--")
@@ -38,23 +65,69 @@ def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dic
                      threads_per_probe(jobs, device["cpu_count"]))
 
 
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C while a Session was filling a run directory: what it recorded is kept there."""
+
+    def __init__(self, kind: str, run_dir: Path):
+        super().__init__(kind, str(run_dir))
+        self.kind, self.run_dir = kind, run_dir
+
+    @property
+    def resume_command(self) -> str | None:
+        return resume_command(self.kind, self.run_dir)
+
+
+def last_step(path: Path) -> dict | None:
+    """The last complete step a running probe has streamed to its steps.jsonl, or None."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue  # the line the child is writing right now
+    return None
+
+
+class Heartbeat:
+    """Given to the runner, which calls it with the running probes at least every 0.5 s; calls
+    on_alive(probe_id, elapsed_s, last step or None) for each probe every `every` seconds it runs."""
+
+    def __init__(self, on_alive, every: float = HEARTBEAT_S):
+        self.on_alive, self.every = on_alive, every
+        self.beats: dict[tuple, int] = {}  # (probe id, start time) -> heartbeats given
+
+    def __call__(self, running) -> None:
+        for probe in running:
+            key = (probe.task.probe_id, probe.started)
+            due = int(probe.elapsed // self.every)
+            if due > self.beats.get(key, 0):
+                self.beats[key] = due
+                self.on_alive(probe.task.probe_id, probe.elapsed, last_step(probe.folder / "steps.jsonl"))
+
+
 class Session:
     """A run directory being filled. A context manager: leaving it stops the warm workers and kills any
     probe still running.
 
     warm=False starts a cold Python process per probe; cache (a ProbeCache) reuses records with an
-    identical fingerprint and keeps the new ones; plan reuses a model plan (when resuming);
-    on_record(record) is called for every record as it is kept, resumed ones included."""
+    identical fingerprint and keeps the new ones; plan reuses a model plan and resume=True continues
+    the run directory `out` (see resume()); otherwise `out` must not hold a run yet.
+    on_record(record) is called for every record as it is kept; on_alive(probe_id, elapsed_s, step)
+    every HEARTBEAT_S while a probe runs. `warnings` says what the user should know about the model plan.
+    Ctrl-C inside the `with` block leaves as RunInterrupted once run.json exists."""
 
     def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
                  device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
-                 plan: ModelPlan | None = None):
+                 plan: ModelPlan | None = None, on_alive=None, resume: bool = False):
         self.kind, self.recipe = kind, recipe
         self.device = device or collect_summary()
         self.steps = steps or recipe.steps
         gpus = len(self.device.get("gpus") or [])
         self.jobs = jobs or max(1, gpus)
-        self.dir = new_run_dir(out, kind, recipe)
+        self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
         self.runner = ProbeRunner(self.dir, self.store, self.jobs, gpus, warm).open()  # workers import while we plan
         try:
@@ -63,8 +136,10 @@ class Session:
             self.runner.close()
             raise
         self.runner.preload(self.plan.model_type)
+        self.warnings = plan_warnings(recipe, self.plan, self.device)
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
+        self.heartbeat = Heartbeat(on_alive) if on_alive else None
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
         self.plans = {self._key(recipe): self.plan}
@@ -83,8 +158,10 @@ class Session:
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
         self.runner.close()
+        if exc_type is KeyboardInterrupt and (self.dir / RUN_FILE).exists():
+            raise RunInterrupted(self.kind, self.dir) from None
 
     def start(self, planned: int, extra: dict | None = None) -> None:
         self.planned = planned
@@ -124,7 +201,7 @@ class Session:
                 records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
-        for r in self.runner.run(tasks, on_record=self.on_record):
+        for r in self.runner.run(tasks, on_record=self.on_record, on_wait=self.heartbeat):
             records[r.probe_id] = r
             if self.cache:
                 self.cache.add(r, self.dir)

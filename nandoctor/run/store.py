@@ -57,8 +57,10 @@ class ResultsStore:
 
     def meta(self) -> dict:
         path = self.dir / RUN_FILE
+        if self.dir.exists() and not self.dir.is_dir():
+            raise NandoctorError(f"{str(self.dir)!r} is a file, not a run directory; pass the directory a run wrote, e.g. reports/<run-id>")
         if not self.dir.is_dir():
-            raise NandoctorError(f"run directory {str(self.dir)!r} does not exist; pass a directory made by `nandoctor grid`, e.g. reports/<run-id>")
+            raise NandoctorError(f"run directory {str(self.dir)!r} does not exist; pass the directory a run wrote, e.g. reports/<run-id>")
         try:
             return json.loads(path.read_text())
         except FileNotFoundError:
