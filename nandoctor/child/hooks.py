@@ -26,6 +26,7 @@ from ..cells import weight_dtype
 from ..data import batches
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import setup
+from .fp8 import fp8_watch
 from .train import train
 
 ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
@@ -236,6 +237,7 @@ def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
         out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
         out["underflow"]["seconds"] = time.perf_counter() - t1
     modules, opt = ModuleWatch(s.model), OptimizerWatch(s.model, s.optimizer)
+    casts = fp8_watch(s.model, cell, recipe)
 
     def on_step(step: Step) -> bool:
         step.update_loss, opt_event = opt.take()
@@ -249,6 +251,10 @@ def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
     finally:
         modules.remove()
         opt.remove()
+        if casts:
+            casts.remove()
+    if casts:
+        out["fp8"] = {"recipe": cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
     out["activation_absmax"] = modules.activation_absmax
     out["gradient_absmax"] = modules.gradient_absmax
     out["reproduced"] = reproduced(timed.steps, out["steps"])
