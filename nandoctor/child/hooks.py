@@ -27,6 +27,7 @@ from ..data import batches
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import setup
 from .fp8 import fp8_watch
+from .optimizers import dense
 from .train import train
 
 ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
@@ -151,7 +152,7 @@ class OptimizerWatch:
             state = optimizer.state.get(p, {})
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
-            moving = state["exp_avg"] != 0  # an element with a non-zero first moment is meant to move
+            moving = dense(state["exp_avg"]) != 0  # an element with a non-zero first moment is meant to move
             if decay:
                 moving = moving | (old != 0)
             lost += (moving & (p.detach() == old)).sum()
@@ -173,7 +174,7 @@ class OptimizerWatch:
                  "before": {"what": "the parameter before the update", "module": name, **_as_dict(_stats([old]).cpu().tolist())},
                  "nonfinite_elements": int((~torch.isfinite(p.detach())).sum())}
         if "exp_avg_sq" in state:
-            v = state["exp_avg_sq"]
+            v = dense(state["exp_avg_sq"])
             event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
             event["state_dtype"] = str(v.dtype).replace("torch.", "")
         if eps is not None:

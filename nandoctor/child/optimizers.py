@@ -44,6 +44,13 @@ def step_eagerly(optimizer) -> None:
     optimizer.step = eager_step
 
 
+def dense(state):
+    """An optimizer-state tensor as a plain one: torchao's quantized moments (tensor subclasses that
+    implement few operators) dequantized, anything else as it is."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    return state.dequantize() if is_traceable_wrapper_subclass(state) else state
+
+
 def eager_reason(name: str, device: str) -> str | None:
     """Why the probe steps optimizer `name` eagerly on this device, or None when it runs as shipped."""
     return EAGER_ON_CPU.format(name=name) if OPTIMIZERS[name].compiles_step and device != "cuda" else None

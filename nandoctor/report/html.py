@@ -8,7 +8,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..config import THRESHOLDS
-from . import bisection, common, doctor, forensics
+from . import bisection, common, doctor, forensics, savings
 from .charts import line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -48,7 +48,7 @@ def render_html(a: RunAnalysis) -> str:
         overview_svg=line_chart(overview, "loss of the top-ranked stable configurations", width=860, height=260) if overview else "",
         cards=cards, bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
         forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
-        headroom=forensics.headroom_sections(a))
+        headroom=forensics.headroom_sections(a), savings=savings.section(a))
 
 
 def bisection_context(b: dict) -> dict:

@@ -8,6 +8,7 @@ from ..config import THRESHOLDS
 from . import bisection, common
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
+from .savings import savings_markdown
 
 
 def _table(rows: list[dict]) -> str:
@@ -29,6 +30,7 @@ def render_markdown(a: RunAnalysis) -> str:
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
+    parts += savings_markdown(a, _table)
     parts += ["## Not run on this device", "", _table(common.unsupported_rows(a)), ""]
     parts += doctor_markdown(m.get("env", {}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
