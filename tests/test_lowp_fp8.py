@@ -123,3 +123,31 @@ def test_fp8_tensorwise_trains_on_a_gpu_with_fp8_tensor_cores():
         optimizer.zero_grad()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp8-tensorwise", "fp8-rowwise"])
+def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
+    """The planner never spawns fp8 on a CPU, but torchao's float8 casts run there: the probe's own
+    code (setup, training loop, memory split, forensics replay with the fp8 watch) runs end to end."""
+    pytest.importorskip("torchao")
+    from nandoctor.cells import Cell
+    from nandoctor.child.entry import forensics_of, run_probe
+    from nandoctor.config import set_field
+    from nandoctor.models import plan_model
+    from nandoctor.recipes import recipe_by_name
+    from nandoctor.record import ProbeRecord, ProbeSpec
+    recipe = set_field(recipe_by_name("tiny-llama"), "forensics_steps", "2")
+    cell = Cell(dtype)
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 2, 0, "cpu", 1)
+    record = ProbeRecord(spec.probe_id, cell)
+    run_probe(spec, record, None)
+    assert len(record.steps) == 2 and all(torch.isfinite(torch.tensor(s.loss)) for s in record.steps)
+    assert set(record.fp8_excluded) == {"lm_head"}
+    assert record.optimizer_state_bytes >= 2 * record.weights_bytes > 0  # AdamW's two fp32 moments over fp32 master weights
+    f = forensics_of(spec, record)
+    assert "error" not in f, f.get("traceback")
+    casts = f["fp8"]["casts"]
+    assert f["fp8"]["excluded"] == record.fp8_excluded and "model.layers.0.self_attn.q_proj" in casts
+    assert all(set(roles) == {"input", "weight", "grad_output"} for roles in casts.values())
+    assert all(s["saturated"] == 0.0 for roles in casts.values() for s in roles.values())  # dynamic scaling never clips

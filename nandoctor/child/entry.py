@@ -34,7 +34,7 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     backend = spec.cell.compilation.backend
     forward = s.model if backend is None else torch.compile(s.model, backend=backend)
     record.load_s = time.perf_counter() - t0
-    record.fp8_excluded = s.fp8_excluded or None
+    record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
     log = StepLog(steps_path, spec.steps)
     record.steps = log.steps
