@@ -1,12 +1,17 @@
 """Which grid cells a device can run, as data. The planner records the others as `unsupported`
 with the reason, without spawning a process.
 
-Imports only cells (each axis value's row says which GPU features it needs). `device` is the dict
-`env.collect_summary()` returns.
+Imports only cells (each axis value's row says which GPU features and packages it needs) and env (to
+look a package up when `device` does not say). `device` is the dict `env.collect_summary()` returns;
+its `packages` say which optional packages are installed, found on the path but never imported, so
+planning a grid pays neither torchao's import (3 s on a 2-core CPU) nor bitsandbytes' device probing.
 """
 from __future__ import annotations
 
-from .cells import ATTENTIONS, PRECISIONS, Cell
+from packaging.version import Version
+
+from .cells import ATTENTIONS, PACKAGES, PRECISIONS, Cell
+from .env import get_package
 
 # What each CUDA compute capability runs natively, one row per architecture generation. A GPU
 # between two rows (8.6, 12.0) gets the row of the largest capability not above its own.
@@ -74,10 +79,28 @@ def cell_features(cell: Cell) -> list[str]:
     return [*cell.attention.gpu_features, *cell.precision.gpu_features]
 
 
+def package_missing(module: str, device: dict) -> str | None:
+    """Why optional package `module` (a cells.PACKAGES key) is unusable: absent, or older than the
+    release nandoctor was checked with; None when it is fine."""
+    pkg = PACKAGES[module]
+    found = (device.get("packages") or {}).get(module) or get_package(module)
+    if not found["importable"]:
+        return f"{module} is not installed: {pkg.install}"
+    if pkg.min_version and found["version"] and Version(found["version"]) < Version(pkg.min_version):
+        return f"{module} {found['version']} is older than {pkg.min_version}, the oldest checked: pip install -U {pkg.dist}"
+    return None
+
+
+def cell_packages(cell: Cell) -> list[str]:
+    """The optional packages (cells.PACKAGES keys) a cell needs: its fp8 recipe's and its optimizer's."""
+    fp8 = cell.precision.fp8
+    return [p for p in (fp8.package if fp8 else None, cell.optimizer_row.package) if p]
+
+
 def cell_support(cell: Cell, device: dict) -> str | None:
     """None when the device can run the cell, else a one-line reason it cannot."""
     on_cuda = device.get("device") == "cuda"
-    for row in (cell.precision, cell.attention):
+    for row in (cell.precision, cell.attention, cell.optimizer_row):
         if row.cuda_only and not on_cuda:
             return row.cuda_only
     cc = _capability(device)
@@ -96,6 +119,10 @@ def cell_support(cell: Cell, device: dict) -> str | None:
     package = cell.attention.package
     if package and not device.get(package):
         return f"{cell.attn} needs the {package.replace('_', '-')} package, which is not installed"
+    for module in cell_packages(cell):
+        missing = package_missing(module, device)
+        if missing:
+            return missing
     if cell.compile == "inductor" and not on_cuda and not device.get("cxx"):
         return "inductor on CPU generates C++ and no C++ compiler is on PATH"
     return None

@@ -1,19 +1,54 @@
 """The cell table: what every value of every grid axis means, in one place.
 
-A cell is one point of the grid (precision x attention x compile). Each axis value is one row below,
-and every other module reads these rows: the probe builds its autocast, weights, GradScaler and SDPA
-pin from them, the planner checks their hardware needs, the forensics read their compute dtype, and
-the recommendation turns them into TrainingArguments, `from_pretrained` and Lightning arguments.
-Adding a value is adding a row (plus whatever code is truly new).
+A cell is one point of the grid (precision x attention x compile x optimizer). Each axis value is one
+row below, and every other module reads these rows: the probe builds its autocast, weights, GradScaler,
+fp8 conversion, SDPA pin and optimizer from them, the planner checks their hardware and package needs,
+the forensics read their compute dtype, and the recommendation turns them into TrainingArguments,
+`from_pretrained` and Lightning arguments. Adding a value is adding a row (plus whatever code is truly new).
 
-Foundation module: imports only errors. Dtypes are torch attribute names ("bfloat16"), so that
-nothing here imports torch.
+Foundation module: imports only errors, and no optional package (whether one is installed is an
+environment fact, env.get_package). Dtypes are torch attribute names ("bfloat16"), so that nothing
+here imports torch.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .errors import NandoctorError
+
+
+@dataclass(frozen=True)
+class Package:
+    """An optional package an axis value needs."""
+    module: str  # import name, as env.get_package reports it
+    dist: str  # distribution name, for `pip install -U`
+    min_version: str | None  # the oldest release nandoctor was checked with; None: not checked on any
+    install: str
+
+
+LOWP_EXTRA = "pip install 'nandoctor[lowp]'"
+PACKAGES = {p.module: p for p in (
+    # torchao 0.18 and bitsandbytes 0.50.2 trained a 4-layer Llama on an H100 (issue 11) and run their
+    # optimizers on this project's CPU CI; bitsandbytes got CPU optimizer kernels with
+    # bitsandbytes-foundation/bitsandbytes#1901 (merged 2026-03).
+    Package("torchao", "torchao", "0.18.0", LOWP_EXTRA),
+    Package("bitsandbytes", "bitsandbytes", "0.50.2", LOWP_EXTRA),
+    # No CPU wheel: it builds against the CUDA toolkit, so it is an optional install on GPU hosts only.
+    Package("transformer_engine", "transformer-engine", None,
+            "pip install --no-build-isolation 'transformer_engine[pytorch]' on a CUDA host (NVIDIA/TransformerEngine README)"),
+)}
+
+
+@dataclass(frozen=True)
+class Fp8Recipe:
+    """How an fp8 `dtype` value scales and casts. Only the linears fp8 can take run their matmuls in
+    fp8, inside bf16 autocast with fp32 master weights."""
+    package: str  # PACKAGES key
+    scaling: str  # "tensorwise" / "rowwise": from the current tensor (torchao); "delayed": from an amax history (TE)
+    forward_format: str  # "e4m3" or "e5m2", for activations and weights
+    backward_format: str  # ... for gradients
+    torchao_recipe: str | None = None  # torchao Float8LinearConfig.from_recipe_name(...)
+    te_format: str | None = None  # transformer_engine.common.recipe.Format member
 
 
 @dataclass(frozen=True)
@@ -29,6 +64,9 @@ class Precision:
     cuda_only: str | None = None  # why it cannot run on a CPU, when it cannot
     training_args: dict = field(default_factory=dict)  # transformers.TrainingArguments flags
     lightning: str = "32-true"  # lightning.Trainer(precision=...)
+    fp8: Fp8Recipe | None = None  # the fp8 recipe the probe converts the model's linears with
+    code: str | None = None  # what the user adds to their own training code (no TrainingArguments flag does it)
+    default_grid: bool = True  # False: probed only when asked for (--axis dtype=...)
 
 
 @dataclass(frozen=True)
@@ -53,6 +91,29 @@ class Compilation:
     cost: int = 0
 
 
+@dataclass(frozen=True)
+class Optimizer:
+    """An `optimizer` axis value: how the probe builds it, with the recipe's lr / betas / eps / weight_decay."""
+    name: str
+    import_path: str  # "module:attribute"
+    package: str | None = None  # PACKAGES key; None: torch itself
+    kwargs: tuple = ()  # extra constructor arguments, as (name, value) pairs
+    state_bits: int = 32  # bits per element of each Adam moment, for tensors large enough to quantize
+    cuda_only: str | None = None
+    transformers_optim: str = "adamw_torch"  # TrainingArguments(optim=...)
+    compiles_step: bool = False  # the library torch.compiles its step, once per parameter shape
+    default_grid: bool = True
+
+
+FP8_CUDA_ONLY = "fp8 matmuls need fp8 tensor cores (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell); this device is a CPU"
+TORCHAO_CODE = ('convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{recipe}"), '
+                'module_filter_fn=lambda m, fqn: fqn not in KEEP_HIGH_PRECISION)  # from torchao.float8; '
+                'KEEP_HIGH_PRECISION: the modules the report lists')
+# {{amax_history_len}} and {{amax_compute_algo}} are the recipe's fp8 section (config.Fp8Config)
+TE_CODE = ('swap the eligible nn.Linear layers for te.Linear, then train under te.autocast(recipe=DelayedScaling('
+           'fp8_format=Format.{format}, amax_history_len={{amax_history_len}}, amax_compute_algo="{{amax_compute_algo}}"))'
+           '  # transformer_engine')
+
 PRECISIONS = {p.name: p for p in (
     Precision("fp32", None, None, "float32", False),
     Precision("tf32", None, None, "float32", False, tf32=True, gpu_features=("tf32",),
@@ -62,6 +123,25 @@ PRECISIONS = {p.name: p for p in (
     Precision("fp16-amp", "float16", None, "float16", True, training_args={"fp16": True}, lightning="16-mixed"),
     Precision("bf16-pure", None, "bfloat16", "bfloat16", False, gpu_features=("bf16",), lightning="bf16-true"),
     Precision("fp16-pure", None, "float16", "float16", False, lightning="16-true"),
+    # torchao float8 training: torchao's tensorwise recipe casts gradients to e5m2, rowwise keeps e4m3
+    # throughout (torchao/float8/config.py Float8LinearConfig.from_recipe_name). Opt-in: a GPU grid
+    # would grow from 126 cells, and fp8 pays off on large matmuls, not on a probe-scale model.
+    Precision("fp8-tensorwise", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
+              training_args={"bf16": True}, lightning="bf16-mixed", fp8=Fp8Recipe("torchao", "tensorwise", "e4m3", "e5m2", "tensorwise"),
+              code=TORCHAO_CODE.format(recipe="tensorwise"), default_grid=False),
+    Precision("fp8-rowwise", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
+              training_args={"bf16": True}, lightning="bf16-mixed", fp8=Fp8Recipe("torchao", "rowwise", "e4m3", "e4m3", "rowwise"),
+              code=TORCHAO_CODE.format(recipe="rowwise"), default_grid=False),
+    # Transformer Engine with DelayedScaling: Format.HYBRID is e4m3 forward, e5m2 backward; Format.E4M3
+    # is e4m3 both ways (TE docs, common API). Lightning's "transformer-engine" precision is HYBRID.
+    Precision("fp8-te-hybrid", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
+              training_args={"bf16": True}, lightning="transformer-engine",
+              fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e5m2", te_format="HYBRID"),
+              code=TE_CODE.format(format="HYBRID"), default_grid=False),
+    Precision("fp8-te-e4m3", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
+              training_args={"bf16": True}, lightning="transformer-engine",
+              fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e4m3", te_format="E4M3"),
+              code=TE_CODE.format(format="E4M3"), default_grid=False),
 )}
 
 ATTENTIONS = {a.name: a for a in (
@@ -84,11 +164,34 @@ COMPILATIONS = {c.name: c for c in (
     Compilation("aot_eager", "aot_eager", 1),
 )}
 
+DEFAULT_OPTIMIZER = "adamw"
+OPTIMIZERS = {o.name: o for o in (
+    Optimizer("adamw", "torch.optim:AdamW"),
+    Optimizer("adamw-fused", "torch.optim:AdamW", kwargs=(("fused", True),), transformers_optim="adamw_torch_fused",
+              default_grid=False),
+    # bitsandbytes and torchao keep tensors under 4096 elements in fp32 state (bnb's min_8bit_size,
+    # which torchao follows), so the saving on a small model is below the 8-bit ideal.
+    Optimizer("bnb-adamw8bit", "bitsandbytes.optim:AdamW8bit", "bitsandbytes", state_bits=8,
+              transformers_optim="adamw_bnb_8bit", default_grid=False),
+    Optimizer("bnb-paged-adamw8bit", "bitsandbytes.optim:PagedAdamW8bit", "bitsandbytes", state_bits=8,
+              cuda_only="paging moves optimizer state between GPU and host memory (CUDA unified memory); "
+                        "on a CPU bitsandbytes falls back to the non-paged bnb-adamw8bit",
+              transformers_optim="paged_adamw_8bit", default_grid=False),
+    # torchao compiles its per-parameter step (torchao/optim/adam.py single_param_adam)
+    Optimizer("ao-adamw8bit", "torchao.optim:AdamW8bit", "torchao", state_bits=8, transformers_optim="adamw_torch_8bit",
+              compiles_step=True, default_grid=False),
+    Optimizer("ao-adamw4bit", "torchao.optim:AdamW4bit", "torchao", state_bits=4, transformers_optim="adamw_torch_4bit",
+              compiles_step=True, default_grid=False),
+)}
+
 # The weight dtypes a model can be loaded in (recipe field model.dtype_on_load) -> torch dtype name.
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()}  # "bfloat16" -> "bf16"
 
-AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS)}
+AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS), "optimizer": tuple(OPTIMIZERS)}
+# The values a grid probes unless told otherwise: opt-in rows (default_grid=False) stay out.
+DEFAULT_AXES = {**AXES, "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
+                "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid)}
 
 
 def _lightning_aliases() -> dict[str, str]:
@@ -105,14 +208,18 @@ ALIASES = {"dtype": _lightning_aliases()}
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the grid: precision x attention x compile."""
+    """One point of the grid: precision x attention x compile x optimizer. The default optimizer stays
+    out of the id and the dict, so that runs written before the optimizer axis keep their probe ids
+    and cache fingerprints."""
     dtype: str = "fp32"
     attn: str = "sdpa"
     compile: str = "off"
+    optimizer: str = DEFAULT_OPTIMIZER
 
     @property
     def id(self) -> str:
-        return f"{self.dtype}/{self.attn}/{self.compile}"
+        base = f"{self.dtype}/{self.attn}/{self.compile}"
+        return base if self.optimizer == DEFAULT_OPTIMIZER else f"{base}/{self.optimizer}"
 
     @property
     def precision(self) -> Precision:
@@ -126,14 +233,25 @@ class Cell:
     def compilation(self) -> Compilation:
         return COMPILATIONS[self.compile]
 
+    @property
+    def optimizer_row(self) -> Optimizer:
+        return OPTIMIZERS[self.optimizer]
+
     def to_dict(self) -> dict:
-        return {"dtype": self.dtype, "attn": self.attn, "compile": self.compile}
+        out = {"dtype": self.dtype, "attn": self.attn, "compile": self.compile}
+        return out if self.optimizer == DEFAULT_OPTIMIZER else {**out, "optimizer": self.optimizer}
+
+    @classmethod
+    def of(cls, config: dict) -> "Cell":
+        """The cell of a configuration (axis values, plus recipe fields it may carry); an axis it lacks
+        (a configuration written before the optimizer axis) takes its default."""
+        return cls(**{axis: config[axis] for axis in AXES if axis in config})
 
     @classmethod
     def parse(cls, text: str) -> "Cell":
         parts = text.split("/")
-        if len(parts) != 3:
-            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile, e.g. bf16-amp/sdpa/off")
+        if len(parts) not in (3, 4):
+            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile[/optimizer], e.g. bf16-amp/sdpa/off")
         return cls(*(parse_axis_values(axis, [value])[0] for axis, value in zip(AXES, parts)))
 
 
@@ -160,7 +278,7 @@ def compile_of_training_args(args: dict) -> str:
 
 
 def parse_axis_values(axis: str, values) -> list[str]:
-    """Validate one axis ('dtype', 'attn', 'compile') and its values, aliases resolved; returns the
+    """Validate one axis ('dtype', 'attn', 'compile', 'optimizer') and its values, aliases resolved; returns the
     values as a list."""
     if axis not in AXES:
         raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")

@@ -16,6 +16,7 @@ from .errors import NandoctorError
 ADAPTER_TYPES = ("none", "lora", "dora")
 DATA_SOURCES = ("synthetic", "file")
 PAD_POLICIES = ("dedicated", "eos", "id0")
+AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SCALES = ("auto", "probe", "full")
 
 
@@ -61,6 +62,16 @@ class PadTokenConfig:
 
 
 @dataclass(frozen=True)
+class Fp8Config:
+    """Delayed scaling of the fp8-te-* cells: each fp8 tensor's scale comes from the largest ('max') or
+    the latest ('most_recent') amax of its last amax_history_len steps. The defaults are Transformer
+    Engine's DelayedScaling defaults (transformer_engine.common.recipe); torchao's dynamic recipes
+    scale from the current tensor and read neither."""
+    amax_history_len: int = 1024
+    amax_compute_algo: str = "max"
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str = "tiny-llama"
     description: str = ""
@@ -69,6 +80,7 @@ class Recipe:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     pad_token: PadTokenConfig = field(default_factory=PadTokenConfig)
+    fp8: Fp8Config = field(default_factory=Fp8Config)
     grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
     batch_size: int = 4
     seq_len: int = 64
@@ -85,12 +97,14 @@ class Recipe:
             ("pad_token.policy", self.pad_token.policy, PAD_POLICIES),
             ("model.dtype_on_load", self.model.dtype_on_load, LOAD_DTYPES),
             ("model.scale", self.model.scale, SCALES),
+            ("fp8.amax_compute_algo", self.fp8.amax_compute_algo, AMAX_COMPUTE_ALGOS),
         ]
         for key, value, valid in checks:
             if value not in valid:
                 raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
         positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
-                    "timeout_s": self.timeout_s, "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches}
+                    "timeout_s": self.timeout_s, "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches,
+                    "fp8.amax_history_len": self.fp8.amax_history_len}
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")

@@ -3,6 +3,7 @@ before any probe runs. `run_doctor` is what `nandoctor doctor` calls; `doctor_se
 grid run stores in run.json for its reports."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from .capabilities import cell_support, gpu_capabilities, sdpa_backends
@@ -24,7 +25,7 @@ def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args:
     recipe_facts = {**env_facts(env), "all_masked_batches": all_masked_batches(recipe, config)}
     fired: dict[str, tuple] = {}
     for cell in cells:
-        eager = Cell(cell.dtype, cell.attn, "off") in cells
+        eager = dataclasses.replace(cell, compile="off") in cells
         facts = {**recipe_facts, **setup_facts(recipe, cell, config, trainer_args, tokenizer, eager_baseline=eager)}
         for rule in evaluate(facts):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)

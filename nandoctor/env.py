@@ -151,8 +151,7 @@ def collect_doctor() -> dict:
     import torch
     summary = collect_summary()
     return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(),
-            "cpu_name": get_cpu_model(), "cpu_capability": get_cpu_capability(),
-            "packages": {m: get_package(m) for m in ACCELERATION_PACKAGES}, "cuda_available": torch.cuda.is_available()}
+            "cpu_name": get_cpu_model(), "cpu_capability": get_cpu_capability(), "cuda_available": torch.cuda.is_available()}
 
 
 def collect_summary() -> dict:
@@ -177,5 +176,6 @@ def collect_summary() -> dict:
         "cxx": get_cxx_compiler(),
         "flash_attn": get_version("flash-attn") or get_version("flash_attn"),
         "flash_sdpa": get_flash_sdpa_built() if devices else None,
+        "packages": {m: get_package(m) for m in ACCELERATION_PACKAGES},  # what the planner's support checks read
         "executable": sys.executable,
     }

@@ -7,7 +7,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from .capabilities import cell_support, computes_in_half
-from .cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
+from .cells import AXES, DEFAULT_AXES, REFERENCE_CELL, Cell, parse_axis_values
 from .config import Recipe
 
 CPU_DEFAULT_COMPILE = ["off"]  # the first inductor step costs ~36 s on a 2-core CPU: opt in with --axis
@@ -28,7 +28,9 @@ class PlannedProbe:
 
 
 def default_axes(recipe: Recipe, device: dict) -> dict[str, list[str]]:
-    axes = {name: list(values) for name, values in AXES.items()}
+    """The values each axis takes unless --axis says otherwise: the cell table's default-grid rows
+    (the fp8 dtypes and the optimizers other than adamw are opt-in), then the recipe's own axes."""
+    axes = {name: list(values) for name, values in DEFAULT_AXES.items()}
     if device.get("device") != "cuda":
         axes["compile"] = list(CPU_DEFAULT_COMPILE)
     for name, values in recipe.axes.items():
@@ -47,6 +49,6 @@ def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = 
     chosen = default_axes(recipe, device)
     for name, values in (axes or {}).items():
         chosen[name] = parse_axis_values(name, values)
-    cells = [Cell(d, a, c) for d, a, c in itertools.product(chosen["dtype"], chosen["attn"], chosen["compile"])]
+    cells = [Cell(**dict(zip(AXES, values))) for values in itertools.product(*(chosen[axis] for axis in AXES))]
     ordered = [REFERENCE_CELL] + sorted((c for c in cells if c != REFERENCE_CELL), key=lambda c: cost_rank(c, device))
     return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device)) for c in ordered]

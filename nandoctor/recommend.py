@@ -1,17 +1,19 @@
 """A probed configuration as the arguments a user passes to train with it: a `nandoctor check` command
-line, `transformers.TrainingArguments`, the model-loading call and Lightning's `precision`, each read
-from the cell table. Pure: imports only cells and config.
+line, `transformers.TrainingArguments`, the model-loading call, Lightning's `precision`, and the code
+that no flag writes (an fp8 conversion, an optimizer built by hand), each read from the cell table.
+Pure: imports only cells and config.
 
 Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
 torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
-per_device_train_batch_size, seed), `from_pretrained(dtype=, attn_implementation=)`, peft's LoraConfig
+per_device_train_batch_size, seed, optim), `from_pretrained(dtype=, attn_implementation=)`, peft's LoraConfig
 (r, lora_alpha, target_modules, lora_dropout, use_dora) and torch.nn.attention.sdpa_kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
-from .cells import AXES, Cell, weight_dtype
+from .cells import AXES, DEFAULT_OPTIMIZER, Cell, weight_dtype
 from .config import Recipe, get_field
 
 
@@ -23,8 +25,10 @@ def call_text(name: str, kwargs: dict) -> str:
 
 
 def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
-    cell = Cell(config["dtype"], config["attn"], config["compile"])
+    cell = Cell.of(config)
     parts = ["nandoctor", "check", *model_flags, "--dtype", cell.dtype, "--attn", cell.attn, "--compile", cell.compile]
+    if cell.optimizer != DEFAULT_OPTIMIZER:
+        parts += ["--optimizer", cell.optimizer]
     for name, value in config.items():
         if name not in AXES and value != get_field(base, name):
             text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
@@ -36,7 +40,8 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
     args = {**cell.precision.training_args, "learning_rate": o.lr, "adam_beta1": o.betas[0], "adam_beta2": o.betas[1],
             "adam_epsilon": o.eps, "weight_decay": o.weight_decay, "max_grad_norm": recipe.grad_clip,
-            "per_device_train_batch_size": recipe.batch_size, "seed": recipe.seed}
+            "per_device_train_batch_size": recipe.batch_size, "seed": recipe.seed,
+            "optim": cell.optimizer_row.transformers_optim}
     if cell.compilation.backend:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     return args
@@ -58,9 +63,24 @@ def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
     return {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
 
 
+def own_code(cell: Cell, recipe: Recipe) -> list[str]:
+    """Lines for what no TrainingArguments flag does: the fp8 conversion (the row's `code`, with the
+    recipe's fp8 settings), and building the optimizer by hand for Lightning or a custom loop."""
+    lines = []
+    if cell.precision.code:
+        lines.append(cell.precision.code.format(**dataclasses.asdict(recipe.fp8)))
+    row = cell.optimizer_row
+    if row.name != DEFAULT_OPTIMIZER:
+        o = recipe.optimizer
+        kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, **dict(row.kwargs)}
+        lines.append(call_text(row.import_path.replace(":", "."), kwargs).replace("(", "(model.parameters(), ", 1)
+                     + "  # Lightning's configure_optimizers, or a custom loop")
+    return lines
+
+
 def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str]) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`)."""
-    cell = Cell(config["dtype"], config["attn"], config["compile"])
+    cell = Cell.of(config)
     lines = [call_text("TrainingArguments", training_arguments(cell, recipe)),
              call_text("AutoModelForCausalLM.from_pretrained", {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe)})]
     a = recipe.adapter
@@ -72,6 +92,7 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
     if cell.attention.sdpa_backend:
         lines.append(f"with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()")
+    lines += own_code(cell, recipe)
     return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
             "command": check_command(config, base, model_flags),
             "training_arguments": training_arguments(cell, recipe), "model_loading": model_loading(cell, recipe),

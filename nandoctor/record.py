@@ -141,6 +141,13 @@ class ProbeRecord:
     stopped_early: bool = False
     peak_memory_bytes: int | None = None
     peak_memory_kind: str | None = None
+    # Real storage after the first optimizer step, while the gradients exist (quantized and subclass
+    # optimizer state opened to the tensors it is made of): child/memory.py
+    weights_bytes: int | None = None
+    grads_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    optimizer_eager: str | None = None  # why the optimizer step ran eagerly though its library compiles it
+    fp8_excluded: dict | None = None  # fp8 cells: {module: why it stayed in high precision}
     forensics: dict | None = None
 
     def to_dict(self) -> dict:

@@ -16,7 +16,7 @@ def test_a_comma_inside_a_tuple_value_does_not_split_the_assignment():
 
 def test_target_is_the_baseline_plus_the_bad_values_typed_like_the_recipe():
     good, bad = parse_configurations(Recipe(), CPU, None, "dtype=fp16-pure,optimizer.eps=1e-8", ["grad_clip=0"])
-    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer.eps": 1e-8, "grad_clip": 1.0}
+    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer": "adamw", "optimizer.eps": 1e-8, "grad_clip": 1.0}
     assert bad == {**good, "dtype": "fp16-pure", "grad_clip": 0.0}
 
 
@@ -28,9 +28,26 @@ def test_a_target_equal_to_the_baseline_is_rejected():
 def test_without_bad_the_target_is_the_fastest_cell_the_device_supports():
     # a CPU has no half-precision matmul units and a first inductor step outlasts a short probe
     assert fastest_cell(CPU).id == "fp32/sdpa:flash/off"
-    # a T4 (sm75) has no bf16 and no flash / cuDNN SDPA: fp16 with the memory-efficient kernel
-    assert fastest_cell(T4).id == "fp16-pure/sdpa:efficient/inductor"
+    # a T4 (sm75) has no bf16 and no flash / cuDNN SDPA: fp16 with the memory-efficient kernel, fused AdamW
+    assert fastest_cell(T4).id == "fp16-pure/sdpa:efficient/inductor/adamw-fused"
     assert fastest_cell({**T4, "cxx": None}).compile == "inductor"  # a GPU compiles without a host C++ compiler
+
+
+def test_the_optimizer_is_a_factor_like_the_other_axes():
+    good, bad = parse_configurations(Recipe(), CPU, None, "optimizer=ao-adamw8bit,optimizer.eps=1e-6", [])
+    assert (good["optimizer"], bad["optimizer"]) == ("adamw", "ao-adamw8bit")
+    assert (good["optimizer.eps"], bad["optimizer.eps"]) == (1e-8, 1e-6)
+
+
+def test_opt_in_values_are_never_the_default_target():
+    h100 = {"device": "cuda", "gpus": [{"capability": "9.0", "memory_bytes": 80 << 30}], "cudnn": 90100, "flash_sdpa": True,
+            "packages": {"torchao": {"importable": True, "version": "0.18.0"}}}
+    assert fastest_cell(h100).id == "bf16-pure/sdpa:flash/inductor/adamw-fused"
+
+
+def test_an_optimizer_this_device_cannot_run_is_one_clear_error():
+    with pytest.raises(NandoctorError, match="cannot run on this device: paging moves optimizer state"):
+        parse_configurations(Recipe(), CPU, None, "optimizer=bnb-paged-adamw8bit", [])
 
 
 def test_unsupported_target_is_one_clear_error():

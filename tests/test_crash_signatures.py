@@ -13,6 +13,7 @@ MESSAGES = {  # signature id: an exception message as the library raises it
     "flash-attn-half-only": "FlashAttention only support fp16 and bf16 data type",
     "sdpa-no-viable-backend": "No viable backend for scaled_dot_product_attention was found.",
     "inductor-no-cxx-compiler": "torch._inductor.exc.InvalidCxxCompiler: No working C++ compiler found",
+    "fp8-gemm-shape-not-multiple-of-16": "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (18432x1).",
 }
 
 

@@ -95,6 +95,13 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
     "grad-scale-falls-below-1": (
         lambda t, p: observed_facts(scaled([(2.0, True), (1.0, True)])),
         lambda t, p: observed_facts(scaled([(65536.0, True), (32768.0, False)]))),
+    "fp8-batch-tokens-not-multiple-of-16": (  # tiny-llama batches 4 sequences: 4 * 65 = 260 tokens
+        lambda t, p: facts(recipe(seq_len="65"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0")),
+        lambda t, p: facts(recipe(seq_len="64"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0"))),
+    "fp8-torchao-without-compile": (lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
+                                    lambda t, p: facts(cell="fp8-rowwise/sdpa/inductor", env=gpu("9.0"))),
+    "fp8-rowwise-on-blackwell": (lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
+                                 lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0"))),
 }
 
 

@@ -76,3 +76,13 @@ def test_report_csv_writes_the_same_table(tmp_path, cli):
     assert proc.returncode == 0, proc.stderr
     import pandas as pd
     assert list(pd.read_csv(tmp_path / "probes.csv")["verdict"]) == list(EXPECTED.values())
+
+
+def test_a_record_without_the_fp8_section_meets_a_reference_written_with_it():
+    from nandoctor.analysis.verdicts import reference_key
+    from nandoctor.config import recipe_to_dict
+    from nandoctor.recipes import recipe_by_name
+    old = next(r for r in ResultsStore(FIXTURE).records() if r.probe_id == "fp32/eager/off")
+    assert "fp8" not in old.recipe
+    now = ProbeRecord.from_dict({**old.to_dict(), "recipe": recipe_to_dict(recipe_by_name("tiny-llama"))})
+    assert reference_key(old) == reference_key(now)

@@ -73,15 +73,18 @@ class RunAnalysis:
 
 
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
-    """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory."""
+    """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory,
+    optimizer-state bytes."""
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
-             "compile": o.record.cell.compile, "overrides": o.record.overrides, "seed": o.record.seed,
-             "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
+             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "overrides": o.record.overrides,
+             "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
              "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
+             "optimizer_state_bytes": o.record.optimizer_state_bytes,
              "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
-    columns = ["probe_id", "dtype", "attn", "compile", "overrides", "seed", "verdict", "step", "reason", "fidelity",
-               "tokens_per_s", "peak_memory_bytes", "steps_run", "wall_s", "flags"]
-    return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64"})
+    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "overrides", "seed", "verdict", "step", "reason",
+               "fidelity", "tokens_per_s", "peak_memory_bytes", "optimizer_state_bytes", "steps_run", "wall_s", "flags"]
+    return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
+                                                       "optimizer_state_bytes": "Int64"})
 
 
 def analyze_records(meta: dict, records: list[ProbeRecord]) -> RunAnalysis:
@@ -143,6 +146,6 @@ def ranked_table(analysis: RunAnalysis) -> pd.DataFrame:
 
 
 def load_run(run_dir) -> pd.DataFrame:
-    """A run directory's probes as a DataFrame, one row per probe: cell (dtype, attn, compile) and
+    """A run directory's probes as a DataFrame, one row per probe: cell (dtype, attn, compile, optimizer) and
     overrides, verdict, failing step, fidelity, tokens/s, peak memory and rank."""
     return ranked_table(analyze(run_dir))

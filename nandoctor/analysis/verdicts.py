@@ -8,7 +8,8 @@ import math
 from dataclasses import dataclass
 
 from ..cells import REFERENCE_CELL
-from ..config import THRESHOLDS, Thresholds
+from ..config import THRESHOLDS, Thresholds, recipe_from_dict, recipe_to_dict
+from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
 
@@ -126,8 +127,15 @@ def is_reference(record: ProbeRecord) -> bool:
 
 
 def reference_key(record: ProbeRecord) -> str:
-    """Drift is judged against the reference of the same recipe variant and seed."""
-    return json.dumps([record.recipe, record.seed], sort_keys=True, default=str)
+    """Drift is judged against the reference of the same recipe variant and seed. The recipe is read
+    back with today's defaults, so that a record written before a recipe section existed (fp8) meets
+    the reference a resumed run writes now."""
+    recipe = record.recipe
+    try:
+        recipe = recipe_to_dict(recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", "")))
+    except NandoctorError:
+        pass  # a recipe this version cannot read (a newer one's) is compared as written
+    return json.dumps([recipe, record.seed], sort_keys=True, default=str)
 
 
 class References:

@@ -1,4 +1,4 @@
-"""The factors of a bisection: parse --good / --bad / --factor into full configurations (the three
+"""The factors of a bisection: parse --good / --bad / --factor into full configurations (the four
 grid axes plus dotted recipe fields), and turn a configuration back into a cell and a recipe variant.
 Pure apart from the recipe validation it calls."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
 from ..config import Recipe, dotted_fields, get_field, set_field
 from ..errors import NandoctorError
 
-BASELINE_AXES = REFERENCE_CELL.to_dict()
+BASELINE_AXES = {axis: getattr(REFERENCE_CELL, axis) for axis in AXES}  # every axis, the default optimizer too
 # What a user would like to train with on each kind of device, fastest first. The default target is
 # the first combination the device supports (capabilities.cell_support).
 # - GPU: lowest precision (tensor cores), fused attention, compile on.
@@ -19,24 +19,30 @@ BASELINE_AXES = REFERENCE_CELL.to_dict()
 #   took 0.15 s in fp32, 0.7 s in bf16-amp and 1.0 s in bf16-pure; the default grid ranked
 #   fp32/sdpa:flash and fp32/sdpa:math first by tokens/s. A first inductor step costs ~36 s there, more
 #   than a whole short probe, so compile comes last.
+# - optimizer: fused AdamW on a GPU (one kernel for all parameters; what TrainingArguments picks by
+#   default with torch >= 2.8); the plain one on a CPU. The 8-bit and 4-bit optimizers save memory,
+#   not time, and the fp8 dtypes pay off only on large matmuls: like every opt-in value (not in the
+#   default grid) they are a target only when named (--bad dtype=fp8-rowwise,optimizer=ao-adamw8bit).
 FASTEST_FIRST = {
     "cuda": {
         "dtype": ("bf16-pure", "fp16-pure", "bf16-amp", "fp16-amp", "tf32", "fp32"),
         "attn": ("sdpa:flash", "sdpa:cudnn", "flash_attention_2", "sdpa:efficient", "sdpa", "eager"),
         "compile": ("inductor", "aot_eager", "off"),
+        "optimizer": ("adamw-fused", "adamw"),
     },
     "cpu": {
         "dtype": ("fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"),
         "attn": ("sdpa:flash", "sdpa", "sdpa:math", "eager"),
         "compile": ("off", "aot_eager", "inductor"),
+        "optimizer": ("adamw",),
     },
 }
 
 
 def fastest_cell(device: dict) -> Cell:
     order = FASTEST_FIRST["cuda" if device.get("device") == "cuda" else "cpu"]
-    for dtype, attn, compile_ in itertools.product(*order.values()):
-        cell = Cell(dtype, attn, compile_)
+    for values in itertools.product(*(order[axis] for axis in AXES)):
+        cell = Cell(**dict(zip(AXES, values)))
         if cell_support(cell, device) is None:
             return cell
     return REFERENCE_CELL
@@ -77,7 +83,7 @@ def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: st
     values that differ between the two are factors of the search."""
     good_set = {k: typed_value(recipe, k, v, "--good") for k, v in parse_assignments(good, "--good").items()} if good else {}
     bad_set = {k: typed_value(recipe, k, v, "--bad") for k, v in parse_assignments(bad, "--bad").items()} if bad else \
-        {"dtype": (c := fastest_cell(device)).dtype, "attn": c.attn, "compile": c.compile}
+        {axis: getattr(fastest_cell(device), axis) for axis in AXES}
     for item in factors:
         bad_set.update({k: typed_value(recipe, k, v, "--factor") for k, v in parse_assignments(item, "--factor").items()})
     fields = [k for k in {**good_set, **bad_set} if k not in AXES]
@@ -88,14 +94,10 @@ def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: st
                              "give --bad / --factor values that differ from the baseline")
     for label, cfg in (("target", bad_cfg), ("baseline", good_cfg)):
         variant(recipe, cfg)  # every combination is validated when it is probed; fail early on these two
-        why = cell_support(cell_of(cfg), device)
+        why = cell_support(Cell.of(cfg), device)
         if why:
-            raise NandoctorError(f"the {label} {cell_of(cfg).id} cannot run on this device: {why}")
+            raise NandoctorError(f"the {label} {Cell.of(cfg).id} cannot run on this device: {why}")
     return good_cfg, bad_cfg
-
-
-def cell_of(config: dict) -> Cell:
-    return Cell(config["dtype"], config["attn"], config["compile"])
 
 
 def variant(recipe: Recipe, config: dict) -> Recipe:

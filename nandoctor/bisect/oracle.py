@@ -9,7 +9,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
-from ..cells import AXES
+from ..cells import AXES, Cell
 from ..config import Recipe, get_field
 from ..env import collect_summary
 from ..errors import NandoctorError
@@ -19,7 +19,7 @@ from ..record import ProbeRecord
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import BASELINE_AXES, cell_of, fmt_value, parse_configurations, variant
+from .factors import BASELINE_AXES, fmt_value, parse_configurations, variant
 
 FAIL_ON = tuple(v for v in UNRESOLVED_VERDICTS if v != "unsupported")  # what --fail-on may count as a failure
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
@@ -52,7 +52,7 @@ class ProbeOracle:
         self.references = References()
 
     def planned(self, trial: Trial) -> PlannedProbe:
-        cell = cell_of(trial.config)
+        cell = Cell.of(trial.config)
         own = variant(self.recipe, trial.config)
         overrides = {k: v for k, v in trial.config.items() if k not in AXES and v != get_field(self.recipe, k)}
         probe_id = cell.id + "".join(f" {k}={fmt_value(v)}" for k, v in overrides.items())

@@ -1,10 +1,11 @@
 """What one probe trains with, built from its spec inside the probe process: the model, the data
-stream, the optimizer, and the cell's numerics (autocast, GradScaler, SDPA backend pin). The timed
-run, the forensics replay and the benchmarks all start from `setup`, so they train the same thing."""
+stream, the optimizer, and the cell's numerics (autocast, fp8 conversion, GradScaler, SDPA backend
+pin). The timed run, the forensics replay and the benchmarks all start from `setup`, so they train
+the same thing."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
@@ -12,6 +13,7 @@ from ..config import Recipe
 from ..data import batches
 from ..models import apply_adapter, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
+from .optimizers import build_optimizer, eager_reason, step_eagerly
 
 
 def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int):
@@ -42,14 +44,6 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int):
     return model
 
 
-def build_optimizer(model, recipe: Recipe):
-    """AdamW over the trainable parameters, in their own dtype (so its state is half in the pure cells)."""
-    import torch
-    o = recipe.optimizer
-    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
-                             betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-
-
 def precision(cell: Cell, device: str):
     """(autocast context factory, GradScaler) for a cell; the scaler is live only where the cell's row
     says so (fp16-amp)."""
@@ -75,6 +69,15 @@ def attention(cell: Cell):
     return lambda: sdpa_kernel([backend])
 
 
+def within(outer: Callable, inner: Callable) -> Callable:
+    """A context factory that enters `outer`, then `inner` (TE's fp8 autocast inside the bf16 one)."""
+    @contextlib.contextmanager
+    def both():
+        with outer(), inner():
+            yield
+    return both
+
+
 @dataclass
 class Setup:
     """Everything `train.train` needs for one probe."""
@@ -85,15 +88,26 @@ class Setup:
     scaler: Any
     attend: Callable
     sync: Callable  # waits for the device, so that step times are real
+    fp8_excluded: dict = field(default_factory=dict)  # fp8 cells: {linear left in high precision: why}
+    optimizer_eager: str | None = None  # why the optimizer step runs eagerly here, when it does
 
 
 def setup(spec: ProbeSpec) -> Setup:
-    """Build the probe's model, data, optimizer and numerics on its device, seeded by the spec."""
+    """Build the probe's model, data, optimizer and numerics on its device, seeded by the spec. An fp8
+    cell converts its linears before the optimizer is built over the parameters."""
     import torch
-    device = spec.device
-    model = build_model(spec.plan, spec.recipe, spec.cell, spec.seed).to(device)
+    device, cell = spec.device, spec.cell
+    model = build_model(spec.plan, spec.recipe, cell, spec.seed).to(device)
     data = ({k: v.to(device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
-    optimizer = build_optimizer(model, spec.recipe)
-    autocast, scaler = precision(spec.cell, device)
+    autocast, scaler = precision(cell, device)
+    fp8_excluded = {}
+    if cell.precision.fp8:
+        from .fp8 import prepare_fp8
+        fp8_context, fp8_excluded = prepare_fp8(model, cell.precision.fp8, spec.recipe.fp8)
+        autocast = within(autocast, fp8_context)
+    optimizer = build_optimizer(cell.optimizer, [p for p in model.parameters() if p.requires_grad], spec.recipe.optimizer)
+    eager = eager_reason(cell.optimizer, device)
+    if eager:
+        step_eagerly(optimizer)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return Setup(model, data, optimizer, autocast, scaler, attention(spec.cell), sync)
+    return Setup(model, data, optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..record import ProbeRecord, ProbeSpec
 from .build import setup
+from .memory import split_after_first_step
 from .train import StepLog, peak_memory, train
 
 
@@ -33,8 +34,11 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     backend = spec.cell.compilation.backend
     forward = s.model if backend is None else torch.compile(s.model, backend=backend)
     record.load_s = time.perf_counter() - t0
+    record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
+    record.optimizer_eager = s.optimizer_eager
     log = StepLog(steps_path, spec.steps)
     record.steps = log.steps
+    split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
     try:
         train(forward, s, spec.recipe.grad_clip, spec.steps, log)
@@ -43,6 +47,9 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
         record.first_nonfinite = log.first_nonfinite
         record.stopped_early = log.stopped_early
         record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
+        record.weights_bytes = split.get("weights_bytes")
+        record.grads_bytes = split.get("grads_bytes")
+        record.optimizer_state_bytes = split.get("optimizer_state_bytes")
 
 
 def forensics_of(spec: ProbeSpec, record: ProbeRecord) -> dict:

@@ -26,6 +26,8 @@ from ..cells import weight_dtype
 from ..data import batches
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import setup
+from .fp8 import fp8_watch
+from .optimizers import dense
 from .train import train
 
 ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
@@ -150,7 +152,7 @@ class OptimizerWatch:
             state = optimizer.state.get(p, {})
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
-            moving = state["exp_avg"] != 0  # an element with a non-zero first moment is meant to move
+            moving = dense(state["exp_avg"]) != 0  # an element with a non-zero first moment is meant to move
             if decay:
                 moving = moving | (old != 0)
             lost += (moving & (p.detach() == old)).sum()
@@ -172,7 +174,7 @@ class OptimizerWatch:
                  "before": {"what": "the parameter before the update", "module": name, **_as_dict(_stats([old]).cpu().tolist())},
                  "nonfinite_elements": int((~torch.isfinite(p.detach())).sum())}
         if "exp_avg_sq" in state:
-            v = state["exp_avg_sq"]
+            v = dense(state["exp_avg_sq"])
             event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
             event["state_dtype"] = str(v.dtype).replace("torch.", "")
         if eps is not None:
@@ -236,6 +238,7 @@ def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
         out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
         out["underflow"]["seconds"] = time.perf_counter() - t1
     modules, opt = ModuleWatch(s.model), OptimizerWatch(s.model, s.optimizer)
+    casts = fp8_watch(s.model, cell, recipe)
 
     def on_step(step: Step) -> bool:
         step.update_loss, opt_event = opt.take()
@@ -249,6 +252,10 @@ def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
     finally:
         modules.remove()
         opt.remove()
+        if casts:
+            casts.remove()
+    if casts:
+        out["fp8"] = {"recipe": cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
     out["activation_absmax"] = modules.activation_absmax
     out["gradient_absmax"] = modules.gradient_absmax
     out["reproduced"] = reproduced(timed.steps, out["steps"])

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..api import run_check
-from ..cells import AXES, Cell
+from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
 from .common import add_model_args, listener, recipe_from_args
 
 
@@ -12,11 +12,12 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="bf16-amp", help=f"one of {', '.join(AXES['dtype'])} (default bf16-amp)")
     p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(AXES['attn'])} (default sdpa)")
     p.add_argument("--compile", default="off", help=f"one of {', '.join(AXES['compile'])} (default off)")
+    p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, help=f"one of {', '.join(AXES['optimizer'])} (default {DEFAULT_OPTIMIZER})")
     p.set_defaults(func=run, steps=None)
 
 
 def run(args) -> int:
-    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}")
+    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}")
     recipe = recipe_from_args(args)
     analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None))
     for name, passed, detail in checks:

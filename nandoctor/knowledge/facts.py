@@ -98,9 +98,10 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
     args = trainer_args or {}
     trained = trainable_dtype(recipe, cell)
     init_kwargs = args.get("model_init_kwargs") or {}
+    fp8 = cell.precision.fp8
     facts = {
-        "dtype": cell.dtype, "attn": cell.attn, "compile": cell.compile,
-        "uses_bf16": cell.dtype.startswith("bf16") or trained == "bf16",
+        "dtype": cell.dtype, "attn": cell.attn, "compile": cell.compile, "optimizer": cell.optimizer,
+        "uses_bf16": cell.precision.compute == "bfloat16" or trained == "bf16",  # the fp8 cells run in bf16 autocast
         "grad_scaler": cell.precision.scaler,
         "trainable_dtype": trained,
         "adapter": recipe.adapter.type,
@@ -112,6 +113,10 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
         "mask_pad_labels": recipe.pad_token.mask_labels,
         "logging_nan_inf_filter": args.get("logging_nan_inf_filter"),
         "trainer_bf16_and_fp16": bool(args.get("bf16") and args.get("fp16")) if trainer_args else None,
+        "fp8_backend": fp8.package if fp8 else None,
+        "fp8_scaling": fp8.scaling if fp8 else None,
+        # the linears see the batch flattened to batch_size * seq_len rows
+        "batch_tokens_mod_16": recipe.batch_size * recipe.seq_len % 16,
     }
     facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
     return facts

@@ -2,6 +2,8 @@
 JUnit renderers so that they agree."""
 from __future__ import annotations
 
+from ..cells import AXES, Cell
+
 PHASE_TEXT = {"confirm-target": "confirm the target fails", "confirm-baseline": "confirm the baseline passes",
               "ddmin": "ddmin: try a subset", "rerun": "rerun the failure", "minimality": "remove one culprit factor",
               "revert": "target, culprits reverted", "recommend": "candidate recommendation"}
@@ -17,8 +19,8 @@ def factor_text(b: dict, names: list[str]) -> str:
 
 
 def config_text(config: dict) -> str:
-    cell = f"{config['dtype']}/{config['attn']}/{config['compile']}"
-    return " ".join([cell] + [f"{k}={_value(v)}" for k, v in config.items() if k not in ("dtype", "attn", "compile")])
+    cell = Cell.of(config).id
+    return " ".join([cell] + [f"{k}={_value(v)}" for k, v in config.items() if k not in AXES])
 
 
 def probe_line(done: int, record) -> str:

@@ -11,6 +11,7 @@ from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from ..cells import SHORT_DTYPES
 from .charts import line_chart
 from .common import label
+from .savings import explain_lines
 
 TIGHTEST = 5  # modules listed per probe
 # bf16 keeps fp32's 8-bit exponent, so its range headroom is ~1e37x: only fp16 gets the per-module table
@@ -236,6 +237,7 @@ def explain_text(o: ProbeOutcome) -> str:
                      f"of {uf['nonzero_elements']} non-zero elements" + (f" (worst: {worst})" if worst else ""))
     if ul:
         lines.append(f"  update loss ({ul['weight_dtype']} weights): mean {fmt_fraction(ul['mean'])}, max {fmt_fraction(ul['max'])} over {ul['steps']} steps")
+    lines += explain_lines(o)
     curve = fidelity_curve(o.record.steps, o.reference_steps)
     if curve:
         lines.append("  fidelity per step (loss rel. error): " + " ".join(fmt_fraction(c["loss"]) for c in curve))

@@ -10,6 +10,7 @@ from ..config import THRESHOLDS
 from . import bisection, common, failures, matrix
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
+from .savings import savings_markdown
 
 
 def _table(rows: list[dict]) -> str:
@@ -33,6 +34,7 @@ def render_markdown(a: RunAnalysis) -> str:
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
+    parts += savings_markdown(a, _table)
     parts += doctor_markdown(m.get("env", {}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
     parts += [f"Command: `{m.get('command', '')}`", ""]
@@ -63,14 +65,14 @@ def _md_cell(c: dict | None) -> str:
 
 
 def matrix_section(a: RunAnalysis) -> list[str]:
-    """The verdict matrix as one Markdown table per compile value."""
+    """The verdict matrix as one Markdown table per panel (compile value, and optimizer when several)."""
     panels, off_grid = matrix.matrix_panels(a), matrix.off_grid_rows(a)
     if not panels and not off_grid:
         return []
     parts = ["## Verdict per configuration", ""]
     for p in panels:
         rows = [{"dtype \\ attention": r["dtype"], **{col: _md_cell(c) for col, c in zip(p["columns"], r["cells"])}} for r in p["rows"]]
-        parts += [f"compile={p['compile']}:", "", _table(rows), ""]
+        parts += [f"{p['caption']}:", "", _table(rows), ""]
     if panels:
         parts += ["★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step · – not run on this device", ""]
     if off_grid:

@@ -1,5 +1,5 @@
-"""The verdict matrix at the top of report.html and report.md: one panel per compile value, a row per
-dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
+"""The verdict matrix at the top of report.html and report.md: one panel per compile value (and per
+optimizer, when a run probes several), a row per dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
 in cells.AXES order, so a new dtype or attention value gets its row or column without a change here.
 
 A cell holds the probe of the run's own recipe and seed; probes with recipe overrides or other seeds
@@ -66,7 +66,7 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str]) -> 
 
 
 def matrix_panels(a: RunAnalysis) -> list[dict]:
-    """[{'compile', 'columns': [attn], 'rows': [{'dtype', 'cells': [cell dict or None]}]}]; a cell dict
+    """[{'compile', 'optimizer', 'caption', 'columns': [attn], 'rows': [{'dtype', 'cells': [cell dict or None]}]}]; a cell dict
     has 'verdict' (a verdict name, or 'pending'), 'lines' (what the cell shows), 'title' (the hover
     text: every probe's reason) and 'recommended' / 'fastest'. Empty when no probe fits the grid."""
     by_cell: dict[Cell, list[ProbeOutcome]] = {}
@@ -82,16 +82,17 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
     pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
                "recommended": False, "fastest": False}
     panels = []
-    for comp in values["compile"]:
+    for comp, opt in ((c, o) for c in values["compile"] for o in values["optimizer"]):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
-                cell = Cell(dtype, attn, comp)
+                cell = Cell(dtype, attn, comp, opt)
                 row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
-        panels.append({"compile": comp, "columns": values["attn"], "rows": rows})
+        caption = f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
+        panels.append({"compile": comp, "optimizer": opt, "caption": caption, "columns": values["attn"], "rows": rows})
     return panels
 
 

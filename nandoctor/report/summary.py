@@ -4,12 +4,14 @@ from __future__ import annotations
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from .failures import failure_classes
 from .forensics import forensics_summary
+from .savings import savings_summary
 
 
 def _probe(o: ProbeOutcome) -> dict:
     return {"probe_id": o.probe_id, "cell": o.record.cell.to_dict(), "overrides": o.record.overrides,
             "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
+            "optimizer_state_bytes": o.record.optimizer_state_bytes,
             "steps_run": len(o.record.steps), "forensics": forensics_summary(o)}
 
 
@@ -21,4 +23,4 @@ def render_summary(a: RunAnalysis) -> dict:
             "ranking": [o.probe_id for o in a.ranking], "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),
             "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),
-            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings}}
+            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings}, "savings": savings_summary(a)}

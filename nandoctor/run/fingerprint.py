@@ -4,14 +4,18 @@ reused (`--cache`) exactly when rerunning the probe would compute the same thing
 What goes in: the probe's spec (recipe with its overrides applied, cell, model plan, steps, seed,
 device, threads: CPU kernels split reductions by thread count), the weight files' names, sizes and
 modification times for a local checkpoint, and the environment (library versions, device, GPU,
-CPU model). What stays out: the run's location and the plan's prose (`why` quotes free memory).
-Pure apart from stat()ing weight files; imports nothing from nandoctor.
+CPU model, and the version of every optional package the cell uses). What stays out: the run's
+location, the plan's prose (`why` quotes free memory) and the recipe's fp8 section for a cell that is
+not fp8 (it reads none of it; runs written before the section existed keep their fingerprints).
+Pure apart from stat()ing weight files; imports only the cell table.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+
+from ..cells import OPTIMIZERS, PRECISIONS, Cell
 
 ENV_KEYS = ("python", "torch", "transformers", "peft", "cuda", "cudnn", "device", "flash_attn", "cpu_model")
 
@@ -35,11 +39,25 @@ def weights_stamp(path: str | None) -> list:
 LEGACY_SPEC = {"stop_on_nonfinite": True}
 
 
+def package_versions(cell: Cell, env: dict) -> dict:
+    """{package: version} of the optional packages the cell's fp8 recipe and optimizer use."""
+    fp8 = PRECISIONS[cell.dtype].fp8
+    used = [p for p in (fp8.package if fp8 else None, OPTIMIZERS[cell.optimizer].package) if p]
+    return {p: ((env.get("packages") or {}).get(p) or {}).get("version") for p in used}
+
+
 def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides and its environment; key
     order does not matter."""
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
-    payload = {"spec": {**spec, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
+    cell = Cell(**spec["cell"])
+    recipe = spec.get("recipe", {})
+    if PRECISIONS[cell.dtype].fp8 is None:
+        recipe = {k: v for k, v in recipe.items() if k != "fp8"}
+    payload = {"spec": {**spec, "recipe": recipe, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
                "weights": weights_stamp(plan.get("path"))}
+    packages = package_versions(cell, env)
+    if packages:  # only cells that use an optional package carry the key, so older fingerprints stay
+        payload["packages"] = packages
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
