@@ -99,6 +99,12 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
     return total, trainable
 
 
+def training_bytes(params: int, trainable: int) -> int:
+    """What training a model needs, before activations: fp32 weights, and for the trainable ones a
+    gradient and AdamW's two moments. The planner's fit test and the GPU packing both use it."""
+    return params * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
+
+
 def memory_budget(device: dict) -> int:
     if device.get("gpus"):
         return device["gpus"][0]["memory_bytes"]
@@ -109,7 +115,7 @@ def plan_model(recipe: Recipe, device: dict) -> ModelPlan:
     """Decide what will be probed: local weights or a twin, full or probe scale, and why."""
     config = model_config(recipe)
     full, trainable = count_params(config, recipe)
-    need = full * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
+    need = training_bytes(full, trainable)
     budget = memory_budget(device)
     fits = need <= FIT_FRACTION * budget
     scale = recipe.model.scale if recipe.model.scale != "auto" else ("full" if fits else "probe")

@@ -1,10 +1,12 @@
 """What one probe trains with, built from its spec inside the probe process: the model, the data
 stream, the optimizer, and the cell's numerics (autocast, GradScaler, SDPA backend pin). The timed
-run, the forensics replay and the benchmarks all start from `setup`, so they train the same thing."""
+run and the benchmarks start from `setup`; the forensics replay keeps its model and takes a fresh
+optimizer, GradScaler and data stream from `restart`, so they train the same thing."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
@@ -14,24 +16,27 @@ from ..models import apply_adapter, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 
 
-def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int):
-    """The model for one probe, on CPU, in training mode, adapter applied, weights in their dtype."""
+def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: str = "cpu"):
+    """The model for one probe, built on `device`, in training mode, adapter applied, weights in their
+    dtype. A twin is created and initialised there and local weights load straight onto it: an 8B
+    model random-initialised on the CPU and then moved cost ~90 s of an H100 probe (issue 10)."""
     import torch
     from transformers import AutoModelForCausalLM
     load_dtype = getattr(torch, LOAD_DTYPES[recipe.model.dtype_on_load])
     attn = cell.attention.implementation
     remote = recipe.model.trust_remote_code
-    torch.manual_seed(seed)
-    if plan.source == "local-weights":
-        model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
+    torch.manual_seed(seed)  # seeds the CUDA generators too: every probe of a run starts from the same weights
+    with torch.device(device):  # transformers builds and initialises under the ambient device
+        if plan.source == "local-weights":
+            model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
+                                                         trust_remote_code=remote, device_map=device)
+        else:
+            config = model_config(recipe)
+            config = probe_scale(config) if plan.scale == "probe" else config
+            model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
                                                      trust_remote_code=remote)
-    else:
-        config = model_config(recipe)
-        config = probe_scale(config) if plan.scale == "probe" else config
-        model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
-                                                 trust_remote_code=remote)
-    model.config.use_cache = False
-    model = apply_adapter(model, recipe)
+        model.config.use_cache = False
+        model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
     if recipe.adapter.type != "none" and cell.precision.weights is None:
         # peft keeps adapters in fp32 when the base is half; .to() above undid that for -amp cells
@@ -85,15 +90,30 @@ class Setup:
     scaler: Any
     attend: Callable
     sync: Callable  # waits for the device, so that step times are real
+    build_s: float = 0.0  # constructing the model on its device (init or weight load)
+
+
+def _data(spec: ProbeSpec, model):
+    return ({k: v.to(spec.device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
 
 
 def setup(spec: ProbeSpec) -> Setup:
     """Build the probe's model, data, optimizer and numerics on its device, seeded by the spec."""
     import torch
     device = spec.device
-    model = build_model(spec.plan, spec.recipe, spec.cell, spec.seed).to(device)
-    data = ({k: v.to(device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
-    optimizer = build_optimizer(model, spec.recipe)
-    autocast, scaler = precision(spec.cell, device)
+    t0 = time.perf_counter()
+    model = build_model(spec.plan, spec.recipe, spec.cell, spec.seed, device)
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return Setup(model, data, optimizer, autocast, scaler, attention(spec.cell), sync)
+    sync()
+    build_s = time.perf_counter() - t0
+    autocast, scaler = precision(spec.cell, device)
+    return Setup(model, _data(spec, model), build_optimizer(model, spec.recipe), autocast, scaler, attention(spec.cell),
+                 sync, build_s)
+
+
+def restart(spec: ProbeSpec, s: Setup) -> Setup:
+    """The same model (its weights restored by the caller) with a fresh optimizer, GradScaler and data
+    stream: what the replay trains, without building the model a second time."""
+    s.optimizer = None  # free the timed run's AdamW state before the fresh one is made
+    _, scaler = precision(spec.cell, spec.device)
+    return replace(s, data=_data(spec, s.model), optimizer=build_optimizer(s.model, spec.recipe), scaler=scaler)
