@@ -154,5 +154,5 @@ class CrashingLlamaForCausalLM(LlamaForCausalLM):
 
 def save_crashing_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
-    fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa and fp32/sdpa:flash train."""
+    fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa trains."""
     return save_custom_llama(path, "crashing_llama", "Crashing", CRASHING_CODE)
