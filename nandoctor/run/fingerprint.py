@@ -4,7 +4,8 @@ reused (`--cache`) exactly when rerunning the probe would compute the same thing
 What goes in: the probe's spec (recipe with its overrides applied, cell, model plan, steps, seed,
 device, threads: CPU kernels split reductions by thread count), the weight files' names, sizes and
 modification times for a local checkpoint, and the environment (library versions, device, GPU,
-CPU model). What stays out: the run's location and the plan's prose (`why` quotes free memory).
+CPU model). What stays out: the run's location, the plan's prose (`why` quotes free memory) and the
+forensics replay's time budget (it never changes a number, and runs before it had none).
 Pure apart from stat()ing weight files; imports nothing from nandoctor.
 """
 from __future__ import annotations
@@ -33,12 +34,14 @@ def weights_stamp(path: str | None) -> list:
 # Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
+NOT_NUMERICS = ("forensics_timeout_s",)  # recipe fields that decide no number of the probe
 
 
 def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides and its environment; key
     order does not matter."""
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
+    spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
     payload = {"spec": {**spec, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
                "weights": weights_stamp(plan.get("path"))}
