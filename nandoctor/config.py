@@ -93,7 +93,8 @@ class Recipe:
             if value not in valid:
                 raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
         positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
-                    "timeout_s": self.timeout_s, "forensics_timeout_s": self.forensics_timeout_s, "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches}
+                    "timeout_s": self.timeout_s, "forensics_timeout_s": self.forensics_timeout_s,
+                    "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches}
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")

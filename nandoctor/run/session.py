@@ -7,9 +7,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..capabilities import input_support
 from ..config import Recipe, recipe_to_dict
 from ..env import collect_summary
-from ..capabilities import input_support
 from ..models import plan_model, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
