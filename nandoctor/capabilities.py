@@ -128,6 +128,32 @@ def cell_support(cell: Cell, device: dict) -> str | None:
     return None
 
 
+def _torch_version(device: dict) -> tuple[int, int]:
+    try:
+        return tuple(int(x) for x in (device.get("torch") or "").split("+")[0].split(".")[:2])
+    except ValueError:
+        return (0, 0)
+
+
+def input_support(cell: Cell, shape: dict, padded: bool, device: dict) -> str | None:
+    """None unless the cell's pinned CUDA SDPA kernel is certain to refuse the inputs transformers will
+    give it (then PyTorch raises "No available kernel"), judged from the model's shape (ModelPlan.shape)
+    and whether the data has padding. Such cells are planned unsupported and never spawned."""
+    if device.get("device") != "cuda" or not cell.attn.startswith("sdpa:"):
+        return None
+    # transformers materialises the attention mask when there is padding, and under torch.compile before
+    # torch 2.14 (masking_utils._ignore_causal_mask_sdpa: no is_causal skip while tracing, pytorch#176499)
+    masked = padded or (cell.compile != "off" and _torch_version(device) < (2, 14))
+    if cell.attn == "sdpa:flash" and masked:
+        return ("the flash SDPA kernel takes no attention mask, and transformers passes a materialised bool mask "
+                + ("for padded batches" if padded else f"under torch.compile ({cell.compile})"))
+    if cell.attn == "sdpa:efficient" and shape.get("kv_heads", shape.get("heads")) != shape.get("heads") and not masked:
+        return (f"the memory-efficient SDPA kernel has no grouped-query attention: with no mask transformers calls "
+                f"SDPA with enable_gqa ({shape['heads']} query / {shape['kv_heads']} key-value heads), and both fused "
+                "kernels require query, key and value to have the same num_heads (sdp_utils.cpp)")
+    return None
+
+
 def sdpa_backends(device: dict) -> dict[str, bool]:
     """Which scaled_dot_product_attention backends this device runs (with half inputs): the sdpa:*
     rows of the cell table, judged by cell_support. On a CPU, math and a CPU flash kernel exist."""

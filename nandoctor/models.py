@@ -99,6 +99,12 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
     return total, trainable
 
 
+def training_bytes(params: int, trainable: int) -> int:
+    """What training a model needs, before activations: fp32 weights, and for the trainable ones a
+    gradient and AdamW's two moments. The planner's fit test and the GPU packing both use it."""
+    return params * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
+
+
 def memory_budget(device: dict) -> int:
     if device.get("gpus"):
         return device["gpus"][0]["memory_bytes"]
@@ -107,7 +113,7 @@ def memory_budget(device: dict) -> int:
 
 def training_fit(full: int, trainable: int, device: dict) -> tuple[bool, str]:
     """Whether training a model of `full` parameters (`trainable` of them trained) fits this device, and why."""
-    need = full * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
+    need = training_bytes(full, trainable)
     budget = memory_budget(device)
     text = f"{full / 1e6:.1f}M params need ~{need / 2**30:.1f} GiB to train; {FIT_FRACTION:.0%} of {budget / 2**30:.0f} GiB is available"
     return need <= FIT_FRACTION * budget, text

@@ -19,6 +19,11 @@ from .cells import Cell
 from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 
 
+# `forensics` of a result written after the timed steps, while the replay still runs. A record that
+# still says so when its process ended had its replay cut short (the runner notes why).
+REPLAY_RUNNING = {"status": "running"}
+
+
 def _known(cls, data: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
@@ -135,8 +140,11 @@ class ProbeRecord:
     worker_pid: int | None = None
     cached_from: str | None = None  # the run directory a reused record was first measured in
     env: dict | None = None
-    load_s: float | None = None
+    load_s: float | None = None  # setup: model, data, optimizer, numerics (build_s included)
+    build_s: float | None = None  # constructing the model on its device (init or weight load)
     train_s: float | None = None
+    compile_s: float | None = None  # compiled cells: what the first step took beyond a steady step
+    steady_step_s: float | None = None  # median step time after the first step (what tokens/s is ranked on)
     first_nonfinite: dict | None = None
     stopped_early: bool = False
     peak_memory_bytes: int | None = None

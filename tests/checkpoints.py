@@ -152,7 +152,33 @@ class CrashingLlamaForCausalLM(LlamaForCausalLM):
 '''
 
 
+SLOW_REPLAY_CODE = '''
+import time
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class SlowReplayLlamaConfig(LlamaConfig):
+    model_type = "slowreplay-llama"
+
+
+class SlowReplayLlamaForCausalLM(LlamaForCausalLM):
+    """Modeling code that trains normally, but sleeps once forward hooks watch it: the forensics
+    replay (which hooks every module) hangs, the timed steps (which hook nothing) do not."""
+    config_class = SlowReplayLlamaConfig
+
+    def forward(self, *args, **kwargs):
+        if self._forward_hooks:
+            time.sleep(3600)
+        return super().forward(*args, **kwargs)
+'''
+
+
+def save_slow_replay_llama(path: Path) -> Path:
+    """A checkpoint with its own modeling code whose forensics replay hangs and whose timed steps train."""
+    return save_custom_llama(path, "slow_replay_llama", "SlowReplay", SLOW_REPLAY_CODE)
+
+
 def save_crashing_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
-    fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa and fp32/sdpa:flash train."""
+    fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa trains."""
     return save_custom_llama(path, "crashing_llama", "Crashing", CRASHING_CODE)

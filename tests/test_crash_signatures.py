@@ -12,6 +12,8 @@ MESSAGES = {  # signature id: an exception message as the library raises it
     "flash-attn-needs-ampere": "FlashAttention only supports Ampere GPUs or newer.",
     "flash-attn-half-only": "FlashAttention only support fp16 and bf16 data type",
     "sdpa-no-viable-backend": "No viable backend for scaled_dot_product_attention was found.",
+    "cpu-allocator-out-of-memory": "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                                   "you tried to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)",
     "inductor-no-cxx-compiler": "torch._inductor.exc.InvalidCxxCompiler: No working C++ compiler found",
     "fp8-gemm-shape-not-multiple-of-16": "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (18432x1).",
 }

@@ -14,7 +14,7 @@ def precision_run(tmp_path_factory):
     from conftest import run_cli
     out = tmp_path_factory.mktemp("run") / "precision"
     proc = run_cli("grid", "--axis", "dtype=fp32,fp16-pure,bf16-pure", "--axis", "attn=eager",
-                   "--set", "optimizer.lr=2e-5", "--steps", "16", "--out", out)
+                   "--axis", "compile=off", "--set", "optimizer.lr=2e-5", "--steps", "16", "--out", out)
     assert proc.returncode in (0, 1), proc.stderr
     return out, proc
 
@@ -81,7 +81,7 @@ def large_mlp_run(tmp_path_factory):
     ckpt = save_llama(base / "large-mlp", mlp_scale=LARGE_MLP)
     out = base / "run"
     proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp32,bf16-amp,fp16-amp", "--axis", "attn=sdpa",
-                   "--steps", "8", "--out", out)
+                   "--axis", "compile=off", "--steps", "8", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -108,7 +108,7 @@ def test_local_checkpoint_report_says_real_weights_were_used(large_mlp_run):
 def test_gpt2_runs_through_the_same_path(tmp_path, cli):
     out = tmp_path / "gpt2"
     proc = cli("grid", "--model", "gpt2", "--scale", "probe", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-               "--steps", "4", "--out", out)
+               "--axis", "compile=off", "--steps", "4", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = summary(out)
     assert s["model"]["model_type"] == "gpt2" and s["model"]["scale"] == "probe"

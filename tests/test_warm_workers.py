@@ -20,8 +20,11 @@ def crashing_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("crashing")
     ckpt = save_crashing_llama(base / "ckpt")
     out = base / "run"
+    # fp32/eager segfaults, then fp32/sdpa:math hangs, then fp32/sdpa (planned after the hang) trains;
+    # cells that run on a CPU and on a GPU alike
     proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32",
-                   "--axis", "attn=eager,sdpa,sdpa:math,sdpa:flash", "--steps", "2", "--set", "timeout_s=15", "--out", out)
+                   "--axis", "attn=eager,sdpa:math,sdpa", "--axis", "compile=off", "--steps", "2",
+                   "--set", "timeout_s=15", "--out", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     return out
 
@@ -30,7 +33,9 @@ def test_a_segfault_in_a_warm_child_is_classified_as_crash(crashing_run):
     probe = next(p for p in summary(crashing_run)["probes"] if p["probe_id"] == "fp32/eager/off")
     assert probe["verdict"] == "crash"
     assert "SIGSEGV" in probe["reason"]
-    assert "Fatal Python error: Segmentation fault" in records(crashing_run)["fp32/eager/off"]["log_tail"]
+    tail = records(crashing_run)["fp32/eager/off"]["log_tail"]
+    assert "Fatal Python error: Segmentation fault" in tail
+    assert "Extension modules:" not in tail  # faulthandler's module list would crowd the stack out of the tail
 
 
 def test_a_hang_in_a_warm_child_times_out(crashing_run):
@@ -41,10 +46,10 @@ def test_a_hang_in_a_warm_child_times_out(crashing_run):
 
 def test_the_worker_survives_its_childrens_crash_and_hang(crashing_run):
     recs = records(crashing_run)
-    assert verdicts(crashing_run)["fp32/sdpa/off"] == "stable"
-    assert verdicts(crashing_run)["fp32/sdpa:flash/off"] == "stable"  # planned after the hang
+    assert list(recs) == ["fp32/eager/off", "fp32/sdpa:math/off", "fp32/sdpa/off"]
+    assert verdicts(crashing_run)["fp32/sdpa/off"] == "stable"  # planned after the hang
     assert {r["launch"] for r in recs.values()} == {"warm"}
-    assert len({r["worker_pid"] for r in recs.values()}) == 1  # one worker ran all four, never replaced
+    assert len({r["worker_pid"] for r in recs.values()}) == 1  # one worker ran all three, never replaced
 
 
 def tiny_task(steps=2):
@@ -78,7 +83,7 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     for mode in ("warm", "cold"):
         out = tmp_path / mode
         # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
-        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--steps", "3", "--jobs", "2", "--out", out,
+        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--out", out,
                    *(["--cold"] if mode == "cold" else []))
         assert proc.returncode == 0, proc.stdout + proc.stderr
         runs[mode] = out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from ..cells import REFERENCE_CELL
@@ -63,7 +64,13 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
         err = record.error
         first = (err.get("message") or "").strip().splitlines()[:1]
         text = f"{err['type']}: {first[0] if first else ''}".strip().rstrip(":")
-        return Verdict(OOM if err.get("oom") else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
+        sig = diagnose_crash(err.get("message") or "")
+        if sig and sig.verdict == UNSUPPORTED:  # the device refused the cell: not the probe's failure
+            said = [w for w in err.get("warnings") or [] if re.search(sig.explained_by or "$^", w)]
+            because = "; ".join(w.split(": ", 1)[-1].strip() for w in said)
+            return Verdict(UNSUPPORTED, f"{text[:200]} ({sig.diagnosis.rstrip('.')})" + (f": PyTorch said {because[:600]}" if because else ""))
+        oom = err.get("oom") or (sig is not None and sig.verdict == OOM)
+        return Verdict(OOM if oom else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
     if not record.steps:
         return Verdict(CRASH, "the probe finished without completing a training step")
     return None

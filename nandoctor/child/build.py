@@ -1,11 +1,12 @@
 """What one probe trains with, built from its spec inside the probe process: the model, the data
 stream, the optimizer, and the cell's numerics (autocast, fp8 conversion, GradScaler, SDPA backend
-pin). The timed run, the forensics replay and the benchmarks all start from `setup`, so they train
-the same thing."""
+pin). The timed run and the benchmarks start from `setup`; the forensics replay keeps its model and
+takes a fresh optimizer, GradScaler and data stream from `restart`, so they train the same thing."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
@@ -16,24 +17,27 @@ from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
 
 
-def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int):
-    """The model for one probe, on CPU, in training mode, adapter applied, weights in their dtype."""
+def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: str = "cpu"):
+    """The model for one probe, built on `device`, in training mode, adapter applied, weights in their
+    dtype. A twin is created and initialised there and local weights load straight onto it: an 8B
+    model random-initialised on the CPU and then moved cost ~90 s of an H100 probe (issue 10)."""
     import torch
     from transformers import AutoModelForCausalLM
     load_dtype = getattr(torch, LOAD_DTYPES[recipe.model.dtype_on_load])
     attn = cell.attention.implementation
     remote = recipe.model.trust_remote_code
-    torch.manual_seed(seed)
-    if plan.source == "local-weights":
-        model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
+    torch.manual_seed(seed)  # seeds the CUDA generators too: every probe of a run starts from the same weights
+    with torch.device(device):  # transformers builds and initialises under the ambient device
+        if plan.source == "local-weights":
+            model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
+                                                         trust_remote_code=remote, device_map=device)
+        else:
+            config = model_config(recipe)
+            config = probe_scale(config) if plan.scale == "probe" else config
+            model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
                                                      trust_remote_code=remote)
-    else:
-        config = model_config(recipe)
-        config = probe_scale(config) if plan.scale == "probe" else config
-        model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
-                                                 trust_remote_code=remote)
-    model.config.use_cache = False
-    model = apply_adapter(model, recipe)
+        model.config.use_cache = False
+        model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
     if recipe.adapter.type != "none" and cell.precision.weights is None:
         # peft keeps adapters in fp32 when the base is half; .to() above undid that for -amp cells
@@ -90,6 +94,20 @@ class Setup:
     sync: Callable  # waits for the device, so that step times are real
     fp8_excluded: dict = field(default_factory=dict)  # fp8 cells: {linear left in high precision: why}
     optimizer_eager: str | None = None  # why the optimizer step runs eagerly here, when it does
+    build_s: float = 0.0  # constructing the model on its device (init or weight load)
+
+
+def _data(spec: ProbeSpec, model):
+    return ({k: v.to(spec.device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
+
+
+def _optimizer(spec: ProbeSpec, model):
+    """The cell's optimizer over the trainable parameters; (optimizer, why it steps eagerly or None)."""
+    optimizer = build_optimizer(spec.cell.optimizer, [p for p in model.parameters() if p.requires_grad], spec.recipe.optimizer)
+    eager = eager_reason(spec.cell.optimizer, spec.device)
+    if eager:
+        step_eagerly(optimizer)
+    return optimizer, eager
 
 
 def setup(spec: ProbeSpec) -> Setup:
@@ -97,17 +115,25 @@ def setup(spec: ProbeSpec) -> Setup:
     cell converts its linears before the optimizer is built over the parameters."""
     import torch
     device, cell = spec.device, spec.cell
-    model = build_model(spec.plan, spec.recipe, cell, spec.seed).to(device)
-    data = ({k: v.to(device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
+    t0 = time.perf_counter()
+    model = build_model(spec.plan, spec.recipe, cell, spec.seed, device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    build_s = time.perf_counter() - t0
     autocast, scaler = precision(cell, device)
     fp8_excluded = {}
     if cell.precision.fp8:
         from .fp8 import prepare_fp8
         fp8_context, fp8_excluded = prepare_fp8(model, cell.precision.fp8, spec.recipe.fp8)
         autocast = within(autocast, fp8_context)
-    optimizer = build_optimizer(cell.optimizer, [p for p in model.parameters() if p.requires_grad], spec.recipe.optimizer)
-    eager = eager_reason(cell.optimizer, device)
-    if eager:
-        step_eagerly(optimizer)
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    return Setup(model, data, optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager)
+    optimizer, eager = _optimizer(spec, model)
+    return Setup(model, _data(spec, model), optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager, build_s)
+
+
+def restart(spec: ProbeSpec, s: Setup) -> Setup:
+    """The same model (its weights restored by the caller) with a fresh optimizer, GradScaler and data
+    stream: what the replay trains, without building the model a second time."""
+    s.optimizer = None  # free the timed run's optimizer state before the fresh one is made
+    _, scaler = precision(spec.cell, spec.device)
+    optimizer, _ = _optimizer(spec, s.model)
+    return replace(s, data=_data(spec, s.model), optimizer=optimizer, scaler=scaler)

@@ -4,7 +4,9 @@ The runner starts `python -m nandoctor.child SPEC.json RESULT.json` (or a warm w
 that calls `main`). The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes
 (so a hang or a segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it
 measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When the recipe asks for
-forensics, a probe that trained then replays its first steps with hooks (hooks.py).
+forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
+written before the replay, with `forensics` set to REPLAY_RUNNING, and again once the replay is done,
+so that the timed steps alone decide the verdict (the runner gives the replay a budget of its own).
 """
 from __future__ import annotations
 
@@ -12,16 +14,37 @@ import json
 import os
 import time
 import traceback
+import warnings
 from pathlib import Path
 
-from ..record import ProbeRecord, ProbeSpec
-from .build import setup
+from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
+from .build import Setup, setup
 from .memory import split_after_first_step
-from .train import StepLog, peak_memory, train
+from .snapshot import Snapshot
+from .train import StepLog, peak_memory, step_times, train
+
+MAX_WARNINGS = 20
 
 
-def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> None:
-    """Build what the spec names and train; fills `record` as it goes."""
+class WarningLog:
+    """The distinct warnings the probe emitted, still printed to log.txt. PyTorch says in UserWarnings
+    why it refused an SDPA kernel; a "No available kernel" error alone does not."""
+
+    def __init__(self):
+        self.messages: list[str] = []
+        self.show = warnings.showwarning
+        warnings.showwarning = self._show
+
+    def _show(self, message, category, filename, lineno, file=None, line=None):
+        text = f"{category.__name__}: {message}"
+        if text not in self.messages and len(self.messages) < MAX_WARNINGS:
+            self.messages.append(text)
+        self.show(message, category, filename, lineno, file, line)
+
+
+def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> tuple[Setup, Snapshot | None]:
+    """Build what the spec names and train; fills `record` as it goes. Returns the setup and, when the
+    recipe asks for forensics, the snapshot of the model's state before the timed steps."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -31,9 +54,11 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     record.env = collect_summary()
     t0 = time.perf_counter()
     s = setup(spec)
+    record.build_s = s.build_s
+    snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None
     backend = spec.cell.compilation.backend
     forward = s.model if backend is None else torch.compile(s.model, backend=backend)
-    record.load_s = time.perf_counter() - t0
+    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
     record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
     log = StepLog(steps_path, spec.steps)
@@ -46,38 +71,49 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
         record.train_s = time.perf_counter() - t1
         record.first_nonfinite = log.first_nonfinite
         record.stopped_early = log.stopped_early
+        record.compile_s, record.steady_step_s = step_times(log.steps, compiled=backend is not None)
         record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
         record.weights_bytes = split.get("weights_bytes")
         record.grads_bytes = split.get("grads_bytes")
         record.optimizer_state_bytes = split.get("optimizer_state_bytes")
+        if snapshot and snapshot.where == "cuda":
+            record.peak_memory_bytes -= snapshot.bytes  # allocated before training and held through it: not training's
+    return s, snapshot
 
 
-def forensics_of(spec: ProbeSpec, record: ProbeRecord) -> dict:
-    """The replay with hooks, after the timed run has freed its model. Its failure is recorded, never
-    turned into the probe's."""
+def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
+    """The replay with hooks, on the timed run's model restored from its snapshot. Its failure is
+    recorded, never turned into the probe's."""
     from .hooks import replay
     try:
-        return replay(spec, record)
+        return replay(spec, record, s, snapshot)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+
+
+def write(record: ProbeRecord, result_path: Path) -> None:
+    tmp = result_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record.to_dict()))
+    os.replace(tmp, result_path)  # the runner never reads half a file
 
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
     record = ProbeRecord(spec.probe_id, spec.cell)
+    emitted = WarningLog()
     code = 0
     try:
-        run_probe(spec, record, result_path.with_name("steps.jsonl"))
+        s, snapshot = run_probe(spec, record, result_path.with_name("steps.jsonl"))
     except BaseException as e:  # everything the probe raises becomes data for the verdict
         import torch
         record.error = {"type": type(e).__name__, "message": str(e)[:4000], "traceback": traceback.format_exc()[-6000:],
-                        "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError))}
+                        "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)), "warnings": emitted.messages}
         traceback.print_exc()  # into log.txt, whose tail the record keeps
         code = 1
-    if code == 0 and spec.recipe.forensics_steps:
-        record.forensics = forensics_of(spec, record)
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record.to_dict()))
-    os.replace(tmp, result_path)
+    if code == 0 and snapshot is not None:
+        record.forensics = REPLAY_RUNNING
+        write(record, result_path)  # the timed result: the verdict stands whatever the replay does
+        record.forensics = forensics_of(spec, record, s, snapshot)
+    write(record, result_path)
     return code

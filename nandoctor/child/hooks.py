@@ -1,8 +1,9 @@
 """Numerics forensics, the measuring half (in the probe process): where a probe broke, and how much
 margin a stable one has. analysis/forensics.py reads what this writes.
 
-After its timed steps, the probe's child rebuilds the model with the same seed and replays the first
-steps with instrumentation hung off the unchanged training loop (`train.train`):
+After its timed steps, the probe's child restores the model's initial state from the snapshot taken
+before them (snapshot.py), takes a fresh optimizer, GradScaler and data stream, and replays the first
+steps eagerly with instrumentation hung off the unchanged training loop (`train.train`):
 
 - forward hooks on every module record the output's min / max / abs-max and the primary input's, and
   hang a tensor hook on each output for its gradient; the first module whose output (forward) or output
@@ -25,9 +26,10 @@ import time
 from ..cells import weight_dtype
 from ..data import batches
 from ..record import ProbeRecord, ProbeSpec, Step
-from .build import setup
+from .build import Setup, restart
 from .fp8 import fp8_watch
 from .optimizers import dense
+from .snapshot import Snapshot
 from .train import train
 
 ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a tag in Markdown
@@ -218,17 +220,19 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
             "nonzero_elements": total, "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]]}
 
 
-def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
-    """Rebuild the probe's model with the same seed, replay its first steps with hooks, and return the
-    forensics record. `timed` is the record of the timed run (steps, first_nonfinite)."""
+def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
+    """Restore the probe's model to its state before the timed steps, replay its first steps with hooks
+    on a fresh optimizer, GradScaler and data stream, and return the forensics record. `timed` is the
+    record of the timed run (steps, first_nonfinite)."""
     t0 = time.perf_counter()
     cell, recipe = spec.cell, spec.recipe
     first_bad = timed.first_nonfinite
     n_steps = first_bad["step"] + 1 if first_bad else min(len(timed.steps), recipe.forensics_steps)
-    s = setup(spec)
+    restored_s = snapshot.restore(s.model)
+    s = restart(spec, s)
     dtype = cell.precision.compute
     out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load), "replayed_steps": n_steps,
-           "compile": "off", "events": [], "steps": []}
+           "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": restored_s}, "events": [], "steps": []}
     if cell.compile != "off":
         out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
     if dtype != "float32":
@@ -260,6 +264,9 @@ def replay(spec: ProbeSpec, timed: ProbeRecord) -> dict:
     out["gradient_absmax"] = modules.gradient_absmax
     out["reproduced"] = reproduced(timed.steps, out["steps"])
     out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
+    if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for
+        import torch
+        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     out["steps"] = [st.to_dict() for st in out["steps"]]
     return out
 

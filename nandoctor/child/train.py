@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -62,6 +63,17 @@ class StepLog:
             self.stopped_early = step.step + 1 < self.planned
             return False
         return True
+
+
+def step_times(steps: list[Step], compiled: bool) -> tuple[float | None, float | None]:
+    """(compile_s, steady_step_s): the median time of the steps after the first, and for a compiled
+    cell what the first step took beyond it (tracing, code generation, autotuning; small on an
+    inductor cache hit). Eager cells have no compile time; their first step's extra is warm-up."""
+    times = [s.time_s for s in steps if s.time_s is not None]
+    steady = statistics.median(times[1:]) if len(times) > 1 else None
+    if not compiled or not times:
+        return None, steady
+    return max(0.0, times[0] - (steady or 0.0)), steady
 
 
 def peak_memory(device: str) -> tuple[int, str]:

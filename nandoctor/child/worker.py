@@ -7,10 +7,15 @@ own process: a crash, hang or leaked state dies with it.
 
 The worker never runs a torch op and never touches CUDA: GNU OpenMP's thread pool and a CUDA context
 do not survive fork(), so both are first created in the child (which also sets its thread count).
+It holds no thread at all when it forks: numpy's (and scipy's) OpenBLAS start a pool of worker
+threads the moment they are loaded (peft and transformers import them), which is what made Python 3.12
+warn "This process is multi-threaded, use of fork() may lead to deadlocks" in every worker (issue 10);
+the worker caps OpenBLAS at its calling thread before anything imports it. Its "ready" message says
+how many threads it has (1), and the runner's tests hold it to that.
 
 Protocol, one JSON object per line. stdin: {"preload": model_type} or
-{"spec": path, "result": path, "log": path}. stdout: {"ready": pid} once imported, then per probe
-{"started": child_pid} and {"exited": child_pid, "returncode": n} (n < 0: killed by signal -n).
+{"spec": path, "result": path, "log": path}. stdout: {"ready": pid, "threads": n} once imported, then
+per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_pid, "returncode": n} (n < 0: killed by signal -n).
 """
 from __future__ import annotations
 
@@ -33,6 +38,14 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def thread_count() -> int:
+    """Threads of this process, native ones included (threading.enumerate() sees Python's only)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 1  # no procfs (macOS): nothing to count with
 
 
 def preload(model_type: str | None = None) -> None:
@@ -84,18 +97,20 @@ def send(message: dict) -> None:
 def main() -> int:
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle: it closes the workers
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # read when OpenBLAS loads (in preload): no pool to fork over
     preload()
-    send({"ready": os.getpid()})
+    send({"ready": os.getpid(), "threads": thread_count()})
     for line in sys.stdin:
         command = json.loads(line)
         if "preload" in command:
             preload(command["preload"])
             continue
         sys.stderr.flush()
+        threads = thread_count()
         pid = os.fork()
         if pid == 0:
             run_child(command)
-        send({"started": pid})
+        send({"started": pid, "threads": threads})
         _, status = os.waitpid(pid, 0)
         send({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
     return 0

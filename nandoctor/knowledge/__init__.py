@@ -55,6 +55,8 @@ class Signature:
     diagnosis: str
     fix: str
     evidence: str
+    verdict: str | None = None  # a verdict other than crash this failure stands for (unsupported, oom)
+    explained_by: str | None = None  # a pattern picking, from the warnings the probe emitted, those that say why
 
 
 def _load(name: str) -> list[dict]:

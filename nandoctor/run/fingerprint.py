@@ -5,8 +5,9 @@ What goes in: the probe's spec (recipe with its overrides applied, cell, model p
 device, threads: CPU kernels split reductions by thread count), the weight files' names, sizes and
 modification times for a local checkpoint, and the environment (library versions, device, GPU,
 CPU model, and the version of every optional package the cell uses). What stays out: the run's
-location, the plan's prose (`why` quotes free memory) and the recipe's fp8 section for a cell that is
-not fp8 (it reads none of it; runs written before the section existed keep their fingerprints).
+location, the plan's prose (`why` quotes free memory), the recipe's fp8 section for a cell that is
+not fp8 (it reads none of it; runs written before the section existed keep their fingerprints) and
+the forensics replay's time budget (it never changes a number, and runs before it had none).
 Pure apart from stat()ing weight files; imports only the cell table.
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ def weights_stamp(path: str | None) -> list:
 # Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
+NOT_NUMERICS = ("forensics_timeout_s",)  # recipe fields that decide no number of the probe
 
 
 def package_versions(cell: Cell, env: dict) -> dict:
@@ -50,6 +52,7 @@ def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides and its environment; key
     order does not matter."""
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
+    spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
     cell = Cell(**spec["cell"])
     recipe = spec.get("recipe", {})

@@ -4,6 +4,10 @@ Whatever a probe does — raise, segfault, abort, run out of memory, hang — th
 record and goes on. Each probe gets its own folder under <run>/probes/ with spec.json, steps.jsonl,
 result.json and log.txt. By default a probe is forked from a warm worker (slots.WarmSlot); with
 warm=False it is a fresh Python process (slots.ColdSlot). Either way the child runs child.entry.main.
+
+A probe has timeout_s for its build and timed steps. Its child writes result.json once the timed steps
+are done, before the forensics replay; from then on the replay has forensics_timeout_s of its own, and
+a replay that overruns (or dies) is noted in the record's `forensics`: the timed verdict stands.
 """
 from __future__ import annotations
 
@@ -14,11 +18,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..record import ProbeRecord, ProbeSpec
+from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
 from .slots import ColdSlot, WarmSlot
 from .store import ResultsStore
 
 LOG_TAIL_CHARS = 4000
+# faulthandler lists every loaded extension module on one line after a crash's stack; on a GPU host
+# that line alone filled the tail (issue 10), so it is left out of it.
+NOISE_PREFIXES = ("Extension modules:",)
 MAX_WAIT_S = 0.5  # the longest the runner sleeps between timeout checks
 
 
@@ -46,10 +53,12 @@ def _tail(path: Path) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - LOG_TAIL_CHARS))
-            return f.read().decode(errors="replace")
+            f.seek(max(0, f.tell() - 16 * LOG_TAIL_CHARS))
+            text = f.read().decode(errors="replace")
     except OSError:
         return ""
+    lines = [line for line in text.splitlines(keepends=True) if not line.startswith(NOISE_PREFIXES)]
+    return "".join(lines)[-LOG_TAIL_CHARS:]
 
 
 def _read_steps(path: Path) -> list[dict]:
@@ -64,18 +73,35 @@ def _read_steps(path: Path) -> list[dict]:
     return steps
 
 
+def _read_result(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float,
-            worker_died: int | None = None, **run_facts) -> ProbeRecord:
-    """The probe's record from whatever the child left behind in its folder."""
-    result_path = folder / "result.json"
-    result = {}
-    if result_path.exists():
-        try:
-            result = json.loads(result_path.read_text())
-        except ValueError:
-            result = {}
-    return ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
-                                task.timeout_s, _tail(folder / "log.txt"), worker_died, **task.run_facts, **run_facts)
+            worker_died: int | None = None, replay_overran: bool = False, **run_facts) -> ProbeRecord:
+    """The probe's record from whatever the child left behind in its folder. A result whose replay
+    never finished is the timed steps' result: the replay's end is noted in its forensics."""
+    result = _read_result(folder / "result.json")
+    exit_code = returncode
+    replay_cut = result.get("forensics") == REPLAY_RUNNING
+    if replay_cut:
+        budget = task.spec.recipe.forensics_timeout_s
+        if replay_overran:
+            why = f"replay overran its {budget:g} s budget"
+        elif returncode is not None and returncode < 0:
+            why = f"replay died of signal {-returncode}"
+        else:
+            why = f"replay ended without a result (exit {returncode if worker_died is None else f'of its worker {worker_died}'})"
+        result["forensics"] = {"error": why}
+    if replay_cut or (replay_overran and result):
+        returncode, worker_died = 0, None  # the timed steps ended with a result: the verdict is theirs
+    record = ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
+                                  task.timeout_s, _tail(folder / "log.txt"), worker_died, **task.run_facts, **run_facts)
+    record.exit_code = exit_code
+    return record
 
 
 @dataclass
@@ -85,16 +111,27 @@ class RunningProbe:
     started: float
     timed_out: bool = False
     pid: int | None = None  # set when the probe process exists
+    timed_at: float | None = None  # when its timed result appeared: the replay's budget starts then
+    replay_overran: bool = False
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    def left_s(self) -> float:
+        """Seconds before this probe is killed: timeout_s from its start, then the replay's budget."""
+        if self.timed_at is None and (self.folder / "result.json").exists():
+            self.timed_at = time.monotonic()
+        if self.timed_at is not None:
+            return self.task.spec.recipe.forensics_timeout_s - (time.monotonic() - self.timed_at)
+        return self.task.timeout_s - self.elapsed
+
 
 class ProbeRunner:
-    """Runs tasks on `jobs` slots (warm workers, or cold processes with warm=False); slot i is pinned
-    to GPU i % gpus when there are GPUs. Use as a context manager, or call close(): it stops the
-    workers and kills any probe still running."""
+    """Runs tasks on up to `jobs` slots (warm workers, or cold processes with warm=False); slot i is
+    pinned to GPU i % gpus when there are GPUs. `limit` (at most `jobs`) is how many slots take probes
+    now: the session lowers or raises it as measured memory peaks come in. Use as a context manager,
+    or call close(): it stops the workers and kills any probe still running."""
 
     def __init__(self, run_dir: Path, store: ResultsStore, jobs: int = 1, gpus: int = 0, warm: bool = True):
         self.run_dir = Path(run_dir)
@@ -104,14 +141,16 @@ class ProbeRunner:
         slot_class = WarmSlot if warm else ColdSlot
         self.slots = [slot_class(i, self.events, i % gpus if gpus else None) for i in range(self.jobs)]
         self.opened = 0  # slots whose worker has been started
+        self.limit = self.jobs
         self.retried: set[str] = set()
 
     def open(self, slots: int = 1) -> "ProbeRunner":
         """Start the first `slots` workers now, so that their imports overlap with what the caller does
         next; run() starts as many more as it has probes for, up to `jobs`."""
-        for slot in self.slots[self.opened:min(slots, self.jobs)]:
+        most = min(slots, self.limit)
+        for slot in self.slots[self.opened:most]:
             slot.open()
-        self.opened = max(self.opened, min(slots, self.jobs))
+        self.opened = max(self.opened, most)
         return self
 
     def preload(self, model_type: str) -> None:
@@ -141,12 +180,12 @@ class ProbeRunner:
     def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
         """Run every task; each record is appended to the store the moment its probe ends.
         on_wait(running probes) is called at least every MAX_WAIT_S (a heartbeat hangs off it)."""
-        self.open(len(tasks))
         pending = list(tasks)
         running: dict[int, RunningProbe] = {}
         records = []
         while pending or running:
-            for slot in self.slots[:self.opened]:
+            self.open(len(running) + len(pending))
+            for slot in self.slots[:min(self.opened, self.limit)]:
                 if slot.ready and slot.index not in running and pending:
                     running[slot.index] = self._launch(slot, pending.pop(0))
             try:
@@ -161,8 +200,12 @@ class ProbeRunner:
                     if on_record:
                         on_record(record)
             for index, probe in running.items():
-                if not probe.timed_out and probe.elapsed > probe.task.timeout_s and self.slots[index].pid:
-                    probe.timed_out = True
+                killed = probe.timed_out or probe.replay_overran
+                if not killed and probe.left_s() < 0 and self.slots[index].pid:
+                    if probe.timed_at is None:
+                        probe.timed_out = True
+                    else:
+                        probe.replay_overran = True
                     self.slots[index].kill_probe()  # its exit arrives as an event
             if on_wait:
                 on_wait(list(running.values()))
@@ -170,15 +213,17 @@ class ProbeRunner:
 
     @staticmethod
     def _wait_s(running: dict[int, RunningProbe]) -> float:
-        left = [p.task.timeout_s - p.elapsed for p in running.values() if not p.timed_out]
+        left = [p.left_s() for p in running.values() if not (p.timed_out or p.replay_overran)]
         return max(0.01, min([MAX_WAIT_S] + left))
 
     def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> ProbeRecord | None:
         """Act on one slot event; returns a finished probe's record, if this event finished one."""
         if "ready" in message:
             slot.ready = True
+            slot.threads = message.get("threads")
         elif "started" in message:
             slot.pid = running[slot.index].pid = message["started"]
+            slot.threads = message.get("threads", slot.threads)
         elif "exited" in message:
             slot.pid = None
             probe = running.pop(slot.index)
@@ -197,9 +242,10 @@ class ProbeRunner:
                 pending.insert(0, probe.task)
             elif probe is not None:
                 return collect(probe.task, probe.folder, None, probe.timed_out, probe.elapsed, message["died"],
-                               launch=slot.kind, worker_pid=worker)
+                               probe.replay_overran, launch=slot.kind, worker_pid=worker)
         return None
 
     def _record(self, slot, probe: RunningProbe, returncode) -> ProbeRecord:
         worker = slot.worker.pid if slot.kind == "warm" else None
-        return collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed, launch=slot.kind, worker_pid=worker)
+        return collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed,
+                       replay_overran=probe.replay_overran, launch=slot.kind, worker_pid=worker)

@@ -8,15 +8,17 @@ import sys
 import time
 from pathlib import Path
 
+from ..capabilities import input_support
 from ..config import Recipe, recipe_to_dict
 from ..env import collect_summary
 from ..errors import NandoctorError
-from ..models import plan_model, plan_warnings
+from ..models import plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .runner import ProbeRunner, ProbeTask, threads_per_probe
+from .slots import most_jobs, packed_jobs
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 
 REPORTS_DIR = Path("reports")
@@ -108,6 +110,13 @@ class Heartbeat:
                 self.on_alive(probe.task.probe_id, probe.elapsed, last_step(probe.folder / "steps.jsonl"))
 
 
+def measured_peak(record: ProbeRecord) -> int:
+    """A finished probe's GPU memory peak, its forensics replay included; 0 off the GPU."""
+    if record.peak_memory_kind != "cuda-allocator-peak":
+        return 0
+    return max(record.peak_memory_bytes or 0, (record.forensics or {}).get("peak_memory_bytes") or 0)
+
+
 class Session:
     """A run directory being filled. A context manager: leaving it stops the warm workers and kills any
     probe still running.
@@ -117,7 +126,10 @@ class Session:
     the run directory `out` (see resume()); otherwise `out` must not hold a run yet.
     on_record(record) is called for every record as it is kept; on_alive(probe_id, elapsed_s, step)
     every HEARTBEAT_S while a probe runs. `warnings` says what the user should know about the model plan.
-    Ctrl-C inside the `with` block leaves as RunInterrupted once run.json exists."""
+    Ctrl-C inside the `with` block leaves as RunInterrupted once run.json exists.
+
+    jobs=None packs probes (slots.packed_jobs): on a GPU host by the planned model's training memory,
+    corrected by the peaks measured as probes finish; one at a time on a CPU."""
 
     def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
                  device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
@@ -126,10 +138,11 @@ class Session:
         self.device = device or collect_summary()
         self.steps = steps or recipe.steps
         gpus = len(self.device.get("gpus") or [])
-        self.jobs = jobs or max(1, gpus)
+        self.packed = jobs is None
+        self.most = jobs or most_jobs(self.device)  # slots; packing keeps some idle
         self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
-        self.runner = ProbeRunner(self.dir, self.store, self.jobs, gpus, warm).open()  # workers import while we plan
+        self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
         try:
             self.plan = plan or plan_model(recipe, self.device)
         except BaseException:
@@ -137,6 +150,10 @@ class Session:
             raise
         self.runner.preload(self.plan.model_type)
         self.warnings = plan_warnings(recipe, self.plan, self.device)
+        self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
+        self.peak = 0  # the largest GPU memory peak a finished probe measured
+        self.jobs = jobs or packed_jobs(self.device, self.estimate)
+        self.runner.limit = self.jobs
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.heartbeat = Heartbeat(on_alive) if on_alive else None
@@ -190,9 +207,10 @@ class Session:
             if p.probe_id in records:
                 continue
             own = p.recipe or recipe
-            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.jobs)
-            if p.unsupported:
-                records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, p.unsupported, p.overrides))
+            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most)
+            unsupported = p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
+            if unsupported:
+                records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
                 continue
             fingerprint = probe_fingerprint(spec.to_dict(), p.overrides, self.device)
             hit = self.cache.lookup(fingerprint) if self.cache else None
@@ -201,11 +219,19 @@ class Session:
                 records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
-        for r in self.runner.run(tasks, on_record=self.on_record, on_wait=self.heartbeat):
+        for r in self.runner.run(tasks, on_record=self._measured, on_wait=self.heartbeat):
             records[r.probe_id] = r
             if self.cache:
                 self.cache.add(r, self.dir)
         return [records[p.probe_id] for p in probes]
+
+    def _measured(self, record: ProbeRecord) -> None:
+        """A probe finished: with packing on, fit the next ones to the largest peak measured so far."""
+        peak = measured_peak(record)
+        if self.packed and peak > self.peak:
+            self.peak = peak
+            self.runner.limit = min(self.most, packed_jobs(self.device, self.estimate, self.peak))
+        self.on_record(record)
 
     def _keep(self, record: ProbeRecord) -> ProbeRecord:
         self.store.append(record)

@@ -7,7 +7,9 @@ queue of events (slot index, generation, message), so the runner waits on one th
   (`--cold`) when forking is not wanted.
 
 Either way a probe is its own process in its own session: a timeout kills its whole process group.
-Messages: {"ready": pid}, {"started": pid}, {"exited": pid, "returncode": n}, {"died": returncode}.
+Messages: {"ready": pid, "threads": n}, {"started": pid}, {"exited": pid, "returncode": n}, {"died": returncode}.
+
+`packed_jobs` decides how many probes share a GPU host at once.
 """
 from __future__ import annotations
 
@@ -20,6 +22,44 @@ import sys
 import threading
 from pathlib import Path
 
+from .cache import default_cache_dir
+
+# What one more probe costs a GPU beyond its model's training memory: its own CUDA context (each probe
+# is its own process) and the allocator's slack.
+CUDA_CONTEXT_BYTES = 1 << 30
+GPU_FIT_FRACTION = 0.85  # of each GPU's memory, for the probes packed on it
+CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the data/launch work
+
+
+def packed_jobs(device: dict, estimate_bytes: int, peak_bytes: int | None = None) -> int:
+    """How many probes run at once by default. On a GPU host: as many as fit in each GPU's memory
+    (each takes the planner's training-memory estimate, or the largest peak measured so far once a
+    probe has finished, plus a CUDA context), summed over the GPUs, and at most one per
+    CORES_PER_GPU_PROBE cores; at least one. On a CPU host: one (K probes on a CPU only share the
+    same cores; `--jobs` asks for more)."""
+    gpus = device.get("gpus") or []
+    if not gpus:
+        return 1
+    per_probe = (peak_bytes or estimate_bytes) + CUDA_CONTEXT_BYTES
+    fit = sum(int(GPU_FIT_FRACTION * g["memory_bytes"] // per_probe) for g in gpus)
+    cores = max(1, (device.get("cpu_count") or 1) // CORES_PER_GPU_PROBE)
+    return max(1, min(fit, cores))
+
+
+def most_jobs(device: dict) -> int:
+    """The most probes packed_jobs can ever choose on this host: the slots a session makes room for."""
+    if not device.get("gpus"):
+        return 1
+    return max(1, (device.get("cpu_count") or 1) // CORES_PER_GPU_PROBE)
+
+
+def inductor_cache_env() -> dict:
+    """Every probe of a run, and later runs, share inductor's FX-graph and autotune caches under the
+    nandoctor cache directory, so that a compiled cell pays its compile once (names from
+    torch/_inductor/config.py, torch/_functorch/config.py and torch/_inductor/runtime/cache_dir_utils.py)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(default_cache_dir() / "inductor"),
+            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+
 
 def probe_env(gpu: int | None) -> dict:
     env = dict(os.environ)
@@ -28,6 +68,8 @@ def probe_env(gpu: int | None) -> dict:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault leaves its Python stack in log.txt
     env["TOKENIZERS_PARALLELISM"] = "false"
+    for name, value in inductor_cache_env().items():
+        env.setdefault(name, value)  # a user's own inductor cache settings win
     return env
 
 
@@ -48,6 +90,7 @@ class ColdSlot:
         self.ready = True
         self.pid: int | None = None
         self.generation = 0
+        self.threads = None  # no worker, no fork
 
     def open(self) -> None:
         pass
@@ -86,6 +129,7 @@ class WarmSlot:
         self.generation = 0
         self.worker: subprocess.Popen | None = None
         self.preloads: list[str] = []
+        self.threads: int | None = None  # the worker's threads when it last reported (ready, or at a fork)
 
     def open(self) -> None:
         """Start the worker; a {"ready"} event arrives once it has imported everything."""

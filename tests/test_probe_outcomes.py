@@ -1,0 +1,61 @@
+"""Real tiny probes through the runner: the timed steps decide the verdict whatever the replay does,
+a kernel PyTorch refuses is `unsupported`, and a warm worker holds no thread when it forks."""
+import pytest
+from checkpoints import save_slow_replay_llama
+
+from nandoctor.analysis.verdicts import classify
+from nandoctor.cells import Cell
+
+pytestmark = pytest.mark.slow  # end to end: real probe processes
+
+
+def task(cell: Cell, steps: int, model: str | None = None, **fields):
+    from nandoctor.config import set_field
+    from nandoctor.env import collect_summary
+    from nandoctor.models import plan_model
+    from nandoctor.plan import PlannedProbe
+    from nandoctor.recipes import resolve_model
+    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.session import probe_spec
+    recipe = resolve_model(model)
+    for key, value in fields.items():
+        recipe = set_field(recipe, key, value)
+    device = collect_summary()
+    spec = probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1)
+    return ProbeTask(spec, recipe.timeout_s)
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    from nandoctor.run.runner import ProbeRunner
+    from nandoctor.run.store import ResultsStore
+    out = tmp_path_factory.mktemp("outcomes")
+    slow_replay = str(save_slow_replay_llama(out / "slow-replay"))
+    tasks = [
+        # its replay sleeps under the hooks; the timed steps train
+        task(Cell("fp32", "sdpa", "off"), 3, slow_replay, **{"model.trust_remote_code": "true", "forensics_timeout_s": "2"}),
+        # pinned on the CPU, where it does not exist; on CUDA, refused for tiny-llama's GQA (4 / 2 heads)
+        task(Cell("fp32", "sdpa:efficient", "off"), 2),
+    ]
+    with ProbeRunner(out, ResultsStore(out), jobs=1) as runner:
+        records = runner.run(tasks)
+        threads = runner.slots[0].threads
+    return {r.probe_id: r for r in records}, threads
+
+
+def test_a_replay_that_overruns_its_budget_leaves_the_probe_stable(outcomes):
+    record = outcomes[0]["fp32/sdpa/off"]
+    assert record.status == "ok" and len(record.steps) == 3 and record.exit_code == -9
+    assert record.forensics == {"error": "replay overran its 2 s budget"}
+    assert classify(record).name == "stable"
+
+
+def test_a_pinned_sdpa_kernel_that_is_not_available_is_unsupported(outcomes):
+    record = outcomes[0]["fp32/sdpa:efficient/off"]
+    verdict = classify(record)
+    assert record.status == "error" and verdict.name == "unsupported", verdict
+    assert "pinned SDPA backend" in verdict.reason
+
+
+def test_a_warm_worker_has_one_thread_when_it_forks_a_probe(outcomes):
+    assert outcomes[1] == 1
