@@ -114,7 +114,7 @@ def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
 def test_html_has_a_fidelity_curve_per_probe(precision):
     html = (precision / "report.html").read_text()
     # bf16-pure, bf16-amp and fp16-amp; fp16-pure has one finite step, and a one-point chart says nothing
-    assert html.count("fidelity vs fp32 reference (relative error)") == 3
+    assert html.count("<title>fidelity vs fp32 reference (relative error)</title>") == 3
 
 
 def test_explain_prints_the_origin_of_one_probe(precision):

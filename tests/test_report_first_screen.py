@@ -64,7 +64,7 @@ def test_report_md_has_the_same_order_and_grouping_without_html(small_grid):
     order = [md.index(h) for h in ("**Recommended: ", "## Verdict per configuration", "## Why the others failed",
                                    "## Stable configurations, ranked")]
     assert order == sorted(order)
-    assert "| fp16-pure           | ❌ nonfinite at step 1 | ❌ nonfinite at step 1" in md
+    assert re.search(r"\| fp16-pure +\| ❌ nonfinite at step 1 +\| ❌ nonfinite at step 1 +\|", md)  # widths follow tok/s digits
     lines = [line for line in md.splitlines() if line.startswith("- fp16-pure with every attention (2 probes)")]
     assert len(lines) == 1 and "eps=1e-08 is 0.0 in float16" in lines[0]
     assert not re.search(r"</?(br|span|div|details|summary|table|td|tr|b|p|svg)\b", md)
