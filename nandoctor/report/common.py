@@ -85,7 +85,7 @@ def last_loss(o: ProbeOutcome) -> float | None:
 def ranking_rows(a: RunAnalysis) -> list[dict]:
     return [{"rank": i + 1, "config": label(o), "fidelity vs fp32": fmt_fidelity(o.fidelity),
              "tokens/s": fmt_rate(o.tokens_per_s), "peak memory": fmt_bytes(o.peak_memory_bytes),
-             "final loss": fmt_loss(last_loss(o))} for i, o in enumerate(a.ranking)]
+             "final loss": fmt_loss(last_loss(o)), "flagged by": ", ".join(o.flags) or "-"} for i, o in enumerate(a.ranking)]
 
 
 def failure_rows(a: RunAnalysis) -> list[dict]:

@@ -30,7 +30,7 @@ def render_markdown(a: RunAnalysis) -> str:
         parts += bisection_section(a.bisection)
     parts += ["## Stable configurations, ranked", "",
               "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
-              f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then tokens/s, then peak memory.", "",
+              f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then configurations no nandoctor rule flags, then tokens/s, then peak memory.", "",
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
