@@ -15,6 +15,9 @@ FORBIDDEN = {
     "nandoctor.run": ("nandoctor.analysis", "nandoctor.report", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli", "nandoctor.child"),
     "nandoctor.report": ("nandoctor.child", "nandoctor.run.runner", "nandoctor.run.session", "nandoctor.bisect", "nandoctor.api", "torch"),
     "nandoctor.plan": ("nandoctor.run", "nandoctor.child", "nandoctor.analysis", "nandoctor.report"),
+    # the training callbacks run in the user's process: the child's hooks and the analysis both, but
+    # no probe processes, no bisection, no CLI
+    "nandoctor.integrations": ("nandoctor.run", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli"),
 }
 
 

@@ -81,9 +81,11 @@ def _tail(n: int, t: Thresholds) -> int:
     return max(1, int(n * t.tail_fraction))
 
 
-def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS) -> Verdict:
-    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given."""
-    for s in steps:
+def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS, since: int = 0) -> Verdict:
+    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given.
+    Steps before index `since` were judged already (a live run's watch judges each new step once);
+    they still count as history for the spike window, the largest grad-norm and the rise."""
+    for s in steps[since:]:
         what = s.unrecoverable(t.min_scale)
         if what == "loss":
             return Verdict(NONFINITE, f"loss is {_fmt(s.loss)} at step {s.step}", s.step)
@@ -91,17 +93,18 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
             return Verdict(NONFINITE, f"grad-norm is {_fmt(s.grad_norm)} at step {s.step} with no GradScaler to skip it", s.step)
         if what == "scale":
             return Verdict(NONFINITE, f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled", s.step)
-    for s in steps:
+    for s in steps[since:]:
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
     losses = [s.loss for s in steps]
-    for k in range(t.spike_min_history, len(losses)):
+    for k in range(max(t.spike_min_history, since), len(losses)):
         window = losses[max(0, k - t.spike_window):k]
         mean = sum(window) / len(window)
         if losses[k] > t.spike_factor * mean:
-            return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {k}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", k)
-    largest = None
-    for s in steps:
+            return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", steps[k].step)
+    counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
+    largest = max(counted, default=None)
+    for s in steps[since:]:
         if s.skipped or not math.isfinite(s.grad_norm):
             continue
         if largest is not None and largest > 0 and s.grad_norm > t.grad_explode_factor * largest:
@@ -110,7 +113,7 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
     q = _tail(len(losses), t)
     end = sum(losses[-q:]) / q
     if len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
-        return Verdict(DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", len(losses) - 1)
+        return Verdict(DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", steps[-1].step)
     if reference:
         n = min(len(steps), len(reference))
         q = _tail(n, t)

@@ -128,6 +128,27 @@ class ModuleWatch:
             h.remove()
 
 
+def update_event(name: str, p, optimizer, before: list[float]) -> dict:
+    """The event of a parameter an optimizer step turned non-finite: `p` after the step, `before` its
+    [min, max] before it, and the optimizer state that explains the update."""
+    import torch
+    state = optimizer.state.get(p, {})
+    group = optimizer.param_groups[0]
+    eps = group.get("eps")
+    event = {"phase": "optimizer", "module": name.rsplit(".", 1)[0] if "." in name else name, "parameter": name,
+             "tensor": "parameter after the update", "stats": _as_dict(_stats([p]).cpu().tolist()),
+             "before": {"what": "the parameter before the update", "module": name, **_as_dict(before)},
+             "nonfinite_elements": int((~torch.isfinite(p.detach())).sum())}
+    if "exp_avg_sq" in state:
+        v = dense(state["exp_avg_sq"])
+        event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
+        event["state_dtype"] = str(v.dtype).replace("torch.", "")
+    if eps is not None:
+        event["eps"] = eps
+        event["eps_in_dtype"] = float(torch.tensor(eps, dtype=p.dtype))
+    return event
+
+
 class OptimizerWatch:
     """Step pre/post hooks: the first parameter an optimizer step turns non-finite, and the fraction of
     elements whose update was meant to move them but rounded away in the stored dtype."""
@@ -166,23 +187,8 @@ class OptimizerWatch:
             self.event = self._describe(i)
 
     def _describe(self, i: int) -> dict:
-        import torch
         name, p = self.named[i]
-        old, state = self.before[i], self.optimizer.state.get(p, {})
-        group = self.optimizer.param_groups[0]
-        eps = group.get("eps")
-        event = {"phase": "optimizer", "module": name.rsplit(".", 1)[0] if "." in name else name, "parameter": name,
-                 "tensor": "parameter after the update", "stats": _as_dict(_stats([p]).cpu().tolist()),
-                 "before": {"what": "the parameter before the update", "module": name, **_as_dict(_stats([old]).cpu().tolist())},
-                 "nonfinite_elements": int((~torch.isfinite(p.detach())).sum())}
-        if "exp_avg_sq" in state:
-            v = dense(state["exp_avg_sq"])
-            event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
-            event["state_dtype"] = str(v.dtype).replace("torch.", "")
-        if eps is not None:
-            event["eps"] = eps
-            event["eps_in_dtype"] = float(torch.tensor(eps, dtype=p.dtype))
-        return event
+        return update_event(name, p, self.optimizer, _stats([self.before[i]]).cpu().tolist())
 
     def take(self) -> tuple[float | None, dict | None]:
         out = (self.update_loss, self.event)
@@ -220,6 +226,32 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
             "nonzero_elements": total, "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]]}
 
 
+def hooked_steps(model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0) -> dict:
+    """Train n_steps through `train.train` with ModuleWatch and OptimizerWatch hung off it; stops after
+    the first unrecoverable step. `model` is what the loop calls (s.model, or a live run's training
+    step). Returns the events, the Steps (numbered from first_step) and the largest |activation| and
+    |gradient| per module."""
+    out = {"events": [], "steps": []}
+    modules, opt = ModuleWatch(model), OptimizerWatch(model, s.optimizer)
+
+    def on_step(step: Step) -> bool:
+        step.step += first_step
+        step.update_loss, opt_event = opt.take()
+        for e in modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else []):
+            out["events"].append(e)
+        out["steps"].append(step)
+        return step.unrecoverable() is None
+
+    try:
+        train(model, s, grad_clip, n_steps, on_step)
+    finally:
+        modules.remove()
+        opt.remove()
+    out["activation_absmax"] = modules.activation_absmax
+    out["gradient_absmax"] = modules.gradient_absmax
+    return out
+
+
 def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
     """Restore the probe's model to its state before the timed steps, replay its first steps with hooks
     on a fresh optimizer, GradScaler and data stream, and return the forensics record. `timed` is the
@@ -232,7 +264,7 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) ->
     s = restart(spec, s)
     dtype = cell.precision.compute
     out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load), "replayed_steps": n_steps,
-           "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": restored_s}, "events": [], "steps": []}
+           "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": restored_s}}
     if cell.compile != "off":
         out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
     if dtype != "float32":
@@ -241,27 +273,14 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) ->
         first = {k: v.to(spec.device) for k, v in next(batches(recipe, s.model.config, spec.seed)).items()}
         out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
         out["underflow"]["seconds"] = time.perf_counter() - t1
-    modules, opt = ModuleWatch(s.model), OptimizerWatch(s.model, s.optimizer)
     casts = fp8_watch(s.model, cell, recipe)
-
-    def on_step(step: Step) -> bool:
-        step.update_loss, opt_event = opt.take()
-        for e in modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else []):
-            out["events"].append(e)
-        out["steps"].append(step)
-        return step.unrecoverable() is None
-
     try:
-        train(s.model, s, recipe.grad_clip, n_steps, on_step)
+        out.update(hooked_steps(s.model, s, recipe.grad_clip, n_steps))
     finally:
-        modules.remove()
-        opt.remove()
         if casts:
             casts.remove()
     if casts:
         out["fp8"] = {"recipe": cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
-    out["activation_absmax"] = modules.activation_absmax
-    out["gradient_absmax"] = modules.gradient_absmax
     out["reproduced"] = reproduced(timed.steps, out["steps"])
     out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
     if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for

@@ -34,9 +34,10 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         s.sync()
         seconds = time.perf_counter() - t0
         skipped = scale is not None and s.scaler.get_scale() < scale
-        tokens = int(batch["attention_mask"].sum())
+        mask = batch.get("attention_mask")  # a live run's batch, replayed by the training callbacks, may carry none
+        tokens = int(mask.sum()) if mask is not None else None
         record = Step(step, loss.item(), grad_norm.item(), skipped, scale, seconds, tokens,
-                      tokens / seconds if seconds > 0 else None)
+                      tokens / seconds if tokens is not None and seconds > 0 else None)
         if not on_step(record):
             break
 

@@ -1,0 +1,121 @@
+"""nandoctor inside a Lightning `Trainer.fit()` run (extra `lightning`):
+
+    trainer = L.Trainer(precision="bf16-mixed", callbacks=[NandoctorCallback()])
+
+It watches the transformers model inside the LightningModule (the first submodule with a
+`config.vocab_size`). Lightning calls `on_before_optimizer_step` after the GradScaler unscaled the
+gradients and before it clips them, so the grad-norm is read there; the loss comes from
+`on_before_backward`, divided back by the loss scale.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, recipe_of
+
+
+def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: str | None = None) -> Cell:
+    """The nandoctor cell a Lightning precision string runs (its unified form, as `trainer.precision`
+    holds it), read from the cell table; float32 matmul precision (default: torch's current) tells
+    fp32 ("highest") from tf32, which also trains under "32-true"."""
+    dtype = ALIASES["dtype"].get(precision)
+    if dtype is None:
+        raise NandoctorError(f"Lightning precision {precision!r} has no nandoctor cell; valid: {', '.join(sorted(ALIASES['dtype']))}")
+    if (matmul_precision or torch.get_float32_matmul_precision()) != "highest":
+        dtype = next((p.name for p in PRECISIONS.values() if p.lightning == precision and p.tf32), dtype)
+    return Cell(dtype, attn)
+
+
+def lightning_arguments(cell: Cell) -> dict:
+    """A cell in Lightning terms: the Trainer's precision, and, where matmuls run in float32, the
+    float32 matmul precision to set ("high" lets them run on TF32 tensor cores)."""
+    p = cell.precision
+    matmul = {"float32_matmul_precision": "high" if p.tf32 else "highest"} if p.compute == "float32" else {}
+    return {"precision": p.lightning, **matmul}
+
+
+def cell_of_trainer(trainer, model) -> Cell:
+    """The cell a Lightning Trainer runs: the precision its strategy resolved (FSDP and DeepSpeed
+    bring their own plugin) and the attention of the watched model."""
+    return cell_from_lightning(trainer.strategy.precision_plugin.precision, model.config._attn_implementation or "sdpa")
+
+
+def watched_model(module):
+    """The transformers model inside a LightningModule (it may be the module itself)."""
+    found = next((m for m in module.modules() if hasattr(getattr(m, "config", None), "vocab_size")), None)
+    if found is None:
+        raise NandoctorError(f"NandoctorCallback watches a transformers model; {type(module).__name__} holds none")
+    return found
+
+
+class _TrainingStep:
+    """The replay trains through child/train.py's train(), which calls model(**batch).loss and hooks the model's
+    modules and parameters: this runs the LightningModule's training_step on the watched model."""
+
+    def __init__(self, module, watched):
+        self.module = module
+        self.named_modules, self.named_parameters, self.parameters = watched.named_modules, watched.named_parameters, watched.parameters
+
+    def __call__(self, batch, batch_idx):
+        # the replay is not a training step: keep its values out of the user's logs
+        self.module.log = self.module.log_dict = lambda *args, **kwargs: None
+        try:
+            out = self.module.training_step(batch, batch_idx)
+        finally:
+            del self.module.log, self.module.log_dict
+        return SimpleNamespace(loss=out["loss"] if isinstance(out, dict) else out)
+
+
+class NandoctorCallback(Callback):
+    """Runs nandoctor's checks inside `Trainer.fit()`: the setup and step-0 checks at train start, the
+    probes' verdict rules at every `every`-th optimizer step, and on the first failure stops training,
+    replays the step with forensics hooks and writes a report to `output_dir` (default: the Trainer's
+    default_root_dir)/nandoctor. strict: a failed check raises instead of warning."""
+
+    def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
+        self.watch = Watch(every, strict, device)
+        self.output_dir = output_dir
+        self.step = None  # the checked step being accumulated: its first batch and micro-batch losses
+        self.open = self.stepped = False
+
+    def on_train_start(self, trainer, pl_module):
+        model = watched_model(pl_module)
+        optimizer = trainer.optimizers[0]
+        cell = cell_of_trainer(trainer, model)
+        seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by lightning.seed_everything
+        recipe = recipe_of("lightning", model, optimizer, trainer.gradient_clip_val, seed, cell)
+        self.watch.start(LiveRun("lightning", cell, recipe, model, optimizer, pl_module.device.type,
+                                 Path(self.output_dir or trainer.default_root_dir), step_loss=_TrainingStep(pl_module, model),
+                                 autocast=trainer.precision_plugin.train_step_context))
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if not self.open:  # the first micro-batch of an optimizer step
+            self.open = True
+            checking = self.watch.checking(trainer.global_step)
+            self.step = SimpleNamespace(batch={"batch": batch, "batch_idx": batch_idx}, losses=[]) if checking else None
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        if self.step is not None:
+            self.step.losses.append(loss.detach())  # divided by accumulate_grad_batches, times the loss scale
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.stepped = True
+        if self.step is None:
+            return
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+        loss = torch.stack(self.step.losses).float().sum() / (scale or 1.0)
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None])
+        self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if not self.stepped:  # a micro-batch that only accumulated gradients
+            return
+        if self.step is not None and self.watch.end_step():
+            trainer.should_stop = True
+        self.step, self.open, self.stepped = None, False, False

@@ -1,0 +1,109 @@
+"""nandoctor inside a transformers `Trainer` run (extra `hf`):
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[NandoctorCallback()])
+
+The callback reads the step's real loss from the model's own output (a forward hook), so a NaN that
+`logging_nan_inf_filter` replaces in the logs is still seen, and the pre-clip grad-norm from hooks
+that fire as each parameter's gradient is accumulated (the Trainer clips before any callback runs).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, recipe_of, trainer_cell
+
+# accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
+# stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu")
+RUNS_ON_CPU_AS = {"fp16-amp": "fp32"}
+MOOT_RULES = ("trainer-nan-inf-filter-hides-nan",)  # the callback reads the loss before that filter
+
+
+def cell_from_training_args(args, model=None) -> Cell:
+    """The nandoctor cell a TrainingArguments setup runs: its precision flags (on this device) and
+    torch_compile; with the model, its attention and whether half weights make it a pure cell (the
+    row that hard-casts the weights to their dtype, when no autocast flag is set)."""
+    attn = model.config._attn_implementation if model is not None else "sdpa"
+    cell = trainer_cell(args.to_dict(), attn or "sdpa")
+    weights = str(next(model.parameters()).dtype).replace("torch.", "") if model is not None else "float32"
+    pure = next((p.name for p in PRECISIONS.values() if p.weights == weights), None)
+    dtype = pure if cell.dtype == "fp32" and pure else cell.dtype
+    if args.device.type == "cpu":
+        dtype = RUNS_ON_CPU_AS.get(dtype, dtype)
+    return Cell(dtype, cell.attn, cell.compile)
+
+
+class _Step:
+    """What one optimizer step showed the hooks: the micro-batches' inputs and losses, and the
+    norm of each parameter's accumulated gradient (scaled, when a GradScaler is on)."""
+
+    def __init__(self):
+        self.inputs, self.losses, self.norms, self.summed = [], [], {}, False
+
+
+class NandoctorCallback(TrainerCallback):
+    """Runs nandoctor's checks inside `Trainer.train()`: the setup and step-0 checks at train start,
+    the probes' verdict rules at every `every`-th step, and on the first failure stops training,
+    replays the step with forensics hooks (with gradient accumulation: on its first micro-batch) and
+    writes a report to `output_dir` (default: the TrainingArguments output_dir)/nandoctor.
+    strict: a failed check raises instead of warning."""
+
+    def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
+        self.watch = Watch(every, strict, device)
+        self.output_dir = output_dir
+        self.step = None  # what the hooks collect for a step being judged
+        self.judged = False
+        self.handles = []
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
+        cell = cell_from_training_args(args, model)
+        recipe = recipe_of("transformers", model, optimizer, args.max_grad_norm, args.seed, cell)
+        run = LiveRun("transformers", cell, recipe, model, optimizer, args.device.type, Path(self.output_dir or args.output_dir),
+                      step_loss=model, autocast=autocast_of(cell, args.device.type), trainer_args=args.to_dict(),
+                      moot_rules=MOOT_RULES)
+        self.watch.start(run)
+        self.handles = [model.register_forward_pre_hook(self._inputs, with_kwargs=True),
+                        model.register_forward_hook(self._loss, with_kwargs=True)]
+        self.handles += [p.register_post_accumulate_grad_hook(self._grad) for _, p in self.watch.named]
+
+    def _inputs(self, module, args, kwargs):
+        if self.step is not None:
+            self.step.inputs.append(kwargs)
+
+    def _loss(self, module, args, kwargs, output):
+        loss = getattr(output, "loss", None)
+        if self.step is not None and loss is not None:
+            self.step.losses.append(loss.detach())
+            self.step.summed = "num_items_in_batch" in kwargs  # each micro-batch loss is then a share of the step's
+
+    def _grad(self, p):
+        if self.step is not None:
+            self.step.norms[p] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.step = _Step() if self.watch.checking(state.global_step) else None
+
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        step, self.step = self.step, None  # the hooks go quiet: a check that raises leaves nothing collecting
+        if step is None or not step.losses:
+            return
+        scaler = getattr(optimizer, "scaler", None)
+        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
+        losses = torch.stack(step.losses).float()
+        loss = losses.sum() if step.summed else losses.mean()
+        grad_norm = torch.linalg.vector_norm(torch.stack(list(step.norms.values())).float()) / (scale or 1.0)
+        self.judged = True
+        self.watch.judge(state.global_step, loss.item(), grad_norm.item(), scale, step.inputs[0])
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.judged and self.watch.end_step():
+            control.should_training_stop = True
+        self.judged = False
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for h in self.handles:
+            h.remove()
+        self.handles = []

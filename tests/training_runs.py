@@ -1,0 +1,70 @@
+"""Real training runs with real frameworks on the tiny Llama, as a user would write them."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from checkpoints import TINY
+
+QUIET_TRAINING_ARGS = dict(report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=1,
+                           per_device_train_batch_size=4, seed=0)
+
+
+class MotifRows(torch.utils.data.Dataset):
+    """Rows that repeat a random 8-token motif, like the probes' synthetic stream: learnable in a few steps."""
+
+    def __init__(self, rows: int = 32, vocab: int = TINY["vocab_size"], seq_len: int = 64, labels: str = "labels"):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab - 1, (rows, 8), generator=g).repeat(1, seq_len // 8)
+        self.labels = labels
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], self.labels: self.ids[i], "attention_mask": torch.ones_like(self.ids[i])}
+
+
+def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"):
+    """The tiny Llama: random-init from its config, or loaded from a checkpoint directory."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    torch.manual_seed(0)
+    if path is not None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY), dtype=dtype, attn_implementation=attn)
+    model.config.use_cache = False
+    return model
+
+
+def hf_trainer(model, out: Path, callbacks=(), **args):
+    from transformers import Trainer, TrainingArguments
+    return Trainer(model=model, args=TrainingArguments(str(out), **{**QUIET_TRAINING_ARGS, **args}),
+                   train_dataset=MotifRows(), callbacks=list(callbacks))
+
+
+def lightning_fit(model, out: Path, precision: str, callbacks=(), max_steps: int = 6, lr: float = 1e-3):
+    """Trainer.fit() of a LightningModule that wraps the model and logs its loss; returns (trainer, module)."""
+    import lightning as L
+
+    class CausalLM(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.losses = []  # every loss training_step computed, as the module saw it
+
+        def training_step(self, batch, batch_idx):
+            loss = self.model(**batch).loss
+            self.log("train_loss", loss)
+            self.losses.append(loss.item())
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=lr, eps=1e-8)
+
+    module = CausalLM()
+    trainer = L.Trainer(max_steps=max_steps, precision=precision, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=list(callbacks), default_root_dir=str(out))
+    trainer.fit(module, torch.utils.data.DataLoader(MotifRows(), batch_size=4))
+    return trainer, module
