@@ -10,7 +10,7 @@ from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
-from .config import Recipe, recipe_from_dict
+from .config import ExecutorConfig, Recipe, recipe_from_dict
 from .doctor import doctor_section
 from .env import collect_doctor
 from .errors import NandoctorError
@@ -28,11 +28,13 @@ class Listener:
 
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
-    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None).
+    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
+    queue(queued, running, done, job_ids): a scheduler's queue as it changes (--executor slurm / ray).
     """
     started: Callable | None = None
     probe: Callable | None = None
     alive: Callable | None = None
+    queue: Callable | None = None
 
 
 class Progress:
@@ -56,7 +58,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
     """A Session whose records and heartbeats go to the listener, which hears about the model plan."""
     listener = listener or Listener()
     judge = Progress(listener.probe)
-    session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, **session_args)
+    session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, on_queue=listener.queue, **session_args)
     try:
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
@@ -82,10 +84,11 @@ def resumable(run_dir, kind: str, device: dict) -> tuple[dict, Recipe, ModelPlan
 
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
              out=None, listener: Listener | None = None, device: dict | None = None, warm: bool = True,
-             cache: ProbeCache | None = None) -> RunAnalysis:
-    """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
+             cache: ProbeCache | None = None, executor: ExecutorConfig | None = None) -> RunAnalysis:
+    """Probe every cell of the grid; returns the analysis of the finished run (reports written).
+    executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster)."""
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
-                                  device=device or collect_doctor(), warm=warm, cache=cache)
+                                  device=device or collect_doctor(), warm=warm, cache=cache, executor=executor)
     with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
@@ -97,13 +100,14 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
 
 
 def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = None, warm: bool = True,
-                cache: ProbeCache | None = None, device: dict | None = None) -> RunAnalysis:
+                cache: ProbeCache | None = None, device: dict | None = None,
+                executor: ExecutorConfig | None = None) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
-    only the cells missing from DIR/results.jsonl are probed."""
+    only the cells missing from DIR/results.jsonl are probed, on any executor."""
     device = device or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
     session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
-                                  device=device, warm=warm, cache=cache, plan=plan, resume=True)
+                                  device=device, warm=warm, cache=cache, plan=plan, resume=True, executor=executor)
     with session:
         probes = plan_grid(recipe, device, meta.get("axes") or None)
         judge.planned = len(probes)

@@ -271,3 +271,55 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds()
+
+
+# Where probes run, and the scheduler's own settings for each kind (--executor, --executor-opt KEY=VALUE).
+# Not part of the Recipe: where a probe ran does not change what it measures, so a probe's fingerprint
+# (and the cache, and --resume) stays the same across executors.
+EXECUTOR_OPTIONS = {
+    "local": {},
+    "slurm": {"partition": str, "account": str, "qos": str, "constraint": str, "time": int, "gpus": int,
+              "cpus": int, "mem": str, "parallel": int, "retries": int},
+    "ray": {"address": str, "resources": str, "gpus": float, "cpus": int, "parallel": int, "retries": int},
+}
+EXECUTOR_DEFAULTS = {"cpus": 1, "parallel": 64, "retries": 2}
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """Which engine places the probes: `local` (this machine's slots), `slurm` (submitit job arrays) or
+    `ray` (one task per probe). options: the scheduler's settings, typed by EXECUTOR_OPTIONS.
+    cpus: cores per probe (its threads); parallel: probes in flight at most; retries: how many times a
+    probe the scheduler lost (node failure, preemption, never started) is placed again."""
+    kind: str = "local"
+    options: dict = field(default_factory=dict)
+
+    def option(self, name: str):
+        return self.options.get(name, EXECUTOR_DEFAULTS.get(name))
+
+    @property
+    def remote(self) -> bool:
+        return self.kind != "local"
+
+
+def executor_config(kind: str | None, items: list[str] | tuple = ()) -> ExecutorConfig:
+    """--executor KIND and its --executor-opt KEY=VALUE items as an ExecutorConfig; a kind or key that
+    does not exist, or a value of the wrong type, is one NandoctorError."""
+    kind = kind or "local"
+    if kind not in EXECUTOR_OPTIONS:
+        raise NandoctorError(f"--executor {kind!r} is not valid; valid: {', '.join(EXECUTOR_OPTIONS)}")
+    valid = EXECUTOR_OPTIONS[kind]
+    options = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in valid:
+            names = ", ".join(valid) or "none (it runs on this machine)"
+            raise NandoctorError(f"bad --executor-opt {item!r} for --executor {kind}: expected KEY=VALUE with KEY one of {names}")
+        try:
+            options[key] = valid[key](value.strip())
+        except ValueError:
+            raise NandoctorError(f"bad --executor-opt {item!r}: {key} takes a {valid[key].__name__}") from None
+        if valid[key] in (int, float) and options[key] <= 0 and key != "retries":
+            raise NandoctorError(f"bad --executor-opt {item!r}: {key} must be > 0")
+    return ExecutorConfig(kind, options)

@@ -117,7 +117,8 @@ class ProbeRecord:
     """One line of results.jsonl: a probe's configuration, how its process ended, and what it measured.
 
     status: ok (trained to the end or stopped at an unrecoverable step), error (raised), timeout,
-    signal (died of one), unsupported (never spawned: `reason` says why)."""
+    signal (died of one), unsupported (never spawned: `reason` says why), lost (the scheduler lost it
+    every time it was placed: `reason` says how; nothing is known about the configuration)."""
     probe_id: str
     cell: Cell
     status: str = "ok"
@@ -136,8 +137,10 @@ class ProbeRecord:
     timeout_s: float | None = None
     wall_s: float | None = None
     fingerprint: str | None = None
-    launch: str | None = None  # "warm" (forked from a worker) or "cold" (a fresh interpreter)
+    launch: str | None = None  # "warm" (forked from a worker), "cold" (a fresh interpreter), "slurm" or "ray"
     worker_pid: int | None = None
+    job_id: str | None = None  # the scheduler's id of the job or task that ran it (slurm, ray)
+    node: str | None = None  # the host an executor placed it on
     cached_from: str | None = None  # the run directory a reused record was first measured in
     env: dict | None = None
     load_s: float | None = None  # setup: model, data, optimizer, numerics (build_s included)
@@ -178,10 +181,12 @@ class ProbeRecord:
 
     @classmethod
     def finished(cls, spec: ProbeSpec, result: dict, steps: list[dict], returncode: int | None, timed_out: bool,
-                 wall_s: float, timeout_s: float, log_tail: str, worker_died: int | None = None, **run_facts) -> "ProbeRecord":
+                 wall_s: float, timeout_s: float, log_tail: str, worker_died: int | None = None,
+                 ended_by: dict | None = None, **run_facts) -> "ProbeRecord":
         """The record of a probe process from whatever it left behind: its result.json (`result`, empty
         when it wrote none), the steps it streamed, and how it exited. worker_died: the exit status of
-        a warm worker that died while this probe ran (the probe died with it)."""
+        a warm worker that died while this probe ran (the probe died with it). ended_by: the error a
+        scheduler reported for a probe it ended without a result (an error dict, e.g. its memory limit)."""
         record = cls.from_dict({**result, "probe_id": spec.probe_id, "cell": spec.cell.to_dict(),
                                 "steps": result.get("steps") or steps})
         record.seed, record.device, record.steps_planned = spec.seed, spec.device, spec.steps
@@ -197,6 +202,8 @@ class ProbeRecord:
             record.status = "error"
         elif returncode == 0 and result:
             record.status, record.error = "ok", None
+        elif ended_by is not None and not result:
+            record.status, record.error = "error", ended_by
         elif worker_died is not None:
             record.status = "error"
             record.error = {"type": "WorkerDied", "message": f"the warm worker running this probe exited {worker_died}; "
@@ -209,6 +216,16 @@ class ProbeRecord:
             record.error = None
         if record.status != "ok":
             record.log_tail = log_tail
+        return record
+
+    @classmethod
+    def lost(cls, spec: ProbeSpec, why: str, wall_s: float, timeout_s: float, **run_facts) -> "ProbeRecord":
+        """A probe the scheduler lost on every attempt (node failure, preemption, never started)."""
+        record = cls(spec.probe_id, spec.cell, "lost", seed=spec.seed, recipe=recipe_to_dict(spec.recipe),
+                     model=spec.plan.to_dict(), reason=why, device=spec.device, steps_planned=spec.steps,
+                     wall_s=wall_s, timeout_s=timeout_s)
+        for name, value in run_facts.items():
+            setattr(record, name, value)
         return record
 
     def reused(self, probe_id: str, cached_from: str, **run_facts) -> "ProbeRecord":

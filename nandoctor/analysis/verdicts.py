@@ -52,6 +52,8 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     done = f"after {last + 1} completed step(s)"
     if status == "unsupported":
         return Verdict(UNSUPPORTED, record.reason)
+    if status == "lost":
+        return Verdict(KILLED, f"{record.reason}; this says nothing about the configuration")
     if status == "timeout":
         return Verdict(TIMEOUT, f"no result within {record.timeout_s if record.timeout_s is not None else '?'} s, {done}", max(last, 0))
     if status == "signal":

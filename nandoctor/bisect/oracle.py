@@ -10,7 +10,7 @@ from ..analysis.verdicts import STABLE, UNRESOLVED_VERDICTS, References, is_refe
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell
-from ..config import Recipe, get_field
+from ..config import ExecutorConfig, Recipe, get_field
 from ..env import collect_summary
 from ..errors import NandoctorError
 from ..plan import PlannedProbe
@@ -86,7 +86,8 @@ class ProbeOracle:
 def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, factors: list[str] | None = None,
                reruns: int = 1, data_seeds: int = 0, steps: int | None = None, jobs: int | None = None, out=None,
                model_flags: list[str] | None = None, listener: Listener | None = None, on_step=None,
-               device: dict | None = None, fail_on: tuple[str, ...] = ()) -> tuple[RunAnalysis, BisectResult]:
+               device: dict | None = None, fail_on: tuple[str, ...] = (),
+               executor: ExecutorConfig | None = None) -> tuple[RunAnalysis, BisectResult]:
     """Bisect between a good and a bad configuration with real probes; returns the analysis of the
     run directory (reports written) and the bisection result (also saved as bisect.json).
     fail_on: unresolved verdicts (timeout, oom, killed) to count as failures, for hunting a hang or a leak."""
@@ -98,7 +99,7 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     device = device or collect_summary()
     request = {"good": good, "bad": bad, "factors": factors or []}  # as given: resume parses it again
     good_cfg, bad_cfg = parse_configurations(recipe, device, **request)  # before any model work
-    session, _ = open_session("bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device)
+    session, _ = open_session("bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device, executor=executor)
     with session:
         session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
                           "fail_on": list(fail_on), "request": request, "model_flags": model_flags or []})
@@ -108,7 +109,7 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
 
 
 def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = None, on_step=None,
-                  device: dict | None = None) -> tuple[RunAnalysis, BisectResult]:
+                  device: dict | None = None, executor: ExecutorConfig | None = None) -> tuple[RunAnalysis, BisectResult]:
     """Continue an interrupted bisect with the settings of DIR/run.json. The probes DIR/results.jsonl
     holds are replayed, not rerun: the search retraces its path from them and goes on where it stopped."""
     device = device or collect_summary()
@@ -117,7 +118,7 @@ def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = 
         raise NandoctorError(f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect")
     good_cfg, bad_cfg = parse_configurations(recipe, device, **meta["request"])
     session, judge = open_session("bisect", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
-                                  device=device, plan=plan, resume=True)
+                                  device=device, plan=plan, resume=True, executor=executor)
     with session:
         for record in session.resume(0):
             judge(record, quiet=True)

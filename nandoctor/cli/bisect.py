@@ -8,7 +8,7 @@ from ..bisect.oracle import FAIL_ON, resume_bisect, run_bisect
 from ..errors import NandoctorError
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
-from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_executor_args, add_model_args, executor_from_args, listener, recipe_from_args, refuse_with_resume, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
@@ -27,6 +27,7 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="continue an interrupted bisect: the probes DIR/results.jsonl holds are reused, not rerun")
     p.add_argument("--fail-on", default="", metavar="V,...", help=f"count these verdicts as failures instead of unresolved "
                    f"({', '.join(FAIL_ON)}), to hunt a hang or a leak")
+    add_executor_args(p)
     p.set_defaults(func=run)
 
 
@@ -44,17 +45,19 @@ def model_flags(args) -> list[str]:
 def run(args) -> int:
     if args.jobs is not None and args.jobs <= 0:
         raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
+    executor = executor_from_args(args)
     hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
     on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
     if args.resume:
         refuse_with_resume(args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory")
-        analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step)
+        analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step, executor=executor)
     else:
         recipe = recipe_from_args(args)
         search = {name: getattr(args, name) for name in ("reruns", "data_seeds") if getattr(args, name) is not None}
         analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, steps=args.steps,
                                  jobs=args.jobs, out=args.out, model_flags=model_flags(args), listener=hear,
-                                 on_step=on_step, fail_on=tuple(v for v in args.fail_on.split(",") if v), **search)
+                                 on_step=on_step, fail_on=tuple(v for v in args.fail_on.split(",") if v),
+                                 executor=executor, **search)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     return analysis.exit_code

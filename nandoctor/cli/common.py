@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..api import Listener
-from ..config import SCALES, Recipe, set_field
+from ..config import EXECUTOR_OPTIONS, SCALES, ExecutorConfig, Recipe, executor_config, set_field
 from ..errors import NandoctorError
 from ..recipes import resolve_model
 
@@ -21,6 +21,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local checkpoint's own modeling code")
     p.add_argument("--out", help="run directory, new or empty (default: reports/<run-id>)")
+
+
+def add_executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--executor", choices=tuple(EXECUTOR_OPTIONS), help="where probes run: this machine (local, the default), "
+                   "a SLURM cluster (job arrays through submitit) or a Ray cluster (one task per probe)")
+    p.add_argument("--executor-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scheduler setting (repeatable). slurm: " + ", ".join(EXECUTOR_OPTIONS["slurm"])
+                        + "; ray: " + ", ".join(EXECUTOR_OPTIONS["ray"]))
+
+
+def executor_from_args(args) -> ExecutorConfig:
+    return executor_config(args.executor, args.executor_opt)
 
 
 def recipe_from_args(args) -> Recipe:
@@ -69,6 +81,12 @@ def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
     return f"  ... {probe_id} running {elapsed_s:.0f} s, {last}"
 
 
+def queue_line(queued: int, running: int, done: int, job_ids: list[str]) -> str:
+    jobs = f" (job{'s' if len(job_ids) > 1 else ''} {', '.join(job_ids)})" if job_ids else ""
+    return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}"
+
+
 def listener(probe) -> Listener:
-    """What a run prints: the start lines, `probe(...)` per finished probe, a heartbeat per running one."""
-    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)))
+    """What a run prints: the start lines, `probe(...)` per finished probe, a heartbeat per running one,
+    and a scheduler's queue as it changes."""
+    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)), queue=lambda *a: say(queue_line(*a)))

@@ -6,7 +6,7 @@ from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
 from ..report.terminal import progress_line, render_terminal
-from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_executor_args, add_model_args, executor_from_args, listener, recipe_from_args, refuse_with_resume, say
 
 
 def register(sub) -> None:
@@ -20,6 +20,7 @@ def register(sub) -> None:
     p.add_argument("--cache", action="store_true",
                    help=f"reuse probe results with an identical fingerprint from earlier runs, and keep this run's (in $NANDOCTOR_CACHE_DIR, default {default_cache_dir()})")
     p.add_argument("--cold", action="store_true", help="start a fresh Python process per probe instead of forking from warm workers")
+    add_executor_args(p)
     p.set_defaults(func=run)
 
 
@@ -27,15 +28,17 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs <= 0:
         raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     cache = ProbeCache() if args.cache else None
+    executor = executor_from_args(args)
     hear = listener(lambda *a: say(progress_line(*a)))
     if args.resume:
         refuse_with_resume(args, MODEL_FLAGS + ("axis",), "the recipe, axes, steps and run directory")
-        analysis = resume_grid(args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache)
+        analysis = resume_grid(args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache,
+                               executor=executor)
     else:
         axes = dict(parse_axis_flag(a) for a in args.axis)
         recipe = recipe_from_args(args)
         analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
-                            listener=hear, warm=not args.cold, cache=cache)
+                            listener=hear, warm=not args.cold, cache=cache, executor=executor)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     if cache:

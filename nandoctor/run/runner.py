@@ -81,7 +81,8 @@ def _read_result(path: Path) -> dict:
 
 
 def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float,
-            worker_died: int | None = None, replay_overran: bool = False, **run_facts) -> ProbeRecord:
+            worker_died: int | None = None, replay_overran: bool = False, ended_by: dict | None = None,
+            **run_facts) -> ProbeRecord:
     """The probe's record from whatever the child left behind in its folder. A result whose replay
     never finished is the timed steps' result: the replay's end is noted in its forensics."""
     result = _read_result(folder / "result.json")
@@ -99,7 +100,7 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
     if replay_cut or (replay_overran and result):
         returncode, worker_died = 0, None  # the timed steps ended with a result: the verdict is theirs
     record = ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
-                                  task.timeout_s, _tail(folder / "log.txt"), worker_died, **task.run_facts, **run_facts)
+                                  task.timeout_s, _tail(folder / "log.txt"), worker_died, ended_by, **task.run_facts, **run_facts)
     record.exit_code = exit_code
     return record
 

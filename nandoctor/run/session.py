@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..capabilities import input_support
-from ..config import Recipe, recipe_to_dict
+from ..config import ExecutorConfig, Recipe, recipe_to_dict
 from ..env import collect_summary
 from ..errors import NandoctorError
 from ..models import plan_model, plan_warnings, training_bytes
@@ -17,6 +17,7 @@ from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
+from .remote import RemoteRunner
 from .runner import ProbeRunner, ProbeTask, threads_per_probe
 from .slots import most_jobs, packed_jobs
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
@@ -62,9 +63,11 @@ def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     return path
 
 
-def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dict, steps: int, jobs: int) -> ProbeSpec:
+def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dict, steps: int, jobs: int,
+               threads: int | None = None) -> ProbeSpec:
+    """threads: the probe's CPU threads (an executor's cores per probe); by default this host's cores over `jobs`."""
     return ProbeSpec(probe.probe_id, recipe, probe.cell, plan, steps, recipe.seed + probe.seed_offset, device["device"],
-                     threads_per_probe(jobs, device["cpu_count"]))
+                     threads or threads_per_probe(jobs, device["cpu_count"]))
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -129,20 +132,32 @@ class Session:
     Ctrl-C inside the `with` block leaves as RunInterrupted once run.json exists.
 
     jobs=None packs probes (slots.packed_jobs): on a GPU host by the planned model's training memory,
-    corrected by the peaks measured as probes finish; one at a time on a CPU."""
+    corrected by the peaks measured as probes finish; one at a time on a CPU.
+
+    executor (an ExecutorConfig other than local) places the probes with a scheduler (remote.RemoteRunner):
+    `parallel` of them at once, each with `cpus` threads; on_queue(queued, running, done, job_ids)
+    hears its queue."""
 
     def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
                  device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
-                 plan: ModelPlan | None = None, on_alive=None, resume: bool = False):
+                 plan: ModelPlan | None = None, on_alive=None, resume: bool = False,
+                 executor: ExecutorConfig | None = None, on_queue=None):
         self.kind, self.recipe = kind, recipe
         self.device = device or collect_summary()
         self.steps = steps or recipe.steps
         gpus = len(self.device.get("gpus") or [])
-        self.packed = jobs is None
-        self.most = jobs or most_jobs(self.device)  # slots; packing keeps some idle
+        self.executor = executor or ExecutorConfig()
+        self.packed = jobs is None and not self.executor.remote
         self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
-        self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
+        if self.executor.remote:
+            self.runner = RemoteRunner(self.dir, self.store, self.executor, on_queue)  # its canary runs while we plan
+            jobs = self.most = self.runner.jobs
+            self.threads = self.executor.option("cpus")
+        else:
+            self.most = jobs or most_jobs(self.device)  # slots; packing keeps some idle
+            self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
+            self.threads = None
         try:
             self.plan = plan or plan_model(recipe, self.device)
         except BaseException:
@@ -186,7 +201,7 @@ class Session:
                            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                            "recipe": recipe_to_dict(self.recipe), "model_plan": self.plan.to_dict(),
                            "steps": self.steps, "seed": self.recipe.seed, "jobs": self.jobs,
-                           "env": self.device, "planned": planned, **(extra or {})})
+                           "env": self.device, "planned": planned, "executor": self.executor.kind, **(extra or {})})
 
     def resume(self, planned: int) -> list[ProbeRecord]:
         """Continue a run directory: the probes its store holds count as done and are not rerun.
@@ -207,7 +222,7 @@ class Session:
             if p.probe_id in records:
                 continue
             own = p.recipe or recipe
-            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most)
+            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads)
             unsupported = p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))

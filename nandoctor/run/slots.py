@@ -73,6 +73,11 @@ def probe_env(gpu: int | None) -> dict:
     return env
 
 
+def child_command(spec: Path, result: Path) -> list[str]:
+    """The probe process a cold slot starts, and what an executor places on a node (run/placed.py)."""
+    return [sys.executable, "-m", "nandoctor.child", str(spec), str(result)]
+
+
 def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -100,7 +105,7 @@ class ColdSlot:
 
     def launch(self, spec: Path, result: Path, log: Path) -> None:
         with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "nandoctor.child", str(spec), str(result)],
+            proc = subprocess.Popen(child_command(spec, result),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=probe_env(self.gpu), start_new_session=True)
         self.pid = proc.pid

@@ -1,0 +1,99 @@
+"""Place probes on a Ray cluster: each probe one task with the CPUs / GPUs / custom resources the
+options give it. The task runs the probe in a scratch folder of its node and returns its files
+(placed.run_carried), so no shared filesystem is needed.
+
+A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
+worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the parent's backstop
+cancels with force=True. Without an `address` a local Ray is started on the loopback address only.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from ..config import ExecutorConfig
+from ..errors import NandoctorError
+from .placed import run_carried
+from .remote import Ending, PlacedProbe, missing_extra
+
+
+def parse_resources(text: str | None) -> dict:
+    """'node_type_a100:1,fast_disk:0.5' -> {'node_type_a100': 1.0, 'fast_disk': 0.5}."""
+    resources = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, amount = item.partition(":")
+        try:
+            resources[name.strip()] = float(amount) if sep else 1.0
+        except ValueError:
+            raise NandoctorError(f"bad --executor-opt resources={text!r}: expected NAME:AMOUNT[,NAME:AMOUNT]") from None
+    return resources
+
+
+class RayPlacement:
+    batches = False  # one task per probe, `parallel` in flight
+    grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
+
+    def __init__(self, executor: ExecutorConfig):
+        try:
+            import ray
+        except ImportError:
+            raise missing_extra("ray", "ray") from None
+        self.ray = ray
+        self.started_ray = False
+        if not ray.is_initialized():
+            address = executor.option("address")
+            if address is None:
+                # a Ray of our own, for this run: every server and every connection on 127.0.0.1
+                # (by default Ray resolves its node address to the host's outward-facing IP)
+                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+                ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                         num_cpus=os.cpu_count(), configure_logging=False)
+                self.started_ray = True
+            else:
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
+        self.task = ray.remote(run_carried).options(
+            max_retries=0, num_cpus=executor.option("cpus"), num_gpus=executor.option("gpus") or 0,
+            resources=parse_resources(executor.option("resources")), name="nandoctor-probe")
+
+    def ready(self) -> None:
+        pass
+
+    def submit(self, probes: list[PlacedProbe]) -> None:
+        for probe in probes:
+            probe.handle = self.task.remote(probe.task.spec.to_dict(), probe.task.timeout_s)
+            probe.job_id = probe.handle.task_id().hex()[:16]
+            # at most `parallel` tasks are out, sized to the cluster: Ray starts them at once
+            probe.state, probe.started = "running", time.monotonic()
+
+    def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
+        by_ref = {p.handle: p for p in probes}
+        if not by_ref:
+            return []
+        ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        ended = []
+        for ref in ready:
+            probe = by_ref[ref]
+            try:
+                out = self.ray.get(ref)
+                ended.append((probe, Ending("COMPLETED", out["placed"], out["files"])))
+            except self.ray.exceptions.TaskCancelledError:
+                ended.append((probe, Ending("CANCELLED")))
+            except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
+                ended.append((probe, Ending(type(e).__name__, detail=str(e).strip().splitlines()[0][:300] if str(e).strip() else "")))
+        return ended
+
+    def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:
+        refs = [p.handle for p in probes if p.handle is not None]
+        for ref in refs:
+            try:
+                self.ray.cancel(ref, force=True)
+            except self.ray.exceptions.RayError:
+                pass  # it ended meanwhile
+        if refs and wait_s > 0:
+            self.ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+
+    def close(self) -> None:
+        if self.started_ray:
+            self.ray.shutdown()

@@ -1,0 +1,149 @@
+"""Place probes on a SLURM cluster through submitit: the probes of one submission (a grid's cells, a
+bisection round's candidates) go out as one job array, throttled to the `parallel` option.
+
+The nodes write into the run directory, so it must be on a filesystem they share: a canary job checks
+that at start. State comes from squeue (`--states=all`, which also lists jobs that ended within the
+cluster's MinJobAge), so no accounting database is needed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from ..config import ExecutorConfig
+from ..errors import NandoctorError
+from .placed import PLACED_FILE, run_placed
+from .remote import Ending, PlacedProbe, missing_extra
+
+CANARY_WAIT_S = 300.0  # a canary still queued after this long: the cluster is too busy to start the run
+SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT")
+# submitit's parameter for each --executor-opt of the slurm kind
+PARAMETERS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
+              "gpus": "gpus_per_node", "cpus": "cpus_per_task", "mem": "mem", "parallel": "array_parallelism"}
+
+
+def write_canary(path: str) -> str:
+    import socket
+    Path(path).write_text(socket.gethostname())
+    return path
+
+
+def squeue(job_ids: list[str]) -> dict[str, tuple[str, str]] | None:
+    """{job id (array elements as 12_3): (state, reason)} of these jobs, or None when squeue did not answer."""
+    if not job_ids:
+        return {}
+    try:
+        out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        return None
+    states = {}
+    for line in out.stdout.splitlines():
+        job, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        states[job] = (state, reason)
+    return states
+
+
+class SlurmPlacement:
+    batches = True  # all pending probes of a submission go out as one array
+    grace_s = 120.0  # beyond the probe's budget before the parent cancels a job (the node enforces it first)
+
+    def __init__(self, executor: ExecutorConfig, run_dir: Path):
+        try:
+            import submitit
+        except ImportError:
+            raise missing_extra("slurm", "submitit") from None
+        self.options, self.run_dir = executor, Path(run_dir).resolve()
+        self.executor = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
+        params = {PARAMETERS[k]: executor.option(k) for k in PARAMETERS if executor.option(k) is not None}
+        self.executor.update_parameters(job_name="nandoctor", use_srun=False, stderr_to_stdout=True, **params)
+        self.canary = None
+        self.canary_file = self.run_dir / "slurm" / f"canary-{uuid.uuid4().hex[:8]}"
+        self._submit_canary()
+
+    def _submit_canary(self) -> None:
+        self.canary_file.parent.mkdir(parents=True, exist_ok=True)
+        self.executor.update_parameters(time=2)
+        try:
+            self.canary = self.executor.submit(write_canary, str(self.canary_file))
+        except Exception as e:  # submitit raises a bare Exception when sbatch fails
+            raise NandoctorError(f"--executor slurm: sbatch refused the first job: {str(e).strip().splitlines()[-1][:300]}") from None
+
+    def ready(self) -> None:
+        """Wait for the canary job submitted at start; refuse the run if its file did not appear here."""
+        if self.canary is None:
+            return
+        job, self.canary = self.canary.job_id, None
+        deadline = time.monotonic() + CANARY_WAIT_S
+        while time.monotonic() < deadline:
+            states = squeue([job])
+            if states is not None and states.get(job, ("GONE",))[0] not in ACTIVE:
+                break
+            time.sleep(0.2)
+        else:
+            subprocess.run(["scancel", job], capture_output=True)
+            raise NandoctorError(f"--executor slurm: the canary job {job} did not run within {CANARY_WAIT_S:.0f} s; "
+                                 "is the partition up (sinfo)?")
+        seen = time.monotonic() + SHARED_FS_WAIT_S
+        while not self.canary_file.exists() and time.monotonic() < seen:
+            time.sleep(0.2)
+        if not self.canary_file.exists():
+            raise NandoctorError(f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
+                                 f"(canary job {job} ended {states.get(job, ('GONE',))[0]} and its file never appeared); "
+                                 "pass --out on a shared filesystem")
+        self.canary_file.unlink()
+
+    def submit(self, probes: list[PlacedProbe]) -> None:
+        budget = max(p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
+        self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
+        with self.executor.batch():
+            jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in probes]
+        for probe, job in zip(probes, jobs):
+            probe.handle, probe.job_id = job, job.job_id
+
+    def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
+        states = squeue([p.job_id.split("_")[0] for p in probes])
+        if states is None:
+            return []  # slurmctld did not answer this time: ask again at the next poll
+        ended = []
+        for probe in probes:
+            state, reason = states.get(probe.job_id, ("GONE", "no longer in squeue"))
+            if state in ACTIVE:
+                if state == "RUNNING" and probe.state != "running":
+                    probe.state, probe.started = "running", time.monotonic()
+                continue
+            placed = probe.folder / PLACED_FILE
+            if state == "COMPLETED" and not placed.exists():
+                probe.seen_done = probe.seen_done or time.monotonic()
+                if time.monotonic() - probe.seen_done < SHARED_FS_WAIT_S:
+                    continue
+            outcome = json.loads(placed.read_text()) if placed.exists() else None
+            if probe.started is None:
+                probe.started = time.monotonic()
+            ended.append((probe, Ending(state, outcome, detail=reason if reason not in ("None", "") else "")))
+        return ended
+
+    def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:
+        jobs = [p.job_id for p in probes if p.job_id]
+        if not jobs:
+            return
+        subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            states = squeue([j.split("_")[0] for j in jobs])
+            if states is not None and not any(states.get(j, ("GONE",))[0] in ACTIVE for j in jobs):
+                return
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.canary is not None:
+            subprocess.run(["scancel", self.canary.job_id], capture_output=True)
+            self.canary = None

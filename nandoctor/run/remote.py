@@ -1,0 +1,196 @@
+"""Probes placed by a scheduler (SLURM, Ray) instead of this machine's slots.
+
+RemoteRunner has ProbeRunner's interface (run, limit, open, preload, close), so a Session runs grid,
+check and bisect probes through it unchanged. A placement (on_slurm.SlurmPlacement, on_ray.RayPlacement)
+only submits, polls and cancels; every probe is still its own process running the child code
+(placed.run_placed on the node), and its record is built by runner.collect from the same files and
+exit facts as a local probe's, so a segfault, a hang or an OOM gets the same verdict wherever it ran.
+
+What the scheduler reports is data (SCHEDULER_ENDS): its time limit is a timeout, its memory limit an
+OOM. Anything else that ended a job without the probe's own outcome (a lost node, a preemption, a job
+never started) is the infrastructure's failure: the probe is placed again, at most `retries` times, then
+recorded as `lost`, which is no verdict about the configuration.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ExecutorConfig
+from ..errors import NandoctorError
+from ..record import ProbeRecord
+from .runner import ProbeTask, collect, probe_dir
+from .store import ResultsStore
+
+POLL_S = 0.25  # how often the scheduler is asked about the probes in flight
+QUEUE_LINE_S = 5.0  # the queue line is said when it changes, at most this often
+CANCEL_WAIT_S = 20.0  # how long close() waits for the cancelled jobs to leave the queue
+
+# A scheduler's own end states that say something about the probe, as the verdict a local probe gets:
+# the job's time limit is the probe's timeout, its memory limit the probe's OOM (SLURM's names;
+# slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES).
+SCHEDULER_ENDS = {
+    "TIMEOUT": {"timed_out": True},
+    "DEADLINE": {"timed_out": True},
+    "OUT_OF_MEMORY": {"ended_by": {"type": "OutOfMemory", "oom": True, "traceback": "",
+                                   "message": "the scheduler ended the job OUT_OF_MEMORY: the probe exceeded the job's memory limit"}},
+}
+
+
+@dataclass
+class Ending:
+    """How a placed probe's job ended: the node's outcome (placed.run_placed's dict) when it wrote one,
+    the scheduler's end state, and the files a placement without a shared filesystem carried back."""
+    state: str
+    placed: dict | None = None
+    files: dict = field(default_factory=dict)
+    detail: str = ""  # what the scheduler said, for a lost probe's reason
+
+
+@dataclass
+class PlacedProbe:
+    task: ProbeTask
+    folder: Path
+    attempt: int = 1
+    handle: Any = None  # the placement's own handle (a submitit job, a Ray ObjectRef)
+    job_id: str | None = None
+    state: str = "queued"  # queued | running
+    started: float | None = None  # when the scheduler first reported it running
+    cancelled: bool = False  # by us, on its timeout
+    seen_done: float | None = None  # when the scheduler first said it ended (its files may lag on a shared filesystem)
+    lost: list[str] = field(default_factory=list)  # why earlier attempts failed
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started if self.started else 0.0
+
+
+def open_placement(executor: ExecutorConfig, run_dir: Path):
+    if executor.kind == "slurm":
+        from .on_slurm import SlurmPlacement
+        return SlurmPlacement(executor, run_dir)
+    if executor.kind == "ray":
+        from .on_ray import RayPlacement
+        return RayPlacement(executor)
+    raise NandoctorError(f"--executor {executor.kind!r} does not place probes remotely")
+
+
+def missing_extra(kind: str, module: str) -> NandoctorError:
+    return NandoctorError(f"--executor {kind} needs the {module} package: pip install 'nandoctor[{kind}]'")
+
+
+class RemoteRunner:
+    """Runs tasks through a scheduler. `limit` probes are in flight at most (the `parallel` option; a
+    SLURM submission is one job array throttled to it). on_queue(queued, running, done, job_ids) hears
+    the queue whenever it changes (at most every QUEUE_LINE_S)."""
+
+    def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None):
+        self.run_dir, self.store, self.executor = Path(run_dir), store, executor
+        self.placement = open_placement(executor, self.run_dir)
+        self.jobs = self.limit = executor.option("parallel")
+        self.retries = executor.option("retries")
+        self.on_queue = on_queue
+        self.in_flight: dict[str, PlacedProbe] = {}
+        self.done = 0
+        self.said: tuple | None = None
+        self.said_at = 0.0
+
+    def open(self, slots: int = 1) -> "RemoteRunner":
+        return self
+
+    def preload(self, model_type: str) -> None:
+        pass  # each placed probe is a fresh process: nothing is imported ahead
+
+    def __enter__(self) -> "RemoteRunner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Cancel every job this runner placed that has not ended, and wait until they left the queue."""
+        if self.in_flight:
+            self.placement.cancel(list(self.in_flight.values()), wait_s=CANCEL_WAIT_S)
+            self.in_flight.clear()
+        self.placement.close()
+
+    def _prepare(self, probe: PlacedProbe) -> None:
+        probe.folder.mkdir(parents=True, exist_ok=True)
+        for stale in ("result.json", "steps.jsonl", "placed.json"):
+            (probe.folder / stale).unlink(missing_ok=True)
+        (probe.folder / "spec.json").write_text(json.dumps(probe.task.spec.to_dict(), default=str))
+        probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
+
+    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
+        """Place every task; each record is appended to the store the moment its probe ends.
+        on_wait(running probes) is called every POLL_S (a heartbeat hangs off it)."""
+        self.placement.ready()
+        pending = [PlacedProbe(t, probe_dir(self.run_dir, t.probe_id)) for t in tasks]
+        records = []
+        while pending or self.in_flight:
+            room = len(pending) if self.placement.batches else self.limit - len(self.in_flight)
+            if pending and room > 0:
+                batch, pending = pending[:room], pending[room:]
+                for probe in batch:
+                    self._prepare(probe)
+                self.placement.submit(batch)
+                self.in_flight.update((p.task.probe_id, p) for p in batch)
+            for probe, ending in self.placement.poll(list(self.in_flight.values())):
+                del self.in_flight[probe.task.probe_id]
+                record = self._record(probe, ending)
+                if record is None:
+                    probe.attempt += 1
+                    pending.insert(0, probe)
+                    continue
+                self.done += 1
+                self.store.append(record)
+                records.append(record)
+                if on_record:
+                    on_record(record)
+            self._backstop()
+            running = [p for p in self.in_flight.values() if p.state == "running"]
+            if on_wait:
+                on_wait(running)
+            self._say_queue(len(pending))
+            time.sleep(POLL_S)
+        return records
+
+    def _backstop(self) -> None:
+        """The node kills a probe past its budget; a job that outlives it by the placement's grace (a
+        hung node, a wedged task) is cancelled here and recorded as the timeout it is."""
+        for probe in self.in_flight.values():
+            budget = probe.task.timeout_s + probe.task.spec.recipe.forensics_timeout_s + self.placement.grace_s
+            if probe.state == "running" and not probe.cancelled and probe.elapsed > budget:
+                probe.cancelled = True
+                self.placement.cancel([probe], wait_s=0)
+
+    def _record(self, probe: PlacedProbe, ending: Ending) -> ProbeRecord | None:
+        """The probe's record, or None when the infrastructure lost it and it is placed again."""
+        facts = {"launch": self.executor.kind, "job_id": probe.job_id}
+        for name, text in ending.files.items():  # carried back by a placement without a shared filesystem
+            (probe.folder / name).write_text(text)
+        if ending.placed is not None:
+            p = ending.placed
+            return collect(probe.task, probe.folder, p["returncode"], p["timed_out"], p["wall_s"],
+                           replay_overran=p["replay_overran"], node=p["node"], **facts)
+        if probe.cancelled or ending.state in SCHEDULER_ENDS:
+            end = {"timed_out": True} if probe.cancelled else SCHEDULER_ENDS[ending.state]
+            return collect(probe.task, probe.folder, None, end.get("timed_out", False), probe.elapsed,
+                           ended_by=end.get("ended_by"), **facts)
+        probe.lost.append(f"{ending.state}{': ' + ending.detail if ending.detail else ''}")
+        if probe.attempt <= self.retries:
+            return None
+        why = (f"the scheduler lost this probe on all {probe.attempt} attempts ({'; '.join(probe.lost)[:600]})")
+        return ProbeRecord.lost(probe.task.spec, why, probe.elapsed, probe.task.timeout_s, **probe.task.run_facts, **facts)
+
+    def _say_queue(self, pending: int) -> None:
+        if not self.on_queue:
+            return
+        states = [p.state for p in self.in_flight.values()]
+        now = (pending + states.count("queued"), states.count("running"), self.done)
+        if now != self.said and time.monotonic() - self.said_at >= QUEUE_LINE_S:
+            self.said, self.said_at = now, time.monotonic()
+            self.on_queue(*now, sorted({p.job_id.split("_")[0] for p in self.in_flight.values() if p.job_id}))
