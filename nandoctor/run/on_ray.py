@@ -53,6 +53,13 @@ class RayPlacement:
                 self.started_ray = True
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
+        # tasks beyond what the cluster runs at once would wait in Ray's queue, where their time would
+        # count against their budget: the runner keeps at most `capacity` out
+        have = ray.cluster_resources()
+        fits = [have.get("CPU", 1) // executor.option("cpus")]
+        if executor.option("gpus"):
+            fits.append(have.get("GPU", 0) // executor.option("gpus"))
+        self.capacity = max(1, int(min(fits)))
         self.task = ray.remote(run_carried).options(
             max_retries=0, num_cpus=executor.option("cpus"), num_gpus=executor.option("gpus") or 0,
             resources=parse_resources(executor.option("resources")), name="nandoctor-probe")

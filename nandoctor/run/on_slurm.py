@@ -62,6 +62,7 @@ class SlurmPlacement:
         except ImportError:
             raise missing_extra("slurm", "submitit") from None
         self.options, self.run_dir = executor, Path(run_dir).resolve()
+        self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
         self.executor = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
         params = {PARAMETERS[k]: executor.option(k) for k in PARAMETERS if executor.option(k) is not None}
         self.executor.update_parameters(job_name="nandoctor", use_srun=False, stderr_to_stdout=True, **params)

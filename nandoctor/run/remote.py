@@ -90,7 +90,7 @@ class RemoteRunner:
     def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None):
         self.run_dir, self.store, self.executor = Path(run_dir), store, executor
         self.placement = open_placement(executor, self.run_dir)
-        self.jobs = self.limit = executor.option("parallel")
+        self.jobs = self.limit = min(executor.option("parallel"), self.placement.capacity)
         self.retries = executor.option("retries")
         self.on_queue = on_queue
         self.in_flight: dict[str, PlacedProbe] = {}

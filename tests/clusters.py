@@ -1,0 +1,164 @@
+"""Real clusters on this machine for the executor tests: a one-node SLURM (tests/cluster/slurm_up.sh)
+and a local Ray bound to 127.0.0.1, each started once per test module; and the local runs their
+results are compared with, made once per pytest process."""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from checkpoints import save_custom_llama
+from conftest import run_cli
+
+SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
+SLURM_DIR = Path(tempfile.gettempdir()) / "nandoctor-slurm"
+
+# The small grid every executor runs: tiny-llama, two fp32 cells (eager is the reference), one thread
+# per probe everywhere (locally --jobs 2 on 2 cores; remotely cpus=1), so the losses are bit-equal.
+EQUAL_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "3")
+
+MISBEHAVING_CODE = '''
+import ctypes, time
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class MisbehavingLlamaConfig(LlamaConfig):
+    model_type = "misbehaving-llama"
+
+
+class MisbehavingLlamaForCausalLM(LlamaForCausalLM):
+    """Modeling code that ends its probe per attention cell: eager reads address 0 (a real SIGSEGV),
+    sdpa with only the math kernel sleeps forever, sdpa with only the flash kernel asks for 256 TiB
+    (the CPU allocator refuses it), plain sdpa trains."""
+    config_class = MisbehavingLlamaConfig
+
+    def forward(self, *args, **kwargs):
+        if self.config._attn_implementation == "eager":
+            ctypes.string_at(0)
+        if not torch.backends.cuda.flash_sdp_enabled():  # inside sdpa_kernel([MATH])
+            time.sleep(3600)
+        if not torch.backends.cuda.math_sdp_enabled():  # inside sdpa_kernel([FLASH_ATTENTION])
+            torch.empty(1 << 48, dtype=torch.uint8)
+        return super().forward(*args, **kwargs)
+'''
+MISBEHAVING_CELLS = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa:math,sdpa:flash,sdpa", "--axis", "compile=off",
+                     "--steps", "2", "--set", "timeout_s=40", "--set", "forensics_steps=0", "--trust-remote-code")
+MISBEHAVING_VERDICTS = {"fp32/eager/off": "crash", "fp32/sdpa:math/off": "timeout", "fp32/sdpa:flash/off": "oom",
+                        "fp32/sdpa/off": "stable"}
+
+
+def slurm_skip_reason() -> str | None:
+    if not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged")):
+        return "SLURM is not installed (apt-get install slurm-wlm munge)"
+    if os.geteuid() != 0:
+        return "starting slurmctld / slurmd needs root"
+    try:
+        import submitit  # noqa: F401
+    except ImportError:
+        return "submitit is not installed (pip install '.[slurm]')"
+    return None
+
+
+def start_slurm() -> dict:
+    """Start (or reuse) the one-node cluster; returns the environment its clients need."""
+    out = subprocess.run([str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
+
+
+def active_slurm_jobs(env: dict) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T %j"], capture_output=True, text=True, env={**os.environ, **env})
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def ray_skip_reason() -> str | None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return "ray is not installed (pip install '.[ray]')"
+    return None
+
+
+RAY_HEAD = '''
+import os, sys, time, ray
+ctx = ray.init(_node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False)
+print(ctx.address_info["gcs_address"], flush=True)
+sys.stdin.read()  # until the test closes it; then ray's exit handler stops the cluster this process started
+'''
+
+
+class LocalRay:
+    """A real Ray started by a process of ours, every server on 127.0.0.1 (Ray resolves its node
+    address to the host's outward IP unless told its node is loopback-only)."""
+
+    def __init__(self):
+        env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+        self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+        self.proc = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, env=env, start_new_session=True)
+        self.address = self.proc.stdout.readline().strip()
+        assert self.address.startswith("127.0.0.1:"), self.address
+
+    def free_cpus(self) -> float:
+        code = ("import ray; ray.init(address=%r, log_to_driver=False); import time; time.sleep(1); "
+                "print(ray.available_resources().get('CPU', 0))" % self.address)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, timeout=120)
+        return float(out.stdout.strip().splitlines()[-1])
+
+    def stop(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def child_processes(marker: str) -> list[str]:
+    """Probe processes alive on this machine (`python -m nandoctor.child ...`) whose spec path holds
+    `marker` (a run directory; a Ray task's scratch folder prefix)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
+    return [line for line in out.stdout.splitlines() if "-m nandoctor.child " in line and marker in line]
+
+
+@functools.lru_cache(maxsize=None)
+def local_run(name: str) -> Path:
+    """A local run of one of the grids above, made once per pytest process, as the reference."""
+    base = Path(tempfile.mkdtemp(prefix=f"nandoctor-local-{name}-"))
+    if name == "equal":
+        args = EQUAL_GRID + ("--jobs", "2")
+    else:
+        args = ("--model", misbehaving_checkpoint()) + MISBEHAVING_CELLS
+    proc = run_cli("grid", *args, "--out", base / "run")
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return base / "run"
+
+
+@functools.lru_cache(maxsize=None)
+def misbehaving_checkpoint() -> Path:
+    return save_custom_llama(Path(tempfile.mkdtemp(prefix="nandoctor-misbehaving-")) / "ckpt", "misbehaving_llama",
+                             "Misbehaving", MISBEHAVING_CODE)
+
+
+def interrupt_when_running(args: list, env: dict, timeout: float = 300) -> tuple[int, str]:
+    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) once the queue line says a probe runs;
+    returns its exit code and everything it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+    lines, deadline = [], time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if "queue:" in line and " 0 running" not in line:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGINT)
+            break
+        assert time.monotonic() < deadline, "".join(lines)
+    rest, _ = proc.communicate(timeout=120)
+    return proc.returncode, "".join(lines) + rest

@@ -1,0 +1,78 @@
+"""The Ray executor on a real local Ray bound to 127.0.0.1: one task per probe, its files carried
+back, the verdicts and losses the local executor gives, crashes, hangs and OOMs included; Ctrl-C
+leaves no task running and --resume finishes the run."""
+import json
+
+import pytest
+from clusters import (EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
+                      interrupt_when_running, local_run, misbehaving_checkpoint, ray_skip_reason)
+from conftest import run_cli, summary, verdicts
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_skip_reason() is not None, reason=str(ray_skip_reason()))]
+
+
+def records(run_dir):
+    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray = LocalRay()
+    yield ray
+    ray.stop()
+
+
+def on_ray(local_ray):
+    return ("--executor", "ray", "--executor-opt", f"address={local_ray.address}", "--executor-opt", "cpus=1")
+
+
+@pytest.fixture(scope="module")
+def interrupted(local_ray, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray-equal") / "run"
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env)
+    free_after, children_after = local_ray.free_cpus(), child_processes("nandoctor-probe-")
+    resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
+    return out, code, printed, free_after, children_after, resumed
+
+
+def test_the_local_ray_listens_on_loopback_only(local_ray):
+    import subprocess
+    listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.splitlines()
+    ours = [line for line in listening if any(name in line for name in ("gcs_server", "raylet", "ray::"))]
+    assert ours and all("127.0.0.1:" in line.split()[3] for line in ours), "\n".join(ours)
+
+
+def test_ctrl_c_cancels_every_task_and_prints_the_resume_command(interrupted):
+    out, code, printed, free_after, children_after, _ = interrupted
+    assert code == 130, printed
+    assert f"nandoctor grid --resume {out}" in printed
+    assert free_after == 2.0 and children_after == []  # every task gone: the cluster's CPUs are free
+
+
+def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
+    out, _, _, _, _, resumed = interrupted
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    local = local_run("equal")
+    assert verdicts(out) == verdicts(local) == {"fp32/eager/off": "stable", "fp32/sdpa/off": "stable"}
+    here, there = records(out), records(local)
+    for probe_id, record in here.items():
+        assert [s["loss"] for s in record["steps"]] == [s["loss"] for s in there[probe_id]["steps"]]
+        assert record["launch"] == "ray" and record["job_id"] and record["node"]
+
+
+@pytest.fixture(scope="module")
+def misbehaving(local_ray, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray-misbehaving") / "run"
+    proc = run_cli("grid", "--model", misbehaving_checkpoint(), *MISBEHAVING_CELLS, *on_ray(local_ray), "--out", out,
+                   env=local_ray.env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    return out
+
+
+def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
+    assert verdicts(misbehaving) == verdicts(local_run("misbehaving")) == MISBEHAVING_VERDICTS
+    crashed = records(misbehaving)["fp32/eager/off"]
+    assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]  # carried back from the node
+    reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
+    assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
+    assert 40 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 70

@@ -1,0 +1,68 @@
+"""The SLURM executor on a real one-node cluster (tests/cluster/slurm_up.sh): probes placed as job
+arrays give the verdicts and losses the local executor gives, crashes, hangs and OOMs included;
+Ctrl-C leaves the queue empty and --resume finishes the run."""
+import json
+
+import pytest
+from clusters import (EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
+                      interrupt_when_running, local_run, misbehaving_checkpoint, slurm_skip_reason, start_slurm)
+from conftest import run_cli, summary, verdicts
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_skip_reason() is not None, reason=str(slurm_skip_reason()))]
+SLURM = ("--executor", "slurm", "--executor-opt", "cpus=1")
+
+
+def records(run_dir):
+    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    return start_slurm()
+
+
+@pytest.fixture(scope="module")
+def interrupted(slurm_env, tmp_path_factory):
+    """The small grid on SLURM, interrupted with Ctrl-C once a probe runs, then resumed on SLURM."""
+    out = tmp_path_factory.mktemp("slurm-equal") / "run"
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env)
+    queue_after = active_slurm_jobs(slurm_env)
+    children_after = child_processes(str(out))
+    resumed = run_cli("grid", "--resume", out, *SLURM, env=slurm_env)
+    return out, code, printed, queue_after, children_after, resumed
+
+
+def test_ctrl_c_cancels_every_job_and_prints_the_resume_command(interrupted):
+    out, code, printed, queue_after, children_after, _ = interrupted
+    assert code == 130, printed
+    assert f"nandoctor grid --resume {out}" in printed
+    assert "job" in printed and "queue:" in printed  # the queue line named the array
+    assert queue_after == [] and children_after == []
+
+
+def test_resume_on_slurm_finishes_with_the_local_verdicts_and_losses(interrupted):
+    out, _, _, _, _, resumed = interrupted
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    local = local_run("equal")
+    assert verdicts(out) == verdicts(local) == {"fp32/eager/off": "stable", "fp32/sdpa/off": "stable"}
+    here, there = records(out), records(local)
+    for probe_id, record in here.items():
+        assert [s["loss"] for s in record["steps"]] == [s["loss"] for s in there[probe_id]["steps"]]
+        assert record["launch"] == "slurm" and record["job_id"] and record["node"]
+
+
+@pytest.fixture(scope="module")
+def misbehaving(slurm_env, tmp_path_factory):
+    out = tmp_path_factory.mktemp("slurm-misbehaving") / "run"
+    proc = run_cli("grid", "--model", misbehaving_checkpoint(), *MISBEHAVING_CELLS, *SLURM, "--out", out, env=slurm_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # crash, timeout and oom are harness failures
+    return out
+
+
+def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
+    assert verdicts(misbehaving) == verdicts(local_run("misbehaving")) == MISBEHAVING_VERDICTS
+    crashed = records(misbehaving)["fp32/eager/off"]
+    assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]
+    reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
+    assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
+    assert 40 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 70
