@@ -88,7 +88,7 @@ def ray_skip_reason() -> str | None:
 
 RAY_HEAD = '''
 import os, sys, time, ray
-ctx = ray.init(_node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False)
+ctx = ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False)
 print(ctx.address_info["gcs_address"], flush=True)
 sys.stdin.read()  # until the test closes it; then ray's exit handler stops the cluster this process started
 '''

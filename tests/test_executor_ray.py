@@ -39,7 +39,8 @@ def test_the_local_ray_listens_on_loopback_only(local_ray):
     import subprocess
     listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.splitlines()
     ours = [line for line in listening if any(name in line for name in ("gcs_server", "raylet", "ray::"))]
-    assert ours and all("127.0.0.1:" in line.split()[3] for line in ours), "\n".join(ours)
+    loopback = ("127.0.0.1:", "[::ffff:127.0.0.1]:")
+    assert ours and all(line.split()[3].startswith(loopback) for line in ours), "\n".join(ours)
 
 
 def test_ctrl_c_cancels_every_task_and_prints_the_resume_command(interrupted):

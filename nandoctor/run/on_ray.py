@@ -48,7 +48,7 @@ class RayPlacement:
                 # a Ray of our own, for this run: every server and every connection on 127.0.0.1
                 # (by default Ray resolves its node address to the host's outward-facing IP)
                 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-                ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
+                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
                          num_cpus=os.cpu_count(), configure_logging=False)
                 self.started_ray = True
             else:
