@@ -49,7 +49,7 @@ class LosingPlacement:
             probe.job_id = f"7_{self.submitted}"
 
     def poll(self, probes):
-        from nandoctor.run.remote import Ending
+        from nandoctor.run.placement import Ending
         return [(p, Ending("NODE_FAIL", detail="node gpu17 stopped responding")) for p in probes]
 
     def cancel(self, probes, wait_s):

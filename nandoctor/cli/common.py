@@ -32,7 +32,10 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
 
 
 def executor_from_args(args) -> ExecutorConfig:
-    return executor_config(args.executor, args.executor_opt)
+    executor = executor_config(args.executor, args.executor_opt)
+    if executor.remote and args.jobs is not None:
+        raise NandoctorError(f"--jobs sets this machine's slots; with --executor {executor.kind} pass --executor-opt parallel={args.jobs}")
+    return executor
 
 
 def recipe_from_args(args) -> Recipe:

@@ -14,7 +14,7 @@ import time
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from .placed import run_carried
-from .remote import Ending, PlacedProbe, missing_extra
+from .placement import Ending, PlacedProbe, missing_extra
 
 
 def parse_resources(text: str | None) -> dict:

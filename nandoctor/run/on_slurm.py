@@ -17,7 +17,7 @@ from pathlib import Path
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from .placed import PLACED_FILE, run_placed
-from .remote import Ending, PlacedProbe, missing_extra
+from .placement import Ending, PlacedProbe, missing_extra
 
 CANARY_WAIT_S = 300.0  # a canary still queued after this long: the cluster is too busy to start the run
 SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)

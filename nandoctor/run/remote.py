@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from ..record import ProbeRecord
+from .placement import Ending, PlacedProbe
 from .runner import ProbeTask, collect, probe_dir
 from .store import ResultsStore
 
@@ -40,34 +39,6 @@ SCHEDULER_ENDS = {
 }
 
 
-@dataclass
-class Ending:
-    """How a placed probe's job ended: the node's outcome (placed.run_placed's dict) when it wrote one,
-    the scheduler's end state, and the files a placement without a shared filesystem carried back."""
-    state: str
-    placed: dict | None = None
-    files: dict = field(default_factory=dict)
-    detail: str = ""  # what the scheduler said, for a lost probe's reason
-
-
-@dataclass
-class PlacedProbe:
-    task: ProbeTask
-    folder: Path
-    attempt: int = 1
-    handle: Any = None  # the placement's own handle (a submitit job, a Ray ObjectRef)
-    job_id: str | None = None
-    state: str = "queued"  # queued | running
-    started: float | None = None  # when the scheduler first reported it running
-    cancelled: bool = False  # by us, on its timeout
-    seen_done: float | None = None  # when the scheduler first said it ended (its files may lag on a shared filesystem)
-    lost: list[str] = field(default_factory=list)  # why earlier attempts failed
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.started if self.started else 0.0
-
-
 def open_placement(executor: ExecutorConfig, run_dir: Path):
     if executor.kind == "slurm":
         from .on_slurm import SlurmPlacement
@@ -76,10 +47,6 @@ def open_placement(executor: ExecutorConfig, run_dir: Path):
         from .on_ray import RayPlacement
         return RayPlacement(executor)
     raise NandoctorError(f"--executor {executor.kind!r} does not place probes remotely")
-
-
-def missing_extra(kind: str, module: str) -> NandoctorError:
-    return NandoctorError(f"--executor {kind} needs the {module} package: pip install 'nandoctor[{kind}]'")
 
 
 class RemoteRunner:
