@@ -66,3 +66,16 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
     assert 40 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 70
+
+
+def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tmp_path):
+    out = tmp_path / "bisect"
+    proc = run_cli("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "4", "--reruns", "0", *SLURM, "--out", out,
+                   env=slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    b = json.loads((out / "bisect.json").read_text())
+    assert [c["factors"] for c in b["culprits"]] == [["dtype"]]  # what the local bisection finds (test_bisect_e2e)
+    array = {probe_id: r["job_id"].split("_")[0] for probe_id, r in records(out).items()}
+    # ddmin's round over the two single-factor subsets tried both at once: one array of two probes
+    assert array["fp32/sdpa/off"] == array["fp16-pure/eager/off"]
+    assert len(set(array.values())) < len(array)
