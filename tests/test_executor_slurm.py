@@ -79,3 +79,12 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
     # ddmin's round over the two single-factor subsets tried both at once: one array of two probes
     assert array["fp32/sdpa/off"] == array["fp16-pure/eager/off"]
     assert len(set(array.values())) < len(array)
+
+
+def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "1", "--executor", "slurm",
+                   "--executor-opt", "partition=nope", "--out", tmp_path / "run", env=slurm_env)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["nandoctor: error: --executor slurm: sbatch refused the first job: "
+                      "sbatch: error: Batch job submission failed: Invalid partition name specified"]

@@ -8,8 +8,11 @@ cluster's MinJobAge), so no accounting database is needed.
 from __future__ import annotations
 
 import json
+import contextlib
 import math
+import os
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +34,18 @@ def write_canary(path: str) -> str:
     import socket
     Path(path).write_text(socket.gethostname())
     return path
+
+
+@contextlib.contextmanager
+def redirected_stderr(into):
+    """Send this process's file descriptor 2 (where sbatch, started by submitit, writes) into a file."""
+    saved = os.dup(2)
+    os.dup2(into.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def squeue(job_ids: list[str]) -> dict[str, tuple[str, str]] | None:
@@ -73,16 +88,19 @@ class SlurmPlacement:
     def _submit_canary(self) -> None:
         self.canary_file.parent.mkdir(parents=True, exist_ok=True)
         self.executor.update_parameters(time=2)
-        try:
-            self.canary = self.executor.submit(write_canary, str(self.canary_file))
-        except Exception as e:  # submitit raises a bare Exception when sbatch fails
-            raise NandoctorError(f"--executor slurm: sbatch refused the first job: {str(e).strip().splitlines()[-1][:300]}") from None
+        with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
+            try:
+                self.canary = self.executor.submit(write_canary, str(self.canary_file))
+                return
+            except Exception as e:  # submitit raises a bare Exception when sbatch fails
+                why = str(e).strip().splitlines()[-1]
+        raise NandoctorError(f"--executor slurm: sbatch refused the first job: {why[:300]}")
 
     def ready(self) -> None:
         """Wait for the canary job submitted at start; refuse the run if its file did not appear here."""
         if self.canary is None:
             return
-        job, self.canary = self.canary.job_id, None
+        job = self.canary.job_id
         deadline = time.monotonic() + CANARY_WAIT_S
         while time.monotonic() < deadline:
             states = squeue([job])
@@ -93,6 +111,7 @@ class SlurmPlacement:
             subprocess.run(["scancel", job], capture_output=True)
             raise NandoctorError(f"--executor slurm: the canary job {job} did not run within {CANARY_WAIT_S:.0f} s; "
                                  "is the partition up (sinfo)?")
+        self.canary = None  # it ended: nothing left to cancel
         seen = time.monotonic() + SHARED_FS_WAIT_S
         while not self.canary_file.exists() and time.monotonic() < seen:
             time.sleep(0.2)
