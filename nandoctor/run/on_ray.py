@@ -36,6 +36,11 @@ class RayPlacement:
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
 
     def __init__(self, executor: ExecutorConfig):
+        address = executor.option("address")
+        if address is None:
+            # a Ray of our own, for this run: every server and every connection on 127.0.0.1 (by default
+            # Ray resolves its node address to the host's outward-facing IP); read when ray is imported
+            os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         try:
             import ray
         except ImportError:
@@ -43,11 +48,7 @@ class RayPlacement:
         self.ray = ray
         self.started_ray = False
         if not ray.is_initialized():
-            address = executor.option("address")
             if address is None:
-                # a Ray of our own, for this run: every server and every connection on 127.0.0.1
-                # (by default Ray resolves its node address to the host's outward-facing IP)
-                os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
                 ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
                          num_cpus=os.cpu_count(), configure_logging=False)
                 self.started_ray = True
