@@ -28,8 +28,24 @@ def recipe_names() -> list[str]:
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    """Read one recipe file; any problem is a NandoctorError naming the file."""
+    """Read one recipe file; any problem is a NandoctorError naming the file. Its `executor:` section
+    is not part of the recipe (see executor_section)."""
     path = Path(path)
+    data = _read_yaml(path)
+    data.pop("executor", None)
+    return recipe_from_dict(data, path.stem)
+
+
+def executor_section(path: str | Path) -> tuple[str | None, list[str]]:
+    """A recipe file's `executor:` section ({kind: slurm, partition: h100, ...}) as (kind, ["KEY=VALUE", ...]),
+    the defaults that --executor and --executor-opt override; (None, []) without one."""
+    section = _read_yaml(Path(path)).get("executor") or {}
+    if not isinstance(section, dict):
+        raise NandoctorError(f"recipe {str(path)!r}: executor must be a mapping, e.g. {{kind: slurm, partition: h100}}")
+    return section.get("kind"), [f"{k}={v}" for k, v in section.items() if k != "kind"]
+
+
+def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text()
     except OSError as e:
@@ -40,7 +56,7 @@ def load_recipe(path: str | Path) -> Recipe:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         raise NandoctorError(f"recipe {str(path)!r} is not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    return recipe_from_dict(data if data is not None else {}, path.stem)
+    return data if data is not None else {}
 
 
 def recipe_by_name(name: str) -> Recipe | None:

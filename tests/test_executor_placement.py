@@ -82,3 +82,12 @@ def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_pa
     assert verdict.name in UNRESOLVED_VERDICTS
     assert "all 3 attempts" in verdict.reason and "NODE_FAIL: node gpu17 stopped responding" in verdict.reason
     assert "nothing about the configuration" in verdict.reason
+
+
+def test_a_recipe_files_executor_section_is_the_default_and_not_part_of_the_recipe(tmp_path):
+    from nandoctor.recipes import executor_section, load_recipe
+    path = tmp_path / "cluster.yaml"
+    path.write_text("steps: 3\nexecutor:\n  kind: slurm\n  partition: h100\n  gpus: 1\n")
+    assert load_recipe(path).steps == 3  # the recipe (and so every probe's fingerprint) is the same without it
+    kind, options = executor_section(path)
+    assert executor_config(kind, options + ["gpus=2"]).options == {"partition": "h100", "gpus": 2}

@@ -8,7 +8,7 @@ import sys
 from ..api import Listener
 from ..config import EXECUTOR_OPTIONS, SCALES, ExecutorConfig, Recipe, executor_config, set_field
 from ..errors import NandoctorError
-from ..recipes import resolve_model
+from ..recipes import executor_section, resolve_model
 
 MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out")
 
@@ -32,7 +32,11 @@ def add_executor_args(p: argparse.ArgumentParser) -> None:
 
 
 def executor_from_args(args) -> ExecutorConfig:
-    executor = executor_config(args.executor, args.executor_opt)
+    """--executor and --executor-opt over the `executor:` section of the --recipe file, if any."""
+    kind, options = executor_section(args.recipe) if getattr(args, "recipe", None) else (None, [])
+    if args.executor and args.executor != kind:
+        options = []  # the file's options belong to another kind
+    executor = executor_config(args.executor or kind, options + args.executor_opt)
     if executor.remote and args.jobs is not None:
         raise NandoctorError(f"--jobs sets this machine's slots; with --executor {executor.kind} pass --executor-opt parallel={args.jobs}")
     return executor
