@@ -28,6 +28,7 @@ ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUE
 # submitit's parameter for each --executor-opt of the slurm kind
 PARAMETERS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
               "gpus": "gpus_per_node", "cpus": "cpus_per_task", "mem": "mem", "parallel": "array_parallelism"}
+CANARY_PARAMETERS = {k: PARAMETERS[k] for k in ("partition", "account", "qos", "constraint")}
 
 
 def write_canary(path: str) -> str:
@@ -78,19 +79,24 @@ class SlurmPlacement:
             raise missing_extra("slurm", "submitit") from None
         self.options, self.run_dir = executor, Path(run_dir).resolve()
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
-        self.executor = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
-        params = {PARAMETERS[k]: executor.option(k) for k in PARAMETERS if executor.option(k) is not None}
-        self.executor.update_parameters(job_name="nandoctor", use_srun=False, stderr_to_stdout=True, **params)
+        self.executor = self._executor(submitit, executor, PARAMETERS)
         self.canary = None
         self.canary_file = self.run_dir / "slurm" / f"canary-{uuid.uuid4().hex[:8]}"
-        self._submit_canary()
+        # the canary asks for the probes' partition and account, not their GPUs: it waits for no GPU
+        self._submit_canary(self._executor(submitit, executor, CANARY_PARAMETERS))
 
-    def _submit_canary(self) -> None:
+    def _executor(self, submitit, executor: ExecutorConfig, names: dict):
+        slurm = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
+        params = {names[k]: executor.option(k) for k in names if executor.option(k) is not None}
+        slurm.update_parameters(job_name="nandoctor", use_srun=False, stderr_to_stdout=True, **params)
+        return slurm
+
+    def _submit_canary(self, slurm) -> None:
         self.canary_file.parent.mkdir(parents=True, exist_ok=True)
-        self.executor.update_parameters(time=2)
+        slurm.update_parameters(time=2, cpus_per_task=1)
         with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
             try:
-                self.canary = self.executor.submit(write_canary, str(self.canary_file))
+                self.canary = slurm.submit(write_canary, str(self.canary_file))
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
