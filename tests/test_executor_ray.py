@@ -76,4 +76,4 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]  # carried back from the node
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
-    assert 40 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 70
+    assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 100
