@@ -110,16 +110,3 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
     return out
 
 
-def retime_candidates(ranked: pd.DataFrame, most: int, t: Thresholds = THRESHOLDS) -> list:
-    """The index labels of the probes whose speed decides the winner: the top of a ranked table
-    (rank's output) that shares the leader's fidelity bucket and flag status, when that is two probes or
-    more; at most `most` of them, in rank order. Empty when fidelity or the rules alone decide."""
-    if ranked.empty:
-        return []
-    flags = ranked["flags"].fillna("").astype(bool) if "flags" in ranked else pd.Series(False, index=ranked.index)
-
-    def group(i):
-        return math.floor(_number(ranked.loc[i], "fidelity", 0.0) / t.fidelity_bucket), bool(flags[i])
-    lead = group(ranked.index[0])
-    top = [i for i in ranked.index if group(i) == lead]
-    return top[:most] if len(top) > 1 else []

@@ -171,6 +171,17 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
                        load=load_summary(records, timing))
 
 
+def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The ranked probes whose speed decides the winner: those sharing the recommended one's fidelity
+    bucket and flag status, when there are two or more; at most `most`, in rank order (the likeliest
+    winners). Empty when fidelity or nandoctor's rules alone decide."""
+    rec = a.recommended
+    if rec is None:
+        return []
+    top = [o for o in a.ranking if same_bucket(o, rec) and bool(o.flags) == bool(rec.flags)]
+    return top[:most] if len(top) > 1 else []
+
+
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
     """The error and warning findings that name this probe (by probe id or cell id): nandoctor's own
     rules say it trains, but at a cost the ranking should not hide."""

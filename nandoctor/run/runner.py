@@ -177,9 +177,10 @@ class ProbeRunner:
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 
-    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
-        """Run every task; each record is appended to the store the moment its probe ends.
-        on_wait(running probes) is called at least every MAX_WAIT_S (a heartbeat hangs off it)."""
+    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True) -> list[ProbeRecord]:
+        """Run every task; each record is appended to the store the moment its probe ends (keep=False:
+        only returned, for probes run to time them again). on_wait(running probes) is called at least
+        every MAX_WAIT_S (a heartbeat hangs off it)."""
         pending = list(tasks)
         running: dict[int, RunningProbe] = {}
         records = []
@@ -195,7 +196,8 @@ class ProbeRunner:
             if index is not None and generation == self.slots[index].generation:
                 record = self._handle(self.slots[index], message, running, pending)
                 if record is not None:
-                    self.store.append(record)
+                    if keep:
+                        self.store.append(record)
                     records.append(record)
                     if on_record:
                         on_record(record)
