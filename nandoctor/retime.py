@@ -1,10 +1,10 @@
 """Before a grid names a winner on speed, time the cells that speed decides between again, back to back
 and interleaved, the way careful benchmarks compare two programs: a few short probes per cell, in
-rounds A B C, C B A, A B C, ... on one slot, so that whatever else the host does in those seconds weighs
+rounds A B C, then C B A, on one slot, so that whatever else the host does in those seconds weighs
 on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
 Which cells: analysis.run.speed_decides (the recommended one's fidelity bucket, at most
-RETIME_MOST_CELLS). What is kept: retime.json beside results.jsonl, every round's steps, throughput and
+RETIME_MOST_CELLS). What is kept: retime.json beside results.jsonl (the probes' folders under retime/), every round's steps, throughput and
 host load; the analysis then ranks those cells on their pooled rounds (analysis.run.retimed_throughput).
 Runs probes, so it sits with the API, not in the analysis.
 """
@@ -19,9 +19,9 @@ from .plan import PlannedProbe
 from .run.session import Session
 from .run.store import RETIME_FILE
 
-RETIME_ROUNDS = 3  # each cell thrice, so one round that caught a burst of load does not decide
+RETIME_ROUNDS = 2  # A B then B A: a load that rises or falls across the rounds weighs on each cell alike
 RETIME_STEPS = 5  # per round: the warm-up step and 4 steady ones, ~0.3 s of a tiny model on a quiet CPU
-RETIME_MOST_CELLS = 4  # bounds the cost: 12 short probes at most
+RETIME_MOST_CELLS = 3  # bounds the cost: 6 short probes at most
 
 
 def interleaved(cells: list[str], rounds: int) -> list[tuple[str, int]]:
