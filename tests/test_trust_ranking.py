@@ -125,7 +125,7 @@ def test_the_re_timed_figure_replaces_the_grid_probes_and_decides_the_ranking():
     assert [o.probe_id for o in analysis.speed_ties] == ["fp32/eager/off"]
     assert analysis.fastest is analysis.recommended  # "fastest" too is only said beyond the noise
     lines = timing.speed_lines(analysis)
-    assert "re-timed back to back, interleaved, 2 rounds of 4 steps" in lines[0]
+    assert "so speed decides between them: they were re-timed back to back, interleaved, 2 rounds of 4 steps" in lines[0]
     assert "As fast as fp32/eager/off within their measured spread" in lines[1]
     assert [r["rounds ok"] for r in timing.retime_rows(analysis)] == ["2/2", "2/2"]
 

@@ -62,8 +62,9 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     if a.timing:
         shown = "; ".join(f"{o.probe_id} {_rate(o.tokens_per_s)} tokens/s (IQR {spread_text(o.throughput)})"
                           for o in a.ranking if o.retimed)
-        lines.append(f"Speed decided among {len(a.timing['cells'])} configurations of equal fidelity: re-timed back to back, "
-                     f"interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each ({a.timing['wall_s']:.0f} s): {shown}.")
+        lines.append(f"{len(a.timing['cells'])} configurations share the top fidelity bucket, so speed decides between them: "
+                     f"they were re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
+                     f"({a.timing['wall_s']:.0f} s): {shown}.")
     if ties:
         lines.append(f"As fast as {', '.join(o.probe_id for o in ties)} within their measured spread: "
                      f"{rec.probe_id} comes first in the fixed tie order (the plainest, most robust configuration).")
