@@ -56,6 +56,11 @@ def adoption_key(dtype: str | None, attn: str | None, compile: str | None, optim
     return compile_key, precision_key, attention_key, optimizer_key
 
 
+def fidelity_bucket(fidelity: float | None, t: Thresholds = THRESHOLDS) -> int:
+    """The bucket of fidelities the ranking treats as equal (a probe without one joins the first)."""
+    return math.floor((fidelity or 0.0) / t.fidelity_bucket)
+
+
 def _number(row, column: str, default: float) -> float:
     value = row.get(column) if hasattr(row, "get") else None
     try:
@@ -92,7 +97,7 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
     groups: dict[tuple, list] = {}
     for i in table.index:
         fidelity = _number(rows[i], "fidelity", 0.0)
-        groups.setdefault((math.floor(fidelity / t.fidelity_bucket), bool(flags[i])), []).append(i)
+        groups.setdefault((fidelity_bucket(fidelity, t), bool(flags[i])), []).append(i)
     order, classes = [], {}
     for key in sorted(groups):
         left = sorted(groups[key], key=lambda i: -_speed(rows[i])[0])

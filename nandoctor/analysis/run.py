@@ -7,13 +7,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..config import THRESHOLDS
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
 from .load import load_summary
-from .ranking import clearly_faster, rank
+from .ranking import clearly_faster, fidelity_bucket, rank
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
@@ -121,7 +120,7 @@ def speed(o: ProbeOutcome) -> tuple[float, float, float]:
 
 
 def same_bucket(a: ProbeOutcome, b: ProbeOutcome) -> bool:
-    return (a.fidelity or 0.0) // THRESHOLDS.fidelity_bucket == (b.fidelity or 0.0) // THRESHOLDS.fidelity_bucket
+    return fidelity_bucket(a.fidelity) == fidelity_bucket(b.fidelity)
 
 
 def configuration(record: ProbeRecord) -> tuple:
