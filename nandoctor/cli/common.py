@@ -93,7 +93,13 @@ def queue_line(queued: int, running: int, done: int, job_ids: list[str]) -> str:
     return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}"
 
 
+def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
+    return (f"re-timing {', '.join(cells)} back to back, interleaved ({rounds} rounds of {steps} steps): "
+            "speed decides between them")
+
+
 def listener(probe) -> Listener:
     """What a run prints: the start lines, `probe(...)` per finished probe, a heartbeat per running one,
-    and a scheduler's queue as it changes."""
-    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)), queue=lambda *a: say(queue_line(*a)))
+    a scheduler's queue as it changes, and a line before a grid re-times its leading cells."""
+    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)),
+                    queue=lambda *a: say(queue_line(*a)), retiming=lambda *a: say(retiming_line(*a)))

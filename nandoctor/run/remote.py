@@ -91,14 +91,17 @@ class RemoteRunner:
         (probe.folder / "spec.json").write_text(json.dumps(probe.task.spec.to_dict(), default=str))
         probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
 
-    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
-        """Place every task; each record is appended to the store the moment its probe ends.
-        on_wait(running probes) is called every POLL_S (a heartbeat hangs off it)."""
+    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:
+        """Place every task, each in its folder under run_dir/`under`; each record is appended to the store
+        the moment its probe ends (keep=False: only returned). on_wait(running probes) is called every
+        POLL_S (a heartbeat hangs off it). A placement that batches sends all pending probes at once
+        unless the session lowered `limit` (re-timing runs one probe at a time)."""
         self.placement.ready()
-        pending = [PlacedProbe(t, probe_dir(self.run_dir, t.probe_id)) for t in tasks]
+        pending = [PlacedProbe(t, probe_dir(self.run_dir, t.probe_id, under)) for t in tasks]
         records = []
         while pending or self.in_flight:
-            room = len(pending) if self.placement.batches else self.limit - len(self.in_flight)
+            batches = self.placement.batches and self.limit >= self.jobs
+            room = len(pending) if batches else self.limit - len(self.in_flight)
             if pending and room > 0:
                 batch, pending = pending[:room], pending[room:]
                 for probe in batch:
@@ -113,7 +116,8 @@ class RemoteRunner:
                     pending.insert(0, probe)
                     continue
                 self.done += 1
-                self.store.append(record)
+                if keep:
+                    self.store.append(record)
                 records.append(record)
                 if on_record:
                     on_record(record)
