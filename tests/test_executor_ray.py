@@ -52,7 +52,7 @@ def test_ctrl_c_cancels_every_task_and_prints_the_resume_command(interrupted):
 
 def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
     out, _, _, _, _, resumed = interrupted
-    assert resumed.returncode == 1, resumed.stdout + resumed.stderr  # nonfinite fp16 fails the grid
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
     local = local_run("equal")
     assert verdicts(out) == verdicts(local) == EQUAL_VERDICTS
     here, there = records(out), records(local)
