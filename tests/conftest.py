@@ -10,6 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+pytest_plugins = ("runs",)  # the shared session runs (tests/runs.py)
+
 
 def run_cli(*args, cwd=None, env=None, timeout=900):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess."""

@@ -12,10 +12,8 @@ def bisection(run_dir):
     return json.loads((run_dir / "bisect.json").read_text())
 
 
-def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(tmp_path, cli):
-    out = tmp_path / "single"
-    proc = cli("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "4", "--reruns", "0", "--jobs", "2", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
+    out, proc = fp16_pure_bisect
     b = bisection(out)
     # fp16-pure with AdamW eps=1e-8: eps rounds to 0 in fp16, the update divides by zero at step 1
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]
