@@ -33,8 +33,9 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
 
 def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
     out = tmp_path / "pair"
+    # no forensics replay: nothing here reads it, and each bf16-pure replay costs seconds of slow CPU bf16 matmuls
     proc = cli("bisect", "--bad", "dtype=bf16-pure,optimizer.lr=2e-5", "--steps", "8", "--reruns", "0",
-               "--jobs", "2", "--out", out)
+               "--jobs", "2", "--set", "forensics_steps=0", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = bisection(out)
     # bf16 weights round away updates of lr 2e-5 (the loss stalls against fp32 at the same lr);
