@@ -24,6 +24,13 @@ from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 REPLAY_RUNNING = {"status": "running"}
 
 
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def _known(cls, data: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
@@ -92,6 +99,14 @@ class Step:
     tokens: int | None = None
     tokens_per_s: float | None = None
     update_loss: float | None = None  # forensics replay only: share of meant updates that rounded away
+
+    def __post_init__(self):
+        # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
+        # +-inf from here on, so that every later stage does float arithmetic on it without overflowing.
+        for name in ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, _as_float(value))
 
     def unrecoverable(self, min_scale: float = THRESHOLDS.min_scale) -> str | None:
         """What made this step unrecoverable ('loss', 'grad' or 'scale'), or None. A GradScaler skip
