@@ -254,6 +254,12 @@ class Thresholds:
       model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
     - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
+    - no_learning_loss_rel / no_learning_min_steps: a loss that stays within 1e-6 (relative) of its
+      first value for every step of a curve of 4 steps or more has not moved: nothing trains. 1e-6 is a
+      few fp32 ulps (reduction-order noise); a model that learns moves by orders of magnitude more per
+      step, and even one that does not learn sees a different loss on each of the data's batches
+      unless its output ignores its input (zero weights). A grad-norm of exactly 0 at every step is
+      judged from the first step: no parameter receives a gradient.
     """
     min_scale: float = 1.0
     spike_factor: float = 2.0
@@ -268,6 +274,8 @@ class Thresholds:
     spike_min_history: int = 3
     rise_min_steps: int = 4
     tail_fraction: float = 0.25
+    no_learning_loss_rel: float = 1e-6
+    no_learning_min_steps: int = 4
 
 
 THRESHOLDS = Thresholds()
