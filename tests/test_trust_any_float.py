@@ -112,3 +112,13 @@ def test_report_of_the_lr30_run_writes_every_file(tmp_path, capsys):
     stats = summary["probes"][1]["forensics"]["origin"]["stats"]  # the overflowed gradient, as strings float() reads
     assert (stats["min"], stats["max"]) == ("-Infinity", "Infinity") and float(stats["min"]) == -math.inf
     assert "<svg" in (run / "report.html").read_text()
+
+
+def test_verdicts_take_any_float():
+    """numeric_verdict over seeded random curves of pathological values, against a reference or not."""
+    from nandoctor.analysis.verdicts import numeric_verdict
+    rng = random.Random(0)
+    for _ in range(5000):
+        steps = [Step(i, rng.choice(PATHOLOGICAL), rng.choice(PATHOLOGICAL)) for i in range(rng.randint(1, 7))]
+        reference = [Step(i, rng.choice(PATHOLOGICAL), 1.0) for i in range(rng.randint(1, 7))] if rng.random() < 0.5 else None
+        assert numeric_verdict(steps, reference).reason

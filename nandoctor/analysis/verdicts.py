@@ -104,7 +104,7 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
     for k in range(max(t.spike_min_history, since), len(losses)):
         window = losses[max(0, k - t.spike_window):k]
         mean = sum(window) / len(window)
-        if losses[k] > t.spike_factor * mean:
+        if mean > 0 and losses[k] > t.spike_factor * mean:  # a spike is a multiple of a positive mean
             return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", steps[k].step)
     counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
     largest = max(counted, default=None)
