@@ -230,6 +230,10 @@ class Watch:
         """nandoctor failed in `where`: say so on one line and stop watching; training is not touched."""
         first = (str(error).strip().splitlines() or [""])[0][:200]
         self.off = f"{where}: {type(error).__name__}: {first}".rstrip(": ")
+        if self.step0 is not None:  # the step-0 hooks on every module go with it
+            with contextlib.suppress(Exception):
+                self.step0.remove()
+            self.step0 = None
         _say(f"internal error in {self.off}; nandoctor stopped watching this run, training goes on")
 
     def start(self, run: LiveRun) -> None:
@@ -245,7 +249,7 @@ class Watch:
         self._verdict_on(checks, "setup")
         self.step0 = ModuleWatch(run.model)
         self.entering = self.earlier = parameter_extremes(self.named)
-        which = "every step" if self.every == 1 else f"every {self.every}th step"
+        which = "every step" if self.every == 1 else f"one step in {self.every}"
         _say(f"watching {run.cell.id} ({run.framework} run, {len(self.named)} trainable tensors), judging {which}"
              f"{' (strict)' if self.strict else ''}; a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}")
 
