@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import random
+import re
 import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -50,7 +51,7 @@ def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
                        peak_memory_bytes=rng.choice([None, 2 ** 62, 2 ** 40]), optimizer_state_bytes=rng.choice([None, 2 ** 62]))
 
 
-def runs(n: int = 60):
+def runs(n: int = 30):
     """Runs of three probes (the fp32/eager reference among them): single points, flat curves and
     curves mixing every pathological value, drawn from a seeded generator."""
     rng = random.Random(0)
@@ -87,12 +88,15 @@ def test_formatters_take_any_float():
 
 
 def test_charts_draw_any_series_without_a_non_finite_coordinate():
+    rng = random.Random(0)
+    curves = [list(v) for n in (1, 2) for v in itertools.product(PATHOLOGICAL[::2], repeat=n)]
+    curves += [[rng.choice(PATHOLOGICAL) for _ in range(rng.randint(3, 8))] for _ in range(100)]
     for log_y in (False, True):
-        for n in (1, 2, 3):
-            for values in itertools.product(PATHOLOGICAL[::2], repeat=n):
-                svg = line_chart([{"label": "a", "points": list(enumerate(values)), "fail_step": n}], "loss", log_y=log_y, mark_step=0)
-                coordinates = [c for c in svg.replace('"', " ").split() if c[:1].isdigit() or c[:1] == "-"]
-                assert not any(bad in c for c in coordinates for bad in ("nan", "inf")), (values, log_y)
+        for values in curves:
+            svg = line_chart([{"label": "a", "points": list(enumerate(values)), "fail_step": len(values)}], "loss",
+                             log_y=log_y, mark_step=0)
+            coordinates = re.findall(r'\b(?:x|y|x1|x2|y1|y2|cx|cy|points|height|viewBox)="([^"]*)"', svg)
+            assert coordinates and not any(bad in c for c in coordinates for bad in ("nan", "inf")), (values, log_y)
 
 
 def test_huge_losses_are_labelled_in_powers_of_ten():
@@ -118,7 +122,7 @@ def test_verdicts_take_any_float():
     """numeric_verdict over seeded random curves of pathological values, against a reference or not."""
     from nandoctor.analysis.verdicts import numeric_verdict
     rng = random.Random(0)
-    for _ in range(5000):
+    for _ in range(2000):
         steps = [Step(i, rng.choice(PATHOLOGICAL), rng.choice(PATHOLOGICAL)) for i in range(rng.randint(1, 7))]
         reference = [Step(i, rng.choice(PATHOLOGICAL), 1.0) for i in range(rng.randint(1, 7))] if rng.random() < 0.5 else None
         assert numeric_verdict(steps, reference).reason
