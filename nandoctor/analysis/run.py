@@ -12,7 +12,7 @@ from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step
 from ..run.store import BISECT_FILE, ResultsStore
 from .ranking import rank, tokens_per_s
-from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
+from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -25,6 +25,7 @@ class ProbeOutcome:
     tokens_per_s: float | None
     reference_steps: list[Step] | None = None
     flags: list[str] = field(default_factory=list)  # ids of the error / warning findings that name this probe
+    exact_fidelity: float | None = None  # a parallel probe against the one-process probe of its cell
 
     @property
     def probe_id(self) -> str:
@@ -76,12 +77,12 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
     """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory,
     optimizer-state bytes."""
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
-             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "overrides": o.record.overrides,
+             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel, "overrides": o.record.overrides,
              "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
              "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
              "optimizer_state_bytes": o.record.optimizer_state_bytes,
              "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
-    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "overrides", "seed", "verdict", "step", "reason",
+    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "overrides", "seed", "verdict", "step", "reason",
                "fidelity", "tokens_per_s", "peak_memory_bytes", "optimizer_state_bytes", "steps_run", "wall_s", "flags"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
                                                        "optimizer_state_bytes": "Int64"})
@@ -97,7 +98,7 @@ def analyze_records(meta: dict, records: list[ProbeRecord]) -> RunAnalysis:
     for r in records:
         v = references.judge(r)
         outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), tokens_per_s(r.steps), references.of(r),
-                                     flags_of(r, findings)))
+                                     flags_of(r, findings), fidelity(r.steps, references.exact(r))))
     table = probe_table(outcomes)
     ranked = rank(table[table["verdict"] == STABLE])
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],

@@ -1,7 +1,7 @@
 """One probe: a few real training steps of one grid cell, inside its own OS process.
 
 The runner starts `python -m nandoctor.child SPEC.json RESULT.json` (or a warm worker forks a child
-that calls `main`). The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes
+that calls `main`); a parallel cell's main starts its W ranks instead (launch.py, parallel.py). The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes
 (so a hang or a segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it
 measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When the recipe asks for
 forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
@@ -91,6 +91,14 @@ def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snaps
         return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
 
 
+def error_of(e: BaseException, emitted: WarningLog) -> dict:
+    """What the probe raised, as the record's `error`; the traceback also goes to log.txt."""
+    import torch
+    traceback.print_exc()  # into log.txt, whose tail the record keeps
+    return {"type": type(e).__name__, "message": str(e)[:4000], "traceback": traceback.format_exc()[-6000:],
+            "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)), "warnings": emitted.messages}
+
+
 def write(record: ProbeRecord, result_path: Path) -> None:
     tmp = result_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record.to_dict()))
@@ -100,16 +108,16 @@ def write(record: ProbeRecord, result_path: Path) -> None:
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
+    if spec.cell.parallel_row.wrapper:  # W ranks, one probe
+        from .launch import launch
+        return launch(spec, spec_path, result_path)
     record = ProbeRecord(spec.probe_id, spec.cell)
     emitted = WarningLog()
     code = 0
     try:
         s, snapshot = run_probe(spec, record, result_path.with_name("steps.jsonl"))
     except BaseException as e:  # everything the probe raises becomes data for the verdict
-        import torch
-        record.error = {"type": type(e).__name__, "message": str(e)[:4000], "traceback": traceback.format_exc()[-6000:],
-                        "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)), "warnings": emitted.messages}
-        traceback.print_exc()  # into log.txt, whose tail the record keeps
+        record.error = error_of(e, emitted)
         code = 1
     if code == 0 and snapshot is not None:
         record.forensics = REPLAY_RUNNING

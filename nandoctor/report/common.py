@@ -8,7 +8,7 @@ from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..record import ModelPlan
 
-AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer"}
+AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup"}
 
 
 def fmt_bytes(n: int | None) -> str:

@@ -10,6 +10,7 @@ from ..config import THRESHOLDS
 from . import bisection, common, failures, matrix
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
+from .parallel import parallel_markdown
 from .savings import savings_markdown
 
 
@@ -33,6 +34,7 @@ def render_markdown(a: RunAnalysis) -> str:
               f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then configurations no nandoctor rule flags, then tokens/s, then peak memory.", "",
               _table(common.ranking_rows(a)), ""]
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
+    parts += parallel_markdown(a, _table)
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
     parts += doctor_markdown(m.get("env", {}), a.findings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from .failures import failure_classes
 from .forensics import forensics_summary
+from .parallel import parallel_facts
 from .savings import savings_summary
 
 
@@ -12,7 +13,8 @@ def _probe(o: ProbeOutcome) -> dict:
             "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
             "optimizer_state_bytes": o.record.optimizer_state_bytes,
-            "steps_run": len(o.record.steps), "forensics": forensics_summary(o)}
+            "steps_run": len(o.record.steps), "forensics": forensics_summary(o),
+            "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None}
 
 
 def render_summary(a: RunAnalysis) -> dict:
