@@ -1,19 +1,19 @@
 """A parallel probe: W rank processes run as one probe, with one spec, one record and one timeout.
 
 `python -m nandoctor.child SPEC RESULT` with a parallel cell lands here (entry.main), so whatever
-places that one command (a slot, an executor's job) places the whole W-rank probe. This process
-starts the ranks (`python -m nandoctor.child.parallel SPEC RESULT`, with RANK / WORLD_SIZE /
-LOCAL_RANK in their environment as torchrun sets them, and a rendezvous file in the probe's folder,
-so that two probes never race for a port), prefixes their output with their rank, and watches them.
+places that one command (a slot, an executor's job) places the whole W-rank probe. This process forks
+the ranks (parallel.main in each, with RANK / WORLD_SIZE / LOCAL_RANK in its environment as torchrun
+sets them, and a rendezvous file in the probe's folder, so that two probes never race for a port),
+prefixes their output with their rank, and watches them. Forked from a warm worker's child, the ranks
+start with torch and transformers already imported; the launcher forks before it starts any thread
+and runs no torch op, for the reasons worker.py gives.
 
-The ranks stay in this process's process group and are asked to die with it (PR_SET_PDEATHSIG): a
-timeout that kills the group kills every rank. When one rank dies or raises, the others are killed at
-once (they would wait for it in a collective until the backend's own timeout), and this process ends
-the way that rank did: by the same signal, or with its exit code, so that the probe's one record is
-classified like a one-process probe's. result.json is rank 0's record with every rank's exit and
-peak memory (`ranks`) and the rank that failed (`failed_rank`).
-
-Imports no torch: the launcher only starts and watches processes.
+The ranks stay in this process's process group and die with it (PR_SET_PDEATHSIG): a timeout that
+kills the group kills every rank. When one rank dies or raises, the others are killed at once (they
+would wait for it in a collective until the backend's own timeout), and this process ends the way that
+rank did: by the same signal, or with its exit code, so that the probe's one record is classified like
+a one-process probe's. result.json is rank 0's record with every rank's exit and peak memory (`ranks`)
+and the rank that failed (`failed_rank`).
 """
 from __future__ import annotations
 
@@ -21,25 +21,17 @@ import faulthandler
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from ..record import ProbeSpec
 from .lifetime import die_with_parent
+from .parallel import rank_file, rendezvous_file
 
 POLL_S = 0.05
-
-
-def rank_file(result: Path, rank: int) -> Path:
-    """Where rank `rank` leaves its own record."""
-    return result.with_name(f"rank{rank}.json")
-
-
-def rendezvous_file(result: Path) -> Path:
-    return result.with_name("rendezvous")
 
 
 def rank_env(rank: int, world_size: int, device: str) -> dict:
@@ -50,11 +42,12 @@ def rank_env(rank: int, world_size: int, device: str) -> dict:
     return env
 
 
-def _relay(rank: int, stream) -> None:
+def _relay(rank: int, fd: int) -> None:
     """Copy a rank's output into the probe's log, each line marked with its rank."""
-    for line in iter(stream.readline, b""):
-        sys.stdout.buffer.write(b"[rank %d] " % rank + line)
-        sys.stdout.buffer.flush()
+    with os.fdopen(fd, "rb") as stream:
+        for line in iter(stream.readline, b""):
+            sys.stdout.buffer.write(b"[rank %d] " % rank + line)
+            sys.stdout.buffer.flush()
 
 
 def _signal_name(returncode: int) -> str:
@@ -71,24 +64,44 @@ def first_failure(codes: list[int | None]) -> int | None:
     return min(failed, key=lambda r: (codes[r] > 0, r)) if failed else None
 
 
-def watch(procs: list[subprocess.Popen]) -> tuple[list[int | None], int | None]:
+class Rank:
+    """A forked rank: its pid, its output pipe, and its exit status once it has one."""
+
+    def __init__(self, rank: int, pid: int, output: int):
+        self.rank, self.pid, self.output = rank, pid, output
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def watch(ranks: list[Rank]) -> tuple[list[int | None], int | None]:
     """Wait until every rank has exited 0, or until one fails; then kill the ranks still running.
     Returns every rank's exit status (None: killed here because another rank failed) and the failed rank."""
     while True:
-        codes = [p.poll() for p in procs]
+        codes = [r.poll() for r in ranks]
         failed = first_failure(codes)
         if failed is not None or all(c == 0 for c in codes):
             break
         time.sleep(POLL_S)
     if failed is not None:
         time.sleep(POLL_S)  # a rank that died in the same instant is counted as failed, not as killed here
-        codes = [p.poll() for p in procs]
+        codes = [r.poll() for r in ranks]
         failed = first_failure(codes)
-        for p, code in zip(procs, codes):
-            if code is None:
-                p.kill()
-        for p in procs:
-            p.wait()
+        for r in ranks:
+            if r.code is None:
+                r.kill()
+                os.waitpid(r.pid, 0)
     return codes, failed
 
 
@@ -130,20 +143,44 @@ def end_like(code: int) -> int:
     return code if code > 0 else 1
 
 
+def fork_rank(rank: int, world_size: int, spec: ProbeSpec, spec_path: Path, result: Path) -> Rank:
+    """Fork rank `rank`: its output goes to a pipe, its environment says which rank it is."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return Rank(rank, pid, read)
+    code = 1
+    try:
+        die_with_parent()
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.environ.update(rank_env(rank, world_size, spec.device))
+        from .parallel import main
+        code = main([str(spec_path), str(result)])
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
     """Run the W ranks of the probe `spec` and write its one result; returns the exit code."""
     world_size = spec.recipe.world_size
     for r in range(world_size):
         rank_file(result, r).unlink(missing_ok=True)
     rendezvous_file(result).unlink(missing_ok=True)  # a file store left by an earlier attempt would be joined
-    procs = [subprocess.Popen([sys.executable, "-m", "nandoctor.child.parallel", str(spec_path), str(result)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                              env=rank_env(r, world_size, spec.device), preexec_fn=die_with_parent)
-             for r in range(world_size)]
-    relays = [threading.Thread(target=_relay, args=(r, p.stdout), daemon=True) for r, p in enumerate(procs)]
+    ranks = [fork_rank(r, world_size, spec, spec_path, result) for r in range(world_size)]
+    print(f"nandoctor launch: pid {os.getpid()}, {spec.device} ranks " + ", ".join(f"{r.rank}=pid {r.pid}" for r in ranks), flush=True)
+    relays = [threading.Thread(target=_relay, args=(r.rank, r.output), daemon=True) for r in ranks]
     for t in relays:
         t.start()
-    codes, failed = watch(procs)
+    codes, failed = watch(ranks)
     for t in relays:
         t.join(timeout=2)
     tmp = result.with_suffix(".tmp")

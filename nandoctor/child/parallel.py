@@ -1,5 +1,4 @@
-"""One rank of a parallel probe, started by launch.py: `python -m nandoctor.child.parallel SPEC RESULT`
-with RANK and WORLD_SIZE in the environment.
+"""One rank of a parallel probe, forked by launch.py with RANK and WORLD_SIZE in its environment.
 
 Every rank builds the same model from the same seed (DDP and FSDP assume identical starts) and trains
 its rows of each global batch: rank r of W takes rows [r B/W, (r+1) B/W) of the batch_size B the
@@ -15,17 +14,25 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import restart, setup
-from .entry import WarningLog, error_of, write
-from .launch import rank_file, rendezvous_file
 from .memory import split_after_first_step
+from .outcome import WarningLog, error_of, write
 from .train import StepLog, peak_memory, step_times, train
+
+
+def rank_file(result: Path, rank: int) -> Path:
+    """Where rank `rank` leaves its own record; the launcher merges them into `result`."""
+    return result.with_name(f"rank{rank}.json")
+
+
+def rendezvous_file(result: Path) -> Path:
+    """The file store the ranks meet at (torch.distributed's file:// init), in the probe's folder."""
+    return result.with_name("rendezvous")
 
 
 def shard(batch: dict, rank: int, world_size: int) -> dict:
@@ -52,6 +59,42 @@ def sum_hook(state, bucket):
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
+def compress_hook(dtype_name: str):
+    """A DDP comm hook that reduces each gradient bucket in `dtype_name`, as torch's bf16/fp16
+    compress hooks do: cast, divide by the world size, all-reduce, cast back. torch's own bf16 hook
+    refuses anything but NCCL (and XCCL), so the gloo ranks of a CPU probe use this one."""
+    import torch
+    import torch.distributed as dist
+    dtype = getattr(torch, dtype_name)
+
+    def hook(state, bucket):
+        grads = bucket.buffer()
+        low = grads.to(dtype).div_(dist.get_world_size())
+
+        def back(fut):
+            grads.copy_(fut.value()[0])
+            return grads
+        return dist.all_reduce(low, async_op=True).get_future().then(back)
+    return hook
+
+
+def ddp_hook(spec: ProbeSpec):
+    """(the comm hook the cell's row names, or None, and how the record names it)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    row = spec.cell.parallel_row
+    if spec.recipe.grad_reduce == "sum":
+        return sum_hook, "sum (grad_reduce=sum)"
+    if row.comm_hook is None:
+        return None, None
+    if spec.device == "cuda":
+        return getattr(default_hooks, row.comm_hook), row.comm_hook
+    low = COMPRESSED[row.comm_hook]
+    return compress_hook(low), f"{low} compress hook (gloo: torch's {row.comm_hook} needs NCCL)"
+
+
+COMPRESSED = {"bf16_compress_hook": "bfloat16", "fp16_compress_hook": "float16"}
+
+
 def _short(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -63,10 +106,9 @@ def wrap(model, spec: ProbeSpec):
     cell, summed = spec.cell, spec.recipe.grad_reduce == "sum"
     row = cell.parallel_row
     if row.wrapper == "ddp":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
         from torch.nn.parallel import DistributedDataParallel
         ddp = DistributedDataParallel(model, device_ids=[0] if spec.device == "cuda" else None)
-        hook = sum_hook if summed else getattr(default_hooks, row.comm_hook) if row.comm_hook else None
+        hook, _ = ddp_hook(spec)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         return ddp
@@ -80,6 +122,7 @@ def wrap(model, spec: ProbeSpec):
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     return model
 
 
@@ -89,9 +132,8 @@ def reduce_dtypes(wrapped, spec: ProbeSpec) -> list[str]:
     casts them to 16 bits for the all-reduce)."""
     row = spec.cell.parallel_row
     if row.wrapper == "ddp":
-        compressed = {"bf16_compress_hook": "bfloat16", "fp16_compress_hook": "float16"}.get(row.comm_hook or "")
-        if compressed and spec.recipe.grad_reduce != "sum":
-            return [compressed]
+        if row.comm_hook and spec.recipe.grad_reduce != "sum":
+            return [COMPRESSED[row.comm_hook]]
         return sorted({_short(p.dtype) for p in wrapped.module.parameters() if p.requires_grad})
     from torch.distributed.fsdp import FSDPModule
     used = set()
@@ -201,7 +243,7 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     record.load_s = time.perf_counter() - t0
     record.parallel = {
         "world_size": world_size, "backend": backend, "wrapper": spec.cell.parallel_row.wrapper,
-        "comm_hook": spec.cell.parallel_row.comm_hook, "grad_reduce": spec.recipe.grad_reduce,
+        "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None, "grad_reduce": spec.recipe.grad_reduce,
         "rows_per_rank": spec.recipe.batch_size // world_size,
         "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
         "reduce_dtype": reduce_dtypes(wrapped, spec),
@@ -238,7 +280,3 @@ def main(argv: list[str]) -> int:
         code = 1
     write(record, rank_file(result, rank))
     return code
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
