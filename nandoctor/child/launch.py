@@ -152,7 +152,6 @@ def fork_rank(rank: int, world_size: int, spec: ProbeSpec, spec_path: Path, resu
     if pid:
         os.close(write)
         return Rank(rank, pid, read)
-    code = 1
     try:
         die_with_parent()
         os.close(read)
@@ -160,13 +159,13 @@ def fork_rank(rank: int, world_size: int, spec: ProbeSpec, spec_path: Path, resu
         os.dup2(write, 2)
         os.environ.update(rank_env(rank, world_size, spec.device))
         from .parallel import main
-        code = main([str(spec_path), str(result)])
+        main([str(spec_path), str(result)])  # ends the process
     except BaseException:
         traceback.print_exc()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
+        os._exit(1)
 
 
 def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:

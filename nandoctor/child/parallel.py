@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -215,8 +216,9 @@ class RankSteps:
         return self.log(step)
 
 
-def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, result: Path) -> None:
-    """Build, wrap, measure the step-0 agreement and train this rank; fills `record`."""
+def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, result: Path) -> tuple:
+    """Build, wrap, measure the step-0 agreement and train this rank; fills `record`. Returns the live
+    wrapper and setup: the caller ends the process without freeing them (see main)."""
     import torch
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
@@ -263,10 +265,13 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
         record.weights_bytes = split.get("weights_bytes")  # this rank's: FSDP2 holds a shard
         record.grads_bytes = split.get("grads_bytes")
         record.optimizer_state_bytes = split.get("optimizer_state_bytes")
-    dist.destroy_process_group()
+    return wrapped, s
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str]) -> None:
+    """Run this rank, write its record and end the process with 0 (trained) or 1 (raised). It never
+    returns: freeing a DDP reducer or a gloo process group after training was seen to wait forever on
+    a futex (a rank of a DDP probe, torch 2.13), and nothing is left to free once the record is written."""
     spec_path, result = Path(argv[0]), Path(argv[1])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
@@ -274,9 +279,11 @@ def main(argv: list[str]) -> int:
     emitted = WarningLog()
     code = 0
     try:
-        run_rank(spec, record, rank, world_size, result)
+        alive = run_rank(spec, record, rank, world_size, result)  # noqa: F841 (held until the process ends)
     except BaseException as e:  # becomes data for the verdict, like a one-process probe's
         record.error = error_of(e, emitted)
         code = 1
     write(record, rank_file(result, rank))
-    return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
