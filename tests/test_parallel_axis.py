@@ -146,3 +146,10 @@ def test_one_process_fingerprints_ignore_the_parallel_fields_and_parallel_ones_d
     one, par = Cell("fp32"), Cell.parse("fp32/sdpa/off/ddp")
     assert fingerprint(one, Recipe()) == fingerprint(one, Recipe(world_size=4))
     assert fingerprint(par, Recipe()) != fingerprint(par, Recipe(world_size=4))
+
+
+def test_a_crashed_parallel_probe_names_the_rank_that_died():
+    record = ProbeRecord("fp32/sdpa/off/ddp", Cell.parse("fp32/sdpa/off/ddp"), "signal", signal="SIGSEGV", failed_rank=1,
+                         ranks=[{"rank": 0, "killed": True}, {"rank": 1, "signal": "SIGSEGV"}])
+    verdict = classify(record)
+    assert verdict.name == "crash" and "SIGSEGV (segmentation fault) on rank 1 of 2 after 0 completed step(s)" in verdict.reason

@@ -51,6 +51,8 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     status = record.status
     last = len(record.steps) - 1
     done = f"after {last + 1} completed step(s)"
+    if record.failed_rank is not None:  # a parallel probe: the rank whose end stopped the others
+        done = f"on rank {record.failed_rank} of {len(record.ranks or []) or '?'} {done}"
     if status == "unsupported":
         return Verdict(UNSUPPORTED, record.reason)
     if status == "timeout":

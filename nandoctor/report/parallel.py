@@ -44,13 +44,12 @@ def parallel_rows(a: RunAnalysis) -> list[dict]:
     return rows
 
 
+INTRO = ("Each parallel probe trains the same global batch as the one-process probe of its cell, split over its "
+         "ranks: that probe is its exact reference (`loss vs 1-process`, mean relative loss error). The step-0 "
+         "gradient after the reduction is compared with the one-process gradient of the first batch (largest "
+         "relative error of a parameter's gradient, and the ratio of the norms: 1.0 when the reduction averages).")
+
+
 def parallel_markdown(a: RunAnalysis, table) -> list[str]:
     rows = parallel_rows(a)
-    if not rows:
-        return []
-    return ["## Parallel probes", "",
-            "Each parallel probe trains the same global batch as the one-process probe of its cell, split over its "
-            "ranks: that probe is its exact reference (`loss vs 1-process`, mean relative loss error). The step-0 "
-            "gradient after the reduction is compared with the one-process gradient of the first batch (largest "
-            "relative error of a parameter's gradient, and the ratio of the norms: 1.0 when the reduction averages).",
-            "", table(rows), ""]
+    return ["## Parallel probes", "", INTRO, "", table(rows), ""] if rows else []
