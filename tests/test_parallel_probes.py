@@ -116,8 +116,10 @@ def test_a_reduction_that_sums_is_caught_by_the_gradient_agreement(tmp_path):
     assert probes(tmp_path / "run")["fp32/eager/off/fsdp2"]["verdict"] == "grad-mismatch"
 
 
-def _pids(log_tail: str) -> list[int]:
-    line = re.search(r"nandoctor launch: pid (\d+), cpu ranks (.*)", log_tail)
+def _pids(run_dir, probe_id: str) -> list[int]:
+    """The launcher's and the ranks' pids, as the launcher logged them."""
+    from nandoctor.run.runner import probe_dir
+    line = re.search(r"nandoctor launch: pid (\d+), cpu ranks (.*)", (probe_dir(run_dir, probe_id) / "log.txt").read_text())
     return [int(line.group(1))] + [int(p) for p in re.findall(r"=pid (\d+)", line.group(2))]
 
 
@@ -144,5 +146,5 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
     assert "rank 1 ended (SIGSEGV)" in crashed["log_tail"]
     hung = recs["fp32/sdpa/off/ddp"]
     assert got["fp32/sdpa/off/ddp"]["verdict"] == "timeout"
-    for record in (crashed, hung):
-        assert all(_gone(pid) for pid in _pids(record["log_tail"])), record["probe_id"]
+    for probe_id in ("fp32/eager/off/ddp", "fp32/sdpa/off/ddp"):
+        assert all(_gone(pid) for pid in _pids(out, probe_id)), probe_id
