@@ -180,6 +180,10 @@ class Parallel:
     accelerate: dict = field(default_factory=dict)  # accelerate config keys (`accelerate config` YAML)
     training_args: dict = field(default_factory=dict)  # transformers.TrainingArguments flags
     code: str | None = None  # the lines a custom training loop writes ({dtype}: the compute dtype)
+    # accelerate's FSDP2 plugin, in code: its YAML has no reduce dtype, and `mixed_precision: bf16`
+    # alone builds MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (accelerate 1.15,
+    # utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision)
+    accelerate_code: str | None = None
 
 
 FSDP2_CODE = ("mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  # torch.distributed.fsdp\n"
@@ -188,6 +192,8 @@ FSDP2_CODE = ("mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype
 FSDP_ACCELERATE = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                                                 "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}
 FSDP_TRAINING_ARGS = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}
+ACCELERATE_FSDP2_CODE = ('accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy='
+                         '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))')
 PARALLELS = {p.name: p for p in (
     Parallel("none", None, "none"),
     Parallel("ddp", "ddp", "weights", lightning_strategy="ddp", accelerate={"distributed_type": "MULTI_GPU"},
@@ -201,13 +207,15 @@ PARALLELS = {p.name: p for p in (
              code="model = DistributedDataParallel(model, device_ids=[local_rank])\n"
                   "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # a bf16 all-reduce"),
     Parallel("fsdp2", "fsdp2", "float32", lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE,
-             training_args=FSDP_TRAINING_ARGS, code=FSDP2_CODE.replace("{reduce}", "torch.float32")),
+             training_args=FSDP_TRAINING_ARGS, code=FSDP2_CODE.replace("{reduce}", "torch.float32"),
+             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "float32") + "  # accelerate: an fp32 reduction"),
     # MixedPrecisionPolicy(reduce_dtype=None) reduces in param_dtype: "bf16 params" then silently means
     # a bf16 reduction (pytorch/pytorch#106395).
     Parallel("fsdp2-reduce-low", "fsdp2", "compute",
              needs_half="an fp32 cell reduces in fp32 whatever reduce_dtype says: fsdp2-reduce-low is fsdp2 there",
              lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE, training_args=FSDP_TRAINING_ARGS,
-             code=FSDP2_CODE.replace("{reduce}", "None") + "  # reduce_dtype=None: gradients reduced in param_dtype"),
+             code=FSDP2_CODE.replace("{reduce}", "None").replace("# torch.distributed.fsdp", "# gradients reduced in param_dtype"),
+             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}") + "  # what `mixed_precision: bf16` alone does"),
 )}
 GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
 

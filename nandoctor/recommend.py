@@ -85,7 +85,8 @@ def parallel_code(cell: Cell) -> list[str]:
     """The lines a custom training loop writes for a parallel cell (DDP and its hook, or FSDP2's
     fully_shard with its MixedPrecisionPolicy)."""
     row = cell.parallel_row
-    return row.code.format(dtype=cell.precision.compute).splitlines() if row.code else []
+    return [line.format(dtype=cell.precision.compute) for text in (row.code, row.accelerate_code) if text
+            for line in text.splitlines()]
 
 
 def own_code(cell: Cell, recipe: Recipe) -> list[str]:

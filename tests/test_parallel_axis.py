@@ -101,6 +101,8 @@ def test_the_recommendation_writes_fsdp2_accelerate_lightning_and_trainer_settin
     code = "\n".join(rec["python"])
     assert "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in code
     assert "fully_shard(layer, mp_policy=mp)" in code and "fully_shard(model, mp_policy=mp)" in code
+    assert ('Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy={"param_dtype": '
+            'torch.bfloat16, "reduce_dtype": torch.float32, "output_dtype": torch.bfloat16}))') in code
     assert rec["accelerate"]["distributed_type"] == "FSDP" and rec["accelerate"]["fsdp_config"]["fsdp_version"] == 2
     assert rec["accelerate"]["mixed_precision"] == "bf16" and rec["accelerate"]["num_processes"] == 4
     assert rec["lightning"] == {"precision": "bf16-mixed", "gradient_clip_val": 1.0, "strategy": "fsdp", "devices": 4}
