@@ -245,6 +245,11 @@ class ProbeRecord:
     optimizer_eager: str | None = None  # why the optimizer step ran eagerly though its library compiles it
     fp8_excluded: dict | None = None  # fp8 cells: {module: why it stayed in high precision}
     forensics: dict | None = None
+    # Parallel cells: what the W ranks measured (child/parallel.py): world size, backend, master weight
+    # dtype, reduce dtype, step-0 gradient agreement with the one-process gradient of the same batch
+    parallel: dict | None = None
+    ranks: list | None = None  # per rank: {"rank", "exit", "signal", "peak_memory_bytes"} (child/launch.py)
+    failed_rank: int | None = None  # the first rank that died or raised, when one did
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

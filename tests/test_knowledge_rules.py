@@ -12,6 +12,7 @@ from nandoctor.knowledge.facts import (all_masked_batches, env_facts, load_token
 from nandoctor.models import model_config
 from nandoctor.record import ProbeRecord, Step
 from nandoctor.recipes import recipe_by_name
+from parallel_records import PARALLEL_CASES
 
 CPU = {"device": "cpu", "gpus": [], "cudnn": None}
 
@@ -105,6 +106,7 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
                                     lambda t, p: facts(cell="fp8-rowwise/sdpa/inductor", env=gpu("9.0"))),
     "fp8-rowwise-on-blackwell": (lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
                                  lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0"))),
+    **PARALLEL_CASES,
 }
 
 

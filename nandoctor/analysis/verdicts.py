@@ -17,6 +17,7 @@ from ..record import ProbeRecord, Step
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
 NO_LEARNING = "no-learning"  # finite, but nothing trains: every gradient exactly 0, or a loss that never moves
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
@@ -51,6 +52,8 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     status = record.status
     last = len(record.steps) - 1
     done = f"after {last + 1} completed step(s)"
+    if record.failed_rank is not None:  # a parallel probe: the rank whose end stopped the others
+        done = f"on rank {record.failed_rank} of {len(record.ranks or []) or '?'} {done}"
     if status == "unsupported":
         return Verdict(UNSUPPORTED, record.reason)
     if status == "timeout":
@@ -74,6 +77,35 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
         return Verdict(OOM if oom else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
     if not record.steps:
         return Verdict(CRASH, "the probe finished without completing a training step")
+    return None
+
+
+def agreement_tolerance(dtypes, t: Thresholds = THRESHOLDS) -> tuple[float, str]:
+    """(the largest step-0 relative gradient error the coarsest of `dtypes` explains, that dtype)."""
+    bounds = dict(t.grad_agreement)
+    coarsest = max((d for d in dtypes if d in bounds), key=lambda d: bounds[d], default="float32")
+    return bounds[coarsest], coarsest
+
+
+def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """A parallel probe whose reduced step-0 gradient is not the one-process gradient of the same
+    global batch fails, whatever its loss curve does: AdamW and clipping hide a gradient scaled W-fold."""
+    facts = record.parallel or {}
+    got = facts.get("grad_agreement")
+    if not got or got.get("norm_ratio") is None:
+        return None
+    w, ratio, err = facts["world_size"], got["norm_ratio"], got["max_rel_error"]
+    if w > 1 and abs(ratio / w - 1) <= t.grad_ratio_rel:
+        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction sums "
+                                      f"instead of averaging (world size {w})", 0)
+    if w > 1 and abs(ratio * w - 1) <= t.grad_ratio_rel:
+        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction divides "
+                                      f"by the world size ({w}) twice", 0)
+    tol, coarsest = agreement_tolerance([record.cell.precision.compute, *(facts.get("reduce_dtype") or [])], t)
+    if not math.isfinite(err) or err > tol:
+        return Verdict(GRAD_MISMATCH, f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
+                                      f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
+                                      "computation and reduction explain", 0)
     return None
 
 
@@ -148,7 +180,7 @@ def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None
 
 
 def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
-    return harness_verdict(record) or numeric_verdict(record.steps, reference, t)
+    return harness_verdict(record) or parallel_verdict(record, t) or numeric_verdict(record.steps, reference, t)
 
 
 def is_reference(record: ProbeRecord) -> bool:
@@ -173,8 +205,11 @@ class References:
 
     def __init__(self):
         self.steps: dict[str, list[Step] | None] = {}  # reference key -> a stable reference's steps, else None
+        self.singles: dict[tuple, list[Step]] = {}  # (reference key, cell id) -> a one-process probe's steps
 
     def learn(self, record: ProbeRecord) -> None:
+        if record.cell.parallel == "none" and record.status == "ok" and record.steps:
+            self.singles[(reference_key(record), record.cell.id)] = record.steps
         if is_reference(record):
             if record.status == "ok" and classify(record).name == STABLE:
                 self.steps[reference_key(record)] = record.steps
@@ -189,6 +224,13 @@ class References:
         """The reference curve this probe is judged against; None for a reference itself, or when its
         reference has not run or was not stable."""
         return None if is_reference(record) else self.steps.get(reference_key(record))
+
+    def exact(self, record: ProbeRecord) -> list[Step] | None:
+        """A parallel probe's exact reference: the one-process probe of the same cell, recipe and seed,
+        which trains the same global batch; None for a one-process probe or when that one has not run."""
+        if record.cell.parallel == "none":
+            return None
+        return self.singles.get((reference_key(record), record.cell.single.id))
 
     def judge(self, record: ProbeRecord) -> Verdict:
         return classify(record, self.of(record))
@@ -228,6 +270,11 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
         out.append(("initial loss near ln(vocab)", ok, f"loss {_fmt(s0.loss)}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}"))
     else:
         out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
+    if record.parallel:
+        mismatch = parallel_verdict(record, t)
+        got = record.parallel.get("grad_agreement") or {}
+        out.append(("step-0 gradients match one process", mismatch is None, mismatch.reason if mismatch else
+                    f"largest relative error {_fmt(got.get('max_rel_error', math.nan))}, norm ratio {_fmt(got.get('norm_ratio') or math.nan)}"))
     bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
     out.append(("no skipped step beyond GradScaler calibration", not bad,
                 f"scale fell below {t.min_scale:g} at step {bad[0].step}" if bad else

@@ -10,7 +10,7 @@ from ..record import ModelPlan
 from . import timing
 from .charts import as_float
 
-AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer"}
+AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup"}
 
 
 def fmt_bytes(n: int | None) -> str:

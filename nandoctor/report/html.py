@@ -12,7 +12,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from . import bisection, common, doctor, failures, forensics, matrix, savings, timing
+from . import bisection, common, doctor, failures, forensics, matrix, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -111,7 +111,8 @@ def render_html(a: RunAnalysis) -> str:
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],
         bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
         forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
-        headroom=forensics.headroom_sections(a), savings=savings.section(a))
+        headroom=forensics.headroom_sections(a), savings=savings.section(a),
+        parallel={"intro": parallel.INTRO.replace("`", ""), "rows": parallel.parallel_rows(a)})
 
 
 def bisection_context(b: dict) -> dict:

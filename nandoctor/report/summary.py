@@ -7,6 +7,7 @@ from ..analysis.run import ProbeOutcome, RunAnalysis
 from .common import json_safe
 from .failures import failure_classes
 from .forensics import forensics_summary
+from .parallel import parallel_facts
 from .savings import savings_summary
 from .timing import timing_summary
 
@@ -18,7 +19,8 @@ def _probe(o: ProbeOutcome) -> dict:
             "throughput": o.throughput.to_dict() if o.throughput else None, "retimed": o.retimed,
             "host_load": o.record.host_load, "peak_memory_bytes": o.peak_memory_bytes,
             "optimizer_state_bytes": o.record.optimizer_state_bytes,
-            "steps_run": len(o.record.steps), "forensics": forensics_summary(o)}
+            "steps_run": len(o.record.steps), "forensics": forensics_summary(o),
+            "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None}
 
 
 def render_summary(a: RunAnalysis) -> dict:
