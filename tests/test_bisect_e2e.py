@@ -18,7 +18,7 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
     # fp16-pure with AdamW eps=1e-8: eps rounds to 0 in fp16, the update divides by zero at step 1
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]
     assert b["path"][b["culprits"][0]["evidence"]]["verdicts"] == ["nonfinite"]
-    assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": "adamw"}
+    assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": "adamw", "parallel": "none"}
     assert "Culprit (single factor): dtype=fp16-pure -> nonfinite" in proc.stdout
     rec = b["recommendation"]
     assert rec["command"] == "nandoctor check --dtype fp32 --attn sdpa --compile off"
