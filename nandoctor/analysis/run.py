@@ -44,6 +44,7 @@ class RunAnalysis:
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
+    unwritten: list[tuple[str, bool]] = field(default_factory=list)  # (line, the OS refused it) per report file not written
 
     @property
     def recommended(self) -> ProbeOutcome | None:

@@ -8,7 +8,7 @@ from ..bisect.oracle import FAIL_ON, resume_bisect, run_bisect
 from ..errors import NandoctorError
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
-from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, finish, refuse_with_resume, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
@@ -57,4 +57,4 @@ def run(args) -> int:
                                  on_step=on_step, fail_on=tuple(v for v in args.fail_on.split(",") if v), **search)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
-    return analysis.exit_code
+    return finish(analysis)

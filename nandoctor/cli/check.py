@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
-from .common import add_model_args, listener, recipe_from_args
+from .common import add_model_args, finish, listener, recipe_from_args
 
 
 def register(sub) -> None:
@@ -24,4 +24,4 @@ def run(args) -> int:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
     ok = all(passed for _, passed, _ in checks)
     print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta['run_dir']})")
-    return 0 if ok else 1
+    return finish(analysis, 0 if ok else 1)

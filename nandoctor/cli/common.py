@@ -52,6 +52,17 @@ def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
         raise NandoctorError(f"--resume takes {taken} from DIR/run.json; drop {', '.join(given)}")
 
 
+def finish(analysis, exit_code: int | None = None) -> int:
+    """After the terminal report: name each report file that was not written, in one line. A file the
+    OS refused (full disk, read-only) is an output error, exit 2; a renderer that failed is a warning
+    and the run's own exit code stands."""
+    refused = False
+    for line, output_error in analysis.unwritten:
+        print(f"nandoctor: {'error' if output_error else 'WARNING'}: {line}", file=sys.stderr, flush=True)
+        refused = refused or output_error
+    return 2 if refused else (analysis.exit_code if exit_code is None else exit_code)
+
+
 def say(line: str) -> None:
     print(line, flush=True)
 

@@ -6,7 +6,7 @@ from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
 from ..report.terminal import progress_line, render_terminal
-from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_model_args, listener, recipe_from_args, finish, refuse_with_resume, say
 
 
 def register(sub) -> None:
@@ -41,4 +41,4 @@ def run(args) -> int:
     if cache:
         reused = sum(1 for o in analysis.outcomes if o.record.cached_from)
         print(f"cache: {reused} probe(s) reused from {cache.path}")
-    return analysis.exit_code
+    return finish(analysis)

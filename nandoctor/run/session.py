@@ -3,6 +3,7 @@ check and bisect all run their probes through a Session."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
@@ -48,9 +49,23 @@ def refuse_used_out(path: Path) -> None:
     raise NandoctorError(f"--out {str(path)!r} already holds a {kind} run; {finish}pass another --out")
 
 
+def refuse_unwritable(path: Path, named: str = "--out") -> None:
+    """Before any probe runs: the run directory (or the nearest folder above it that exists, where it
+    will be created) must be a directory this process can write to."""
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise NandoctorError(f"{named} {str(path)!r} cannot be created: {str(there)!r} is a file, not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if os.statvfs(there).f_flag & os.ST_RDONLY else "is not writable by this user"
+        raise NandoctorError(f"{named} {str(path)!r} cannot be written: {str(there)!r} {why}; pass --out a writable directory")
+
+
 def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     if out:
         refuse_used_out(Path(out))
+        refuse_unwritable(Path(out))
         return Path(out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = recipe.name.replace("/", "--")
@@ -59,6 +74,7 @@ def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     while path.exists():
         n += 1
         path = REPORTS_DIR / f"{stamp}-{kind}-{safe}-{n}"
+    refuse_unwritable(path, "the default run directory")
     return path
 
 
