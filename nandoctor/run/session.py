@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..capabilities import input_support
-from ..config import Recipe, recipe_to_dict
+from ..config import Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_summary
 from ..errors import NandoctorError
 from ..models import plan_model, plan_warnings, training_bytes
@@ -153,6 +153,7 @@ class Session:
         self.kind, self.recipe = kind, recipe
         self.device = device or collect_summary()
         self.steps = steps or recipe.steps
+        short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
         gpus = len(self.device.get("gpus") or [])
         self.packed = jobs is None
         self.most = jobs or most_jobs(self.device)  # slots; packing keeps some idle
@@ -160,12 +161,12 @@ class Session:
         self.store = ResultsStore(self.dir)
         self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
         try:
-            self.plan = plan or plan_model(recipe, self.device)
+            self.plan = plan or plan_model(recipe, self.device, self.steps)
         except BaseException:
             self.runner.close()
             raise
         self.runner.preload(self.plan.model_type)
-        self.warnings = plan_warnings(recipe, self.plan, self.device)
+        self.warnings = plan_warnings(recipe, self.plan, self.device) + ([short] if short else [])
         self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
         self.peak = 0  # the largest GPU memory peak a finished probe measured
         self.jobs = jobs or packed_jobs(self.device, self.estimate)
@@ -185,7 +186,7 @@ class Session:
         """The model plan of a recipe variant (an adapter or model.* override changes it)."""
         key = self._key(recipe)
         if key not in self.plans:
-            self.plans[key] = plan_model(recipe, self.device)
+            self.plans[key] = plan_model(recipe, self.device, self.steps)
         return self.plans[key]
 
     def __enter__(self) -> "Session":
@@ -224,7 +225,8 @@ class Session:
                 continue
             own = p.recipe or recipe
             spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most)
-            unsupported = p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
+            unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
+                           or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device))
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
                 continue
