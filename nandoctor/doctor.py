@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from .capabilities import cell_support, gpu_capabilities, sdpa_backends
-from .cells import Cell
+from .cells import REFERENCE_CELL, Cell
 from .config import Recipe
 from .env import collect_doctor
 from .errors import NandoctorError
@@ -35,8 +35,10 @@ def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args:
 
 def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
     """'setup' when a rule fires on every planned cell (the user's recipe, model or environment walks
-    into it whatever the grid chooses), 'grid' when it fires on some cells only (what the grid will find)."""
-    return "setup" if len(set(fired_on)) >= len(cells) else "grid"
+    into it whatever the grid chooses), 'grid' when it fires on some cells only (what the grid will find).
+    The fp32 reference the grid always adds is not the user's choice and does not count."""
+    chosen = {c.id for c in cells if c != REFERENCE_CELL} or {c.id for c in cells}
+    return "setup" if chosen <= set(fired_on) else "grid"
 
 
 def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | None = None,
