@@ -256,7 +256,9 @@ def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
             warnings.append(f"{recipe.model.path} has a config.json but no weights (*.safetensors or *.bin): every probe "
                             "trains a RANDOM-INIT twin built from that config, not your checkpoint")
         else:
-            warnings.append(f"your checkpoint's weights are NOT what gets trained: {plan.why}")
+            # the model line just above says why; the warning says only what it means, once
+            warnings.append(f"your checkpoint's weights are NOT what gets trained: every probe trains a random-init "
+                            f"twin at {plan.scale} scale (--scale full trains your weights)")
     return warnings
 
 

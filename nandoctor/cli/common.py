@@ -13,6 +13,12 @@ from ..recipes import resolve_model
 MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out")
 
 
+def examples(*commands: str) -> dict:
+    """add_parser keywords that end a subcommand's --help with example command lines, kept as written."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {c}" for c in commands),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="recipe name, local checkpoint directory, or hub id already in the local cache (default: tiny-llama)")
     p.add_argument("--recipe", help="a recipe YAML file")

@@ -1,7 +1,6 @@
 """`nandoctor report DIR`: re-render a finished or interrupted run from its results.jsonl."""
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -9,16 +8,12 @@ from ..analysis.run import ranked_table
 from ..api import render_run
 from ..errors import NandoctorError
 from ..report.terminal import render_terminal
-from .common import finish
-
-EXAMPLES = """examples:
-  nandoctor report reports/20250101-120000-grid-tiny-llama
-  nandoctor report reports/<run-id> --csv probes.csv"""
-
+from .common import examples, finish
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="re-render the reports of a run directory", epilog=EXAMPLES,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("report", help="re-render the reports of a run directory", **examples(
+        "nandoctor report reports/<run-id>",
+        "nandoctor report reports/<run-id> --csv probes.csv"))
     p.add_argument("run_dir", help="a run directory, e.g. reports/<run-id>")
     p.add_argument("--csv", metavar="FILE", help="also write the probe table (one row per probe, with its rank) as CSV")
     p.set_defaults(func=run)
