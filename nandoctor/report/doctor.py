@@ -90,7 +90,7 @@ def render_doctor_text(report: dict) -> str:
     findings = report["findings"]
     own = [f for f in findings if f.get("scope", "setup") == "setup"]
     grid = [f for f in findings if f.get("scope", "setup") == "grid"]
-    out.append(f"Findings: {len(own)}" + ("" if own else " (no known issue applies to this setup)"))
+    out.append(f"Findings: {len(own)}" + ("" if own else " (no known issue applies)"))
     out += _finding_lines(own)
     if grid:
         out += ["", f"What the grid will find: {len(grid)} known issue(s) that only some planned cells walk into "
