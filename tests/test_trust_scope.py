@@ -10,7 +10,6 @@ from conftest import summary
 
 from nandoctor.analysis.verdicts import UNSUPPORTED, classify
 from nandoctor.cells import Cell
-from nandoctor.config import refuse_short_probes
 from nandoctor.doctor import exit_code, run_doctor
 from nandoctor.errors import NandoctorError
 from nandoctor.knowledge import rules
@@ -93,6 +92,7 @@ def test_a_one_step_grid_is_refused_before_any_probe_runs(tmp_path, cli):
 
 
 def test_a_grid_too_short_for_the_spike_and_rise_rules_is_warned_about():
+    from nandoctor.config import refuse_short_probes
     with pytest.raises(NandoctorError, match="too few for bisect"):
         refuse_short_probes("bisect", 1)
     warning = refuse_short_probes("grid", 3)

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from nandoctor.bisect.engine import Bisection, Run
-from nandoctor.bisect.factors import precision_ladder
 from nandoctor.cli import COMMANDS, build_parser
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "run-before-issue-9"  # fp32, fp16-pure x eager, sdpa; 3 steps
@@ -34,6 +33,7 @@ class PrecisionOracle:
 
 
 def bisect_dtype(stable_from: str):
+    from nandoctor.bisect.factors import precision_ladder
     good, bad = {"dtype": "fp32", "attn": "eager"}, {"dtype": "bf16-pure", "attn": "sdpa:flash"}
     oracle = PrecisionOracle(stable_from)
     return Bisection(good, bad, oracle, reruns=0, ladders=precision_ladder(good, bad, CUDA)).run(), oracle
@@ -54,6 +54,7 @@ def test_fp32_is_recommended_when_no_cheaper_precision_holds():
 
 
 def test_no_ladder_where_the_baseline_precision_is_the_fastest():
+    from nandoctor.bisect.factors import precision_ladder
     assert precision_ladder({"dtype": "fp32"}, {"dtype": "fp16-pure"}, {"device": "cpu"}) == {}  # fp32 is fastest on a CPU
     assert precision_ladder({"dtype": "fp32"}, {"dtype": "fp16-amp"}, CUDA) == {"dtype": ["tf32"]}
 
