@@ -22,11 +22,11 @@ def forensics_record(run_dir, probe_id) -> dict:
 
 @pytest.fixture(scope="module")
 def large_mlp(tmp_path_factory):
-    """The large-MLP checkpoint under fp16-amp for one step (plus the fp32 reference)."""
+    """The large-MLP checkpoint under fp16-amp for two steps, the fewest a grid takes (plus the fp32 reference)."""
     base = tmp_path_factory.mktemp("forensics-ckpt")
     ckpt = save_llama(base / "large-mlp", mlp_scale=LARGE_MLP)
     out = base / "run"
-    proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp16-amp", "--axis", "attn=eager", "--steps", "1", "--out", out)
+    proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp16-amp", "--axis", "attn=eager", "--steps", "2", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return ckpt, out
 
