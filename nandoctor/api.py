@@ -138,8 +138,12 @@ def render_run(run_dir) -> RunAnalysis:
     if summary:
         from .report.markdown import render_markdown
         try:
+            text = render_markdown(analysis)
+        except Exception:  # already named in analysis.unwritten: report.md could not be rendered either
+            return analysis
+        try:
             with open(summary, "a") as f:
-                f.write(render_markdown(analysis) + "\n")
+                f.write(text + "\n")
         except OSError as e:
             raise NandoctorError(f"cannot append to GITHUB_STEP_SUMMARY={summary!r}: {e.strerror}") from None
     return analysis

@@ -159,8 +159,9 @@ def step_flops(params: int, trainable: int, tokens: int) -> float:
 
 @functools.cache
 def measured_cpu_flops() -> float:
-    """fp32 matmul FLOP/s of this CPU with torch's threads: the best of a few 1024x1024 products
-    (the best, so that a moment of load elsewhere does not count). An upper bound on training speed."""
+    """fp32 matmul FLOP/s of this CPU with torch's threads: the best of five 1024x1024 products
+    (the best, so that a moment of load elsewhere does not count; ~0.1 s on the 2-core dev machine).
+    An upper bound on training speed, so --scale auto falls back to probe scale only when even that is too slow."""
     import time
 
     import torch
@@ -168,7 +169,7 @@ def measured_cpu_flops() -> float:
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
     best = float("inf")
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
