@@ -239,6 +239,8 @@ def plan_model(recipe: Recipe, device: dict, steps: int | None = None) -> ModelP
         why += f"; {timed}"
     probed = probe_scale(config) if scale == "probe" else config
     params, trainable = count_params(probed, recipe) if scale == "probe" else (full, trainable)
+    if scale == "probe" and timed:  # the user weighs the twin's time too: its vocab can dominate it
+        why += f"; the probe-scale twin takes {probe_time(params, trainable, recipe, steps or recipe.steps, device)[1]}"
     return ModelPlan(source=source, scale=scale, model_type=config.model_type, params=params, full_params=full,
                      trainable_params=trainable, path=str(weights) if source == "local-weights" else None,
                      why=why, shape=shape_of(probed), refuses=refused_attention(config, recipe))
