@@ -292,7 +292,7 @@ def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> st
     if steps < t.min_probe_steps:
         raise NandoctorError(f"--steps {steps} is too few for {kind}: a {steps}-step probe never trains on its own "
                              f"optimizer update, so a configuration that fails at step 1 would be called stable; pass "
-                             f"--steps {t.min_probe_steps} or more (the verdict rules need {t.spike_min_history + 1}), "
+                             f"--steps {t.min_probe_steps} or more (every verdict rule: {max(t.spike_min_history + 1, t.rise_min_steps)}), "
                              "or use `nandoctor check` for a step-0 check")
     unjudged = t.unjudged(steps)
     if unjudged:

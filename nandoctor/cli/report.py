@@ -10,6 +10,7 @@ from ..errors import NandoctorError
 from ..report.terminal import render_terminal
 from .common import examples, finish
 
+
 def register(sub) -> None:
     p = sub.add_parser("report", help="re-render the reports of a run directory", **examples(
         "nandoctor report reports/<run-id>",
