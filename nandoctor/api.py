@@ -137,16 +137,22 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
 
 
 def render_run(run_dir) -> RunAnalysis:
-    """Analyse a run directory (finished or interrupted) and write its reports next to the results."""
+    """Analyse a run directory (finished or interrupted) and write its reports next to the results.
+    A report that could not be written is named in analysis.unwritten (one line each); the others
+    are written all the same."""
     from .report import write_reports
     analysis = analyze(run_dir)
-    write_reports(analysis, Path(run_dir))
+    analysis.unwritten = [(f"{name} not written: {why}", output) for name, why, output in write_reports(analysis, Path(run_dir))]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         from .report.markdown import render_markdown
         try:
+            text = render_markdown(analysis)
+        except Exception:  # already named in analysis.unwritten: report.md could not be rendered either
+            return analysis
+        try:
             with open(summary, "a") as f:
-                f.write(render_markdown(analysis) + "\n")
+                f.write(text + "\n")
         except OSError as e:
             raise NandoctorError(f"cannot append to GITHUB_STEP_SUMMARY={summary!r}: {e.strerror}") from None
     return analysis

@@ -262,6 +262,9 @@ class Thresholds:
       model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
     - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
+    - min_probe_steps: a grid or bisect probe trains at least 2 steps: step 0's loss and grad-norm come
+      from the initial weights, so a 1-step probe never sees what its optimizer update did (fp16-pure
+      with eps 1e-8 is finite at step 0 and non-finite at step 1). `check` is a step-0 check by design.
     - no_learning_loss_rel / no_learning_min_steps: a loss that stays within 1e-6 (relative) of its
       first value for every step of a curve of 4 steps or more has not moved: nothing trains. 1e-6 is a
       few fp32 ulps (reduction-order noise); a model that learns moves by orders of magnitude more per
@@ -295,9 +298,30 @@ class Thresholds:
     no_learning_min_steps: int = 4
     grad_ratio_rel: float = 0.05
     grad_agreement: tuple = (("float32", 1e-4), ("float16", 0.006), ("bfloat16", 0.05))
+    min_probe_steps: int = 2
+
+    def unjudged(self, steps: int) -> list[str]:
+        """The verdict rules a probe of `steps` training steps is too short to apply."""
+        rules = {"a loss spike": self.spike_min_history + 1, "a rising loss": self.rise_min_steps}
+        return [f"{rule} (needs {n} steps)" for rule, n in rules.items() if steps < n]
 
 
 THRESHOLDS = Thresholds()
+
+
+def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> str | None:
+    """A grid or bisect of too few steps: refused (NandoctorError) below t.min_probe_steps, else a
+    warning naming the rules it cannot apply, or None."""
+    if steps < t.min_probe_steps:
+        raise NandoctorError(f"--steps {steps} is too few for {kind}: a {steps}-step probe never trains on its own "
+                             f"optimizer update, so a configuration that fails at step 1 would be called stable; pass "
+                             f"--steps {t.min_probe_steps} or more (every verdict rule: {max(t.spike_min_history + 1, t.rise_min_steps)}), "
+                             "or use `nandoctor check` for a step-0 check")
+    unjudged = t.unjudged(steps)
+    if unjudged:
+        return (f"--steps {steps} is too short to judge {' or '.join(unjudged)}: those verdicts cannot be given; "
+                f"pass --steps {max(t.spike_min_history + 1, t.rise_min_steps)} or more to judge every rule")
+    return None
 
 
 # Where probes run, and the scheduler's own settings for each kind (--executor, --executor-opt KEY=VALUE).

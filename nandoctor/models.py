@@ -8,6 +8,7 @@ downloads: hub ids are resolved from the local cache only (see recipes.py).
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 from .config import Recipe
@@ -19,6 +20,14 @@ PROBE_LAYERS = 2  # a probe-scale twin keeps two layers: enough for a residual s
 PROBE_MIN_HEADS = 4
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + grad + AdamW's two moments
 FIT_FRACTION = 0.6  # leave room for activations and the allocator
+# --scale auto trains the full model only when a probe is expected to finish in this time: a default
+# grid runs ~10 probes, so 2 minutes each keeps a grid under half an hour.
+PROBE_TIME_BUDGET_S = 120.0
+# Dense fp16/bf16 tensor-core peak of one GPU per architecture (NVIDIA datasheets: V100, T4, A100, L40S,
+# H100 SXM, B200), and the fraction of it a short, small-batch probe reaches. Used only to estimate.
+GPU_PEAK_FLOPS = {"Volta": 125e12, "Turing": 65e12, "Ampere": 312e12, "Ada": 362e12, "Hopper": 989e12, "Blackwell": 2250e12}
+GPU_PROBE_EFFICIENCY = 0.3
+CPU_FLOOR_FLOPS = 5e9  # a slow CPU core: a model that trains in budget even at this speed is not timed
 
 
 def _weights_dir(recipe: Recipe) -> Path | None:
@@ -99,6 +108,28 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
     return total, trainable
 
 
+# attn_implementation -> the class flag transformers reads before it dispatches to that implementation
+# (PreTrainedModel._sdpa_can_dispatch / _flash_attn_can_dispatch, transformers 5): a False flag raises
+# "does not support an attention implementation through ..." when the model is built.
+ATTENTION_FLAGS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}
+
+
+def refused_attention(config, recipe: Recipe) -> dict[str, str]:
+    """{attn_implementation: why} for each implementation the architecture's class refuses, read from
+    the class flags without building the model. Empty for a model with its own (remote) code."""
+    import transformers
+    from transformers import AutoModelForCausalLM
+    if recipe.model.trust_remote_code:
+        return {}
+    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if cls is None:
+        return {}
+    return {impl: f"{cls.__name__} does not support attn_implementation={impl!r}: transformers {transformers.__version__} "
+                  f"sets {cls.__name__}.{flag} = False" + (" (softcapped attention logits, which SDPA cannot apply)"
+                                                          if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None) else "")
+            for impl, flag in ATTENTION_FLAGS.items() if getattr(cls, flag, True) is False}
+
+
 def training_bytes(params: int, trainable: int) -> int:
     """What training a model needs, before activations: fp32 weights, and for the trainable ones a
     gradient and AdamW's two moments. The planner's fit test and the GPU packing both use it."""
@@ -119,12 +150,80 @@ def training_fit(full: int, trainable: int, device: dict) -> tuple[bool, str]:
     return need <= FIT_FRACTION * budget, text
 
 
-def plan_model(recipe: Recipe, device: dict) -> ModelPlan:
-    """Decide what will be probed: local weights or a twin, full or probe scale, and why."""
+def step_flops(params: int, trainable: int, tokens: int) -> float:
+    """FLOPs of one training step: 2 per parameter and token forward, 2 more backward through the
+    activations, and 2 per trainable parameter and token for the weight gradients (6 * params *
+    tokens for full fine-tuning, the usual transformer estimate)."""
+    return (4 * params + 2 * trainable) * tokens
+
+
+@functools.cache
+def measured_cpu_flops() -> float:
+    """fp32 matmul FLOP/s of this CPU with torch's threads: the best of five 1024x1024 products
+    (the best, so that a moment of load elsewhere does not count; ~0.1 s on the 2-core dev machine).
+    An upper bound on training speed, so --scale auto falls back to probe scale only when even that is too slow."""
+    import time
+
+    import torch
+    n = 1024
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def device_flops(device: dict) -> tuple[float, str]:
+    """(FLOP/s a probe can expect, where that figure comes from): the device dict's own `train_flops`
+    when the caller gives one, a GPU's tabled peak times GPU_PROBE_EFFICIENCY, or the CPU measured now."""
+    if device.get("train_flops"):
+        return device["train_flops"], "given"
+    if device.get("gpus"):
+        from .capabilities import capability_row
+        row = capability_row(min(float(g["capability"]) for g in device["gpus"]))
+        peak = GPU_PEAK_FLOPS.get(row[0] if row else "", 10e12)
+        return peak * GPU_PROBE_EFFICIENCY, f"{GPU_PROBE_EFFICIENCY:.0%} of the {row[0] if row else 'GPU'} tabled peak"
+    return measured_cpu_flops(), "measured on this CPU"
+
+
+def probe_time(params: int, trainable: int, recipe: Recipe, steps: int, device: dict) -> tuple[float, str]:
+    """(seconds, one line saying how) a probe of `steps` steps is expected to train, at best."""
+    flops = step_flops(params, trainable, recipe.batch_size * recipe.seq_len)
+    speed, source = device_flops(device)
+    seconds = flops * steps / speed
+    rate = f"{speed / 1e12:.3g} TFLOP/s" if speed >= 1e12 else f"{speed / 1e9:.3g} GFLOP/s"
+    return seconds, f"~{_duration(seconds)} for {steps} steps: {flops / 1e12:.2g} TFLOP per step at {rate} {source}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: dict) -> tuple[str, str, str | None]:
+    """(scale, why, the time estimate or None) under the recipe's model.scale: auto takes the full model
+    only when training it fits the device's memory AND a probe is expected to finish within
+    PROBE_TIME_BUDGET_S; on a CPU a model quick even at CPU_FLOOR_FLOPS is not timed."""
+    fits, fit_text = training_fit(full, trainable, device)
+    if recipe.model.scale != "auto" or not fits:
+        return ("probe" if recipe.model.scale == "auto" else recipe.model.scale), fit_text, None
+    flops = step_flops(full, trainable, recipe.batch_size * recipe.seq_len) * steps
+    if not device.get("gpus") and not device.get("train_flops") and flops / CPU_FLOOR_FLOPS <= PROBE_TIME_BUDGET_S:
+        return "full", fit_text, None
+    seconds, time_text = probe_time(full, trainable, recipe, steps, device)
+    if seconds > PROBE_TIME_BUDGET_S:
+        return "probe", f"{fit_text}, but a full-scale probe would take {time_text}, over the {PROBE_TIME_BUDGET_S:.0f} s budget", time_text
+    return "full", fit_text, f"a full-scale probe takes {time_text}"
+
+
+def plan_model(recipe: Recipe, device: dict, steps: int | None = None) -> ModelPlan:
+    """Decide what will be probed: local weights or a twin, full or probe scale, and why. `steps`
+    (default: the recipe's) is what --scale auto weighs the time of a full-scale probe by."""
     config = model_config(recipe)
     full, trainable = count_params(config, recipe)
-    fits, fit_text = training_fit(full, trainable, device)
-    scale = recipe.model.scale if recipe.model.scale != "auto" else ("full" if fits else "probe")
+    scale, fit_text, timed = choose_scale(recipe, full, trainable, steps or recipe.steps, device)
     weights = _weights_dir(recipe)
     if weights is not None and scale == "full":
         source, why = "local-weights", f"real weights from {weights}"
@@ -136,11 +235,15 @@ def plan_model(recipe: Recipe, device: dict) -> ModelPlan:
         why = f"no local weights for {named}: random-init twin built from its config"
         if scale == "probe":
             why += f", at probe scale ({fit_text})"
+    if scale == "full" and timed:
+        why += f"; {timed}"
     probed = probe_scale(config) if scale == "probe" else config
     params, trainable = count_params(probed, recipe) if scale == "probe" else (full, trainable)
+    if scale == "probe" and timed:  # the user weighs the twin's time too: its vocab can dominate it
+        why += f"; the probe-scale twin takes {probe_time(params, trainable, recipe, steps or recipe.steps, device)[1]}"
     return ModelPlan(source=source, scale=scale, model_type=config.model_type, params=params, full_params=full,
                      trainable_params=trainable, path=str(weights) if source == "local-weights" else None,
-                     why=why, shape=shape_of(probed))
+                     why=why, shape=shape_of(probed), refuses=refused_attention(config, recipe))
 
 
 def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
@@ -156,7 +259,9 @@ def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
             warnings.append(f"{recipe.model.path} has a config.json but no weights (*.safetensors or *.bin): every probe "
                             "trains a RANDOM-INIT twin built from that config, not your checkpoint")
         else:
-            warnings.append(f"your checkpoint's weights are NOT what gets trained: {plan.why}")
+            # the model line just above says why; the warning says only what it means, once
+            warnings.append(f"your checkpoint's weights are NOT what gets trained: every probe trains a random-init "
+                            f"twin at {plan.scale} scale (--scale full trains your weights)")
     return warnings
 
 

@@ -47,9 +47,12 @@ def executor_section(path: str | Path) -> tuple[str | None, list[str]]:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise NandoctorError(f"cannot read recipe {str(path)!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise NandoctorError(f"recipe {str(path)!r} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
+                             "a recipe is a YAML file, e.g. recipes/tiny-llama.yaml") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -49,6 +49,7 @@ class ModelPlan:
     path: str | None  # weights directory when source is local-weights
     why: str
     shape: dict  # hidden, layers, heads, kv heads, head_dim, intermediate, vocab of the probed model
+    refuses: dict = field(default_factory=dict)  # attn_implementation -> why the architecture refuses it
 
     def describe(self) -> str:
         s = self.shape

@@ -16,6 +16,8 @@ MESSAGES = {  # signature id: an exception message as the library raises it
                                    "you tried to allocate 1125899906842624 bytes. Error code 12 (Cannot allocate memory)",
     "inductor-no-cxx-compiler": "torch._inductor.exc.InvalidCxxCompiler: No working C++ compiler found",
     "fp8-gemm-shape-not-multiple-of-16": "RuntimeError: Expected trailing dimension of mat1 to be divisible by 16 but got mat1 shape: (18432x1).",
+    "architecture-refuses-attention": "Gemma2ForCausalLM does not support an attention implementation through "
+                                      "torch.nn.functional.scaled_dot_product_attention yet.",
 }
 
 

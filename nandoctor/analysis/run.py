@@ -54,6 +54,7 @@ class RunAnalysis:
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
     timing: dict | None = None  # retime.json: the leading cells re-timed back to back, interleaved
     load: dict | None = None  # analysis.load.load_summary: how busy the host was while probes were timed
+    unwritten: list[tuple[str, bool]] = field(default_factory=list)  # (line, the OS refused it) per report file not written
 
     @property
     def recommended(self) -> ProbeOutcome | None:

@@ -48,7 +48,7 @@ Oracle = Callable[[list[Trial]], list[Run]]
 class Step:
     """One configuration on the bisection path and what its probes said."""
     index: int
-    phase: str  # confirm-target, confirm-baseline, ddmin, rerun, minimality, revert, recommend
+    phase: str  # confirm-target, confirm-baseline, ddmin, rerun, minimality, revert, recommend, between
     factors: list[str]  # the target's factors applied to the baseline
     config: dict
     outcome: str  # pass, fail, flaky, unresolved
@@ -56,6 +56,7 @@ class Step:
     probe_ids: list[str]
     data_dependent: bool = False  # fails on some seeds and passes on others
     tokens_per_s: float | None = None
+    between: dict = field(default_factory=dict)  # factor -> a value between the baseline's and the target's
 
 
 @dataclass
@@ -132,8 +133,12 @@ class Bisection:
     configuration nearest the target. `parallel` probes are asked of the oracle at once."""
 
     def __init__(self, good: dict, bad: dict, oracle: Oracle, reruns: int = 1, data_seeds: int = 0,
-                 parallel: int = 1, on_step: Callable[[Step], None] | None = None):
+                 parallel: int = 1, on_step: Callable[[Step], None] | None = None, ladders: dict | None = None):
         self.good, self.bad, self.oracle = dict(good), dict(bad), oracle
+        # factor -> the values between the target's and the baseline's, nearest the target first: when a
+        # culprit is reverted to the baseline, the nearest of them that is stable is recommended instead
+        # (a cheaper precision than fp32 when the culprit is the dtype)
+        self.ladders = {k: list(v) for k, v in (ladders or {}).items() if k in differing_factors(good, bad)}
         self.reruns, self.data_seeds, self.parallel = reruns, data_seeds, max(1, parallel)
         self.on_step = on_step
         self.factors = differing_factors(good, bad)
@@ -141,8 +146,8 @@ class Bisection:
         self.path: list[Step] = []
         self.seed = 0  # the seed the search probes with: the first seed on which the target fails
 
-    def config(self, factors: list[str]) -> dict:
-        return {k: (self.bad[k] if k in factors else self.good[k]) for k in self.good | self.bad}
+    def config(self, factors: list[str], between: dict | None = None) -> dict:
+        return {**{k: (self.bad[k] if k in factors else self.good[k]) for k in self.good | self.bad}, **(between or {})}
 
     def _run(self, trials: list[Trial]) -> list[Run]:
         todo = list({t.key: t for t in trials if t.key not in self.cache}.values())
@@ -152,8 +157,8 @@ class Bisection:
                 self.cache[t.key] = r
         return [self.cache[t.key] for t in trials]
 
-    def _trials(self, factors: list[str], confirm: bool) -> list[Trial]:
-        cfg = self.config(factors)
+    def _trials(self, factors: list[str], confirm: bool, between: dict | None = None) -> list[Trial]:
+        cfg = self.config(factors, between)
         trials = [Trial(cfg, self.seed, 0)]
         if confirm:
             trials += [Trial(cfg, self.seed, a) for a in range(1, self.reruns + 1)]
@@ -165,7 +170,7 @@ class Bisection:
         trials = self._trials(factors, confirm=True)
         return sorted({t.seed for t, r in zip(trials, self._run(trials)) if r.failed})
 
-    def _step(self, phase: str, factors: list[str], trials: list[Trial], runs: list[Run]) -> Step:
+    def _step(self, phase: str, factors: list[str], trials: list[Trial], runs: list[Run], between: dict | None = None) -> Step:
         """Record a configuration's probes on the path; asking again for the same probes adds nothing."""
         ids = [r.probe_id for r in runs]
         seen = next((s for s in self.path if s.probe_ids == ids), None)
@@ -174,15 +179,15 @@ class Bisection:
         outcome, data_dependent = judge(trials, runs)
         rates = [r.tokens_per_s for r in runs if r.tokens_per_s]
         step = Step(len(self.path), phase, list(factors), trials[0].config, outcome, [r.verdict for r in runs],
-                    ids, data_dependent, min(rates) if rates and outcome == PASS else None)
+                    ids, data_dependent, min(rates) if rates and outcome == PASS else None, dict(between or {}))
         self.path.append(step)
         if self.on_step:
             self.on_step(step)
         return step
 
-    def probe(self, phase: str, factors: list[str], confirm: bool = True) -> Step:
-        trials = self._trials(factors, confirm)
-        return self._step(phase, factors, trials, self._run(trials))
+    def probe(self, phase: str, factors: list[str], confirm: bool = True, between: dict | None = None) -> Step:
+        trials = self._trials(factors, confirm, between)
+        return self._step(phase, factors, trials, self._run(trials), between)
 
     def probe_many(self, phase: str | list[str], candidates: list[list[str]], confirm: bool) -> list[Step]:
         """Probe several configurations at once (the oracle may run them in parallel); `phase` names
@@ -266,8 +271,25 @@ class Bisection:
         best = max(steps, key=lambda s: s.tokens_per_s or 0.0)
         names = " + ".join("{" + ", ".join(c.factors) + "}" for c in result.culprits)
         kept = [f for f in self.factors if f in best.factors]
-        self._finish(result, "bisected", f"culprits: {names}; nearest stable configuration keeps "
-                     f"{len(kept)} of {len(self.factors)} target factors", best)
+        message = f"culprits: {names}; nearest stable configuration keeps {len(kept)} of {len(self.factors)} target factors"
+        nearer = self._between(best, {f for c in result.culprits for f in c.factors})
+        if nearer is not None:
+            best = nearer
+            message += "; " + ", ".join(f"{k}={v} is the nearest to the target's {self.bad[k]} that trains stably (the baseline has {self.good[k]})"
+                                        for k, v in nearer.between.items())
+        self._finish(result, "bisected", message, best)
+
+    def _between(self, best: Step, culprits: set[str]) -> Step | None:
+        """For a culprit factor that `best` reverted to the baseline and that has a ladder, the first value
+        on the ladder that passes with everything else as in `best`; None when none does."""
+        for name, values in self.ladders.items():
+            if name not in culprits or name in best.factors:
+                continue
+            for value in values:
+                step = self.probe("between", best.factors, between={name: value})
+                if step.outcome == PASS:
+                    return step
+        return None
 
     def _finish(self, result: BisectResult, status: str, message: str, recommended: Step | None) -> None:
         result.status, result.message = status, message

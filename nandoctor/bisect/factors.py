@@ -41,6 +41,17 @@ FASTEST_FIRST = {
 }
 
 
+def precision_ladder(good: dict, bad: dict, device: dict) -> dict[str, list[str]]:
+    """{"dtype": the precisions faster than the baseline's and slower than the target's on this device,
+    nearest the target first}: when the dtype is a culprit, bisect recommends the first of them that is
+    stable rather than the baseline's. Empty where the baseline's precision is the faster (fp32 on a CPU)."""
+    order = FASTEST_FIRST["cuda" if device.get("device") == "cuda" else "cpu"]["dtype"]
+    target, baseline = bad.get("dtype"), good.get("dtype")
+    if target not in order or baseline not in order or order.index(target) >= order.index(baseline):
+        return {}
+    return {"dtype": list(order[order.index(target) + 1:order.index(baseline)])}
+
+
 def fastest_cell(device: dict) -> Cell:
     order = FASTEST_FIRST["cuda" if device.get("device") == "cuda" else "cpu"]
     for values in itertools.product(*(order[axis] for axis in AXES)):

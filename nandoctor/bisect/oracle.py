@@ -19,7 +19,7 @@ from ..record import ProbeRecord
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import BASELINE_AXES, fmt_value, parse_configurations, variant
+from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
 
 FAIL_ON = tuple(v for v in UNRESOLVED_VERDICTS if v != "unsupported")  # what --fail-on may count as a failure
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
@@ -104,7 +104,8 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
         session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
                           "fail_on": list(fail_on), "request": request, "model_flags": model_flags or []})
         oracle = ProbeOracle(session, recipe, tuple(fail_on))
-        result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step).run()
+        result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step,
+                           precision_ladder(good_cfg, bad_cfg, device)).run()
     return _finish(session, recipe, oracle, result, model_flags or [])
 
 
@@ -123,7 +124,8 @@ def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = 
         for record in session.resume(0):
             judge(record, quiet=True)
         oracle = ProbeOracle(session, recipe, tuple(meta["fail_on"]))
-        result = Bisection(good_cfg, bad_cfg, oracle, meta["reruns"], meta["data_seeds"], session.jobs, on_step).run()
+        result = Bisection(good_cfg, bad_cfg, oracle, meta["reruns"], meta["data_seeds"], session.jobs, on_step,
+                           precision_ladder(good_cfg, bad_cfg, device)).run()
     return _finish(session, recipe, oracle, result, meta["model_flags"])
 
 

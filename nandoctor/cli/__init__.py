@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from ..errors import NandoctorError
 from . import bisect, check, doctor, explain, grid, report
 
 COMMANDS = (grid, check, bisect, report, doctor, explain)
+OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 class Parser(argparse.ArgumentParser):
@@ -32,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except NandoctorError as e:
         print(f"nandoctor: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if e.errno not in OUT_OF_SPACE:
+            raise
+        # a write the code did not name (a probe's log, a cache file) hit a full or read-only disk
+        print(f"nandoctor: error: cannot write {e.filename or 'a file'}: {e.strerror}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
         resume = getattr(e, "resume_command", None)  # a RunInterrupted knows its run directory

@@ -8,13 +8,16 @@ from ..bisect.oracle import FAIL_ON, resume_bisect, run_bisect
 from ..errors import NandoctorError
 from ..report.bisection import describe_step, probe_line
 from ..report.terminal import render_terminal
-from .common import MODEL_FLAGS, add_executor_args, add_model_args, executor_from_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bisect", help="isolate the settings that break training (delta debugging)")
+    p = sub.add_parser("bisect", help="isolate the settings that break training (delta debugging)", **examples(
+        "nandoctor bisect --model tiny-llama --bad dtype=fp16-pure,attn=sdpa --steps 8",
+        "nandoctor bisect --bad dtype=bf16-pure,optimizer.lr=2e-5 --reruns 2",
+        "nandoctor bisect --resume reports/<run-id>"))
     add_model_args(p)
     p.add_argument("--bad", metavar="NAME=V,...", help="the target that fails, e.g. dtype=bf16-pure,optimizer.eps=1e-8 "
                    "(default: the fastest configuration this device supports)")
@@ -60,4 +63,4 @@ def run(args) -> int:
                                  executor=executor, **search)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
-    return analysis.exit_code
+    return finish(analysis)

@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
-from .common import add_model_args, listener, recipe_from_args
+from .common import add_model_args, examples, finish, listener, recipe_from_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser("check", help="quick step-0 sanity check of one configuration")
+    p = sub.add_parser("check", help="quick step-0 sanity check of one configuration", **examples(
+        "nandoctor check --model tiny-llama --dtype bf16-amp --attn sdpa",
+        "nandoctor check --model ./my-checkpoint --dtype fp16-amp --steps 4"))
     add_model_args(p)
     p.add_argument("--dtype", default="bf16-amp", help=f"one of {', '.join(AXES['dtype'])} (default bf16-amp)")
     p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(AXES['attn'])} (default sdpa)")
@@ -25,4 +27,4 @@ def run(args) -> int:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
     ok = all(passed for _, passed, _ in checks)
     print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta['run_dir']})")
-    return 0 if ok else 1
+    return finish(analysis, 0 if ok else 1)

@@ -13,6 +13,12 @@ from ..recipes import executor_section, resolve_model
 MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out", "world_size")
 
 
+def examples(*commands: str) -> dict:
+    """add_parser keywords that end a subcommand's --help with example command lines, kept as written."""
+    return {"epilog": "examples:\n" + "\n".join(f"  {c}" for c in commands),
+            "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="recipe name, local checkpoint directory, or hub id already in the local cache (default: tiny-llama)")
     p.add_argument("--recipe", help="a recipe YAML file")
@@ -73,6 +79,17 @@ def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
     given = [f"--{name.replace('_', '-')}" for name in shaping if _given(getattr(args, name))]
     if given:
         raise NandoctorError(f"--resume takes {taken} from DIR/run.json; drop {', '.join(given)}")
+
+
+def finish(analysis, exit_code: int | None = None) -> int:
+    """After the terminal report: name each report file that was not written, in one line. A file the
+    OS refused (full disk, read-only) is an output error, exit 2; a renderer that failed is a warning
+    and the run's own exit code stands."""
+    refused = False
+    for line, output_error in analysis.unwritten:
+        print(f"nandoctor: {'error' if output_error else 'WARNING'}: {line}", file=sys.stderr, flush=True)
+        refused = refused or output_error
+    return 2 if refused else (analysis.exit_code if exit_code is None else exit_code)
 
 
 def say(line: str) -> None:

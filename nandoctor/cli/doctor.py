@@ -5,11 +5,14 @@ from __future__ import annotations
 from ..cells import AXES, parse_axis_flag, parse_axis_values
 from ..doctor import exit_code, run_doctor
 from ..report.doctor import render_doctor_json, render_doctor_text
-from .common import recipe_from_args
+from .common import examples, recipe_from_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser("doctor", help="environment and capability report; with --model / --trainer-args, lint a planned setup")
+    p = sub.add_parser("doctor", help="environment and capability report; with --model / --trainer-args, lint a planned setup", **examples(
+        "nandoctor doctor",
+        "nandoctor doctor --model gemma-2-2b --axis dtype=bf16-amp,fp16-amp",
+        "nandoctor doctor --model ./my-checkpoint --trainer-args args.json --json"))
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--model", help="recipe name, local checkpoint directory, or cached hub id to lint")
     p.add_argument("--recipe", help="a recipe YAML file to lint")

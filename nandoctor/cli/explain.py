@@ -3,10 +3,13 @@ from __future__ import annotations
 
 from ..explain import explain
 from ..report.forensics import explain_text
+from .common import examples
 
 
 def register(sub) -> None:
-    p = sub.add_parser("explain", help="where and why a probe broke, and the headroom of the stable ones")
+    p = sub.add_parser("explain", help="where and why a probe broke, and the headroom of the stable ones", **examples(
+        "nandoctor explain reports/<run-id>",
+        "nandoctor explain reports/<run-id> --probe fp16-pure/sdpa/off"))
     p.add_argument("run_dir", help="a run directory, e.g. reports/<run-id>")
     p.add_argument("--probe", help="one probe id, e.g. fp16-amp/sdpa/off (default: every probe that ran)")
     p.set_defaults(func=run)

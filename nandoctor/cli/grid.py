@@ -6,11 +6,14 @@ from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
 from ..report.terminal import progress_line, render_terminal
-from .common import MODEL_FLAGS, add_executor_args, add_model_args, executor_from_args, listener, recipe_from_args, refuse_with_resume, say
+from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
 
 
 def register(sub) -> None:
-    p = sub.add_parser("grid", help="run the probe grid and write the ranked report")
+    p = sub.add_parser("grid", help="run the probe grid and write the ranked report", **examples(
+        "nandoctor grid --model tiny-llama",
+        "nandoctor grid --model llama-3.1-8b --axis dtype=bf16-amp,fp16-amp --axis attn=sdpa,eager --steps 50",
+        "nandoctor grid --resume reports/<run-id>"))
     add_model_args(p)
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
                    help="choose an axis' values: dtype, attn, compile, optimizer or parallel (repeatable); "
@@ -44,4 +47,4 @@ def run(args) -> int:
     if cache:
         reused = sum(1 for o in analysis.outcomes if o.record.cached_from)
         print(f"cache: {reused} probe(s) reused from {cache.path}")
-    return analysis.exit_code
+    return finish(analysis)

@@ -1,20 +1,40 @@
 """`nandoctor report DIR`: re-render a finished or interrupted run from its results.jsonl."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from ..analysis.run import ranked_table
 from ..api import render_run
 from ..errors import NandoctorError
 from ..report.terminal import render_terminal
+from .common import examples, finish
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="re-render the reports of a run directory")
+    p = sub.add_parser("report", help="re-render the reports of a run directory", **examples(
+        "nandoctor report reports/<run-id>",
+        "nandoctor report reports/<run-id> --csv probes.csv"))
     p.add_argument("run_dir", help="a run directory, e.g. reports/<run-id>")
     p.add_argument("--csv", metavar="FILE", help="also write the probe table (one row per probe, with its rank) as CSV")
     p.set_defaults(func=run)
 
 
+def refuse_unwritable_csv(csv: str) -> None:
+    """Before anything prints: --csv must name a file whose folder exists and is writable."""
+    path = Path(csv)
+    if path.is_dir():
+        raise NandoctorError(f"--csv {csv!r} is a directory; pass a file name, e.g. {str(path / 'probes.csv')!r}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise NandoctorError(f"--csv {csv!r}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise NandoctorError(f"--csv {csv!r} cannot be written: {str(folder)!r} is not writable")
+
+
 def run(args) -> int:
+    if args.csv:
+        refuse_unwritable_csv(args.csv)
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
     if args.csv:
@@ -23,4 +43,4 @@ def run(args) -> int:
         except OSError as e:
             raise NandoctorError(f"cannot write --csv {args.csv!r}: {e.strerror}") from None
         print(f"probe table: {args.csv}")
-    return analysis.exit_code
+    return finish(analysis)

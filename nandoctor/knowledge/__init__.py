@@ -15,6 +15,7 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 SEVERITIES = ("error", "warning", "advice")
+OWN_SOURCES = ("tests/", "nandoctor/", "bench/")  # the project's own files verify a rule; they are not its evidence
 OPERATORS = {
     "eq": lambda fact, v: fact == v,
     "ne": lambda fact, v: fact is not None and fact != v,
@@ -34,7 +35,8 @@ class Rule:
     when: dict
     why: str
     fix: str
-    evidence: tuple
+    evidence: tuple  # public sources: issues, documentation, papers, upstream code
+    verified_by: tuple = ()  # where nandoctor itself reproduces it (its own tests and tables): not evidence
 
     def matches(self, facts: dict) -> bool:
         """True when every condition of `when` holds; an unknown fact (absent or None) holds only
@@ -67,10 +69,13 @@ def _load(name: str) -> list[dict]:
 def rules() -> tuple[Rule, ...]:
     out = []
     for entry in _load("rules.yaml"):
-        rule = Rule(**{**entry, "evidence": tuple(entry["evidence"])})
+        rule = Rule(**{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())})
         unknown = [op for c in rule.when.values() if isinstance(c, dict) for op in c if op not in OPERATORS]
         if rule.severity not in SEVERITIES or unknown or not rule.evidence:
             raise ValueError(f"rules.yaml: rule {rule.id!r} is malformed (severity, operators {unknown} or evidence)")
+        own = [e for e in rule.evidence if e.startswith(OWN_SOURCES)]
+        if own:
+            raise ValueError(f"rules.yaml: rule {rule.id!r} cites nandoctor's own {own[0]!r} as evidence; list it under verified_by")
         out.append(rule)
     return tuple(out)
 
@@ -101,4 +106,4 @@ def diagnose_crash(text: str) -> Signature | None:
 def finding(rule: Rule, cells: list[str] | None = None) -> dict:
     """A fired rule as plain data, for run.json, summary.json and the renderers."""
     return {"id": rule.id, "severity": rule.severity, "title": rule.title, "why": rule.why, "fix": rule.fix,
-            "evidence": list(rule.evidence), "cells": list(cells or [])}
+            "evidence": list(rule.evidence), "verified_by": list(rule.verified_by), "cells": list(cells or [])}

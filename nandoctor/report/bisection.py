@@ -6,7 +6,8 @@ from ..cells import AXES, Cell
 
 PHASE_TEXT = {"confirm-target": "confirm the target fails", "confirm-baseline": "confirm the baseline passes",
               "ddmin": "ddmin: try a subset", "rerun": "rerun the failure", "minimality": "remove one culprit factor",
-              "revert": "target, culprits reverted", "recommend": "candidate recommendation"}
+              "revert": "target, culprits reverted", "recommend": "candidate recommendation",
+              "between": "a value between baseline and target"}
 
 
 def _value(v) -> str:
@@ -32,10 +33,12 @@ def probe_line(done: int, record) -> str:
 
 
 def describe_step(step: dict) -> str:
-    """One line per bisection step, printed as the bisection goes."""
+    """One line per bisection step, printed as the bisection goes. "Bisection step" everywhere: a bare
+    "step" in nandoctor means a training step."""
     extra = " (data-dependent)" if step["data_dependent"] else ""
     verdicts = "/".join(sorted(set(step["verdicts"])))
-    return f"  step {step['index']:>2} {step['phase']:<16} {step['outcome']:<10} {verdicts}{extra}  [{', '.join(step['factors']) or 'baseline'}]"
+    applied = ", ".join(step["factors"] + [f"{k}={v}" for k, v in (step.get("between") or {}).items()]) or "baseline"
+    return f"  bisection step {step['index']:>2} {step['phase']:<16} {step['outcome']:<10} {verdicts}{extra}  [{applied}]"
 
 
 def culprit_kind(c: dict) -> str:
@@ -58,7 +61,7 @@ def headline_lines(b: dict | None) -> list[str]:
         lines.append(f"Flaky, not used as a culprit: {factor_text(b, step['factors'])} "
                      f"(verdicts {', '.join(step['verdicts'])} on identical reruns)")
     rec = b.get("recommendation")
-    lines.append(f"Recommended: {config_text(rec['config'])} (stable at step {b['recommended_step']})" if rec else
+    lines.append(f"Recommended: {config_text(rec['config'])} (stable at bisection step {b['recommended_step']})" if rec else
                  "No configuration tried held up as stable.")
     k = len(b["factors"])
     lines.append(f"Probes: {b['probes']} probe processes over {b['configurations']} configurations for {k} "
@@ -73,14 +76,15 @@ def factor_rows(b: dict) -> list[dict]:
 
 
 def path_rows(b: dict) -> list[dict]:
-    return [{"#": s["index"], "step": PHASE_TEXT.get(s["phase"], s["phase"]), "target factors applied": factor_text(b, s["factors"]),
+    return [{"bisection step": s["index"], "tried": PHASE_TEXT.get(s["phase"], s["phase"]), "target factors applied": factor_text(b, s["factors"])
+             + "".join(f", {k}={_value(v)} (between)" for k, v in (s.get("between") or {}).items()),
              "outcome": s["outcome"] + (" (data-dependent)" if s["data_dependent"] else ""),
              "verdicts": ", ".join(s["verdicts"]), "probes": "; ".join(s["probe_ids"])} for s in b["path"]]
 
 
 def culprit_rows(b: dict) -> list[dict]:
     return [{"culprit": factor_text(b, c["factors"]), "kind": culprit_kind(c), "verdict": evidence_verdicts(b, c),
-             "fails alone (step)": c["evidence"], "passes without each factor (steps)": ", ".join(map(str, c["minimality"]))}
+             "fails alone (bisection step)": c["evidence"], "passes without each factor (bisection steps)": ", ".join(map(str, c["minimality"]))}
             for c in b["culprits"]]
 
 

@@ -48,7 +48,8 @@ def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
         cells = f.get("cells") or []
         shown = ", ".join(cells[:max_cells]) + (f" (+{len(cells) - max_cells} more)" if len(cells) > max_cells else "")
         rows.append({"severity": f["severity"], "rule": f["id"], "finding": f["title"], "cells": shown or "-",
-                     "why": f["why"], "fix": f["fix"], "evidence": "; ".join(f["evidence"])})
+                     "why": f["why"], "fix": f["fix"], "evidence": "; ".join(f["evidence"]),
+                     "verified_by": "; ".join(f.get("verified_by") or [])})
     return rows
 
 
@@ -61,7 +62,8 @@ def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
     parts = ["## Doctor", "", "Known issues for this setup (rules in nandoctor/knowledge/rules.yaml, each with its evidence):", ""]
     parts += [_table([{k: r[k] for k in ("severity", "rule", "finding", "cells", "fix")} for r in finding_rows(findings)], "github"), ""]
     for r in finding_rows(findings):
-        parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}")
+        parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}"
+                     + (f" Verified by: {r['verified_by']}" if r["verified_by"] else ""))
     caps = capability_rows(env)
     parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible to torch or NVML; probes run on the CPU."), ""]
     if caps:
@@ -86,11 +88,25 @@ def render_doctor_text(report: dict) -> str:
             out.append(f"  {cell} cannot run here: {why}")
         out.append("")
     findings = report["findings"]
-    out.append(f"Findings: {len(findings)}" + ("" if findings else " (no known issue applies)"))
+    own = [f for f in findings if f.get("scope", "setup") == "setup"]
+    grid = [f for f in findings if f.get("scope", "setup") == "grid"]
+    out.append(f"Findings: {len(own)}" + ("" if own else " (no known issue applies)"))
+    out += _finding_lines(own)
+    if grid:
+        out += ["", f"What the grid will find: {len(grid)} known issue(s) that only some planned cells walk into "
+                    "(the grid probes them to show it; not a problem of this setup)"]
+        out += _finding_lines(grid)
+    return "\n".join(out)
+
+
+def _finding_lines(findings: list[dict]) -> list[str]:
+    out = []
     for r in finding_rows(findings):
         out += [f"  [{r['severity']}] {r['rule']}: {r['finding']}" + (f" (cells: {r['cells']})" if r["cells"] != "-" else ""),
                 f"      why: {r['why']}", f"      fix: {r['fix']}", f"      evidence: {r['evidence']}"]
-    return "\n".join(out)
+        if r["verified_by"]:
+            out.append(f"      verified by: {r['verified_by']}")
+    return out
 
 
 def render_doctor_json(report: dict) -> str:

@@ -191,14 +191,18 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
              "|value| seen; grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
              "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.", "",
              table([summary_row(o) for o in probes]), ""]
+    blocks: dict[tuple, tuple[list[str], list[str]]] = {}  # where and how it broke -> (its lines, the probes)
     for o in probes:
         f = forensics_of(o)
-        if not f:
-            continue
-        offenders = first_offenders(f)
+        offenders = first_offenders(f) if f else {}
         if offenders:
-            parts += [f"### {label(o)}: where it broke", ""]
-            parts += [f"- {kind}: {event_line(e)}" for kind, e in offenders.items()] + [""]
+            key = tuple((kind, e.get("step"), e.get("phase"), e.get("parameter") or e.get("module"), e.get("tensor"))
+                        for kind, e in offenders.items())
+            lines = [f"- {kind}: {event_line(e)}" for kind, e in offenders.items()]
+            blocks.setdefault(key, (lines, []))[1].append(label(o))
+    for lines, labels in blocks.values():  # one block per place of breaking, not one per probe that broke there
+        who = labels[0] if len(labels) == 1 else f"{', '.join(labels)} ({len(labels)} probes; figures of {labels[0]})"
+        parts += [f"### {who}: where it broke", "", *lines, ""]
     for h in headroom_sections(a):
         parts += [f"### {h['label']}: tightest modules", "", f"{h['line']}.", "", table(h["rows"]), ""]
     return parts

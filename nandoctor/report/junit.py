@@ -35,8 +35,8 @@ def bisection_cases(suite: ET.Element, b: dict) -> None:
     fails when no configuration held up; the suite's counts are updated to include them."""
     for c in b["culprits"]:
         case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect.culprit", name=bisection.factor_text(b, c["factors"]))
-        ET.SubElement(case, "failure", type="culprit", message=f"{bisection.culprit_kind(c)}: fails alone at step "
-                      f"{c['evidence']}, passes without each factor at steps {c['minimality']}")
+        ET.SubElement(case, "failure", type="culprit", message=f"{bisection.culprit_kind(c)}: fails alone at bisection step "
+                      f"{c['evidence']}, passes without each factor at bisection steps {c['minimality']}")
     case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect", name="recommended configuration")
     lines = bisection.recommendation_lines(b)
     if lines:

@@ -55,7 +55,8 @@ def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     order does not matter."""
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
     spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
-    plan = {k: v for k, v in spec.get("model_plan", {}).items() if k != "why"}
+    # why is prose; refuses follows from the architecture and the transformers version (in the environment)
+    plan = {k: v for k, v in spec.get("model_plan", {}).items() if k not in ("why", "refuses")}
     cell = Cell(**spec["cell"])
     recipe = spec.get("recipe", {})
     if PRECISIONS[cell.dtype].fp8 is None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
 from .slots import ColdSlot, WarmSlot
-from .store import ResultsStore
+from .store import ResultsStore, cannot_write, write_atomic
 
 LOG_TAIL_CHARS = 4000
 # faulthandler lists every loaded extension module on one line after a crash's stack; on a GPU host
@@ -171,10 +171,13 @@ class ProbeRunner:
 
     def _launch(self, slot, task: ProbeTask, under: str) -> RunningProbe:
         folder = probe_dir(self.run_dir, task.probe_id, under)
-        folder.mkdir(parents=True, exist_ok=True)
-        for stale in ("result.json", "steps.jsonl"):
-            (folder / stale).unlink(missing_ok=True)
-        (folder / "spec.json").write_text(json.dumps(task.spec.to_dict(), default=str))
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for stale in ("result.json", "steps.jsonl"):
+                (folder / stale).unlink(missing_ok=True)
+            write_atomic(folder / "spec.json", json.dumps(task.spec.to_dict(), default=str))
+        except OSError as e:
+            raise cannot_write(folder / "spec.json", e) from None
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 

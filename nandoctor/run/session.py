@@ -3,13 +3,14 @@ check and bisect all run their probes through a Session."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import time
 from pathlib import Path
 
 from ..capabilities import input_support, parallel_support
-from ..config import ExecutorConfig, Recipe, recipe_to_dict
+from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_summary
 from ..errors import NandoctorError
 from ..models import plan_model, plan_warnings, training_bytes
@@ -49,9 +50,23 @@ def refuse_used_out(path: Path) -> None:
     raise NandoctorError(f"--out {str(path)!r} already holds a {kind} run; {finish}pass another --out")
 
 
+def refuse_unwritable(path: Path, named: str = "--out") -> None:
+    """Before any probe runs: the run directory (or the nearest folder above it that exists, where it
+    will be created) must be a directory this process can write to."""
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise NandoctorError(f"{named} {str(path)!r} cannot be created: {str(there)!r} is a file, not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if os.statvfs(there).f_flag & os.ST_RDONLY else "is not writable by this user"
+        raise NandoctorError(f"{named} {str(path)!r} cannot be written: {str(there)!r} {why}; pass --out a writable directory")
+
+
 def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     if out:
         refuse_used_out(Path(out))
+        refuse_unwritable(Path(out))
         return Path(out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     safe = recipe.name.replace("/", "--")
@@ -60,6 +75,7 @@ def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     while path.exists():
         n += 1
         path = REPORTS_DIR / f"{stamp}-{kind}-{safe}-{n}"
+    refuse_unwritable(path, "the default run directory")
     return path
 
 
@@ -145,6 +161,7 @@ class Session:
         self.kind, self.recipe = kind, recipe
         self.device = device or collect_summary()
         self.steps = steps or recipe.steps
+        short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
         gpus = len(self.device.get("gpus") or [])
         self.executor = executor or ExecutorConfig()
         self.packed = jobs is None and not self.executor.remote
@@ -159,12 +176,12 @@ class Session:
             self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
             self.threads = None
         try:
-            self.plan = plan or plan_model(recipe, self.device)
+            self.plan = plan or plan_model(recipe, self.device, self.steps)
         except BaseException:
             self.runner.close()
             raise
         self.runner.preload(self.plan.model_type)
-        self.warnings = plan_warnings(recipe, self.plan, self.device)
+        self.warnings = plan_warnings(recipe, self.plan, self.device) + ([short] if short else [])
         self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
         self.peak = 0  # the largest GPU memory peak a finished probe measured
         self.jobs = jobs or packed_jobs(self.device, self.estimate)
@@ -184,7 +201,7 @@ class Session:
         """The model plan of a recipe variant (an adapter or model.* override changes it)."""
         key = self._key(recipe)
         if key not in self.plans:
-            self.plans[key] = plan_model(recipe, self.device)
+            self.plans[key] = plan_model(recipe, self.device, self.steps)
         return self.plans[key]
 
     def __enter__(self) -> "Session":
@@ -223,7 +240,8 @@ class Session:
                 continue
             own = p.recipe or recipe
             spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads)
-            unsupported = (p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
+            unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
+                           or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
                            or parallel_support(p.cell, own.world_size, own.batch_size, self.device))
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))

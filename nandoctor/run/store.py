@@ -15,6 +15,26 @@ BISECT_FILE = "bisect.json"  # the bisection path, culprits and recommendation o
 RETIME_FILE = "retime.json"  # a grid's leading cells re-timed back to back, interleaved (nandoctor/retime.py)
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to a temporary file beside `path`, then rename it over `path`: a full disk or a
+    kill mid-write leaves the old file (or none), never a truncated one. Raises OSError."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def cannot_write(path: Path, e: OSError) -> NandoctorError:
+    """The one-line error for a run-directory file the OS refused to write (full disk, read-only, ...)."""
+    return NandoctorError(f"cannot write {path}: {e.strerror or e}")
+
+
 class ResultsStore:
     def __init__(self, run_dir: str | Path):
         self.dir = Path(run_dir)
@@ -24,18 +44,27 @@ class ResultsStore:
         return self.dir / RESULTS_FILE
 
     def create(self, meta: dict) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise cannot_write(self.dir, e) from None
         self.write_json(RUN_FILE, meta)
 
     def append(self, record: ProbeRecord) -> None:
         line = json.dumps(record.to_dict(), default=str)  # floats keep full precision: json writes repr
-        with open(self.results_path, "a") as f:
-            f.write(line + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.results_path, "a") as f:
+                f.write(line + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise cannot_write(self.results_path, e) from None
 
     def write_json(self, name: str, data: dict) -> None:
-        (self.dir / name).write_text(json.dumps(data, indent=2, default=str))
+        try:
+            write_atomic(self.dir / name, json.dumps(data, indent=2, default=str))
+        except OSError as e:
+            raise cannot_write(self.dir / name, e) from None
 
     def read_json(self, name: str) -> dict | None:
         """A JSON file of the run directory, or None when the run has none (yet)."""
