@@ -110,7 +110,8 @@ def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
 
 
 def queue_line(queued: int, running: int, done: int, job_ids: list[str]) -> str:
-    jobs = f" (job{'s' if len(job_ids) > 1 else ''} {', '.join(job_ids)})" if job_ids else ""
+    shown = ", ".join(job_ids[:3]) + (f" and {len(job_ids) - 3} more" if len(job_ids) > 3 else "")
+    jobs = f" (job{'s' if len(job_ids) > 1 else ''} {shown})" if job_ids else ""
     return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}"
 
 

@@ -71,7 +71,7 @@ class RayPlacement:
     def submit(self, probes: list[PlacedProbe]) -> None:
         for probe in probes:
             probe.handle = self.task.remote(probe.task.spec.to_dict(), probe.task.timeout_s)
-            probe.job_id = probe.handle.task_id().hex()[:16]
+            probe.job_id = probe.handle.task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
             # at most `parallel` tasks are out, sized to the cluster: Ray starts them at once
             probe.state, probe.started = "running", time.monotonic()
 
