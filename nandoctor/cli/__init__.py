@@ -6,9 +6,9 @@ import argparse
 import sys
 
 from ..errors import NandoctorError
-from . import bisect, check, doctor, explain, grid, report
+from . import bisect, check, diff, doctor, explain, grid, report
 
-COMMANDS = (grid, check, bisect, report, doctor, explain)
+COMMANDS = (grid, check, bisect, report, diff, doctor, explain)
 
 
 class Parser(argparse.ArgumentParser):
