@@ -140,8 +140,11 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
 
     parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>')
     for t in ticks:
-        value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
-        shown = fmt_tick(value, value) if log_y else fmt_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0)
+        if log_y:
+            value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
+            shown = fmt_tick(value, value)
+        else:  # a linear tick is the value itself: 10 ** 1e300 would overflow
+            shown = fmt_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0)
         parts.append(f'<text x="{pad_l - 4}" y="{py(t) + 4:.1f}" font-size="10" text-anchor="end">{shown}</text>')
         parts.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
     for t in _step_ticks(x_lo, x_hi):
