@@ -236,7 +236,7 @@ def _verdict_change(before: ProbeOutcome | None, after: ProbeOutcome | None) -> 
     was, now = before.verdict.name, after.verdict.name
     if was == now:
         return SAME, f"{now} in both"
-    moved = f"{was} -> {now}: {after.verdict.reason}"
+    moved = after.verdict.reason
     if was == STABLE and after.verdict.failed or now == CRASH:
         return REGRESSED, moved
     if now == UNSUPPORTED:

@@ -4,7 +4,6 @@ the exit code."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -14,9 +13,6 @@ from ..record import ProbeRecord, Step
 from ..run.store import BISECT_FILE, ResultsStore
 from .ranking import rank, tokens_per_s
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
-
-if TYPE_CHECKING:
-    from .diff import RunDiff
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -48,7 +44,7 @@ class RunAnalysis:
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
-    comparison: RunDiff | None = None  # this run against the --baseline run, when given
+    comparison: object | None = None  # a diff.RunDiff: this run against the --baseline run (diff imports this module)
 
     @property
     def recommended(self) -> ProbeOutcome | None:

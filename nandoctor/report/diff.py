@@ -59,21 +59,23 @@ def settings_rows(d: RunDiff) -> list[dict]:
 
 
 def _failure_class(c: CellChange, classes: list[dict]) -> str:
-    """The new failure's class and fix, as the run's report words it."""
+    """Where the new failure started and its fix, as the run's report words them (its verdict's reason
+    is the row's `why`)."""
     if not c.after or not c.after.verdict.failed:
         return "-"
     mine = next((k for k in classes if c.probe_id in k["probes"]), None)
     if mine is None:
         return "-"
-    text = mine["what"] + (f". Where: {mine['where']}" if mine["where"] else "")
-    return text + (f". Fix ({mine['fix_source']}): {mine['fix']}" if mine["fix"] else "")
+    where = [f"Where: {mine['where']}."] if mine["where"] else []
+    fix = [f"Fix ({mine['fix_source']}): {mine['fix']}"] if mine["fix"] else []
+    return " ".join(where + fix) or "-"
 
 
 def verdict_rows(d: RunDiff) -> list[dict]:
     """Every cell whose verdict changed (or, in a check, whose step-0 values moved), regressions first."""
     classes = failures.failure_classes(d.current)
     return [{"cell": c.probe_id, "change": c.change, "verdict": c.verdicts, "why": c.why,
-             "failure and fix": _failure_class(c, classes)} for c in d.cells if c.change != SAME]
+             "where and fix": _failure_class(c, classes)} for c in d.cells if c.change != SAME]
 
 
 def _percent(x: float | None) -> str:
