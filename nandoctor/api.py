@@ -21,7 +21,7 @@ from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.session import Session
-from .run.store import ResultsStore
+from .run.store import RUN_FILE, ResultsStore
 
 
 @dataclass
@@ -185,9 +185,13 @@ def golden_checks(d: RunDiff, probe_id: str) -> list[tuple[str, bool, str]]:
 
 def render_run(run_dir, baseline=None) -> RunAnalysis:
     """Analyse a run directory (finished or interrupted) and write its reports next to the results;
-    with a baseline run directory, the comparison with it too (diff.md, diff.html, diff.json)."""
+    with a baseline run directory, the comparison with it too (diff.md, diff.html, diff.json). A run
+    made with --baseline is compared again with that run while its directory still exists."""
     from .report import write_reports
     analysis = analyze(run_dir)
+    stored = analysis.meta.get("baseline")
+    if baseline is None and stored and (Path(stored) / RUN_FILE).exists():
+        baseline = stored
     if baseline is not None:
         analysis.comparison = compare_runs(baseline_analysis(baseline), analysis)
     write_reports(analysis, Path(run_dir))

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..analysis.run import ranked_table
 from ..api import render_run
 from ..errors import NandoctorError
+from ..report.diff import render_diff_terminal
 from ..report.terminal import render_terminal
 
 
@@ -17,6 +18,11 @@ def register(sub) -> None:
 def run(args) -> int:
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
+    if analysis.comparison:
+        print()
+        print(render_diff_terminal(analysis.comparison))
+    elif analysis.meta.get("baseline"):
+        print(f"baseline {analysis.meta['baseline']} is gone: the reports were written without the comparison")
     if args.csv:
         try:
             ranked_table(analysis).to_csv(args.csv, index=False)
