@@ -140,7 +140,7 @@ def render_diff_terminal(d: RunDiff) -> str:
     out = [f"baseline: {run_name(d.baseline)}", f"this run: {run_name(d.current)}"]
     for title, rows, empty in sections(d):
         if rows or empty:
-            out += ["", f"{title}:", tabulate(rows, headers="keys", maxcolwidths=60) if rows else f"  {empty}"]
+            out += ["", f"{title}:", tabulate(rows, headers="keys", maxcolwidths=60, disable_numparse=True) if rows else f"  {empty}"]
     return "\n".join(out + [""] + headline(d))
 
 
@@ -150,7 +150,7 @@ def render_diff_markdown(d: RunDiff) -> str:
     parts += [f"- {line}" for line in head[1:]] + [""]
     for title, rows, empty in sections(d):
         if rows or empty:
-            body = tabulate(rows, headers="keys", tablefmt="github") if rows else f"_{empty}_"
+            body = tabulate(rows, headers="keys", tablefmt="github", disable_numparse=True) if rows else f"_{empty}_"
             parts += [f"## {title}", "", body, ""]
     if d.unrecorded:
         parts += [f"Facts only one of the runs recorded (older versions record fewer): {', '.join(d.unrecorded)}.", ""]
