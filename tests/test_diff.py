@@ -168,9 +168,15 @@ def test_every_renderer_takes_non_finite_numbers():
     weird = [Step(0, 1e300, math.inf), Step(1, math.nan, math.nan)]
     d = compare_runs(grid(falling()), grid(weird))
     text = render_diff_markdown(d) + render_diff_html(d) + render_diff_terminal(d) + json.dumps(render_diff_summary(d), default=str)
-    assert "bf16-pure/sdpa/off" in text and "<script" not in text
+    assert "bf16-pure/sdpa/off" in text and "<script" not in text and 'src="http' not in text  # self-contained HTML
 
 
 def test_diff_of_a_missing_run_is_one_line_and_exit_2(cli, tmp_path):
     proc = cli("diff", FIXTURE, tmp_path / "nothing")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "does not exist" in proc.stderr
+
+
+def test_check_against_a_baseline_without_its_cell_is_one_line_and_exit_2(cli):
+    proc = cli("check", "--dtype", "bf16-amp", "--attn", "sdpa", "--baseline", FIXTURE)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "has no probe of bf16-amp/sdpa/off; it has fp32/eager/off" in proc.stderr
