@@ -31,23 +31,26 @@ RUN_FACTS = ("kind", "steps", "seed")  # run.json facts beside the recipe that c
 
 # ---- the environment -------------------------------------------------------------------------------------
 
-def _gpus(env: dict) -> str | None:
-    gpus = env.get("gpus")
-    if gpus is None:
-        return None
-    return ", ".join(f"{g.get('name')} (cc {g.get('capability')})" for g in gpus) or "none"
+# (the name a report shows, the run.json `env` key it is read from). A key a run lacks is a fact that
+# run did not record (older versions recorded fewer), not a difference.
+ENV_FACTS = (("torch", "torch"), ("CUDA", "cuda"), ("cuDNN", "cudnn"), ("NCCL", "nccl"), ("transformers", "transformers"),
+             ("peft", "peft"), ("driver", "nvml"), ("GPU", "gpus"), ("python", "python"), ("CPU", "cpu_model"),
+             ("CPU kernels", "cpu_capability"), ("flash-attn", "flash_attn"))
+
+
+def _fact(env: dict, key: str) -> str:
+    value = env[key]
+    if key == "nvml":
+        value = (value or {}).get("driver")
+    elif key == "gpus":
+        value = ", ".join(f"{g.get('name')} (cc {g.get('capability')})" for g in value or []) or "none"
+    return "-" if value is None else str(value)
 
 
 def environment_facts(env: dict) -> dict[str, str]:
-    """The facts of a run's environment that change numerics or support, as strings; a fact the run
-    did not record (an older version, or `check` without the doctor's facts) is left out."""
-    facts = {"torch": env.get("torch"), "CUDA": env.get("cuda"), "cuDNN": env.get("cudnn"),
-             "NCCL": env.get("nccl"), "transformers": env.get("transformers"), "peft": env.get("peft"),
-             "driver": (env.get("nvml") or {}).get("driver"), "GPU": _gpus(env), "python": env.get("python"),
-             "CPU": env.get("cpu_model"), "CPU kernels": env.get("cpu_capability"), "flash-attn": env.get("flash_attn")}
-    recorded = {"NCCL": "nccl", "driver": "nvml", "GPU": "gpus", "CPU kernels": "cpu_capability",
-                "CPU": "cpu_model", "flash-attn": "flash_attn"}
-    out = {k: str(v) if v is not None else "-" for k, v in facts.items() if recorded.get(k, "torch") in env}
+    """The facts of a run's environment that change numerics or support, as strings ('-': absent), plus
+    each optional package's version; facts the run did not record are left out."""
+    out = {name: _fact(env, key) for name, key in ENV_FACTS if key in env}
     for module, package in (env.get("packages") or {}).items():
         out[module] = (package.get("version") or "installed") if package.get("importable") else "-"
     return out
