@@ -18,6 +18,7 @@ from .env import collect_doctor
 from .errors import NandoctorError
 from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
+from .retime import retime_leaders
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.session import Session
@@ -30,11 +31,13 @@ class Listener:
 
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
-    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None).
+    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
+    retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
     started: Callable | None = None
     probe: Callable | None = None
     alive: Callable | None = None
+    retiming: Callable | None = None
 
 
 class Progress:
@@ -128,6 +131,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
         session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
         judge.planned = len(probes)
         session.run(recipe, probes)
+        retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(session.dir, baseline)
 
 
@@ -151,6 +155,7 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
         for record in session.resume(len(probes)):
             judge(record, quiet=True)
         session.run(recipe, probes)
+        retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(run_dir, meta.get("baseline"))
 
 

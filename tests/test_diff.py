@@ -11,7 +11,7 @@ from nandoctor.analysis.diff import (BIT_IDENTICAL, CHANGED, NOW_UNSUPPORTED, PA
 from nandoctor.analysis.run import analyze, analyze_records
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_to_dict, set_field
-from nandoctor.record import ProbeRecord, Step
+from nandoctor.record import ProbeRecord, Step, Throughput
 from nandoctor.report.diff import render_diff_html, render_diff_markdown, render_diff_summary, render_diff_terminal
 from nandoctor.report.junit import render_junit
 
@@ -144,6 +144,8 @@ def test_throughput_noise_is_measured_from_the_steps_else_the_default_band():
     steps = [Step(i, 8.0, 1.0, tokens_per_s=r) for i, r in enumerate([50.0, 100.0, 90.0, 110.0, 100.0, 95.0, 105.0])]
     assert 0.05 < throughput_noise(record("fp32/sdpa/off", steps)) < 0.2
     assert throughput_noise(record("fp32/sdpa/off", steps[:3])) is None
+    measured = Throughput.of_rates([90.0, 100.0, 110.0, 100.0])  # a record that carries its steady-step spread
+    assert throughput_noise(record("fp32/sdpa/off", steps[:3], throughput=measured)) == measured.spread
     quick, slow = grid(falling(3, tokens_per_s=1000.0)), grid(falling(3, tokens_per_s=500.0))  # 2 timed steps: too few
     c = next(c for c in compare_runs(quick, slow).cells if c.probe_id == "bf16-pure/sdpa/off")
     assert c.tokens_per_s.band == 0.10 and c.tokens_per_s.moved and c.tokens_per_s.change == -0.5

@@ -177,12 +177,11 @@ def golden_values(before: ProbeRecord, after: ProbeRecord, t: Thresholds = THRES
 
 def throughput_noise(record: ProbeRecord) -> float | None:
     """A probe's own tokens/s noise, relative: the interquartile range of its per-step rates over their
-    median. The record's measured throughput spread when it carries one (`record.throughput`, written by
-    newer versions from the steady steps only), else computed from its steps (step 0 left out, like the
-    rate itself); None with fewer than 4 timed steps."""
-    spread = getattr(getattr(record, "throughput", None), "spread", None)
-    if spread is not None and math.isfinite(spread):
-        return spread
+    median. The record's own measured spread (`record.throughput`, over its steady steps) when it has one;
+    a record written before throughput was recorded gets it from its steps (step 0 left out); None with
+    fewer than 4 timed steps."""
+    if record.throughput is not None and math.isfinite(record.throughput.spread):
+        return record.throughput.spread
     rates = sorted(s.tokens_per_s for s in record.steps[1:] if s.tokens_per_s)
     if len(rates) < 4:
         return None

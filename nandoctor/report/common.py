@@ -7,6 +7,7 @@ from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..record import ModelPlan
+from . import timing
 
 AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer"}
 
@@ -84,7 +85,8 @@ def last_loss(o: ProbeOutcome) -> float | None:
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
     return [{"rank": i + 1, "config": label(o), "fidelity vs fp32": fmt_fidelity(o.fidelity),
-             "tokens/s": fmt_rate(o.tokens_per_s), "peak memory": fmt_bytes(o.peak_memory_bytes),
+             "tokens/s": fmt_rate(o.tokens_per_s), "tokens/s IQR": timing.spread_text(o.throughput),
+             "timed over": timing.timing_note(o, a), "peak memory": fmt_bytes(o.peak_memory_bytes),
              "final loss": fmt_loss(last_loss(o)), "flagged by": ", ".join(o.flags) or "-"} for i, o in enumerate(a.ranking)]
 
 
@@ -126,6 +128,7 @@ def headline(a: RunAnalysis) -> list[str]:
                      f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
         if fast is not rec:
             lines.append(f"Fastest stable: {label(fast)} ({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})")
+        lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
     counts = {}

@@ -12,8 +12,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from ..config import THRESHOLDS
-from . import bisection, common, doctor, failures, forensics, matrix, savings
+from . import bisection, common, doctor, failures, forensics, matrix, savings, timing
 from .charts import PALETTE, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -106,7 +105,8 @@ def render_html(a: RunAnalysis) -> str:
         unsupported_classes=failures.unsupported_classes(a),
         ranking=common.ranking_rows(a), failures=common.failure_rows(a),
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
-        capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
+        capabilities=doctor.capability_rows(a.meta.get("env", {})), order=timing.order_sentence(),
+        retime=timing.retime_rows(a), retime_meta=a.timing, load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],
         bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
