@@ -125,6 +125,23 @@ def cell_support(cell: Cell, device: dict) -> str | None:
             return missing
     if cell.compile == "inductor" and not on_cuda and not device.get("cxx"):
         return "inductor on CPU generates C++ and no C++ compiler is on PATH"
+    if cell.parallel_row.needs_half and not computes_in_half(cell.dtype):
+        return cell.parallel_row.needs_half
+    return None
+
+
+def parallel_support(cell: Cell, world_size: int, batch_size: int, device: dict) -> str | None:
+    """None unless a parallel cell cannot run as `world_size` ranks here: a GPU host needs one GPU per
+    rank (NCCL), and the global batch must split evenly so that every rank trains the same number of
+    rows (the one-process probe of the same batch is then the exact reference)."""
+    if cell.parallel_row.wrapper is None:
+        return None
+    gpus = len(device.get("gpus") or [])
+    if device.get("device") == "cuda" and gpus < world_size:
+        return f"{cell.parallel} with world_size={world_size} needs one GPU per rank, this host has {gpus}; set world_size={max(gpus, 1)} or fewer"
+    if batch_size % world_size:
+        return (f"batch_size={batch_size} does not split over world_size={world_size} ranks; "
+                f"set batch_size to a multiple of {world_size}")
     return None
 
 

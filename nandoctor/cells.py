@@ -1,6 +1,6 @@
 """The cell table: what every value of every grid axis means, in one place.
 
-A cell is one point of the grid (precision x attention x compile x optimizer). Each axis value is one
+A cell is one point of the grid (precision x attention x compile x optimizer x parallel). Each axis value is one
 row below, and every other module reads these rows: the probe builds its autocast, weights, GradScaler,
 fp8 conversion, SDPA pin and optimizer from them, the planner checks their hardware and package needs,
 the forensics read their compute dtype, and the recommendation turns them into TrainingArguments,
@@ -12,7 +12,7 @@ here imports torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import NandoctorError
 
@@ -164,6 +164,61 @@ COMPILATIONS = {c.name: c for c in (
     Compilation("aot_eager", "aot_eager", 1),
 )}
 
+@dataclass(frozen=True)
+class Parallel:
+    """A `parallel` axis value: how W ranks share one probe's global batch, and in which dtype their
+    gradients are reduced. The recommendation writes it as FSDP2 / accelerate / Lightning /
+    TrainingArguments settings."""
+    name: str
+    wrapper: str | None  # "ddp" (DistributedDataParallel) or "fsdp2" (fully_shard); None: one process
+    # the dtype gradients are reduced in: a torch dtype name, "compute" (the dtype row's compute dtype)
+    # or "weights" (the gradients' own dtype, which is the weights')
+    reduce: str
+    comm_hook: str | None = None  # torch.distributed.algorithms.ddp_comm_hooks.default_hooks member
+    needs_half: str | None = None  # why the value makes no sense on a cell that computes in fp32, when it does not
+    lightning_strategy: str | None = None  # lightning.Trainer(strategy=...)
+    accelerate: dict = field(default_factory=dict)  # accelerate config keys (`accelerate config` YAML)
+    training_args: dict = field(default_factory=dict)  # transformers.TrainingArguments flags
+    code: str | None = None  # the lines a custom training loop writes ({dtype}: the compute dtype)
+    # accelerate's FSDP2 plugin, in code: its YAML has no reduce dtype, and `mixed_precision: bf16`
+    # alone builds MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (accelerate 1.15,
+    # utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision)
+    accelerate_code: str | None = None
+
+
+FSDP2_CODE = ("mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  # torch.distributed.fsdp\n"
+              "for layer in model.model.layers: fully_shard(layer, mp_policy=mp)\n"
+              "fully_shard(model, mp_policy=mp)  # then build the optimizer over model.parameters()")
+FSDP_ACCELERATE = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                                                                "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}
+FSDP_TRAINING_ARGS = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}
+ACCELERATE_FSDP2_CODE = ('accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy='
+                         '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))')
+PARALLELS = {p.name: p for p in (
+    Parallel("none", None, "none"),
+    Parallel("ddp", "ddp", "weights", lightning_strategy="ddp", accelerate={"distributed_type": "MULTI_GPU"},
+             code="model = DistributedDataParallel(model, device_ids=[local_rank])  # all-reduce in the gradients' dtype"),
+    # The hooks compress each gradient bucket to 16 bits for the all-reduce and decompress it after:
+    # they halve the traffic and round every reduced gradient (torch ddp_comm_hooks/default_hooks.py).
+    Parallel("ddp-bf16-hook", "ddp", "bfloat16", comm_hook="bf16_compress_hook",
+             needs_half="a bf16 compress hook rounds an fp32 cell's gradients to bf16 for the all-reduce: "
+                        "it probes the hook, not a precision this cell trains in; pair it with a bf16 dtype",
+             lightning_strategy="ddp", accelerate={"distributed_type": "MULTI_GPU"},
+             code="model = DistributedDataParallel(model, device_ids=[local_rank])\n"
+                  "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # a bf16 all-reduce"),
+    Parallel("fsdp2", "fsdp2", "float32", lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE,
+             training_args=FSDP_TRAINING_ARGS, code=FSDP2_CODE.replace("{reduce}", "torch.float32"),
+             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "float32") + "  # accelerate: an fp32 reduction"),
+    # MixedPrecisionPolicy(reduce_dtype=None) reduces in param_dtype: "bf16 params" then silently means
+    # a bf16 reduction (pytorch/pytorch#106395).
+    Parallel("fsdp2-reduce-low", "fsdp2", "compute",
+             needs_half="an fp32 cell reduces in fp32 whatever reduce_dtype says: fsdp2-reduce-low is fsdp2 there",
+             lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE, training_args=FSDP_TRAINING_ARGS,
+             code=FSDP2_CODE.replace("{reduce}", "None").replace("# torch.distributed.fsdp", "# gradients reduced in param_dtype"),
+             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}") + "  # what `mixed_precision: bf16` alone does"),
+)}
+GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
+
 DEFAULT_OPTIMIZER = "adamw"
 OPTIMIZERS = {o.name: o for o in (
     Optimizer("adamw", "torch.optim:AdamW"),
@@ -188,10 +243,12 @@ OPTIMIZERS = {o.name: o for o in (
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()}  # "bfloat16" -> "bf16"
 
-AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS), "optimizer": tuple(OPTIMIZERS)}
-# The values a grid probes unless told otherwise: opt-in rows (default_grid=False) stay out.
+AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS), "optimizer": tuple(OPTIMIZERS),
+        "parallel": tuple(PARALLELS)}
+# The values a grid probes unless told otherwise: opt-in rows (default_grid=False) stay out, and every
+# probe is one process (a parallel probe is W of them).
 DEFAULT_AXES = {**AXES, "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
-                "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid)}
+                "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid), "parallel": ("none",)}
 
 
 def _lightning_aliases() -> dict[str, str]:
@@ -208,18 +265,20 @@ ALIASES = {"dtype": _lightning_aliases()}
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the grid: precision x attention x compile x optimizer. The default optimizer stays
-    out of the id and the dict, so that runs written before the optimizer axis keep their probe ids
-    and cache fingerprints."""
+    """One point of the grid: precision x attention x compile x optimizer x parallel. The default
+    optimizer and parallel=none stay out of the id and the dict, so that runs written before those
+    axes keep their probe ids and cache fingerprints."""
     dtype: str = "fp32"
     attn: str = "sdpa"
     compile: str = "off"
     optimizer: str = DEFAULT_OPTIMIZER
+    parallel: str = "none"
 
     @property
     def id(self) -> str:
-        base = f"{self.dtype}/{self.attn}/{self.compile}"
-        return base if self.optimizer == DEFAULT_OPTIMIZER else f"{base}/{self.optimizer}"
+        parts = [self.dtype, self.attn, self.compile]
+        parts += [self.optimizer] if self.optimizer != DEFAULT_OPTIMIZER else []
+        return "/".join(parts + ([self.parallel] if self.parallel != "none" else []))
 
     @property
     def precision(self) -> Precision:
@@ -237,9 +296,19 @@ class Cell:
     def optimizer_row(self) -> Optimizer:
         return OPTIMIZERS[self.optimizer]
 
+    @property
+    def parallel_row(self) -> Parallel:
+        return PARALLELS[self.parallel]
+
+    @property
+    def single(self) -> "Cell":
+        """The same cell in one process: a parallel probe's exact reference (same global batch)."""
+        return replace(self, parallel="none")
+
     def to_dict(self) -> dict:
         out = {"dtype": self.dtype, "attn": self.attn, "compile": self.compile}
-        return out if self.optimizer == DEFAULT_OPTIMIZER else {**out, "optimizer": self.optimizer}
+        out.update({"optimizer": self.optimizer} if self.optimizer != DEFAULT_OPTIMIZER else {})
+        return out if self.parallel == "none" else {**out, "parallel": self.parallel}
 
     @classmethod
     def of(cls, config: dict) -> "Cell":
@@ -249,10 +318,15 @@ class Cell:
 
     @classmethod
     def parse(cls, text: str) -> "Cell":
+        """'bf16-amp/sdpa/off[/optimizer][/parallel]': the optional parts are told apart by their values."""
         parts = text.split("/")
-        if len(parts) not in (3, 4):
-            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile[/optimizer], e.g. bf16-amp/sdpa/off")
-        return cls(*(parse_axis_values(axis, [value])[0] for axis, value in zip(AXES, parts)))
+        if not 3 <= len(parts) <= 5:
+            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel], e.g. bf16-amp/sdpa/off")
+        values = {axis: parse_axis_values(axis, [value])[0] for axis, value in zip(("dtype", "attn", "compile"), parts)}
+        for value in parts[3:]:
+            axis = "parallel" if value in PARALLELS and "parallel" not in values else "optimizer"
+            values[axis] = parse_axis_values(axis, [value])[0]
+        return cls(**values)
 
 
 REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
@@ -277,8 +351,16 @@ def compile_of_training_args(args: dict) -> str:
     return next((c.name for c in COMPILATIONS.values() if c.backend == backend), "inductor")
 
 
+def reduce_dtype(cell: Cell, dtype_on_load: str) -> str | None:
+    """The dtype a parallel cell is meant to reduce gradients in (a torch dtype name); None for one process."""
+    row = cell.parallel_row
+    if row.wrapper is None:
+        return None
+    return {"compute": cell.precision.compute, "weights": weight_dtype(cell, dtype_on_load)}.get(row.reduce, row.reduce)
+
+
 def parse_axis_values(axis: str, values) -> list[str]:
-    """Validate one axis ('dtype', 'attn', 'compile', 'optimizer') and its values, aliases resolved; returns the
+    """Validate one axis ('dtype', 'attn', 'compile', 'optimizer', 'parallel') and its values, aliases resolved; returns the
     values as a list."""
     if axis not in AXES:
         raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")

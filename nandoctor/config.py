@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cells import LOAD_DTYPES, parse_axis_values
+from .cells import GRAD_REDUCE_OPS, LOAD_DTYPES, parse_axis_values
 from .errors import NandoctorError
 
 ADAPTER_TYPES = ("none", "lora", "dora")
@@ -92,6 +92,10 @@ class Recipe:
     # verdict stays the timed steps' (timeout_s covers the build and the timed steps only).
     forensics_timeout_s: float = 300.0
     axes: dict = field(default_factory=dict)  # default axis values for this recipe, e.g. {"compile": ["off"]}
+    # Parallel cells (the `parallel` axis): W ranks, each training its batch_size / W rows of the same
+    # global batch of batch_size, so that the parallel=none probe is their exact reference.
+    world_size: int = 2
+    grad_reduce: str = "avg"  # "sum": the ranks' gradients are summed, not averaged (a broken reduction, pytorch#162338)
 
     def validate(self) -> "Recipe":
         checks = [
@@ -101,6 +105,7 @@ class Recipe:
             ("model.dtype_on_load", self.model.dtype_on_load, LOAD_DTYPES),
             ("model.scale", self.model.scale, SCALES),
             ("fp8.amax_compute_algo", self.fp8.amax_compute_algo, AMAX_COMPUTE_ALGOS),
+            ("grad_reduce", self.grad_reduce, GRAD_REDUCE_OPS),
         ]
         for key, value, valid in checks:
             if value not in valid:
@@ -108,7 +113,7 @@ class Recipe:
         positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
                     "timeout_s": self.timeout_s, "forensics_timeout_s": self.forensics_timeout_s,
                     "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches,
-                    "fp8.amax_history_len": self.fp8.amax_history_len}
+                    "fp8.amax_history_len": self.fp8.amax_history_len, "world_size": self.world_size}
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")
@@ -257,6 +262,20 @@ class Thresholds:
       model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
     - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
+    - no_learning_loss_rel / no_learning_min_steps: a loss that stays within 1e-6 (relative) of its
+      first value for every step of a curve of 4 steps or more has not moved: nothing trains. 1e-6 is a
+      few fp32 ulps (reduction-order noise); a model that learns moves by orders of magnitude more per
+      step, and even one that does not learn sees a different loss on each of the data's batches
+      unless its output ignores its input (zero weights). A grad-norm of exactly 0 at every step is
+      judged from the first step: no parameter receives a gradient.
+    - grad_ratio_rel: a parallel probe whose step-0 gradient norm is within 5% of W (or 1/W) times the
+      one-process norm sums (or divides twice) instead of averaging (pytorch#162338 summed W-fold).
+    - grad_agreement: the largest relative error of a parameter's step-0 gradient a parallel probe may
+      show against the one-process gradient of the same global batch, by the coarsest dtype its
+      gradients go through (compute or reduce). Measured on tiny-llama over 2 gloo ranks: bf16-amp
+      0.0024 with DDP and 0.014 with FSDP2 (its bf16 param_dtype casts the norms too, autocast does
+      not); fp32 1e-6 or less. Each bound is about 3x the largest seen; fp16 scales bf16's by their
+      unit roundoffs (2^-11 vs 2^-8).
 
     Comparing a run with a baseline (analysis/diff.py, `nandoctor diff`, `--baseline`):
     - golden_loss_eps / golden_grad_eps / golden_floor: how far a step's loss and grad-norm may move
@@ -287,6 +306,10 @@ class Thresholds:
     spike_min_history: int = 3
     rise_min_steps: int = 4
     tail_fraction: float = 0.25
+    no_learning_loss_rel: float = 1e-6
+    no_learning_min_steps: int = 4
+    grad_ratio_rel: float = 0.05
+    grad_agreement: tuple = (("float32", 1e-4), ("float16", 0.006), ("bfloat16", 0.05))
     golden_loss_eps: float = 1.0
     golden_grad_eps: float = 4.0
     golden_floor: float = 1e-5

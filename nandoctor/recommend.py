@@ -29,6 +29,8 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
     parts = ["nandoctor", "check", *model_flags, "--dtype", cell.dtype, "--attn", cell.attn, "--compile", cell.compile]
     if cell.optimizer != DEFAULT_OPTIMIZER:
         parts += ["--optimizer", cell.optimizer]
+    if cell.parallel != "none":
+        parts += ["--parallel", cell.parallel]
     for name, value in config.items():
         if name not in AXES and value != get_field(base, name):
             text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
@@ -44,6 +46,8 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
             "optim": cell.optimizer_row.transformers_optim}
     if cell.compilation.backend:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
+    if cell.parallel_row.wrapper:  # one rank's rows of the global batch; launched with torchrun / accelerate
+        args.update(cell.parallel_row.training_args, per_device_train_batch_size=recipe.batch_size // recipe.world_size)
     return args
 
 
@@ -60,7 +64,29 @@ def model_loading(cell: Cell, recipe: Recipe) -> dict:
 
 
 def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
-    return {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
+    args = {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
+    row = cell.parallel_row
+    return {**args, "strategy": row.lightning_strategy, "devices": recipe.world_size} if row.wrapper else args
+
+
+ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def accelerate_config(cell: Cell, recipe: Recipe) -> dict | None:
+    """A parallel cell's `accelerate config` keys (its YAML), or None for one process."""
+    row = cell.parallel_row
+    if not row.wrapper:
+        return None
+    mixed = ACCELERATE_MIXED_PRECISION.get(cell.precision.autocast or "", "no")
+    return {**row.accelerate, "mixed_precision": mixed, "num_processes": recipe.world_size}
+
+
+def parallel_code(cell: Cell) -> list[str]:
+    """The lines a custom training loop writes for a parallel cell (DDP and its hook, or FSDP2's
+    fully_shard with its MixedPrecisionPolicy)."""
+    row = cell.parallel_row
+    return [line.format(dtype=cell.precision.compute) for text in (row.code, row.accelerate_code) if text
+            for line in text.splitlines()]
 
 
 def own_code(cell: Cell, recipe: Recipe) -> list[str]:
@@ -92,9 +118,9 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
     if cell.attention.sdpa_backend:
         lines.append(f"with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()")
-    lines += own_code(cell, recipe)
+    lines += own_code(cell, recipe) + parallel_code(cell)
     return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
             "command": check_command(config, base, model_flags),
             "training_arguments": training_arguments(cell, recipe), "model_loading": model_loading(cell, recipe),
-            "lightning": lightning_arguments(cell, recipe),
+            "lightning": lightning_arguments(cell, recipe), "accelerate": accelerate_config(cell, recipe),
             "python": lines}

@@ -25,6 +25,13 @@ from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 REPLAY_RUNNING = {"status": "running"}
 
 
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def _known(cls, data: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
@@ -93,6 +100,14 @@ class Step:
     tokens: int | None = None
     tokens_per_s: float | None = None
     update_loss: float | None = None  # forensics replay only: share of meant updates that rounded away
+
+    def __post_init__(self):
+        # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
+        # +-inf from here on, so that every later stage does float arithmetic on it without overflowing.
+        for name in ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, _as_float(value))
 
     def unrecoverable(self, min_scale: float = THRESHOLDS.min_scale) -> str | None:
         """What made this step unrecoverable ('loss', 'grad' or 'scale'), or None. A GradScaler skip
@@ -230,6 +245,11 @@ class ProbeRecord:
     optimizer_eager: str | None = None  # why the optimizer step ran eagerly though its library compiles it
     fp8_excluded: dict | None = None  # fp8 cells: {module: why it stayed in high precision}
     forensics: dict | None = None
+    # Parallel cells: what the W ranks measured (child/parallel.py): world size, backend, master weight
+    # dtype, reduce dtype, step-0 gradient agreement with the one-process gradient of the same batch
+    parallel: dict | None = None
+    ranks: list | None = None  # per rank: {"rank", "exit", "signal", "peak_memory_bytes"} (child/launch.py)
+    failed_rank: int | None = None  # the first rank that died or raised, when one did
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,3 +1,5 @@
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -8,6 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+pytest_plugins = ("runs",)  # the shared session runs (tests/runs.py)
+
 
 def run_cli(*args, cwd=None, env=None, timeout=900):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess."""
@@ -15,6 +19,32 @@ def run_cli(*args, cwd=None, env=None, timeout=900):
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
     return subprocess.run([sys.executable, "-m", "nandoctor", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=full_env, timeout=timeout)
+
+
+def run_main(*args, env=None):
+    """`nandoctor ...` through `nandoctor.cli.main` in this process, stdout and stderr captured; returns a
+    CompletedProcess like run_cli. For commands that end before any probe is spawned (refusals, usage
+    errors, doctor): a fresh interpreter costs seconds of `import torch` each, this costs milliseconds.
+    Spawning commands and exit codes as the shell sees them stay with run_cli."""
+    from nandoctor.cli import main
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with _environ({"GITHUB_STEP_SUMMARY": None, **(env or {})}), \
+            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([str(a) for a in args])
+    return subprocess.CompletedProcess(["nandoctor", *map(str, args)], code, stdout.getvalue(), stderr.getvalue())
+
+
+@contextlib.contextmanager
+def _environ(changes: dict):
+    """os.environ with `changes` applied (None removes a variable), restored afterwards."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def summary(run_dir: Path) -> dict:

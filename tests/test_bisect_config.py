@@ -16,7 +16,7 @@ def test_a_comma_inside_a_tuple_value_does_not_split_the_assignment():
 
 def test_target_is_the_baseline_plus_the_bad_values_typed_like_the_recipe():
     good, bad = parse_configurations(Recipe(), CPU, None, "dtype=fp16-pure,optimizer.eps=1e-8", ["grad_clip=0"])
-    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer": "adamw", "optimizer.eps": 1e-8, "grad_clip": 1.0}
+    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer": "adamw", "parallel": "none", "optimizer.eps": 1e-8, "grad_clip": 1.0}
     assert bad == {**good, "dtype": "fp16-pure", "grad_clip": 0.0}
 
 

@@ -12,15 +12,13 @@ def bisection(run_dir):
     return json.loads((run_dir / "bisect.json").read_text())
 
 
-def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(tmp_path, cli):
-    out = tmp_path / "single"
-    proc = cli("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "4", "--reruns", "0", "--jobs", "2", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
+    out, proc = fp16_pure_bisect
     b = bisection(out)
     # fp16-pure with AdamW eps=1e-8: eps rounds to 0 in fp16, the update divides by zero at step 1
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]
     assert b["path"][b["culprits"][0]["evidence"]]["verdicts"] == ["nonfinite"]
-    assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": "adamw"}
+    assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": "adamw", "parallel": "none"}
     assert "Culprit (single factor): dtype=fp16-pure -> nonfinite" in proc.stdout
     rec = b["recommendation"]
     assert rec["command"] == "nandoctor check --dtype fp32 --attn sdpa --compile off"
@@ -35,8 +33,9 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(tmp_path, cli):
 
 def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
     out = tmp_path / "pair"
+    # no forensics replay: nothing here reads it, and each bf16-pure replay costs seconds of slow CPU bf16 matmuls
     proc = cli("bisect", "--bad", "dtype=bf16-pure,optimizer.lr=2e-5", "--steps", "8", "--reruns", "0",
-               "--jobs", "2", "--out", out)
+               "--jobs", "2", "--set", "forensics_steps=0", "--out", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = bisection(out)
     # bf16 weights round away updates of lr 2e-5 (the loss stalls against fp32 at the same lr);

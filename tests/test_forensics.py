@@ -5,7 +5,6 @@ import json
 import re
 
 import pytest
-from checkpoints import LARGE_MLP, save_llama
 from conftest import run_cli, summary
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes
@@ -20,17 +19,6 @@ def forensics_record(run_dir, probe_id) -> dict:
     return next(r for r in records if r["probe_id"] == probe_id)["forensics"]
 
 
-@pytest.fixture(scope="module")
-def large_mlp(tmp_path_factory):
-    """The large-MLP checkpoint under fp16-amp for one step (plus the fp32 reference)."""
-    base = tmp_path_factory.mktemp("forensics-ckpt")
-    ckpt = save_llama(base / "large-mlp", mlp_scale=LARGE_MLP)
-    out = base / "run"
-    proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp16-amp", "--axis", "attn=eager", "--steps", "1", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return ckpt, out
-
-
 def debug_underflow_overflow_first_module(ckpt) -> str:
     """The module transformers' DebugUnderflowOverflow stops at, for the probe's first batch under fp16 autocast."""
     import torch
@@ -40,7 +28,7 @@ def debug_underflow_overflow_first_module(ckpt) -> str:
     from nandoctor.data import batches
     from nandoctor.recipes import resolve_model
     recipe = resolve_model(str(ckpt))
-    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa")
     model.config.use_cache = False
     model.train()
     batch = next(batches(recipe, model.config, recipe.seed))
@@ -53,23 +41,20 @@ def debug_underflow_overflow_first_module(ckpt) -> str:
     return re.findall(r"^ {18}(\S+) \w+$", frames, re.M)[-1]  # each frame opens with "<name> <Class>"
 
 
-def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0(large_mlp):
-    _, out = large_mlp
-    origin = probe_summary(out, "fp16-amp/eager/off")["forensics"]["origin"]
+def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0(large_mlp_grid):
+    origin = probe_summary(large_mlp_grid, "fp16-amp/sdpa/off")["forensics"]["origin"]
     assert (origin["phase"], origin["step"]) == ("forward", 0)
     assert origin["module"].startswith("model.layers.1.mlp")
     assert origin["before"]["absmax"] < 65504 < origin["stats"]["absmax"]  # finite input, overflowed output
 
 
-def test_large_mlp_first_offender_agrees_with_debug_underflow_overflow(large_mlp):
-    ckpt, out = large_mlp
-    ours = probe_summary(out, "fp16-amp/eager/off")["forensics"]["origin"]["module"]
-    assert ours == debug_underflow_overflow_first_module(ckpt)
+def test_large_mlp_first_offender_agrees_with_debug_underflow_overflow(large_mlp_grid, large_mlp_checkpoint):
+    ours = probe_summary(large_mlp_grid, "fp16-amp/sdpa/off")["forensics"]["origin"]["module"]
+    assert ours == debug_underflow_overflow_first_module(large_mlp_checkpoint)
 
 
-def test_the_replay_retraces_the_timed_run_and_states_its_cost(large_mlp):
-    _, out = large_mlp
-    f = forensics_record(out, "fp16-amp/eager/off")
+def test_the_replay_retraces_the_timed_run_and_states_its_cost(large_mlp_grid):
+    f = forensics_record(large_mlp_grid, "fp16-amp/sdpa/off")
     assert f["reproduced"] is True and f["replayed_steps"] == 1
     assert f["cost"]["seconds"] > 0 and f["cost"]["hooked_step_overhead"] > 0
 

@@ -2,7 +2,6 @@
 import json
 
 import pytest
-from checkpoints import LARGE_MLP, save_llama
 from conftest import summary, verdicts
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes
@@ -74,34 +73,22 @@ def test_grid_report_has_the_doctor_section_for_its_cells(precision_run):
     assert "## Doctor" in md and "fp16-adamw-eps-below-smallest-normal" in md
 
 
-@pytest.fixture(scope="module")
-def large_mlp_run(tmp_path_factory):
-    from conftest import run_cli
-    base = tmp_path_factory.mktemp("ckpt")
-    ckpt = save_llama(base / "large-mlp", mlp_scale=LARGE_MLP)
-    out = base / "run"
-    proc = run_cli("grid", "--model", ckpt, "--axis", "dtype=fp32,bf16-amp,fp16-amp", "--axis", "attn=sdpa",
-                   "--axis", "compile=off", "--steps", "8", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
-
-
-def test_large_mlp_weights_overflow_fp16_amp_at_step_0(large_mlp_run):
-    v = verdicts(large_mlp_run)
+def test_large_mlp_weights_overflow_fp16_amp_at_step_0(large_mlp_grid):
+    v = verdicts(large_mlp_grid)
     assert v["fp16-amp/sdpa/off"] == "nonfinite"
-    probe = next(p for p in summary(large_mlp_run)["probes"] if p["probe_id"] == "fp16-amp/sdpa/off")
+    probe = next(p for p in summary(large_mlp_grid)["probes"] if p["probe_id"] == "fp16-amp/sdpa/off")
     assert probe["step"] == 0 and "loss" in probe["reason"]
 
 
-def test_large_mlp_weights_stay_stable_in_bf16_amp_and_fp32(large_mlp_run):
-    v = verdicts(large_mlp_run)
+def test_large_mlp_weights_stay_stable_in_bf16_amp_and_fp32(large_mlp_grid):
+    v = verdicts(large_mlp_grid)
     assert v["bf16-amp/sdpa/off"] == "stable"
     assert v["fp32/sdpa/off"] == "stable"
     assert v["fp32/eager/off"] == "stable"  # the reference is always probed
 
 
-def test_local_checkpoint_report_says_real_weights_were_used(large_mlp_run):
-    md = (large_mlp_run / "report.md").read_text()
+def test_local_checkpoint_report_says_real_weights_were_used(large_mlp_grid):
+    md = (large_mlp_grid / "report.md").read_text()
     assert "local-weights" in md and "real weights from" in md
 
 

@@ -1,6 +1,7 @@
 """A run directory holds one run: --out never mixes two, an interrupted grid or bisect is continued
 with --resume, a running probe says it is alive, and every message a user can cause is one line."""
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from checkpoints import save_llama
+from conftest import run_main
 
 from nandoctor.config import set_field
 from nandoctor.models import plan_model, plan_warnings
@@ -35,10 +37,10 @@ def a_grid_run(path: Path) -> Path:
 
 
 @pytest.mark.parametrize("command", ["grid", "check", "bisect"])
-def test_out_that_holds_a_run_is_refused_and_points_to_resume(command, tmp_path, cli):
+def test_out_that_holds_a_run_is_refused_and_points_to_resume(command, tmp_path):
     out = a_grid_run(tmp_path / "run")
     before = (out / "results.jsonl").read_text()
-    proc = cli(command, "--out", out)
+    proc = run_main(command, "--out", out)
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: --out {str(out)!r} already holds a grid run; "
                                  f"finish it with `nandoctor grid --resume {out}` or pass another --out"]
@@ -46,68 +48,68 @@ def test_out_that_holds_a_run_is_refused_and_points_to_resume(command, tmp_path,
     assert (out / "results.jsonl").read_text() == before and not (out / "probes").exists()
 
 
-def test_out_naming_a_file_is_one_line_and_exit_2(tmp_path, cli):
+def test_out_naming_a_file_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("mine")
-    proc = cli("grid", "--out", path)
+    proc = run_main("grid", "--out", path)
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: --out {str(path)!r} is a file; pass a directory for the run (it is created when missing)"]
     assert "Traceback" not in proc.stderr and path.read_text() == "mine"
 
 
 @pytest.mark.parametrize("command", ["grid", "bisect"])
-def test_resume_of_a_file_says_it_is_a_file(command, tmp_path, cli):
+def test_resume_of_a_file_says_it_is_a_file(command, tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text("")
-    proc = cli(command, "--resume", path)
+    proc = run_main(command, "--resume", path)
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: {str(path)!r} is a file, not a run directory; pass the directory a run wrote, e.g. reports/<run-id>"]
 
 
-def test_bisect_resume_of_a_grid_run_is_refused(tmp_path, cli):
+def test_bisect_resume_of_a_grid_run_is_refused(tmp_path):
     out = a_grid_run(tmp_path / "run")
-    proc = cli("bisect", "--resume", out)
+    proc = run_main("bisect", "--resume", out)
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: {out} is a 'grid' run; `nandoctor bisect --resume` continues bisect runs only"]
 
 
-def test_bisect_resume_refuses_flags_that_would_change_the_search(tmp_path, cli):
-    proc = cli("bisect", "--resume", tmp_path, "--bad", "dtype=fp16-pure", "--reruns", "0", "--fail-on", "timeout")
+def test_bisect_resume_refuses_flags_that_would_change_the_search(tmp_path):
+    proc = run_main("bisect", "--resume", tmp_path, "--bad", "dtype=fp16-pure", "--reruns", "0", "--fail-on", "timeout")
     assert proc.returncode == 2
     assert error_lines(proc) == ["nandoctor: error: --resume takes the recipe, --good, --bad, --fail-on, reruns, steps and run "
                                  "directory from DIR/run.json; drop --bad, --reruns, --fail-on"]
 
 
-def test_usage_error_is_prefixed_once(cli):
-    proc = cli("grid", "--steps", "x")
+def test_usage_error_is_prefixed_once():
+    proc = run_main("grid", "--steps", "x")
     assert proc.returncode == 2
     assert error_lines(proc) == ["nandoctor: error: argument --steps: invalid int value: 'x' (see `nandoctor grid --help`)"]
 
 
-def test_tokenizer_without_a_planned_setup_is_an_error(tmp_path, cli):
-    proc = cli("doctor", "--tokenizer", tmp_path)
+def test_tokenizer_without_a_planned_setup_is_an_error(tmp_path):
+    proc = run_main("doctor", "--tokenizer", tmp_path)
     assert proc.returncode == 2
     assert error_lines(proc) == ["nandoctor: error: --tokenizer is checked as part of a planned setup; add --model, --recipe or --trainer-args"]
 
 
-def test_missing_tokenizer_directory_says_so_without_the_hub(tmp_path, cli):
-    proc = cli("doctor", "--model", "tiny-llama", "--tokenizer", tmp_path / "nope")
+def test_missing_tokenizer_directory_says_so_without_the_hub(tmp_path):
+    proc = run_main("doctor", "--model", "tiny-llama", "--tokenizer", tmp_path / "nope")
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: tokenizer directory {str(tmp_path / 'nope')!r} does not exist; "
                                  "pass a local directory (nothing is downloaded)"]
 
 
-def test_empty_tokenizer_directory_names_the_files_it_lacks(tmp_path, cli):
-    proc = cli("doctor", "--model", "tiny-llama", "--tokenizer", tmp_path)
+def test_empty_tokenizer_directory_names_the_files_it_lacks(tmp_path):
+    proc = run_main("doctor", "--model", "tiny-llama", "--tokenizer", tmp_path)
     assert proc.returncode == 2
     assert error_lines(proc) == [f"nandoctor: error: tokenizer directory {str(tmp_path)!r} has no tokenizer files "
                                  "(tokenizer.json, tokenizer_config.json, vocab.json, vocab.txt, tokenizer.model, spiece.model)"]
 
 
-def test_trainer_args_with_bf16_and_fp16_both_true_is_an_error_finding(tmp_path, cli):
+def test_trainer_args_with_bf16_and_fp16_both_true_is_an_error_finding(tmp_path):
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"bf16": True, "fp16": True}))
-    proc = cli("doctor", "--json", "--trainer-args", args)
+    proc = run_main("doctor", "--json", "--trainer-args", args)
     assert proc.returncode == 1, proc.stderr
     findings = json.loads(proc.stdout)["findings"]
     assert [f["id"] for f in findings] == ["trainer-bf16-and-fp16"] and findings[0]["severity"] == "error"
@@ -193,12 +195,9 @@ def test_ctrl_c_points_to_resume_and_resume_finishes_the_run(tmp_path, cli):
 
 
 @pytest.mark.slow
-def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culprit(tmp_path, cli):
+def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culprit(fp16_pure_bisect, tmp_path, cli):
     out = tmp_path / "run"
-    bisect = ("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "3", "--reruns", "0", "--jobs", "2",
-              "--set", "forensics_steps=0")
-    full = cli(*bisect, "--out", out)
-    assert full.returncode == 0, full.stdout + full.stderr
+    shutil.copytree(fp16_pure_bisect[0], out)  # the shared run stays whole for its other readers
     finished = json.loads((out / "bisect.json").read_text())
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) >= 3, "the bisection must need more probes than it keeps for this test to mean anything"

@@ -105,9 +105,8 @@ def test_interrupted_run_shows_the_cells_it_did_not_reach(small_grid, tmp_path):
     assert html.count('<td class="v-pending"') == 2 and "Interrupted run: 2 of 4 planned probes" in html
 
 
-def test_check_run_gets_a_one_cell_matrix(tmp_path):
-    out = tmp_path / "check"
-    proc = run_cli("check", "--dtype", "fp32", "--attn", "eager", "--out", out)
+def test_check_run_gets_a_one_cell_matrix(fp32_check):
+    out, proc, _ = fp32_check
     assert proc.returncode == 0, proc.stderr
     assert list(_matrix_cells((out / "report.html").read_text())) == ["fp32/eager/off"]
 

@@ -13,7 +13,7 @@ from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
 from .load import load_summary
 from .ranking import clearly_faster, fidelity_bucket, rank
-from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
+from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -26,6 +26,7 @@ class ProbeOutcome:
     throughput: Throughput | None  # the re-timed figure when the leading cells were re-timed, else the probe's
     reference_steps: list[Step] | None = None
     flags: list[str] = field(default_factory=list)  # ids of the error / warning findings that name this probe
+    exact_fidelity: float | None = None  # a parallel probe against the one-process probe of its cell
     retimed: bool = False  # throughput comes from the interleaved re-timing rounds (retime.json)
     speed_class: int | None = None  # ranked probes: equal numbers in one fidelity bucket are equally fast within noise
 
@@ -102,14 +103,14 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
     """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory,
     optimizer-state bytes."""
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
-             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "overrides": o.record.overrides,
+             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel, "overrides": o.record.overrides,
              "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
              "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
              "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
              "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
              "peak_memory_bytes": o.peak_memory_bytes, "optimizer_state_bytes": o.record.optimizer_state_bytes,
              "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
-    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "overrides", "seed", "verdict", "step", "reason",
+    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "overrides", "seed", "verdict", "step", "reason",
                "fidelity", "tokens_per_s", "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "optimizer_state_bytes",
                "steps_run", "wall_s", "flags"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
@@ -162,7 +163,8 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
         v = references.judge(r)
         throughput = retimed.get(r.probe_id) or r.throughput or Throughput.of(r.steps)
         outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), throughput, references.of(r),
-                                     flags_of(r, findings), retimed=r.probe_id in retimed))
+                                     flags_of(r, findings), fidelity(r.steps, references.exact(r)),
+                                     retimed=r.probe_id in retimed))
     table = probe_table(outcomes)
     ranked = rank(table.iloc[rankable(outcomes)])
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):

@@ -15,7 +15,9 @@ from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
 
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
+NO_LEARNING = "no-learning"  # finite, but nothing trains: every gradient exactly 0, or a loss that never moves
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
@@ -50,6 +52,8 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     status = record.status
     last = len(record.steps) - 1
     done = f"after {last + 1} completed step(s)"
+    if record.failed_rank is not None:  # a parallel probe: the rank whose end stopped the others
+        done = f"on rank {record.failed_rank} of {len(record.ranks or []) or '?'} {done}"
     if status == "unsupported":
         return Verdict(UNSUPPORTED, record.reason)
     if status == "timeout":
@@ -76,6 +80,35 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     return None
 
 
+def agreement_tolerance(dtypes, t: Thresholds = THRESHOLDS) -> tuple[float, str]:
+    """(the largest step-0 relative gradient error the coarsest of `dtypes` explains, that dtype)."""
+    bounds = dict(t.grad_agreement)
+    coarsest = max((d for d in dtypes if d in bounds), key=lambda d: bounds[d], default="float32")
+    return bounds[coarsest], coarsest
+
+
+def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """A parallel probe whose reduced step-0 gradient is not the one-process gradient of the same
+    global batch fails, whatever its loss curve does: AdamW and clipping hide a gradient scaled W-fold."""
+    facts = record.parallel or {}
+    got = facts.get("grad_agreement")
+    if not got or got.get("norm_ratio") is None:
+        return None
+    w, ratio, err = facts["world_size"], got["norm_ratio"], got["max_rel_error"]
+    if w > 1 and abs(ratio / w - 1) <= t.grad_ratio_rel:
+        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction sums "
+                                      f"instead of averaging (world size {w})", 0)
+    if w > 1 and abs(ratio * w - 1) <= t.grad_ratio_rel:
+        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction divides "
+                                      f"by the world size ({w}) twice", 0)
+    tol, coarsest = agreement_tolerance([record.cell.precision.compute, *(facts.get("reduce_dtype") or [])], t)
+    if not math.isfinite(err) or err > tol:
+        return Verdict(GRAD_MISMATCH, f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
+                                      f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
+                                      "computation and reduction explain", 0)
+    return None
+
+
 def _tail(n: int, t: Thresholds) -> int:
     """How many of the last steps the end of a curve is judged on."""
     return max(1, int(n * t.tail_fraction))
@@ -96,11 +129,14 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
     for s in steps[since:]:
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
+    dead = no_learning(steps, t)
+    if dead:
+        return dead
     losses = [s.loss for s in steps]
     for k in range(max(t.spike_min_history, since), len(losses)):
         window = losses[max(0, k - t.spike_window):k]
         mean = sum(window) / len(window)
-        if losses[k] > t.spike_factor * mean:
+        if mean > 0 and losses[k] > t.spike_factor * mean:  # a spike is a multiple of a positive mean
             return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", steps[k].step)
     counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
     largest = max(counted, default=None)
@@ -128,8 +164,23 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
+def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """The no-learning verdict of a finite curve, judged on the curve itself (its fp32 reference may be
+    as dead): a grad-norm of exactly 0 at every step, or a loss that never moves; else None."""
+    counted = [s for s in steps if not s.skipped]
+    if counted and all(s.grad_norm == 0.0 for s in counted):
+        n = len(counted)
+        return Verdict(NO_LEARNING, f"grad-norm is exactly 0 at {'every one of ' + str(n) + ' steps' if n > 1 else 'step ' + str(counted[0].step)}: "
+                                    "no parameter receives a gradient, nothing trains", counted[0].step)
+    losses = [s.loss for s in steps]
+    if len(losses) >= t.no_learning_min_steps and all(abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses):
+        return Verdict(NO_LEARNING, f"loss stayed at {losses[0]:.6g} for all {len(losses)} steps "
+                                    f"(within {t.no_learning_loss_rel:g} relative): nothing trains", steps[0].step)
+    return None
+
+
 def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
-    return harness_verdict(record) or numeric_verdict(record.steps, reference, t)
+    return harness_verdict(record) or parallel_verdict(record, t) or numeric_verdict(record.steps, reference, t)
 
 
 def is_reference(record: ProbeRecord) -> bool:
@@ -154,8 +205,11 @@ class References:
 
     def __init__(self):
         self.steps: dict[str, list[Step] | None] = {}  # reference key -> a stable reference's steps, else None
+        self.singles: dict[tuple, list[Step]] = {}  # (reference key, cell id) -> a one-process probe's steps
 
     def learn(self, record: ProbeRecord) -> None:
+        if record.cell.parallel == "none" and record.status == "ok" and record.steps:
+            self.singles[(reference_key(record), record.cell.id)] = record.steps
         if is_reference(record):
             if record.status == "ok" and classify(record).name == STABLE:
                 self.steps[reference_key(record)] = record.steps
@@ -170,6 +224,13 @@ class References:
         """The reference curve this probe is judged against; None for a reference itself, or when its
         reference has not run or was not stable."""
         return None if is_reference(record) else self.steps.get(reference_key(record))
+
+    def exact(self, record: ProbeRecord) -> list[Step] | None:
+        """A parallel probe's exact reference: the one-process probe of the same cell, recipe and seed,
+        which trains the same global batch; None for a one-process probe or when that one has not run."""
+        if record.cell.parallel == "none":
+            return None
+        return self.singles.get((reference_key(record), record.cell.single.id))
 
     def judge(self, record: ProbeRecord) -> Verdict:
         return classify(record, self.of(record))
@@ -199,6 +260,9 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
     out.append(("grad-norm finite at step 0", grad_ok,
                 f"grad-norm {_fmt(s0.grad_norm)}" + (" (skipped by the GradScaler while calibrating)" if s0.skipped else "")))
     out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
+    dead = no_learning(record.steps, t)
+    out.append(("gradients reach the weights", dead is None,
+                f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}"))
     if random_init:
         expected = math.log(vocab)
         band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)
@@ -206,6 +270,11 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
         out.append(("initial loss near ln(vocab)", ok, f"loss {_fmt(s0.loss)}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}"))
     else:
         out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
+    if record.parallel:
+        mismatch = parallel_verdict(record, t)
+        got = record.parallel.get("grad_agreement") or {}
+        out.append(("step-0 gradients match one process", mismatch is None, mismatch.reason if mismatch else
+                    f"largest relative error {_fmt(got.get('max_rel_error', math.nan))}, norm ratio {_fmt(got.get('norm_ratio') or math.nan)}"))
     bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
     out.append(("no skipped step beyond GradScaler calibration", not bad,
                 f"scale fell below {t.min_scale:g} at step {bad[0].step}" if bad else

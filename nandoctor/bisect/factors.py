@@ -29,12 +29,14 @@ FASTEST_FIRST = {
         "attn": ("sdpa:flash", "sdpa:cudnn", "flash_attention_2", "sdpa:efficient", "sdpa", "eager"),
         "compile": ("inductor", "aot_eager", "off"),
         "optimizer": ("adamw-fused", "adamw"),
+        "parallel": ("none",),  # a parallel setup is the user's to name (--bad parallel=fsdp2)
     },
     "cpu": {
         "dtype": ("fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"),
         "attn": ("sdpa:flash", "sdpa", "sdpa:math", "eager"),
         "compile": ("off", "aot_eager", "inductor"),
         "optimizer": ("adamw",),
+        "parallel": ("none",),
     },
 }
 

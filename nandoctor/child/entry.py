@@ -1,8 +1,8 @@
 """One probe: a few real training steps of one grid cell, inside its own OS process.
 
 The runner starts `python -m nandoctor.child SPEC.json RESULT.json` (or a warm worker forks a child
-that calls `main`). The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes
-(so a hang or a segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it
+that calls `main`); a parallel cell's main starts its W ranks instead (launch.py, parallel.py).
+The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes (so a hang or a segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it
 measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When the recipe asks for
 forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
 written before the replay, with `forensics` set to REPLAY_RUNNING, and again once the replay is done,
@@ -11,36 +11,17 @@ so that the timed steps alone decide the verdict (the runner gives the replay a 
 from __future__ import annotations
 
 import json
-import os
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 from ..env import get_host_sample, host_load
 from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
 from .memory import split_after_first_step
+from .outcome import WarningLog, error_of, write
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
-
-MAX_WARNINGS = 20
-
-
-class WarningLog:
-    """The distinct warnings the probe emitted, still printed to log.txt. PyTorch says in UserWarnings
-    why it refused an SDPA kernel; a "No available kernel" error alone does not."""
-
-    def __init__(self):
-        self.messages: list[str] = []
-        self.show = warnings.showwarning
-        warnings.showwarning = self._show
-
-    def _show(self, message, category, filename, lineno, file=None, line=None):
-        text = f"{category.__name__}: {message}"
-        if text not in self.messages and len(self.messages) < MAX_WARNINGS:
-            self.messages.append(text)
-        self.show(message, category, filename, lineno, file, line)
 
 
 def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> tuple[Setup, Snapshot | None]:
@@ -96,25 +77,19 @@ def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snaps
         return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
 
 
-def write(record: ProbeRecord, result_path: Path) -> None:
-    tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record.to_dict()))
-    os.replace(tmp, result_path)  # the runner never reads half a file
-
-
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
     spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
+    if spec.cell.parallel_row.wrapper:  # W ranks, one probe
+        from .launch import launch
+        return launch(spec, spec_path, result_path)
     record = ProbeRecord(spec.probe_id, spec.cell)
     emitted = WarningLog()
     code = 0
     try:
         s, snapshot = run_probe(spec, record, result_path.with_name("steps.jsonl"))
     except BaseException as e:  # everything the probe raises becomes data for the verdict
-        import torch
-        record.error = {"type": type(e).__name__, "message": str(e)[:4000], "traceback": traceback.format_exc()[-6000:],
-                        "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)), "warnings": emitted.messages}
-        traceback.print_exc()  # into log.txt, whose tail the record keeps
+        record.error = error_of(e, emitted)
         code = 1
     if code == 0 and snapshot is not None:
         record.forensics = REPLAY_RUNNING

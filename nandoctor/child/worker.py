@@ -19,7 +19,6 @@ per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_
 """
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import importlib
 import json
@@ -28,17 +27,7 @@ import signal
 import sys
 import traceback
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies, so that killing the CLI (or a worker)
-    leaves no orphan probe training on. Elsewhere this is a no-op."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
+from .lifetime import die_with_parent
 
 def thread_count() -> int:
     """Threads of this process, native ones included (threading.enumerate() sees Python's only)."""

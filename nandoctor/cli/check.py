@@ -15,13 +15,14 @@ def register(sub) -> None:
     p.add_argument("--attn", default="sdpa", help=f"one of {', '.join(AXES['attn'])} (default sdpa)")
     p.add_argument("--compile", default="off", help=f"one of {', '.join(AXES['compile'])} (default off)")
     p.add_argument("--optimizer", default=DEFAULT_OPTIMIZER, help=f"one of {', '.join(AXES['optimizer'])} (default {DEFAULT_OPTIMIZER})")
+    p.add_argument("--parallel", default="none", help=f"one of {', '.join(AXES['parallel'])} (default none: one process)")
     p.add_argument("--baseline", metavar="DIR", help="an earlier run with this cell (a check or grid run directory): its "
                    "step-0 loss and grad-norm are golden values this run must match within the cell dtype's tolerance")
     p.set_defaults(func=run, steps=None)
 
 
 def run(args) -> int:
-    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}")
+    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}")
     recipe = recipe_from_args(args)
     analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None), baseline=args.baseline)
     for name, passed, detail in checks:

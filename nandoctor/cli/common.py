@@ -10,7 +10,7 @@ from ..config import SCALES, Recipe, set_field
 from ..errors import NandoctorError
 from ..recipes import resolve_model
 
-MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out")
+MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out", "world_size")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -21,6 +21,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local checkpoint's own modeling code")
     p.add_argument("--out", help="run directory, new or empty (default: reports/<run-id>)")
+    p.add_argument("--world-size", type=int, metavar="W",
+                   help="ranks of each parallel probe (the `parallel` axis; recipe field world_size, default 2)")
 
 
 def recipe_from_args(args) -> Recipe:
@@ -30,6 +32,8 @@ def recipe_from_args(args) -> Recipe:
         overrides.append(f"model.scale={args.scale}")
     if args.trust_remote_code:
         overrides.append("model.trust_remote_code=true")
+    if args.world_size is not None:
+        overrides.append(f"world_size={args.world_size}")
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:

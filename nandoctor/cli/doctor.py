@@ -18,7 +18,7 @@ def register(sub) -> None:
     p.add_argument("--attn", default="sdpa", help=f"attention of the --trainer-args setup, one of {', '.join(AXES['attn'])} (default sdpa)")
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2", help="restrict the linted grid axes, as for grid")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. model.dtype_on_load=bf16")
-    p.set_defaults(func=run, steps=None, scale=None, trust_remote_code=False)
+    p.set_defaults(func=run, steps=None, scale=None, trust_remote_code=False, world_size=None)
 
 
 def run(args) -> int:

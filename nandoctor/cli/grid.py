@@ -1,4 +1,4 @@
-"""`nandoctor grid`: probe every cell of dtype x attention x compile x optimizer and rank the stable ones."""
+"""`nandoctor grid`: probe every cell of dtype x attention x compile x optimizer x parallel and rank the stable ones."""
 from __future__ import annotations
 
 from ..api import resume_grid, run_grid
@@ -14,8 +14,8 @@ def register(sub) -> None:
     p = sub.add_parser("grid", help="run the probe grid and write the ranked report")
     add_model_args(p)
     p.add_argument("--axis", action="append", default=[], metavar="NAME=V1,V2",
-                   help="choose an axis' values: dtype, attn, compile or optimizer (repeatable); "
-                        "opt-in values such as dtype=fp8-rowwise or optimizer=ao-adamw8bit are probed only when named")
+                   help="choose an axis' values: dtype, attn, compile, optimizer or parallel (repeatable); "
+                        "opt-in values such as dtype=fp8-rowwise, optimizer=ao-adamw8bit or parallel=fsdp2 are probed only when named")
     p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
     p.add_argument("--resume", metavar="DIR", help="finish an interrupted grid run: probe only the cells missing from DIR/results.jsonl")
     p.add_argument("--cache", action="store_true",

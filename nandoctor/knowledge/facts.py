@@ -8,8 +8,8 @@ import json
 import re
 from pathlib import Path
 
-from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args
-from ..config import Recipe
+from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
+from ..config import THRESHOLDS, Recipe
 from ..data import batches
 from ..errors import NandoctorError
 
@@ -117,6 +117,8 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
         "fp8_scaling": fp8.scaling if fp8 else None,
         # the linears see the batch flattened to batch_size * seq_len rows
         "batch_tokens_mod_16": recipe.batch_size * recipe.seq_len % 16,
+        "parallel": cell.parallel,
+        "reduce_dtype": SHORT_DTYPES.get(reduce_dtype(cell, recipe.model.dtype_on_load)),  # None: one process
     }
     facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
     return facts
@@ -124,6 +126,20 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
 
 def observed_facts(record) -> dict:
     """Facts only a run can show, from one probe record: the lowest GradScaler scale it reached
-    (a skipped step halves the scale it was taken at)."""
+    (a skipped step halves the scale it was taken at); whether every gradient it computed was exactly
+    zero (None when no step ran unskipped); for a parallel probe, its master weights' dtype as read
+    from the wrapped model, under autocast or not, and whether its step-0 gradient came out
+    world-size times the one-process one."""
     scales = [s.scale / 2 if s.skipped else s.scale for s in record.steps if s.scale is not None]
-    return {"grad_scale_min": min(scales) if scales else None}
+    norms = [s.grad_norm for s in record.steps if not s.skipped]
+    facts = {"grad_scale_min": min(scales) if scales else None,
+             "grad_norm_all_zero": all(n == 0.0 for n in norms) if norms else None}
+    parallel = record.parallel or {}
+    masters = parallel.get("master_dtype") or []
+    ratio = (parallel.get("grad_agreement") or {}).get("norm_ratio")
+    world = parallel.get("world_size") or 0
+    lowest = next((d for d in ("bfloat16", "float16", "float32") if d in masters), None)  # any half master counts
+    facts.update(master_dtype=SHORT_DTYPES.get(lowest),
+                 autocast=record.cell.precision.autocast is not None,
+                 grad_sum_factor=ratio is not None and world > 1 and abs(ratio / world - 1) <= THRESHOLDS.grad_ratio_rel)
+    return facts

@@ -8,13 +8,17 @@ from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..record import ModelPlan
 from . import timing
+from .charts import as_float
 
-AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer"}
+AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup"}
 
 
 def fmt_bytes(n: int | None) -> str:
+    n = as_float(n)
     if not n:
         return "-"
+    if not math.isfinite(n):
+        return repr(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -23,7 +27,8 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def fmt_rate(x: float | None) -> str:
-    return f"{x:,.0f}" if x else "-"
+    x = as_float(x)
+    return f"{x:,.0f}" if x and math.isfinite(x) else repr(x) if x else "-"
 
 
 def shown_rate(o: ProbeOutcome) -> float | None:
@@ -33,13 +38,27 @@ def shown_rate(o: ProbeOutcome) -> float | None:
 
 
 def fmt_fidelity(x: float | None) -> str:
+    x = as_float(x)
     return f"{100 * x:.3f}%" if x is not None else "-"
 
 
 def fmt_loss(x: float | None) -> str:
+    x = as_float(x)
     if x is None:
         return "-"
     return repr(x) if not math.isfinite(x) else f"{x:.4f}"
+
+
+def json_safe(data):
+    """data with every non-finite float as the string float() reads back ("NaN", "Infinity",
+    "-Infinity"): json.dumps would write bare NaN / Infinity, which strict JSON parsers reject."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else "Infinity" if data > 0 else "-Infinity"
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
 
 
 def label(o: ProbeOutcome) -> str:

@@ -9,6 +9,7 @@ from ..analysis.run import RunAnalysis
 from . import bisection, common, failures, matrix, timing
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
+from .parallel import parallel_markdown
 from .savings import savings_markdown
 
 
@@ -30,6 +31,7 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Stable configurations, ranked", "", timing.order_sentence(), "", _table(common.ranking_rows(a)), ""]
     parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
+    parts += parallel_markdown(a, _table)
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
     parts += doctor_markdown(m.get("env", {}), a.findings)

@@ -14,8 +14,8 @@ from .forensics import forensics_of, headroom_applies, tightest_line
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
-VERDICT_COLORS = {"stable": ("#bfe5b4", "#1b4d14"), "drift": ("#fbe49a", "#5c4a00"), "diverged": ("#f9c185", "#6b3600"),
-                  "zero-loss": ("#e7b3e6", "#5a1657"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
+VERDICT_COLORS = {"stable": ("#bfe5b4", "#1b4d14"), "drift": ("#fbe49a", "#5c4a00"), "grad-mismatch": ("#f9c185", "#6b3600"), "diverged": ("#f9c185", "#6b3600"),
+                  "zero-loss": ("#e7b3e6", "#5a1657"), "no-learning": ("#d9d2c5", "#4a3f2a"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
                   "oom": ("#c98bd6", "#3f0a4d"), "timeout": ("#c98bd6", "#3f0a4d"), "killed": ("#c98bd6", "#3f0a4d"),
                   "unsupported": ("#eeeeee", "#9a9a9a"), PENDING: ("#ffffff", "#777777")}
 
@@ -82,17 +82,18 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
     pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
                "recommended": False, "fastest": False}
     panels = []
-    for comp, opt in ((c, o) for c in values["compile"] for o in values["optimizer"]):
+    for comp, opt, par in ((c, o, p) for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
-                cell = Cell(dtype, attn, comp, opt)
+                cell = Cell(dtype, attn, comp, opt, par)
                 row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
-        caption = f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
-        panels.append({"compile": comp, "optimizer": opt, "caption": caption, "columns": values["attn"], "rows": rows})
+        caption = (f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
+                   + (f", parallel={par}" if len(values["parallel"]) > 1 else ""))
+        panels.append({"compile": comp, "optimizer": opt, "parallel": par, "caption": caption, "columns": values["attn"], "rows": rows})
     return panels
 
 

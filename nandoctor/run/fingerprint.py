@@ -6,7 +6,8 @@ device, threads: CPU kernels split reductions by thread count), the weight files
 modification times for a local checkpoint, and the environment (library versions, device, GPU,
 CPU model, and the version of every optional package the cell uses). What stays out: the run's
 location, the plan's prose (`why` quotes free memory), the recipe's fp8 section for a cell that is
-not fp8 (it reads none of it; runs written before the section existed keep their fingerprints) and
+not fp8 and its parallel fields for a one-process cell (it reads none of them; runs written before they
+existed keep their fingerprints) and
 the forensics replay's time budget (it never changes a number, and runs before it had none).
 Pure apart from stat()ing weight files; imports only the cell table.
 """
@@ -39,6 +40,7 @@ def weights_stamp(path: str | None) -> list:
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
 NOT_NUMERICS = ("forensics_timeout_s",)  # recipe fields that decide no number of the probe
+PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
 
 
 def package_versions(cell: Cell, env: dict) -> dict:
@@ -58,6 +60,8 @@ def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     recipe = spec.get("recipe", {})
     if PRECISIONS[cell.dtype].fp8 is None:
         recipe = {k: v for k, v in recipe.items() if k != "fp8"}
+    if cell.parallel_row.wrapper is None:
+        recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
     payload = {"spec": {**spec, "recipe": recipe, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
                "weights": weights_stamp(plan.get("path"))}
     packages = package_versions(cell, env)

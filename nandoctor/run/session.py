@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..capabilities import input_support
+from ..capabilities import input_support, parallel_support
 from ..config import Recipe, recipe_to_dict
 from ..env import collect_summary
 from ..errors import NandoctorError
@@ -208,7 +208,8 @@ class Session:
                 continue
             own = p.recipe or recipe
             spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most)
-            unsupported = p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
+            unsupported = (p.unsupported or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
+                           or parallel_support(p.cell, own.world_size, own.batch_size, self.device))
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
                 continue
@@ -219,6 +220,8 @@ class Session:
                 records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
+        if self.device.get("device") == "cuda" and any(t.spec.cell.parallel_row.wrapper for t in tasks):
+            self.runner.limit = 1  # a parallel probe takes GPUs 0..W-1 (child/launch.py): one at a time
         for r in self.runner.run(tasks, on_record=self._measured, on_wait=self.heartbeat):
             records[r.probe_id] = r
             if self.cache:

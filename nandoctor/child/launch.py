@@ -1,0 +1,188 @@
+"""A parallel probe: W rank processes run as one probe, with one spec, one record and one timeout.
+
+`python -m nandoctor.child SPEC RESULT` with a parallel cell lands here (entry.main), so whatever
+places that one command (a slot, an executor's job) places the whole W-rank probe. This process forks
+the ranks (parallel.main in each, with RANK / WORLD_SIZE / LOCAL_RANK in its environment as torchrun
+sets them, and a rendezvous file in the probe's folder, so that two probes never race for a port),
+prefixes their output with their rank, and watches them. Forked from a warm worker's child, the ranks
+start with torch and transformers already imported; the launcher forks before it starts any thread
+and runs no torch op, for the reasons worker.py gives.
+
+The ranks stay in this process's process group and die with it (PR_SET_PDEATHSIG): a timeout that
+kills the group kills every rank. When one rank dies or raises, the others are killed at once (they
+would wait for it in a collective until the backend's own timeout), and this process ends the way that
+rank did: by the same signal, or with its exit code, so that the probe's one record is classified like
+a one-process probe's. result.json is rank 0's record with every rank's exit and peak memory (`ranks`)
+and the rank that failed (`failed_rank`).
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from ..record import ProbeSpec
+from .lifetime import die_with_parent
+from .parallel import rank_file, rendezvous_file
+
+POLL_S = 0.05
+
+
+def rank_env(rank: int, world_size: int, device: str) -> dict:
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(world_size))
+    # CPU ranks run over gloo with CUDA hidden; GPU ranks get one GPU each (rank r: the host's GPU r)
+    env["CUDA_VISIBLE_DEVICES"] = str(rank) if device == "cuda" else ""
+    return env
+
+
+def _relay(rank: int, fd: int) -> None:
+    """Copy a rank's output into the probe's log, each line marked with its rank."""
+    with os.fdopen(fd, "rb") as stream:
+        for line in iter(stream.readline, b""):
+            sys.stdout.buffer.write(b"[rank %d] " % rank + line)
+            sys.stdout.buffer.flush()
+
+
+def _signal_name(returncode: int) -> str:
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def first_failure(codes: list[int | None]) -> int | None:
+    """The rank whose failure ended the probe: one killed by a signal before one that exited non-zero
+    (a rank whose peer died exits with the backend's connection error), then the lowest rank."""
+    failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+    return min(failed, key=lambda r: (codes[r] > 0, r)) if failed else None
+
+
+class Rank:
+    """A forked rank: its pid, its output pipe, and its exit status once it has one."""
+
+    def __init__(self, rank: int, pid: int, output: int):
+        self.rank, self.pid, self.output = rank, pid, output
+        self.code: int | None = None
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.code = os.waitstatus_to_exitcode(status)
+        return self.code
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def watch(ranks: list[Rank]) -> tuple[list[int | None], int | None]:
+    """Wait until every rank has exited 0, or until one fails; then kill the ranks still running.
+    Returns every rank's exit status (None: killed here because another rank failed) and the failed rank."""
+    while True:
+        codes = [r.poll() for r in ranks]
+        failed = first_failure(codes)
+        if failed is not None or all(c == 0 for c in codes):
+            break
+        time.sleep(POLL_S)
+    if failed is not None:
+        time.sleep(POLL_S)  # a rank that died in the same instant is counted as failed, not as killed here
+        codes = [r.poll() for r in ranks]
+        failed = first_failure(codes)
+        for r in ranks:
+            if r.code is None:
+                r.kill()
+                os.waitpid(r.pid, 0)
+    return codes, failed
+
+
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def merge(result: Path, codes: list[int | None], failed: int | None) -> dict:
+    """The probe's record from its ranks' own: rank 0's measurements, every rank's end and memory,
+    and the failed rank's error under its rank's name."""
+    own = [_read(rank_file(result, r)) for r in range(len(codes))]
+    record = dict(own[0])
+    record["ranks"] = [{"rank": r, "exit": code, "signal": _signal_name(code) if code is not None and code < 0 else None,
+                        "killed": code is None, "peak_memory_bytes": mine.get("peak_memory_bytes"),
+                        "peak_memory_kind": mine.get("peak_memory_kind")}
+                       for r, (code, mine) in enumerate(zip(codes, own))]
+    record["failed_rank"] = failed
+    if failed is not None:
+        error = own[failed].get("error")
+        if error:
+            record["error"] = {**error, "message": f"rank {failed}: {error.get('message', '')}"}
+        else:
+            record.pop("error", None)
+        ended = _signal_name(codes[failed]) if codes[failed] < 0 else f"exit {codes[failed]}"
+        print(f"nandoctor launch: rank {failed} ended ({ended}); the other ranks were stopped", flush=True)
+    return record
+
+
+def end_like(code: int) -> int:
+    """Leave this process the way the failed rank left its own: by its signal, or with its code."""
+    if code < 0:
+        faulthandler.disable()  # this process's own death is not the rank's stack
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+        time.sleep(1)  # a signal that does not end a process (none of those a rank dies of)
+    return code if code > 0 else 1
+
+
+def fork_rank(rank: int, world_size: int, spec: ProbeSpec, spec_path: Path, result: Path) -> Rank:
+    """Fork rank `rank`: its output goes to a pipe, its environment says which rank it is."""
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        os.close(write)
+        return Rank(rank, pid, read)
+    try:
+        die_with_parent()
+        os.close(read)
+        os.dup2(write, 1)
+        os.dup2(write, 2)
+        os.environ.update(rank_env(rank, world_size, spec.device))
+        from .parallel import main
+        main([str(spec_path), str(result)])  # ends the process
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
+    """Run the W ranks of the probe `spec` and write its one result; returns the exit code."""
+    world_size = spec.recipe.world_size
+    for r in range(world_size):
+        rank_file(result, r).unlink(missing_ok=True)
+    rendezvous_file(result).unlink(missing_ok=True)  # a file store left by an earlier attempt would be joined
+    ranks = [fork_rank(r, world_size, spec, spec_path, result) for r in range(world_size)]
+    print(f"nandoctor launch: pid {os.getpid()}, {spec.device} ranks " + ", ".join(f"{r.rank}=pid {r.pid}" for r in ranks), flush=True)
+    relays = [threading.Thread(target=_relay, args=(r.rank, r.output), daemon=True) for r in ranks]
+    for t in relays:
+        t.start()
+    codes, failed = watch(ranks)
+    for t in relays:
+        t.join(timeout=2)
+    tmp = result.with_suffix(".tmp")
+    tmp.write_text(json.dumps(merge(result, codes, failed)))
+    os.replace(tmp, result)  # the runner never reads half a file
+    return 0 if failed is None else end_like(codes[failed])

@@ -1,0 +1,289 @@
+"""One rank of a parallel probe, forked by launch.py with RANK and WORLD_SIZE in its environment.
+
+Every rank builds the same model from the same seed (DDP and FSDP assume identical starts) and trains
+its rows of each global batch: rank r of W takes rows [r B/W, (r+1) B/W) of the batch_size B the
+one-process probe trains, so that probe is this one's exact reference. Before wrapping, rank 0 takes
+the one-process gradient of the first global batch; after wrapping, one backward on each rank's rows
+and the reduction give the gradient the ranks will step with, and rank 0 compares the two (step-0
+gradient agreement). Then the same training loop as a one-process probe runs on the wrapped model;
+each step's loss is the mean over the ranks, its grad-norm that of the full gradient.
+
+Each rank writes its own record to rank{r}.json; the launcher merges them into result.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from ..record import ProbeRecord, ProbeSpec, Step
+from .build import restart, setup
+from .memory import split_after_first_step
+from .outcome import WarningLog, error_of, write
+from .train import StepLog, peak_memory, step_times, train
+
+
+def rank_file(result: Path, rank: int) -> Path:
+    """Where rank `rank` leaves its own record; the launcher merges them into `result`."""
+    return result.with_name(f"rank{rank}.json")
+
+
+def rendezvous_file(result: Path) -> Path:
+    """The file store the ranks meet at (torch.distributed's file:// init), in the probe's folder."""
+    return result.with_name("rendezvous")
+
+
+def shard(batch: dict, rank: int, world_size: int) -> dict:
+    """This rank's rows of a global batch."""
+    rows = next(iter(batch.values())).shape[0] // world_size
+    return {k: v[rank * rows:(rank + 1) * rows] for k, v in batch.items()}
+
+
+def shards(stream, rank: int, world_size: int):
+    for batch in stream:
+        yield shard(batch, rank, world_size)
+
+
+def decoder_layers(model) -> list:
+    """The modules FSDP2 shards one by one: transformers names them in `_no_split_modules`."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def sum_hook(state, bucket):
+    """A DDP comm hook that sums the ranks' gradients and never divides: recipe grad_reduce=sum."""
+    import torch.distributed as dist
+    return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
+def compress_hook(dtype_name: str):
+    """A DDP comm hook that reduces each gradient bucket in `dtype_name`, as torch's bf16/fp16
+    compress hooks do: cast, divide by the world size, all-reduce, cast back. torch's own bf16 hook
+    refuses anything but NCCL (and XCCL), so the gloo ranks of a CPU probe use this one."""
+    import torch
+    import torch.distributed as dist
+    dtype = getattr(torch, dtype_name)
+
+    def hook(state, bucket):
+        grads = bucket.buffer()
+        low = grads.to(dtype).div_(dist.get_world_size())
+
+        def back(fut):
+            grads.copy_(fut.value()[0])
+            return grads
+        return dist.all_reduce(low, async_op=True).get_future().then(back)
+    return hook
+
+
+def ddp_hook(spec: ProbeSpec):
+    """(the comm hook the cell's row names, or None, and how the record names it)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    row = spec.cell.parallel_row
+    if spec.recipe.grad_reduce == "sum":
+        return sum_hook, "sum (grad_reduce=sum)"
+    if row.comm_hook is None:
+        return None, None
+    if spec.device == "cuda":
+        return getattr(default_hooks, row.comm_hook), row.comm_hook
+    low = COMPRESSED[row.comm_hook]
+    return compress_hook(low), f"{low} compress hook (gloo: torch's {row.comm_hook} needs NCCL)"
+
+
+COMPRESSED = {"bf16_compress_hook": "bfloat16", "fp16_compress_hook": "float16"}
+
+
+def _short(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def wrap(model, spec: ProbeSpec):
+    """The model wrapped as the cell's parallel row says: DDP with its comm hook, or FSDP2 per decoder
+    layer and at the root with the row's MixedPrecisionPolicy."""
+    import torch
+    cell, summed = spec.cell, spec.recipe.grad_reduce == "sum"
+    row = cell.parallel_row
+    if row.wrapper == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+        ddp = DistributedDataParallel(model, device_ids=[0] if spec.device == "cuda" else None)
+        hook, _ = ddp_hook(spec)
+        if hook is not None:
+            ddp.register_comm_hook(None, hook)
+        return ddp
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cell.precision.compute),
+                                  reduce_dtype=torch.float32 if row.reduce == "float32" else None)
+    for layer in decoder_layers(model):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    if summed:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+    return model
+
+
+def reduce_dtypes(wrapped, spec: ProbeSpec) -> list[str]:
+    """The dtypes the gradients were reduced in, read from the wrapper after its first backward (FSDP2
+    settles its dtypes at its first forward): FSDPParam's, or DDP's gradient buckets' (a compress hook
+    casts them to 16 bits for the all-reduce)."""
+    row = spec.cell.parallel_row
+    if row.wrapper == "ddp":
+        if row.comm_hook and spec.recipe.grad_reduce != "sum":
+            return [COMPRESSED[row.comm_hook]]
+        return sorted({_short(p.dtype) for p in wrapped.module.parameters() if p.requires_grad})
+    from torch.distributed.fsdp import FSDPModule
+    used = set()
+    for module in wrapped.modules():
+        if isinstance(module, FSDPModule):
+            for group in getattr(module._get_fsdp_state(), "_fsdp_param_groups", []):
+                # FSDPParam clamps reduce_dtype to None when it equals param_dtype: it then reduces in that
+                used |= {_short(p.reduce_dtype or p.param_dtype or p.orig_dtype) for p in group.fsdp_params}
+    return sorted(used)
+
+
+def _backward(model, batch: dict, s) -> None:
+    with s.attend():
+        with s.autocast():
+            loss = model(**batch).loss
+        loss.backward()
+
+
+def one_process_gradient(model, batch: dict, s) -> dict:
+    """The gradient of the whole global batch in this one process, before any wrapping (fp32 copies)."""
+    _backward(model, batch, s)
+    grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def reduced_gradient(wrapped, inner, batch: dict, s, rank: int) -> dict:
+    """The gradient after one backward of each rank's rows and the reduction, gathered whole on rank 0
+    (every rank takes part in gathering FSDP2's shards); the weights do not move."""
+    _backward(wrapped, batch, s)
+    grads = {}
+    for name, p in inner.named_parameters():
+        if p.grad is None:
+            continue
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        if rank == 0:
+            grads[name] = g.detach().float().clone()
+    wrapped.zero_grad(set_to_none=True)
+    return grads
+
+
+def agreement(reduced: dict, reference: dict) -> dict:
+    """How the reduced gradient compares with the one-process one: the largest relative error of a
+    parameter's gradient (||g - g_ref|| / ||g_ref||, over the parameters with a non-zero reference) and
+    the ratio of the whole gradients' norms."""
+    import torch
+    worst, worst_name, num, den = 0.0, None, 0.0, 0.0
+    for name, ref in reference.items():
+        got = reduced.get(name.removeprefix("module."))
+        if got is None:
+            continue
+        ref_norm = ref.norm().item()
+        num += got.norm().item() ** 2
+        den += ref_norm ** 2
+        if ref_norm > 0:
+            rel = (got - ref).norm().item() / ref_norm
+            if rel > worst or not torch.isfinite(torch.tensor(rel)):
+                worst, worst_name = rel, name
+    return {"max_rel_error": worst, "worst_param": worst_name, "norm_ratio": (num / den) ** 0.5 if den > 0 else None,
+            "params": len(reference)}
+
+
+class RankSteps:
+    """Each rank's step, made the probe's: the loss averaged and the tokens summed over the ranks
+    (every rank then decides to stop on the same numbers); rank 0's log streams them to steps.jsonl."""
+
+    def __init__(self, log: StepLog, world_size: int):
+        self.log, self.world_size = log, world_size
+
+    def __call__(self, step: Step) -> bool:
+        import torch
+        import torch.distributed as dist
+        both = torch.tensor([step.loss, float(step.tokens or 0)], dtype=torch.float64)
+        dist.all_reduce(both)
+        step.loss = both[0].item() / self.world_size
+        if step.tokens is not None:
+            step.tokens = int(both[1].item())
+            step.tokens_per_s = step.tokens / step.time_s if step.time_s else None
+        return self.log(step)
+
+
+def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, result: Path) -> tuple:
+    """Build, wrap, measure the step-0 agreement and train this rank; fills `record`. Returns the live
+    wrapper and setup: the caller ends the process without freeing them (see main)."""
+    import torch
+    import torch.distributed as dist
+    from transformers.utils import logging as hf_logging
+
+    from ..env import collect_summary
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(max(1, spec.threads // world_size))  # the ranks share the probe's cores
+    if rank == 0:
+        record.env = collect_summary()
+    backend = "nccl" if spec.device == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=f"file://{rendezvous_file(result)}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=spec.recipe.timeout_s))
+    t0 = time.perf_counter()
+    s = setup(spec)
+    record.build_s = s.build_s
+    first = next(s.data)
+    reference = one_process_gradient(s.model, first, s) if rank == 0 else {}
+    wrapped = wrap(s.model, spec)
+    reduced = reduced_gradient(wrapped, s.model, shard(first, rank, world_size), s, rank)
+    s = restart(spec, s)  # an optimizer over the wrapped parameters (FSDP2 replaced them), the stream from its start
+    s.data = shards(s.data, rank, world_size)
+    backend_name = spec.cell.compilation.backend
+    forward = wrapped if backend_name is None else torch.compile(wrapped, backend=backend_name)
+    record.load_s = time.perf_counter() - t0
+    record.parallel = {
+        "world_size": world_size, "backend": backend, "wrapper": spec.cell.parallel_row.wrapper,
+        "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None, "grad_reduce": spec.recipe.grad_reduce,
+        "rows_per_rank": spec.recipe.batch_size // world_size,
+        "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
+        "reduce_dtype": reduce_dtypes(wrapped, spec),
+        "grad_agreement": agreement(reduced, reference) if rank == 0 else None,
+    }
+    log = StepLog(result.with_name("steps.jsonl") if rank == 0 else None, spec.steps)
+    record.steps = log.steps
+    split = split_after_first_step(s.model, s.optimizer)
+    t1 = time.perf_counter()
+    try:
+        train(forward, s, spec.recipe.grad_clip, spec.steps, RankSteps(log, world_size))
+    finally:
+        record.train_s = time.perf_counter() - t1
+        record.first_nonfinite, record.stopped_early = log.first_nonfinite, log.stopped_early
+        record.compile_s, record.steady_step_s = step_times(log.steps, compiled=backend_name is not None)
+        record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
+        record.weights_bytes = split.get("weights_bytes")  # this rank's: FSDP2 holds a shard
+        record.grads_bytes = split.get("grads_bytes")
+        record.optimizer_state_bytes = split.get("optimizer_state_bytes")
+    return wrapped, s
+
+
+def main(argv: list[str]) -> None:
+    """Run this rank, write its record and end the process with 0 (trained) or 1 (raised). It never
+    returns: freeing a DDP reducer or a gloo process group after training was seen to wait forever on
+    a futex (a rank of a DDP probe, torch 2.13), and nothing is left to free once the record is written."""
+    spec_path, result = Path(argv[0]), Path(argv[1])
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
+    record = ProbeRecord(spec.probe_id, spec.cell)
+    emitted = WarningLog()
+    code = 0
+    try:
+        alive = run_rank(spec, record, rank, world_size, result)  # noqa: F841 (held until the process ends)
+    except BaseException as e:  # becomes data for the verdict, like a one-process probe's
+        record.error = error_of(e, emitted)
+        code = 1
+    write(record, rank_file(result, rank))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
