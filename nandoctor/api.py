@@ -1,4 +1,5 @@
-"""The Python API the CLI is a thin layer over: run a grid, resume one, run a check, re-render a run."""
+"""The Python API the CLI is a thin layer over: run a grid, resume one, run a check, re-render a run,
+compare a run with a baseline."""
 from __future__ import annotations
 
 import os
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .analysis.diff import RunDiff, compare_runs
 from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
@@ -20,7 +22,7 @@ from .retime import retime_leaders
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.session import Session
-from .run.store import ResultsStore
+from .run.store import RUN_FILE, ResultsStore
 
 
 @dataclass
@@ -85,22 +87,61 @@ def resumable(run_dir, kind: str, device: dict) -> tuple[dict, Recipe, ModelPlan
     return meta, recipe, ModelPlan.from_dict(meta["model_plan"])
 
 
+def run_dir_of(path) -> Path:
+    """A run directory, given as itself or as one of its files (summary.json)."""
+    path = Path(path)
+    return path.parent if path.is_file() or path.suffix == ".json" else path
+
+
+def baseline_analysis(path) -> RunAnalysis:
+    """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before any probe runs."""
+    run_dir = run_dir_of(path)
+    analysis = analyze(run_dir)
+    if not analysis.outcomes:
+        raise NandoctorError(f"baseline {str(path)!r} has no probe results; pass a finished run directory (or its summary.json)")
+    return analysis
+
+
+def diff_runs(baseline, current, out=None) -> RunDiff:
+    """Compare run `current` with run `baseline` (directories or their summary.json); with `out`, write
+    diff.md, diff.html and diff.json there. The Markdown goes to $GITHUB_STEP_SUMMARY when it is set."""
+    from .report import write_diff
+    from .report.diff import render_diff_markdown
+    d = compare_runs(baseline_analysis(baseline), analyze(run_dir_of(current)))
+    if out is not None:
+        try:
+            failed = write_diff(d, Path(out))
+        except OSError as e:
+            raise NandoctorError(f"cannot write the diff to {str(out)!r}: {e.strerror}") from None
+        if failed:
+            raise NandoctorError("; ".join(f"{name} not written: {why}" for name, why, _ in failed))
+    step_summary(render_diff_markdown(d))
+    return d
+
+
 def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
              out=None, listener: Listener | None = None, device: dict | None = None, warm: bool = True,
-             cache: ProbeCache | None = None, executor: ExecutorConfig | None = None) -> RunAnalysis:
+             cache: ProbeCache | None = None, baseline=None, executor: ExecutorConfig | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written).
+    baseline: a run directory to compare with (analysis.comparison, diff.* reports, exit code);
     executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster)."""
+    if baseline is not None:
+        baseline_analysis(baseline)
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
                                   device=device or collect_doctor(), warm=warm, cache=cache, executor=executor)
     with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
         doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]})
-        session.start(len(probes), {"axes": axes or {}, "doctor": doctor})
+        session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
         judge.planned = len(probes)
         session.run(recipe, probes)
         retime_leaders(session, recipe, (listener or Listener()).retiming)
-    return render_run(session.dir)
+    return render_run(session.dir, baseline)
+
+
+def _path(baseline) -> str | None:
+    return str(run_dir_of(baseline).resolve()) if baseline is not None else None
 
 
 def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = None, warm: bool = True,
@@ -110,6 +151,8 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
     only the cells missing from DIR/results.jsonl are probed, on any executor."""
     device = device or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
+    if meta.get("baseline"):
+        baseline_analysis(meta["baseline"])
     session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
                                   device=device, warm=warm, cache=cache, plan=plan, resume=True, executor=executor)
     with session:
@@ -119,40 +162,72 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
             judge(record, quiet=True)
         session.run(recipe, probes)
         retime_leaders(session, recipe, (listener or Listener()).retiming)
-    return render_run(run_dir)
+    return render_run(run_dir, meta.get("baseline"))
 
 
 def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True,
-              listener: Listener | None = None):
-    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
+              listener: Listener | None = None, baseline=None):
+    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]).
+    baseline: a run directory with a probe of the same cell; its step-0 loss and grad-norm are the
+    golden values this probe's must match, within the tolerance of the cell's matmul dtype."""
+    ids = [o.probe_id for o in baseline_analysis(baseline).outcomes] if baseline is not None else [cell.id]
+    if cell.id not in ids:
+        raise NandoctorError(f"baseline {str(baseline)!r} has no probe of {cell.id}; it has {', '.join(ids)}")
     session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device or collect_doctor(), warm=warm)
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
         doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
-        session.start(1, {"cell": cell.id, "doctor": doctor})
+        session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline)})
         record = session.run(recipe, [probe])[0]
-    analysis = render_run(session.dir)
+    analysis = render_run(session.dir, baseline)
     checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")
+    if analysis.comparison:
+        checks += golden_checks(analysis.comparison, cell.id)
     return analysis, checks
 
 
-def render_run(run_dir) -> RunAnalysis:
-    """Analyse a run directory (finished or interrupted) and write its reports next to the results.
-    A report that could not be written is named in analysis.unwritten (one line each); the others
-    are written all the same."""
+def golden_checks(d: RunDiff, probe_id: str) -> list[tuple[str, bool, str]]:
+    """A check's step-0 values against its baseline's, as (check, passed, detail)."""
+    change = next(c for c in d.cells if c.probe_id == probe_id)
+    return [(f"{g.name} matches the baseline", g.passed,
+             f"{g.after!r} vs {g.before!r}: relative change {g.change:.3g}, tolerance ±{g.tolerance:.3g} for {probe_id.split('/')[0]}")
+            for g in change.golden]
+
+
+def render_run(run_dir, baseline=None) -> RunAnalysis:
+    """Analyse a run directory (finished or interrupted) and write its reports next to the results;
+    with a baseline run directory, the comparison with it too (diff.md, diff.html, diff.json). A run
+    made with --baseline is compared again with that run while its directory still exists. A report
+    that could not be written is named in analysis.unwritten (one line each); the others are written
+    all the same."""
     from .report import write_reports
     analysis = analyze(run_dir)
+    stored = analysis.meta.get("baseline")
+    if baseline is None and stored and (Path(stored) / RUN_FILE).exists():
+        baseline = stored
+    if baseline is not None:
+        analysis.comparison = compare_runs(baseline_analysis(baseline), analysis)
     analysis.unwritten = [(f"{name} not written: {why}", output) for name, why, output in write_reports(analysis, Path(run_dir))]
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if summary:
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
         from .report.markdown import render_markdown
         try:
             text = render_markdown(analysis)
+            if analysis.comparison:
+                from .report.diff import render_diff_markdown
+                text = render_diff_markdown(analysis.comparison) + "\n" + text
         except Exception:  # already named in analysis.unwritten: report.md could not be rendered either
             return analysis
-        try:
-            with open(summary, "a") as f:
-                f.write(text + "\n")
-        except OSError as e:
-            raise NandoctorError(f"cannot append to GITHUB_STEP_SUMMARY={summary!r}: {e.strerror}") from None
+        step_summary(text)
     return analysis
+
+
+def step_summary(markdown: str) -> None:
+    """Append to the GitHub Actions job summary ($GITHUB_STEP_SUMMARY), when there is one."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    try:
+        with open(summary, "a") as f:
+            f.write(markdown + "\n")
+    except OSError as e:
+        raise NandoctorError(f"cannot append to GITHUB_STEP_SUMMARY={summary!r}: {e.strerror}") from None

@@ -279,6 +279,21 @@ class Thresholds:
       0.0024 with DDP and 0.014 with FSDP2 (its bf16 param_dtype casts the norms too, autocast does
       not); fp32 1e-6 or less. Each bound is about 3x the largest seen; fp16 scales bf16's by their
       unit roundoffs (2^-11 vs 2^-8).
+
+    Comparing a run with a baseline (analysis/diff.py, `nandoctor diff`, `--baseline`):
+    - golden_loss_eps / golden_grad_eps / golden_floor: how far a step's loss and grad-norm may move
+      from the baseline's, relative, before the numerics count as changed: 1 machine epsilon of the
+      cell's matmul dtype for the loss (a mean over the batch, in which a kernel that rounds differently
+      moves each logit by about one unit of the last place) and 4 for the grad-norm (a sum over every
+      parameter's gradient, through the whole backward), never below 1e-5 (fp32 kernels that merely
+      reorder a reduction move a loss by ~1e-6). bf16: 0.78% / 3.1%; fp16 and tf32: 0.098% / 0.39%.
+    - fidelity_regression: a cell stable in both runs regressed when its fidelity to the fp32
+      reference got worse by more than one ranking bucket (0.5 percentage points).
+    - throughput_noise: the relative tokens/s band for a probe whose own steps cannot measure its noise
+      (fewer than 4 timed steps: a `check`); otherwise the band is the interquartile range of the probe's
+      own per-step rates over their median (analysis/diff.py throughput_noise).
+    - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
+      RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
     """
     min_scale: float = 1.0
     spike_factor: float = 2.0
@@ -299,6 +314,12 @@ class Thresholds:
     grad_ratio_rel: float = 0.05
     grad_agreement: tuple = (("float32", 1e-4), ("float16", 0.006), ("bfloat16", 0.05))
     min_probe_steps: int = 2
+    golden_loss_eps: float = 1.0
+    golden_grad_eps: float = 4.0
+    golden_floor: float = 1e-5
+    fidelity_regression: float = 0.005
+    throughput_noise: float = 0.10
+    memory_noise: float = 0.05
 
     def unjudged(self, steps: int) -> list[str]:
         """The verdict rules a probe of `steps` training steps is too short to apply."""

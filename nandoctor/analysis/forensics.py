@@ -8,6 +8,8 @@ from ..record import Step
 
 PHASES = ("forward", "backward", "optimizer")  # the order they happen in within one step
 FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}  # torch.finfo(dtype).max
+# torch.finfo(dtype).eps: the gap between 1.0 and the next value. TF32 matmuls keep fp16's 10-bit mantissa.
+FINFO_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "tf32": 2.0 ** -10}
 
 
 def origin(forensics: dict | None) -> dict | None:

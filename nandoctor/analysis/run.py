@@ -52,6 +52,7 @@ class RunAnalysis:
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
+    comparison: object | None = None  # a diff.RunDiff: this run against the --baseline run (diff imports this module)
     timing: dict | None = None  # retime.json: the leading cells re-timed back to back, interleaved
     load: dict | None = None  # analysis.load.load_summary: how busy the host was while probes were timed
     unwritten: list[tuple[str, bool]] = field(default_factory=list)  # (line, the OS refused it) per report file not written
@@ -88,14 +89,15 @@ class RunAnalysis:
         """0 when a stable configuration exists and no probe crashed, hung or was killed; else 1.
         Numerical failures are findings, not errors: finding them is the point of a grid.
         A bisection exits 0 when it found a configuration that held up on its reruns, 2 when it could
-        not test the target or the baseline (timeout, out of memory: the user's setup to change), else 1."""
+        not test the target or the baseline (timeout, out of memory: the user's setup to change), else 1.
+        Compared with a --baseline run, a cell that regressed against it exits 1 as well."""
         if self.meta.get("kind") == "bisect":
             if self.bisection and self.bisection.get("status", "").startswith("unresolved"):
                 return 2
             return 0 if self.bisection and self.bisection.get("recommended") is not None else 1
         if not self.ranking or any(o.verdict.name in HARNESS_FAILURES for o in self.outcomes):
             return 1
-        return 0
+        return self.comparison.exit_code if self.comparison else 0
 
 
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:

@@ -7,9 +7,9 @@ import errno
 import sys
 
 from ..errors import NandoctorError
-from . import bisect, check, doctor, explain, grid, report
+from . import bisect, check, diff, doctor, explain, grid, report
 
-COMMANDS = (grid, check, bisect, report, doctor, explain)
+COMMANDS = (grid, check, bisect, report, diff, doctor, explain)
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 

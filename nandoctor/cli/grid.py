@@ -5,6 +5,7 @@ from ..api import resume_grid, run_grid
 from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
+from ..report.diff import render_diff_terminal
 from ..report.terminal import progress_line, render_terminal
 from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
 
@@ -22,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--resume", metavar="DIR", help="finish an interrupted grid run: probe only the cells missing from DIR/results.jsonl")
     p.add_argument("--cache", action="store_true",
                    help=f"reuse probe results with an identical fingerprint from earlier runs, and keep this run's (in $NANDOCTOR_CACHE_DIR, default {default_cache_dir()})")
+    p.add_argument("--baseline", metavar="DIR", help="compare with an earlier run (a run directory or its summary.json): "
+                   "diff.md / diff.html / diff.json in the run directory, a JUnit case per cell, exit 1 when a cell regressed")
     p.add_argument("--cold", action="store_true", help="start a fresh Python process per probe instead of forking from warm workers")
     add_executor_args(p)
     p.set_defaults(func=run)
@@ -34,16 +37,19 @@ def run(args) -> int:
     executor = executor_from_args(args)
     hear = listener(lambda *a: say(progress_line(*a)))
     if args.resume:
-        refuse_with_resume(args, MODEL_FLAGS + ("axis",), "the recipe, axes, steps and run directory")
+        refuse_with_resume(args, MODEL_FLAGS + ("axis", "baseline"), "the recipe, axes, steps, baseline and run directory")
         analysis = resume_grid(args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache,
                                executor=executor)
     else:
         axes = dict(parse_axis_flag(a) for a in args.axis)
         recipe = recipe_from_args(args)
         analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
-                            listener=hear, warm=not args.cold, cache=cache, executor=executor)
+                            listener=hear, warm=not args.cold, cache=cache, baseline=args.baseline, executor=executor)
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
+    if analysis.comparison:
+        print()
+        print(render_diff_terminal(analysis.comparison))
     if cache:
         reused = sum(1 for o in analysis.outcomes if o.record.cached_from)
         print(f"cache: {reused} probe(s) reused from {cache.path}")

@@ -7,6 +7,7 @@ from pathlib import Path
 from ..analysis.run import ranked_table
 from ..api import render_run
 from ..errors import NandoctorError
+from ..report.diff import render_diff_terminal
 from ..report.terminal import render_terminal
 from .common import examples, finish
 
@@ -37,6 +38,11 @@ def run(args) -> int:
         refuse_unwritable_csv(args.csv)
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
+    if analysis.comparison:
+        print()
+        print(render_diff_terminal(analysis.comparison))
+    elif analysis.meta.get("baseline"):
+        print(f"baseline {analysis.meta['baseline']} is gone: the reports were written without the comparison")
     if args.csv:
         try:
             ranked_table(analysis).to_csv(args.csv, index=False)

@@ -1,4 +1,5 @@
-"""junit.xml: one test case per probe, so CI systems show failing configurations as failed tests."""
+"""junit.xml: one test case per probe, so CI systems show failing configurations as failed tests; with
+a --baseline, one more per cell against the baseline, failed where the cell regressed."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -26,6 +27,8 @@ def render_junit(a: RunAnalysis) -> str:
             node.text = o.record.log_tail or (o.record.error or {}).get("traceback") or o.verdict.reason
     if a.meta["kind"] == "bisect" and a.bisection:
         bisection_cases(suite, a.bisection)
+    if a.comparison:
+        baseline_cases(suite, a.comparison)
     ET.indent(suite)
     return ET.tostring(suite, encoding="unicode", xml_declaration=True)
 
@@ -45,3 +48,16 @@ def bisection_cases(suite: ET.Element, b: dict) -> None:
         ET.SubElement(case, "failure", type="no-stable-configuration", message=b["message"])
     suite.set("tests", str(int(suite.get("tests")) + len(b["culprits"]) + 1))
     suite.set("failures", str(int(suite.get("failures")) + len(b["culprits"]) + (0 if lines else 1)))
+
+
+def baseline_cases(suite: ET.Element, d) -> None:
+    """A case per cell compared with the baseline run (classname nandoctor.baseline): failed where the
+    cell regressed, with what moved as the message; the suite's counts include them."""
+    for c in d.cells:
+        case = ET.SubElement(suite, "testcase", classname="nandoctor.baseline", name=c.probe_id)
+        if c.regressed:
+            ET.SubElement(case, "failure", type="regressed", message=f"{c.verdicts} against the baseline: {c.why}")
+        else:
+            ET.SubElement(case, "system-out").text = f"{c.change}: {c.why}"
+    suite.set("tests", str(int(suite.get("tests")) + len(d.cells)))
+    suite.set("failures", str(int(suite.get("failures")) + len(d.regressions)))
