@@ -12,7 +12,7 @@ from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
-from .config import ExecutorConfig, Recipe, recipe_from_dict
+from .config import ExecutorConfig, Recipe, recipe_from_dict, with_hardware
 from .doctor import doctor_section
 from .env import collect_doctor
 from .errors import NandoctorError
@@ -127,6 +127,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
     executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster)."""
     if baseline is not None:
         baseline_analysis(baseline)
+    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(axes or {})})
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
                                   device=device or collect_doctor(), warm=warm, cache=cache, executor=executor)
     with session:
@@ -153,6 +154,7 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
     meta, recipe, plan = resumable(run_dir, "grid", device)
     if meta.get("baseline"):
         baseline_analysis(meta["baseline"])
+    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(meta.get("axes") or {})})
     session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
                                   device=device, warm=warm, cache=cache, plan=plan, resume=True, executor=executor)
     with session:

@@ -12,6 +12,7 @@ here imports torch.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 
 from .errors import NandoctorError
@@ -245,6 +246,10 @@ SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()} 
 
 AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS), "optimizer": tuple(OPTIMIZERS),
         "parallel": tuple(PARALLELS)}
+# The hardware axes: a kind of machine, named as the executor that places probes on it names it
+# (Cell.hardware). Axis -> (the executor that knows it, what its values are).
+HARDWARE_AXES = {"partition": ("slurm", "SLURM partition"), "node_type": ("ray", "Ray custom resource")}
+HARDWARE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # The values a grid probes unless told otherwise: opt-in rows (default_grid=False) stay out, and every
 # probe is one process (a parallel probe is W of them).
 DEFAULT_AXES = {**AXES, "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
@@ -265,20 +270,28 @@ ALIASES = {"dtype": _lightning_aliases()}
 
 @dataclass(frozen=True)
 class Cell:
-    """One point of the grid: precision x attention x compile x optimizer x parallel. The default
-    optimizer and parallel=none stay out of the id and the dict, so that runs written before those
-    axes keep their probe ids and cache fingerprints."""
+    """One point of the grid: precision x attention x compile x optimizer x parallel, on a kind of
+    hardware. The default optimizer and parallel=none stay out of the id and the dict, so that runs
+    written before those axes keep their probe ids and cache fingerprints.
+
+    `hardware` is the kind of machine the executor places the probe on (a SLURM partition, a Ray custom
+    resource: the --axis partition= / node_type= values), "" for wherever the executor puts it. It is
+    part of the cell, not of the placement, because a configuration's verdict is a fact about the
+    hardware: fp32/sdpa/off on two partitions is two probes, two verdicts, two fp32 references and a
+    ranking per kind. Its values are names the scheduler knows, not rows of a table."""
     dtype: str = "fp32"
     attn: str = "sdpa"
     compile: str = "off"
     optimizer: str = DEFAULT_OPTIMIZER
     parallel: str = "none"
+    hardware: str = ""
 
     @property
     def id(self) -> str:
         parts = [self.dtype, self.attn, self.compile]
         parts += [self.optimizer] if self.optimizer != DEFAULT_OPTIMIZER else []
-        return "/".join(parts + ([self.parallel] if self.parallel != "none" else []))
+        text = "/".join(parts + ([self.parallel] if self.parallel != "none" else []))
+        return f"{text}@{self.hardware}" if self.hardware else text
 
     @property
     def precision(self) -> Precision:
@@ -305,20 +318,27 @@ class Cell:
         """The same cell in one process: a parallel probe's exact reference (same global batch)."""
         return replace(self, parallel="none")
 
+    @property
+    def anywhere(self) -> "Cell":
+        """The same configuration, whatever hardware it runs on."""
+        return replace(self, hardware="")
+
     def to_dict(self) -> dict:
         out = {"dtype": self.dtype, "attn": self.attn, "compile": self.compile}
         out.update({"optimizer": self.optimizer} if self.optimizer != DEFAULT_OPTIMIZER else {})
-        return out if self.parallel == "none" else {**out, "parallel": self.parallel}
+        out.update({"parallel": self.parallel} if self.parallel != "none" else {})
+        return {**out, "hardware": self.hardware} if self.hardware else out
 
     @classmethod
     def of(cls, config: dict) -> "Cell":
         """The cell of a configuration (axis values, plus recipe fields it may carry); an axis it lacks
         (a configuration written before the optimizer axis) takes its default."""
-        return cls(**{axis: config[axis] for axis in AXES if axis in config})
+        return cls(**{axis: config[axis] for axis in (*AXES, "hardware") if axis in config})
 
     @classmethod
     def parse(cls, text: str) -> "Cell":
-        """'bf16-amp/sdpa/off[/optimizer][/parallel]': the optional parts are told apart by their values."""
+        """'bf16-amp/sdpa/off[/optimizer][/parallel][@hardware]': the optional parts are told apart by their values."""
+        text, _, hardware = text.partition("@")
         parts = text.split("/")
         if not 3 <= len(parts) <= 5:
             raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel], e.g. bf16-amp/sdpa/off")
@@ -326,7 +346,7 @@ class Cell:
         for value in parts[3:]:
             axis = "parallel" if value in PARALLELS and "parallel" not in values else "optimizer"
             values[axis] = parse_axis_values(axis, [value])[0]
-        return cls(**values)
+        return cls(**values, hardware=hardware)
 
 
 REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
@@ -360,12 +380,19 @@ def reduce_dtype(cell: Cell, dtype_on_load: str) -> str | None:
 
 
 def parse_axis_values(axis: str, values) -> list[str]:
-    """Validate one axis ('dtype', 'attn', 'compile', 'optimizer', 'parallel') and its values, aliases resolved; returns the
-    values as a list."""
-    if axis not in AXES:
-        raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join(AXES)}")
+    """Validate one axis ('dtype', 'attn', 'compile', 'optimizer', 'parallel', or a HARDWARE_AXES name) and its
+    values, aliases resolved; returns the values as a list. Hardware values are the scheduler's names: only
+    their spelling is checked here, the executor checks that they exist (config.hardware_of)."""
+    if axis not in AXES and axis not in HARDWARE_AXES:
+        raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join((*AXES, *HARDWARE_AXES))}")
     if isinstance(values, str):
         values = [v for v in values.split(",") if v]
+    if axis in HARDWARE_AXES:
+        bad = [v for v in values if not HARDWARE_NAME.fullmatch(str(v))]
+        if bad or not values:
+            raise NandoctorError(f"bad --axis {axis}={','.join(map(str, values))}: expected the {HARDWARE_AXES[axis][1]} names, "
+                                 f"e.g. {axis}=h100,a100 (letters, digits, '_', '-', '.')")
+        return list(dict.fromkeys(values))
     values = [ALIASES.get(axis, {}).get(v, v) for v in values]
     if not values:
         raise NandoctorError(f"axis {axis!r} has no values; valid: {', '.join(AXES[axis])}")
@@ -380,6 +407,6 @@ def parse_axis_values(axis: str, values) -> list[str]:
 def parse_axis_flag(text: str) -> tuple[str, list[str]]:
     """'dtype=bf16-amp,fp16-amp' -> ('dtype', ['bf16-amp', 'fp16-amp'])."""
     if "=" not in text:
-        raise NandoctorError(f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join(AXES)}")
+        raise NandoctorError(f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join((*AXES, *HARDWARE_AXES))}")
     name, values = text.split("=", 1)
     return name.strip(), parse_axis_values(name.strip(), values)

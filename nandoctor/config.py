@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .cells import GRAD_REDUCE_OPS, LOAD_DTYPES, parse_axis_values
+from .cells import GRAD_REDUCE_OPS, HARDWARE_AXES, LOAD_DTYPES, parse_axis_values
 from .errors import NandoctorError
 
 ADAPTER_TYPES = ("none", "lora", "dora")
@@ -365,6 +365,7 @@ class ExecutorConfig:
     probe the scheduler lost (node failure, preemption, never started) is placed again."""
     kind: str = "local"
     options: dict = field(default_factory=dict)
+    hardware: tuple = ()  # the kinds of machine the grid probes on (its hardware axis): partitions, Ray resources
 
     def option(self, name: str):
         return self.options.get(name, EXECUTOR_DEFAULTS.get(name))
@@ -395,3 +396,23 @@ def executor_config(kind: str | None, items: list[str] | tuple = ()) -> Executor
         if valid[key] in (int, float) and options[key] <= 0 and key != "retries":
             raise NandoctorError(f"bad --executor-opt {item!r}: {key} must be > 0")
     return ExecutorConfig(kind, options)
+
+
+def with_hardware(executor: ExecutorConfig, axes: dict | None) -> ExecutorConfig:
+    """The executor that places a grid with these axes: its hardware axis (--axis partition= for slurm,
+    node_type= for ray) becomes `hardware`, which the placement checks against the cluster before any
+    probe runs. A hardware axis the executor cannot place is one NandoctorError."""
+    named = [axis for axis in (axes or {}) if axis in HARDWARE_AXES]
+    if not named:
+        return executor
+    if len(named) > 1:
+        raise NandoctorError(f"--axis {' and --axis '.join(named)}: a grid has one hardware axis; pass one of them")
+    axis = named[0]
+    kind, noun = HARDWARE_AXES[axis]
+    if executor.kind != kind:
+        other = {k: a for a, (k, _) in HARDWARE_AXES.items()}.get(executor.kind)
+        instead = f"; with --executor {executor.kind} the hardware axis is {other}" if other else ""
+        raise NandoctorError(f"--axis {axis} names {noun}s: it needs --executor {kind}{instead}")
+    if axis == "partition" and executor.option("partition") is not None:
+        raise NandoctorError("--axis partition and --executor-opt partition both choose the partition; pass one of them")
+    return replace(executor, hardware=tuple(parse_axis_values(axis, axes[axis])))

@@ -4,10 +4,10 @@ others' drift is judged against it), then the cheap cells, so a user sees most v
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .capabilities import cell_support, computes_in_half
-from .cells import AXES, DEFAULT_AXES, REFERENCE_CELL, Cell, parse_axis_values
+from .cells import AXES, DEFAULT_AXES, HARDWARE_AXES, REFERENCE_CELL, Cell, parse_axis_values
 from .config import Recipe
 
 CPU_DEFAULT_COMPILE = ["off"]  # the first inductor step costs ~36 s on a 2-core CPU: opt in with --axis
@@ -43,12 +43,21 @@ def cost_rank(cell: Cell, device: dict) -> tuple[int, bool]:
     return cell.compilation.cost, device.get("device") != "cuda" and computes_in_half(cell.dtype)
 
 
+def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
+    """The hardware a grid probes each cell on: the values of its hardware axis (--axis partition= /
+    node_type=), or [""] (wherever the executor puts it)."""
+    return next((list(v) for k, v in axes.items() if k in HARDWARE_AXES), [""])
+
+
 def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None) -> list[PlannedProbe]:
-    """Cross product of the axes (defaults filled in from the recipe and device): the reference
-    first, then by cost_rank, keeping the axes' order among equals."""
+    """Cross product of the axes (defaults filled in from the recipe and device), on each hardware kind:
+    the references first (one per kind: fidelity is judged against the fp32 of the same hardware),
+    then by cost_rank, keeping the axes' order among equals."""
     chosen = default_axes(recipe, device)
     for name, values in (axes or {}).items():
         chosen[name] = parse_axis_values(name, values)
     cells = [Cell(**dict(zip(AXES, values))) for values in itertools.product(*(chosen[axis] for axis in AXES))]
-    ordered = [REFERENCE_CELL] + sorted((c for c in cells if c != REFERENCE_CELL), key=lambda c: cost_rank(c, device))
-    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device)) for c in ordered]
+    kinds = hardware_kinds(chosen)
+    references = [replace(REFERENCE_CELL, hardware=h) for h in kinds]
+    others = sorted((replace(c, hardware=h) for c in cells if c != REFERENCE_CELL for h in kinds), key=lambda c: cost_rank(c, device))
+    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device)) for c in references + others]

@@ -227,7 +227,8 @@ class ProbeRecord:
     launch: str | None = None  # "warm" (forked from a worker), "cold" (a fresh interpreter), "slurm" or "ray"
     worker_pid: int | None = None
     job_id: str | None = None  # the scheduler's id of the job or task that ran it (slurm, ray)
-    node: str | None = None  # the host an executor placed it on
+    node: str | None = None  # the host an executor placed it on (its hostname, read on that host)
+    gpu: str | None = None  # the GPUs the scheduler gave it there, as NVML names them on that host; None: no GPU
     cached_from: str | None = None  # the run directory a reused record was first measured in
     env: dict | None = None
     load_s: float | None = None  # setup: model, data, optimizer, numerics (build_s included)

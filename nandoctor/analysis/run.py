@@ -62,6 +62,16 @@ class RunAnalysis:
         return self.ranking[0] if self.ranking else None
 
     @property
+    def hardware(self) -> list[str]:
+        """The kinds of hardware the run probed (its hardware axis: Cell.hardware), in plan order; []
+        when it had none. The ranking is per kind, kind after kind (rank_per_hardware)."""
+        return list(dict.fromkeys(o.record.cell.hardware for o in self.outcomes if o.record.cell.hardware))
+
+    def recommended_on(self, hardware: str) -> ProbeOutcome | None:
+        """The best stable configuration on one kind of hardware: the first of its ranking."""
+        return next((o for o in self.ranking if o.record.cell.hardware == hardware), None)
+
+    @property
     def speed_ties(self) -> list[ProbeOutcome]:
         """The ranked probes that are as fast as the recommended one within their measured noise, in
         its fidelity bucket and flag status (the recommendation among them is the fixed tie order's)."""
@@ -69,6 +79,7 @@ class RunAnalysis:
         if rec is None:
             return []
         return [o for o in self.ranking[1:] if o.speed_class == rec.speed_class and o.speed_class is not None
+                and o.record.cell.hardware == rec.record.cell.hardware
                 and bool(o.flags) == bool(rec.flags) and same_bucket(o, rec)]
 
     @property
@@ -104,14 +115,15 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
     """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory,
     optimizer-state bytes."""
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
-             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel, "overrides": o.record.overrides,
+             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel,
+             "hardware": o.record.cell.hardware, "node": o.record.node, "gpu": o.record.gpu, "overrides": o.record.overrides,
              "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
              "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
              "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
              "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
              "peak_memory_bytes": o.peak_memory_bytes, "optimizer_state_bytes": o.record.optimizer_state_bytes,
              "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
-    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "overrides", "seed", "verdict", "step", "reason",
+    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "hardware", "node", "gpu", "overrides", "seed", "verdict", "step", "reason",
                "fidelity", "tokens_per_s", "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "optimizer_state_bytes",
                "steps_run", "wall_s", "flags"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
@@ -141,6 +153,14 @@ def rankable(outcomes: list[ProbeOutcome]) -> list[int]:
     return [ids[0] for ids in by_config.values() if all(outcomes[i].verdict.name == STABLE for i in ids)]
 
 
+def rank_per_hardware(table: pd.DataFrame, hardware: list[str]) -> pd.DataFrame:
+    """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
+    measured on the same kind), the kinds in the order they first appear; hardware: one per table row
+    of the whole probe table, by position."""
+    kinds = list(dict.fromkeys(hardware[i] for i in table.index))
+    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]]) for h in kinds]) if len(kinds) > 1 else rank(table)
+
+
 def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
     """Probe id -> its throughput over the re-timing rounds that trained to the end (retime.json)."""
     runs: dict[str, list[list[Step]]] = {}
@@ -167,7 +187,7 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
                                      flags_of(r, findings), fidelity(r.steps, references.exact(r)),
                                      retimed=r.probe_id in retimed))
     table = probe_table(outcomes)
-    ranked = rank(table.iloc[rankable(outcomes)])
+    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes])
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):
         outcomes[i].speed_class = int(speed_class)
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
@@ -178,12 +198,16 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
 def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
     """The ranked probes whose speed decides the winner: those sharing the recommended one's fidelity
     bucket and flag status, when there are two or more; at most `most`, in rank order (the likeliest
-    winners). Empty when fidelity or nandoctor's rules alone decide."""
-    rec = a.recommended
-    if rec is None:
-        return []
-    top = [o for o in a.ranking if same_bucket(o, rec) and bool(o.flags) == bool(rec.flags)]
-    return top[:most] if len(top) > 1 else []
+    winners). Empty when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's
+    winner is decided among that kind's probes only."""
+    leaders = []
+    for rec in ([a.recommended_on(h) for h in a.hardware] if a.hardware else [a.recommended]):
+        if rec is None:
+            continue
+        top = [o for o in a.ranking if o.record.cell.hardware == rec.record.cell.hardware
+               and same_bucket(o, rec) and bool(o.flags) == bool(rec.flags)]
+        leaders += top[:most] if len(top) > 1 else []
+    return leaders
 
 
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:

@@ -186,11 +186,12 @@ def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresh
 
 
 def is_reference(record: ProbeRecord) -> bool:
-    return record.cell == REFERENCE_CELL
+    return record.cell.anywhere == REFERENCE_CELL
 
 
 def reference_key(record: ProbeRecord) -> str:
-    """Drift is judged against the reference of the same recipe variant and seed. The recipe is read
+    """Drift is judged against the reference of the same recipe variant and seed, on the same kind of
+    hardware (Cell.hardware: fp32 itself differs between GPUs). The recipe is read
     back with today's defaults, so that a record written before a recipe section existed (fp8) meets
     the reference a resumed run writes now."""
     recipe = record.recipe
@@ -198,7 +199,8 @@ def reference_key(record: ProbeRecord) -> str:
         recipe = recipe_to_dict(recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", "")))
     except NandoctorError:
         pass  # a recipe this version cannot read (a newer one's) is compared as written
-    return json.dumps([recipe, record.seed], sort_keys=True, default=str)
+    same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
+    return json.dumps(same, sort_keys=True, default=str)
 
 
 class References:

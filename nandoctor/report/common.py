@@ -10,7 +10,9 @@ from ..record import ModelPlan
 from . import timing
 from .charts import as_float
 
-AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup"}
+AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup",
+              "hardware": "kind of hardware"}
+CELL_AXES = (*AXES, "hardware")  # what tells cells apart: the grid axes and the hardware they ran on
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -68,8 +70,8 @@ def label(o: ProbeOutcome) -> str:
 
 
 def _values(cells: list[Cell], axis: str) -> list[str]:
-    present = {getattr(c, axis) for c in cells}
-    return [v for v in AXES[axis] if v in present]
+    present = list(dict.fromkeys(getattr(c, axis) for c in cells))  # hardware names: in the run's order
+    return [v for v in AXES[axis] if v in present] if axis in AXES else present
 
 
 def cells_text(cells: list[Cell], universe: list[Cell]) -> str:
@@ -79,12 +81,12 @@ def cells_text(cells: list[Cell], universe: list[Cell]) -> str:
     cells = list(dict.fromkeys(cells))
     if len(cells) == 1:
         return cells[0].id
-    varying = [axis for axis in AXES if len(_values(cells, axis)) > 1]
+    varying = [axis for axis in CELL_AXES if len(_values(cells, axis)) > 1]
     product = math.prod(len(_values(cells, axis)) for axis in varying)
     if product != len(cells):  # not a full cross product: describe it one value of the first varying axis at a time
         first = varying[0]
         return "; ".join(cells_text([c for c in cells if getattr(c, first) == v], universe) for v in _values(cells, first))
-    fixed = [axis for axis in AXES if axis not in varying]
+    fixed = [axis for axis in CELL_AXES if axis not in varying]
     peers = [u for u in universe if all(getattr(u, axis) == getattr(cells[0], axis) for axis in fixed)]
     named = [getattr(cells[0], axis) for axis in fixed if len(_values(universe, axis)) > 1]
     spans = []
@@ -134,6 +136,16 @@ def environment_rows(a: RunAnalysis) -> list[dict]:
     return [{"fact": k, "value": v} for k, v in rows]
 
 
+def hardware_line(a: RunAnalysis, hardware: str) -> str:
+    """The recommendation on one kind of hardware (a grid with a hardware axis ranks each kind apart)."""
+    rec = a.recommended_on(hardware)
+    if rec is None:
+        return f"Recommended on {hardware}: none (no stable configuration there)"
+    flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
+    return (f"Recommended on {hardware}: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
+            f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
+
+
 def headline(a: RunAnalysis) -> list[str]:
     """The sentences a user reads first."""
     lines = []
@@ -141,6 +153,8 @@ def headline(a: RunAnalysis) -> list[str]:
     if a.meta["kind"] == "bisect":
         from .bisection import headline_lines
         lines += headline_lines(a.bisection)
+    elif a.hardware:
+        lines += [hardware_line(a, h) for h in a.hardware]
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "

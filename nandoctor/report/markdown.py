@@ -23,7 +23,8 @@ def render_markdown(a: RunAnalysis) -> str:
     parts = [f"# nandoctor {m['kind']}: {m['recipe']['name']}", "",
              f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.", ""]
     head = common.headline(a)
-    parts += [f"**{head[0]}**", ""] + [f"- {line}" for line in head[1:]] + [""]
+    first = len(a.hardware) if a.hardware and a.meta["kind"] != "bisect" else 1  # a recommendation per kind of hardware
+    parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
     parts += matrix_section(a) + failure_section(a)
     parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
     if m["kind"] == "bisect" and a.bisection:

@@ -1,5 +1,5 @@
 """The verdict matrix at the top of report.html and report.md: one panel per compile value (and per
-optimizer, when a run probes several), a row per dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
+optimizer, parallel setup and kind of hardware, when a run probes several), a row per dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
 in cells.AXES order, so a new dtype or attention value gets its row or column without a change here.
 
 A cell holds the probe of the run's own recipe and seed; probes with recipe overrides or other seeds
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import STABLE, UNSUPPORTED
-from ..cells import AXES, Cell
+from ..cells import AXES, HARDWARE_AXES, Cell
 from .common import fmt_fidelity, fmt_rate, label
 from .forensics import forensics_of, headroom_applies, tightest_line
 
@@ -43,6 +43,8 @@ def recommended_ids(a: RunAnalysis) -> set[str]:
         b = a.bisection or {}
         step = b.get("recommended_step")
         return set(b["path"][step]["probe_ids"]) if step is not None else set()
+    if a.hardware:  # one recommendation per kind of hardware
+        return {o.probe_id for o in map(a.recommended_on, a.hardware) if o}
     return {a.recommended.probe_id} if a.recommended else set()
 
 
@@ -79,22 +81,36 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
         return []
     recommended = recommended_ids(a)
     values = {axis: [v for v in AXES[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
+    kinds = list(dict.fromkeys(c.hardware for c in cells))
     pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
                "recommended": False, "fastest": False}
     panels = []
-    for comp, opt, par in ((c, o, p) for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]):
+    for hw, comp, opt, par in ((h, c, o, p) for h in kinds for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
-                cell = Cell(dtype, attn, comp, opt, par)
+                cell = Cell(dtype, attn, comp, opt, par, hw)
                 row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
-        caption = (f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
+        caption = ((f"{hardware_name(a)}={hw}{ran_on(a, hw)}, " if hw else "") + f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
                    + (f", parallel={par}" if len(values["parallel"]) > 1 else ""))
-        panels.append({"compile": comp, "optimizer": opt, "parallel": par, "caption": caption, "columns": values["attn"], "rows": rows})
+        panels.append({"hardware": hw, "compile": comp, "optimizer": opt, "parallel": par, "caption": caption, "columns": values["attn"], "rows": rows})
     return panels
+
+
+def hardware_name(a: RunAnalysis) -> str:
+    """The run's hardware axis as the user named it (partition, node_type)."""
+    return next((axis for axis in (a.meta.get("axes") or {}) if axis in HARDWARE_AXES), "hardware")
+
+
+def ran_on(a: RunAnalysis, hardware: str) -> str:
+    """' (ran on node1: NVIDIA H100 80GB HBM3)': the hosts and GPUs the probes of one hardware kind
+    measured on their node (the record's node and gpu), so a mislabelled partition shows."""
+    seen = sorted({f"{o.record.node}: {o.record.gpu}" if o.record.gpu else o.record.node
+                   for o in a.outcomes if o.record.cell.hardware == hardware and o.record.node})
+    return f" (ran on {'; '.join(seen[:3])}{'; ...' if len(seen) > 3 else ''})" if seen else ""
 
 
 def verdicts_shown(panels: list[dict]) -> list[str]:

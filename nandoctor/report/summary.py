@@ -14,6 +14,7 @@ from .timing import timing_summary
 
 def _probe(o: ProbeOutcome) -> dict:
     return {"probe_id": o.probe_id, "cell": o.record.cell.to_dict(), "overrides": o.record.overrides,
+            "hardware": o.record.cell.hardware or None, "node": o.record.node, "gpu": o.record.gpu,
             "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
             "throughput": o.throughput.to_dict() if o.throughput else None, "retimed": o.retimed,
@@ -28,6 +29,7 @@ def render_summary(a: RunAnalysis) -> dict:
             "model": a.meta["model_plan"], "planned": a.expected, "finished": len(a.outcomes),
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
+            "recommended_by_hardware": {h: (o.probe_id if o else None) for h, o in ((h, a.recommended_on(h)) for h in a.hardware)},
             "ranking": [o.probe_id for o in a.ranking], "timing": timing_summary(a), "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),
             "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),

@@ -1,5 +1,5 @@
 """Place probes on a Ray cluster: each probe one task with the CPUs / GPUs / custom resources the
-options give it. The task runs the probe in a scratch folder of its node and returns its files
+options give it, and a share of its hardware kind's custom resource (--axis node_type=, Cell.hardware). The task runs the probe in a scratch folder of its node and returns its files
 (placed.run_carried), so no shared filesystem is needed.
 
 A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
@@ -15,6 +15,11 @@ from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from .placed import run_carried
 from .placement import Ending, PlacedProbe, missing_extra
+
+# How much of a node_type resource one probe asks for: any node that has the resource at all can take
+# it, and the probe's CPUs and GPUs decide how many fit there (a cluster declares node_type_a100: 1 or
+# 100 alike).
+HARDWARE_SHARE = 0.001
 
 
 def parse_resources(text: str | None) -> dict:
@@ -61,16 +66,25 @@ class RayPlacement:
         if executor.option("gpus"):
             fits.append(have.get("GPU", 0) // executor.option("gpus"))
         self.capacity = max(1, int(min(fits)))
+        missing = [name for name in executor.hardware if have.get(name, 0) <= 0]
+        if missing:
+            self.close()
+            known = sorted(k for k in have if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:"))
+            raise NandoctorError(f"--axis node_type={','.join(missing)}: no node of this Ray cluster has the custom resource"
+                                 f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; its custom resources: {', '.join(known) or 'none'}")
+        self.resources = parse_resources(executor.option("resources"))
         self.task = ray.remote(run_carried).options(
             max_retries=0, num_cpus=executor.option("cpus"), num_gpus=executor.option("gpus") or 0,
-            resources=parse_resources(executor.option("resources")), name="nandoctor-probe")
+            resources=self.resources, name="nandoctor-probe")
 
     def ready(self) -> None:
         pass
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         for probe in probes:
-            probe.handle = self.task.remote(probe.task.spec.to_dict(), probe.task.timeout_s)
+            kind = probe.task.spec.cell.hardware  # the hardware axis: a node that has this custom resource
+            task = self.task.options(resources={**self.resources, kind: HARDWARE_SHARE}) if kind else self.task
+            probe.handle = task.remote(probe.task.spec.to_dict(), probe.task.timeout_s)
             probe.job_id = probe.handle.task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
             # at most `parallel` tasks are out, sized to the cluster: Ray starts them at once
             probe.state, probe.started = "running", time.monotonic()

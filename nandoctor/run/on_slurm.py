@@ -80,10 +80,13 @@ class SlurmPlacement:
         self.options, self.run_dir = executor, Path(run_dir).resolve()
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
         self.executor = self._executor(submitit, executor, PARAMETERS)
-        self.canary = None
-        self.canary_file = self.run_dir / "slurm" / f"canary-{uuid.uuid4().hex[:8]}"
-        # the canary asks for the probes' partition and account, not their GPUs: it waits for no GPU
-        self._submit_canary(self._executor(submitit, executor, CANARY_PARAMETERS))
+        # one canary per partition the probes go to (the hardware axis, else the executor's partition),
+        # asking for that partition and account but not the probes' GPUs, so that it waits for none:
+        # sbatch refuses a partition it does not know at once, and each canary checks the shared filesystem
+        self.canaries = {}
+        canary = self._executor(submitit, executor, CANARY_PARAMETERS)
+        for partition in executor.hardware or (None,):
+            self._submit_canary(canary, partition)
 
     def _executor(self, submitit, executor: ExecutorConfig, names: dict):
         slurm = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
@@ -91,22 +94,28 @@ class SlurmPlacement:
         slurm.update_parameters(job_name="nandoctor", use_srun=False, stderr_to_stdout=True, **params)
         return slurm
 
-    def _submit_canary(self, slurm) -> None:
-        self.canary_file.parent.mkdir(parents=True, exist_ok=True)
-        slurm.update_parameters(time=2, cpus_per_task=1)
+    def _submit_canary(self, slurm, partition: str | None) -> None:
+        canary_file = self.run_dir / "slurm" / f"canary-{uuid.uuid4().hex[:8]}"
+        canary_file.parent.mkdir(parents=True, exist_ok=True)
+        slurm.update_parameters(time=2, cpus_per_task=1, **({"partition": partition} if partition else {}))
         with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
             try:
-                self.canary = slurm.submit(write_canary, str(self.canary_file))
+                self.canaries[canary_file] = slurm.submit(write_canary, str(canary_file))
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
-        raise NandoctorError(f"--executor slurm: sbatch refused the first job: {why[:300]}")
+        self.close()
+        first = f"a job on partition {partition!r} (--axis partition)" if partition else "the first job"
+        raise NandoctorError(f"--executor slurm: sbatch refused {first}: {why[:300]}")
 
     def ready(self) -> None:
-        """Wait for the canary job submitted at start; refuse the run if its file did not appear here."""
-        if self.canary is None:
-            return
-        job = self.canary.job_id
+        """Wait for the canary jobs submitted at start; refuse the run if one's file did not appear here."""
+        while self.canaries:
+            canary_file, canary = next(iter(self.canaries.items()))
+            self._await_canary(canary_file, canary.job_id)
+            del self.canaries[canary_file]  # it ended: nothing left to cancel
+
+    def _await_canary(self, canary_file: Path, job: str) -> None:
         deadline = time.monotonic() + CANARY_WAIT_S
         while time.monotonic() < deadline:
             states = squeue([job])
@@ -114,26 +123,30 @@ class SlurmPlacement:
                 break
             time.sleep(0.2)
         else:
-            subprocess.run(["scancel", job], capture_output=True)
             raise NandoctorError(f"--executor slurm: the canary job {job} did not run within {CANARY_WAIT_S:.0f} s; "
                                  "is the partition up (sinfo)?")
-        self.canary = None  # it ended: nothing left to cancel
         seen = time.monotonic() + SHARED_FS_WAIT_S
-        while not self.canary_file.exists() and time.monotonic() < seen:
+        while not canary_file.exists() and time.monotonic() < seen:
             time.sleep(0.2)
-        if not self.canary_file.exists():
+        if not canary_file.exists():
             raise NandoctorError(f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
                                  f"(canary job {job} ended {states.get(job, ('GONE',))[0]} and its file never appeared); "
                                  "pass --out on a shared filesystem")
-        self.canary_file.unlink()
+        canary_file.unlink()
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         budget = max(p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
         self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
-        with self.executor.batch():
-            jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in probes]
-        for probe, job in zip(probes, jobs):
-            probe.handle, probe.job_id = job, job.job_id
+        by_partition: dict[str, list[PlacedProbe]] = {}
+        for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware)
+            by_partition.setdefault(probe.task.spec.cell.hardware, []).append(probe)
+        for partition, batch in by_partition.items():
+            if partition:
+                self.executor.update_parameters(partition=partition)
+            with self.executor.batch():
+                jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in batch]
+            for probe, job in zip(batch, jobs):
+                probe.handle, probe.job_id = job, job.job_id
 
     def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
         states = squeue([p.job_id.split("_")[0] for p in probes])
@@ -170,6 +183,6 @@ class SlurmPlacement:
             time.sleep(0.2)
 
     def close(self) -> None:
-        if self.canary is not None:
-            subprocess.run(["scancel", self.canary.job_id], capture_output=True)
-            self.canary = None
+        if self.canaries:
+            subprocess.run(["scancel", *(c.job_id for c in self.canaries.values())], capture_output=True)
+            self.canaries.clear()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..env import get_nvml
 from ..record import ProbeSpec
 from .runner import MAX_WAIT_S, LOG_TAIL_CHARS, ProbeTask, RunningProbe
 from .slots import child_command, kill_group, probe_env
@@ -30,9 +31,20 @@ def node_gpus() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES") or None
 
 
+def gpu_names(visible: str | None) -> str | None:
+    """What the GPUs this job may use are, measured here on the node (NVML, no torch): their names,
+    joined; None on a node without NVML or GPUs. `visible` (CUDA_VISIBLE_DEVICES) narrows them when
+    it lists indices."""
+    devices = get_nvml().get("devices") or []
+    wanted = [v.strip() for v in (visible or "").split(",") if v.strip()]
+    if wanted and all(v.isdigit() for v in wanted):
+        devices = [d for d in devices if str(d["index"]) in wanted]
+    return ", ".join(d["name"] for d in devices) or None
+
+
 def run_placed(folder: str, timeout_s: float) -> dict:
     """Run the probe whose spec.json is in `folder` within its budget; returns {returncode, timed_out,
-    replay_overran, wall_s, node, gpus} and writes it to folder/placed.json."""
+    replay_overran, wall_s, node, gpus, gpu} and writes it to folder/placed.json."""
     folder = Path(folder)
     spec = ProbeSpec.from_dict(json.loads((folder / "spec.json").read_text()))
     gpus = node_gpus()
@@ -58,7 +70,7 @@ def run_placed(folder: str, timeout_s: float) -> dict:
     finally:
         kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
     placed = {"returncode": returncode, "timed_out": probe.timed_out, "replay_overran": probe.replay_overran,
-              "wall_s": probe.elapsed, "node": socket.gethostname(), "gpus": gpus}
+              "wall_s": probe.elapsed, "node": socket.gethostname(), "gpus": gpus, "gpu": gpu_names(gpus)}
     (folder / PLACED_FILE).write_text(json.dumps(placed))
     return placed
 

@@ -146,7 +146,7 @@ class RemoteRunner:
         if ending.placed is not None:
             p = ending.placed
             return collect(probe.task, probe.folder, p["returncode"], p["timed_out"], p["wall_s"],
-                           replay_overran=p["replay_overran"], node=p["node"], **facts)
+                           replay_overran=p["replay_overran"], node=p["node"], gpu=p.get("gpu"), **facts)
         if probe.cancelled or ending.state in SCHEDULER_ENDS:
             end = {"timed_out": True} if probe.cancelled else SCHEDULER_ENDS[ending.state]
             return collect(probe.task, probe.folder, None, end.get("timed_out", False), probe.elapsed,
