@@ -2,6 +2,8 @@
 arrays give the verdicts and losses the local executor gives, crashes, hangs and OOMs included;
 Ctrl-C leaves the queue empty and --resume finishes the run."""
 import json
+import os
+import subprocess
 
 import pytest
 from clusters import (EQUAL_GRID, EQUAL_VERDICTS, losses, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
@@ -82,9 +84,59 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
 
 
 def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "1", "--executor", "slurm",
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
                    "--executor-opt", "partition=nope", "--out", tmp_path / "run", env=slurm_env)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert errors == ["nandoctor: error: --executor slurm: sbatch refused the first job: "
                       "sbatch: error: Batch job submission failed: Invalid partition name specified"]
+
+
+def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
+    """{job id: the partition SLURM ran it in}, from squeue (ended jobs stay listed for MinJobAge)."""
+    out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids})),
+                          "-o", "%i %P"], capture_output=True, text=True, env={**os.environ, **env})
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
+@pytest.fixture(scope="module")
+def two_partitions(slurm_env, tmp_path_factory):
+    """The small grid on both partitions of the test cluster (--axis partition=main,spare)."""
+    out = tmp_path_factory.mktemp("slurm-partitions") / "run"
+    proc = run_cli("grid", *EQUAL_GRID, *SLURM, "--axis", "partition=main,spare", "--out", out, env=slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out, proc, job_partitions(slurm_env, [r["job_id"] for r in records(out).values()])
+
+
+def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses(two_partitions):
+    out, _, partitions = two_partitions
+    local = records(local_run("equal"))
+    expected = {f"{cell}@{p}": v for cell, v in EQUAL_VERDICTS.items() for p in ("main", "spare")}
+    assert verdicts(out) == expected
+    for probe_id, record in records(out).items():
+        cell, _, partition = probe_id.partition("@")
+        assert record["cell"]["hardware"] == partition and partitions[record["job_id"]] == partition
+        assert record["node"] and losses(record) == losses(local[cell])  # measured on the node it ran on
+
+
+def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partitions):
+    out, proc, _ = two_partitions
+    s = summary(out)
+    assert s["recommended_by_hardware"] == {"main": "fp32/eager/off@main", "spare": "fp32/eager/off@spare"}
+    node = records(out)["fp32/eager/off@main"]["node"]
+    report = (out / "report.md").read_text()
+    for partition in ("main", "spare"):
+        assert f"partition={partition} (ran on {node}), compile=off:" in report
+        assert f"**Recommended on {partition}: fp32/eager/off@{partition} (fidelity 0.000%" in report
+        assert f"Recommended on {partition}: fp32/eager/off@{partition}" in proc.stdout
+        assert f"<caption>partition={partition} (ran on {node}), compile=off</caption>" in (out / "report.html").read_text()
+
+
+def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
+                   "--axis", "partition=main,nope", "--out", tmp_path / "run", env=slurm_env)
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert errors == ["nandoctor: error: --executor slurm: sbatch refused a job on partition 'nope' (--axis partition): "
+                      "sbatch: error: Batch job submission failed: Invalid partition name specified"]
+    assert active_slurm_jobs(slurm_env) == []  # the canary already placed on `main` was cancelled
