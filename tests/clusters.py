@@ -94,20 +94,26 @@ def ray_skip_reason() -> str | None:
 
 RAY_HEAD = '''
 import os, sys, time, ray
-ctx = ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False)
+ctx = ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False,
+               resources=RESOURCES)
 print(ctx.address_info["gcs_address"], flush=True)
 sys.stdin.read()  # until the test closes it; then ray's exit handler stops the cluster this process started
 '''
 
 
+# The custom resources the local Ray's one node declares: two kinds of node for --axis node_type=.
+RAY_NODE_TYPES = {"node_small": 100, "node_big": 100}
+
+
 class LocalRay:
     """A real Ray started by a process of ours, every server on 127.0.0.1 (Ray resolves its node
-    address to the host's outward IP unless told its node is loopback-only)."""
+    address to the host's outward IP unless told its node is loopback-only), its one node declaring
+    RAY_NODE_TYPES."""
 
     def __init__(self):
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
         self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-        self.proc = subprocess.Popen([sys.executable, "-c", RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-c", f"RESOURCES = {RAY_NODE_TYPES!r}" + RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env, start_new_session=True)
         self.address = self.proc.stdout.readline().strip()
         assert self.address.startswith("127.0.0.1:"), self.address

@@ -77,3 +77,34 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
     assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 100
+
+
+@pytest.fixture(scope="module")
+def two_node_types(local_ray, tmp_path_factory):
+    """The small grid on both kinds of node the local Ray declares (custom resources node_small, node_big)."""
+    out = tmp_path_factory.mktemp("ray-node-types") / "run"
+    proc = run_cli("grid", *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_big", "--out", out,
+                   env=local_ray.env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_recommendation(two_node_types):
+    out = two_node_types
+    local = records(local_run("equal"))
+    assert verdicts(out) == {f"{cell}@{kind}": v for cell, v in EQUAL_VERDICTS.items() for kind in ("node_small", "node_big")}
+    for probe_id, record in records(out).items():
+        cell, _, kind = probe_id.partition("@")
+        assert record["cell"]["hardware"] == kind and record["launch"] == "ray" and record["node"]
+        assert losses(record) == losses(local[cell])
+    assert summary(out)["recommended_by_hardware"] == {"node_small": "fp32/eager/off@node_small", "node_big": "fp32/eager/off@node_big"}
+    assert "node_type=node_big (ran on " in (out / "report.md").read_text()
+
+
+def test_a_node_type_no_node_declares_is_one_line_and_exit_2(local_ray, tmp_path):
+    proc = run_cli("grid", *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_huge", "--out", tmp_path / "run",
+                   env=local_ray.env)
+    assert proc.returncode == 2
+    assert [line for line in proc.stderr.splitlines() if "error" in line] == [
+        "nandoctor: error: --axis node_type=node_huge: no node of this Ray cluster has the custom resource node_huge; "
+        "its custom resources: node_big, node_small"]

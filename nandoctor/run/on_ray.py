@@ -73,9 +73,9 @@ class RayPlacement:
             raise NandoctorError(f"--axis node_type={','.join(missing)}: no node of this Ray cluster has the custom resource"
                                  f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; its custom resources: {', '.join(known) or 'none'}")
         self.resources = parse_resources(executor.option("resources"))
-        self.task = ray.remote(run_carried).options(
-            max_retries=0, num_cpus=executor.option("cpus"), num_gpus=executor.option("gpus") or 0,
-            resources=self.resources, name="nandoctor-probe")
+        self.remote = ray.remote(run_carried)
+        self.task_options = {"max_retries": 0, "num_cpus": executor.option("cpus"), "num_gpus": executor.option("gpus") or 0,
+                             "name": "nandoctor-probe"}
 
     def ready(self) -> None:
         pass
@@ -83,8 +83,8 @@ class RayPlacement:
     def submit(self, probes: list[PlacedProbe]) -> None:
         for probe in probes:
             kind = probe.task.spec.cell.hardware  # the hardware axis: a node that has this custom resource
-            task = self.task.options(resources={**self.resources, kind: HARDWARE_SHARE}) if kind else self.task
-            probe.handle = task.remote(probe.task.spec.to_dict(), probe.task.timeout_s)
+            resources = {**self.resources, kind: HARDWARE_SHARE} if kind else self.resources
+            probe.handle = self.remote.options(**self.task_options, resources=resources).remote(probe.task.spec.to_dict(), probe.task.timeout_s)
             probe.job_id = probe.handle.task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
             # at most `parallel` tasks are out, sized to the cluster: Ray starts them at once
             probe.state, probe.started = "running", time.monotonic()
