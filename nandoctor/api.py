@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
@@ -21,15 +20,20 @@ from .run.fingerprint import environment_key
 from .run.session import Session
 from .run.store import ResultsStore
 
+if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
+    from .analysis.run import RunAnalysis
+
 
 @dataclass
 class Listener:
     """What a run tells its caller while it goes; every hook is optional.
 
+    opened(run_dir): at once, when the run directory is chosen (before the device facts and the model plan);
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None).
     """
+    opened: Callable | None = None
     started: Callable | None = None
     probe: Callable | None = None
     alive: Callable | None = None
@@ -53,13 +57,18 @@ class Progress:
 
 
 def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session_args) -> tuple[Session, Progress]:
-    """A Session whose records and heartbeats go to the listener, which hears about the model plan."""
+    """A prepared Session whose records and heartbeats go to the listener, which hears about the run
+    directory at once and about the model plan once it is made."""
     listener = listener or Listener()
     judge = Progress(listener.probe)
     session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, **session_args)
     try:
+        if listener.opened:
+            listener.opened(session.dir)
+        session.prepare()
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
+        from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
     except BaseException:
         session.runner.close()
         raise
@@ -85,7 +94,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
              cache: ProbeCache | None = None) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written)."""
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
-                                  device=device or collect_doctor(), warm=warm, cache=cache)
+                                  device=device, warm=warm, cache=cache)
     with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
@@ -115,8 +124,11 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
 
 def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True,
               listener: Listener | None = None):
-    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)])."""
-    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device or collect_doctor(), warm=warm)
+    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]). Quick:
+    one warm worker, importing while this process plans, and the forensics replay only after a
+    non-finite step."""
+    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device, warm=warm,
+                              replay_failed_only=True)
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
         doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
@@ -129,6 +141,7 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
 
 def render_run(run_dir) -> RunAnalysis:
     """Analyse a run directory (finished or interrupted) and write its reports next to the results."""
+    from .analysis.run import analyze
     from .report import write_reports
     analysis = analyze(run_dir)
     write_reports(analysis, Path(run_dir))

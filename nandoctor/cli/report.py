@@ -1,10 +1,7 @@
 """`nandoctor report DIR`: re-render a finished or interrupted run from its results.jsonl."""
 from __future__ import annotations
 
-from ..analysis.run import ranked_table
-from ..api import render_run
 from ..errors import NandoctorError
-from ..report.terminal import render_terminal
 
 
 def register(sub) -> None:
@@ -15,6 +12,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..analysis.run import ranked_table  # pandas: imported by the command that uses it, not by `nandoctor --help`
+    from ..api import render_run
+    from ..report.terminal import render_terminal
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
     if args.csv:
