@@ -54,7 +54,7 @@ def run_grid(args: list[str], out: Path) -> dict:
         now = time.perf_counter() - t0
         marks.setdefault("first line", now)
         if line.startswith("model:"):
-            marks["model line"] = now
+            marks.setdefault("model line", now)  # the terminal report ends with a "model:" line too
         if PROGRESS.match(line):
             marks.setdefault("first probe done", now)
             marks["last probe done"] = now
