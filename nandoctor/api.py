@@ -31,12 +31,14 @@ class Listener:
     opened(run_dir): at once, when the run directory is chosen (before the device facts and the model plan);
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
-    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None).
+    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
+    retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
     opened: Callable | None = None
     started: Callable | None = None
     probe: Callable | None = None
     alive: Callable | None = None
+    retiming: Callable | None = None
 
 
 class Progress:
@@ -102,6 +104,8 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
         session.start(len(probes), {"axes": axes or {}, "doctor": doctor})
         judge.planned = len(probes)
         session.run(recipe, probes)
+        from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
+        retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(session.dir)
 
 
@@ -119,6 +123,8 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
         for record in session.resume(len(probes)):
             judge(record, quiet=True)
         session.run(recipe, probes)
+        from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
+        retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(run_dir)
 
 

@@ -250,10 +250,19 @@ class Thresholds:
       is the common cause); bf16-amp stays within ~0.005 nats of fp32 on the default recipe.
     - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
     - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
+    - speed_margin: inside a bucket, a probe is faster only by more than 5% of the other's median
+      tokens/s, and beyond both spreads (analysis/ranking.py): a few percent is what one idle core more
+      or less makes, not a reason to prefer a less plain configuration.
     - spike_min_history: a spike needs at least 3 earlier steps to compare with (steps 0-2 of a fresh
       model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
     - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
+    - no_learning_loss_rel / no_learning_min_steps: a loss that stays within 1e-6 (relative) of its
+      first value for every step of a curve of 4 steps or more has not moved: nothing trains. 1e-6 is a
+      few fp32 ulps (reduction-order noise); a model that learns moves by orders of magnitude more per
+      step, and even one that does not learn sees a different loss on each of the data's batches
+      unless its output ignores its input (zero weights). A grad-norm of exactly 0 at every step is
+      judged from the first step: no parameter receives a gradient.
     """
     min_scale: float = 1.0
     spike_factor: float = 2.0
@@ -265,9 +274,12 @@ class Thresholds:
     init_loss_band_nats: float = 1.0
     init_loss_band_rel: float = 0.10
     fidelity_bucket: float = 0.005
+    speed_margin: float = 0.05
     spike_min_history: int = 3
     rise_min_steps: int = 4
     tail_fraction: float = 0.25
+    no_learning_loss_rel: float = 1e-6
+    no_learning_min_steps: int = 4
 
 
 THRESHOLDS = Thresholds()

@@ -11,6 +11,7 @@ import os
 import platform
 import shutil
 import sys
+import time
 
 
 def get_version(dist: str) -> str | None:
@@ -44,6 +45,72 @@ def get_ram_bytes() -> tuple[int, int] | None:
         return None
     vm = psutil.virtual_memory()
     return vm.total, vm.available
+
+
+def get_load_average() -> list[float] | None:
+    """The 1-, 5- and 15-minute load averages (runnable processes, ours included); None where the OS has none."""
+    try:
+        return list(os.getloadavg())
+    except (AttributeError, OSError):
+        return None
+
+
+def get_cpu_busy_s() -> float | None:
+    """Seconds all cores together have spent busy since boot, or None without psutil. Steal (time a
+    hypervisor gave to other machines) counts as busy: it is load the probe competes with; guest time is
+    already inside user time."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    t = psutil.cpu_times()
+    return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
+def get_own_cpu_s() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    t = os.times()
+    return t.user + t.system
+
+
+def get_gpu_load() -> list[dict] | None:
+    """Per visible GPU: NVML's utilisation (percent of its last sample period a kernel ran) and the
+    compute processes on it other than this one; None without NVML (nvidia-ml-py or the driver)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, or NVMLError without a driver
+        return None
+    try:
+        out = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            others = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid != os.getpid()]
+            out.append({"index": i, "util_percent": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                        "other_processes": len(others),
+                        "other_memory_bytes": sum(p.usedGpuMemory or 0 for p in others)})
+        return out
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def get_host_sample() -> dict:
+    """What host_load compares: wall clock, the host's and this process's CPU seconds."""
+    return {"wall": time.monotonic(), "busy_s": get_cpu_busy_s(), "own_s": get_own_cpu_s()}
+
+
+def host_load(before: dict) -> dict:
+    """Other processes' use of the host since `before` (a get_host_sample): the cores they kept busy on
+    average (None without psutil), the load averages now, and the GPUs' use by other processes."""
+    after = get_host_sample()
+    wall = after["wall"] - before["wall"]
+    other = None
+    if before["busy_s"] is not None and after["busy_s"] is not None and wall > 0:
+        other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"])) / wall)
+    return {"wall_s": wall, "cpu_count": get_cpu_count(), "other_cpu_cores": other,
+            "loadavg": get_load_average(), "gpus": get_gpu_load()}
 
 
 def get_cuda_devices() -> list[dict]:

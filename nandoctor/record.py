@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import signal as signals
+import statistics
 from dataclasses import dataclass, field
 
 from .cells import Cell
@@ -22,6 +23,13 @@ from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 # `forensics` of a result written after the timed steps, while the replay still runs. A record that
 # still says so when its process ended had its replay cut short (the runner notes why).
 REPLAY_RUNNING = {"status": "running"}
+
+
+def _as_float(value: int) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _known(cls, data: dict) -> dict:
@@ -94,6 +102,14 @@ class Step:
     tokens_per_s: float | None = None
     update_loss: float | None = None  # forensics replay only: share of meant updates that rounded away
 
+    def __post_init__(self):
+        # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
+        # +-inf from here on, so that every later stage does float arithmetic on it without overflowing.
+        for name in ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, _as_float(value))
+
     def unrecoverable(self, min_scale: float = THRESHOLDS.min_scale) -> str | None:
         """What made this step unrecoverable ('loss', 'grad' or 'scale'), or None. A GradScaler skip
         with a finite loss is calibration, not failure, until the scale would fall below min_scale."""
@@ -111,6 +127,76 @@ class Step:
     @classmethod
     def from_dict(cls, data: dict) -> "Step":
         return cls(**_known(cls, data))
+
+
+# A leading step slower than this share of the later steps' median rate is still warming up
+# (allocator growth, lazy kernel choice, a compile or recompile); a step that is merely noisy is not.
+WARMUP_RATE_SHARE = 0.5
+
+
+def warmup_steps(rates: list[float]) -> int:
+    """How many leading per-step rates (tokens/s) are warm-up: always the first, when there are
+    others, then each next one slower than WARMUP_RATE_SHARE of the median of the steps after it,
+    leaving at least half of them steady."""
+    if len(rates) < 2:
+        return 0
+    n = 1
+    while n < len(rates) // 2 and rates[n] < WARMUP_RATE_SHARE * statistics.median(rates[n + 1:]):
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Tokens/s of a probe's steady steps: the median and the spread of the per-step rates (quartiles,
+    min, max), warm-up steps left out. The spread is what the ranking calls noise."""
+    median: float
+    q1: float
+    q3: float
+    low: float
+    high: float
+    steps: int  # steady steps measured
+    warmup: int  # leading steps left out
+
+    @classmethod
+    def of_rates(cls, rates: list[float], warmup: int = 0) -> "Throughput | None":
+        """From steady per-step rates (already without warm-up); None when there are none."""
+        if not rates:
+            return None
+        q1, _, q3 = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) > 1 else rates * 3
+        return cls(statistics.median(rates), q1, q3, min(rates), max(rates), len(rates), warmup)
+
+    @classmethod
+    def of(cls, steps: list["Step"]) -> "Throughput | None":
+        rates = steady_rates(steps)
+        return cls.of_rates(rates[0], rates[1])
+
+    @classmethod
+    def pooled(cls, runs: list[list["Step"]]) -> "Throughput | None":
+        """One figure from several probes of the same cell (re-timing rounds): their steady rates
+        together, so that the spread covers the differences between rounds too."""
+        steady = [steady_rates(steps) for steps in runs]
+        return cls.of_rates([r for rates, _ in steady for r in rates], sum(w for _, w in steady))
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range relative to the median."""
+        return (self.q3 - self.q1) / self.median if self.median else math.inf
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "Throughput | None":
+        return cls(**_known(cls, data)) if data else None
+
+
+def steady_rates(steps: list["Step"]) -> tuple[list[float], int]:
+    """(the steady steps' tokens/s, how many leading steps were warm-up); steps without a rate (a live
+    run's batch without an attention mask) are left out."""
+    rates = [s.tokens_per_s for s in steps if s.tokens_per_s]
+    warmup = warmup_steps(rates)
+    return rates[warmup:], warmup
 
 
 @dataclass
@@ -145,7 +231,9 @@ class ProbeRecord:
     build_s: float | None = None  # constructing the model on its device (init or weight load)
     train_s: float | None = None
     compile_s: float | None = None  # compiled cells: what the first step took beyond a steady step
-    steady_step_s: float | None = None  # median step time after the first step (what tokens/s is ranked on)
+    steady_step_s: float | None = None  # median time of the steady steps (after the warm-up ones)
+    throughput: Throughput | None = None  # tokens/s of the steady steps, with its spread (what the ranking reads)
+    host_load: dict | None = None  # other processes' use of the host during the timed steps (env.host_load)
     first_nonfinite: dict | None = None
     stopped_early: bool = False
     peak_memory_bytes: int | None = None
@@ -163,6 +251,7 @@ class ProbeRecord:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["cell"] = self.cell.to_dict()
         out["steps"] = [s.to_dict() for s in self.steps]
+        out["throughput"] = self.throughput.to_dict() if self.throughput else None
         return out
 
     @classmethod
@@ -170,6 +259,7 @@ class ProbeRecord:
         kwargs = _known(cls, data)
         kwargs["cell"] = Cell(**data["cell"])
         kwargs["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
+        kwargs["throughput"] = Throughput.from_dict(data.get("throughput"))
         return cls(**kwargs)
 
     @classmethod

@@ -25,6 +25,22 @@ def save_llama(path: Path, mlp_scale: dict | None = None, seed: int = 0, **overr
     return path
 
 
+def save_dead_llama(path: Path) -> Path:
+    """A Llama that cannot learn: lm_head and the final norm's weight are zero. The logits are 0 for
+    every token (loss ln(vocab) on any batch), the lm_head's gradient is the logits' gradient times
+    the normed hidden state (0), and nothing below the lm_head receives any: every gradient is
+    exactly 0, so no optimizer step changes a weight."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    save_llama(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+        model.model.norm.weight.zero_()
+    model.save_pretrained(path)
+    return path
+
+
 # Layer 1's MLP scaled so that down_proj's output passes 65504 (fp16's largest finite value) while
 # fp32 and bf16 (8-bit exponent) hold it; measured on the 4 synthetic batches: max |down_proj| is
 # 2.1e5 to 3.2e5 (with factors 100/300 it was 4.7e4 to 7.1e4: only some batches overflow).

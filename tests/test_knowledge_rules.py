@@ -95,6 +95,9 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
     "grad-scale-falls-below-1": (
         lambda t, p: observed_facts(scaled([(2.0, True), (1.0, True)])),
         lambda t, p: observed_facts(scaled([(65536.0, True), (32768.0, False)]))),
+    "gradients-all-zero": (
+        lambda t, p: observed_facts(ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(i, 6.93, 0.0) for i in range(3)])),
+        lambda t, p: observed_facts(ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 6.93, 0.0), Step(1, 6.9, 0.2)]))),
     "fp8-batch-tokens-not-multiple-of-16": (  # tiny-llama batches 4 sequences: 4 * 65 = 260 tokens
         lambda t, p: facts(recipe(seq_len="65"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0")),
         lambda t, p: facts(recipe(seq_len="64"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0"))),

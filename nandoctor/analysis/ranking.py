@@ -1,32 +1,117 @@
-"""Order stable probes: fidelity to the fp32 reference first (in buckets, so that near-equal fidelity
-lets speed decide), then unflagged before flagged by nandoctor's own rules, then tokens/s, then peak
-memory. Pure: works on the run's probe table."""
+"""Order stable probes. Pure: works on the run's probe table, never runs anything.
+
+The order, best first:
+1. fidelity to the fp32 reference, in buckets (Thresholds.fidelity_bucket), so that near-equal
+   fidelity lets what follows decide;
+2. configurations no nandoctor rule flags before flagged ones;
+3. speed, but only where it is told apart from noise: two probes are equally fast unless the faster
+   one's median tokens/s is above the other's by more than Thresholds.speed_margin AND its lower
+   quartile is above the other's upper quartile (their per-step spreads do not overlap). Starting
+   from the fastest probe left, every probe not clearly slower than it forms one speed class;
+4. inside a speed class, a fixed order of adoption (`adoption_key`): compile off before compiled
+   ones (nothing to wait for, nothing to break), then precisions that keep fp32 master weights, no
+   GradScaler and no fp8 conversion before those that do (the more robust first), then attention:
+   plain `sdpa` (what transformers picks when none is named) before `eager` (one argument) before a
+   pinned SDPA backend or a kernel package (code around the training loop, an extra install), then the
+   default optimizer before one from another package; cell-table order settles the rest;
+5. then lower peak memory, then higher fidelity, then the order they came in.
+
+So a recommendation changes between two runs only when one configuration is faster by more than
+the noise both measured; otherwise the same fixed order picks the same one.
+"""
 from __future__ import annotations
 
-import statistics
+import math
 
-import numpy as np
 import pandas as pd
 
+from ..cells import ATTENTIONS, COMPILATIONS, DEFAULT_OPTIMIZER, OPTIMIZERS, PRECISIONS
 from ..config import THRESHOLDS, Thresholds
-from ..record import Step
+from ..record import Step, Throughput
+
+# transformers uses sdpa when no attn_implementation is given and torch supports it
+# (PreTrainedModel's default attention choice in transformers v5): nothing for the user to set.
+DEFAULT_ATTENTION = "sdpa"
 
 
 def tokens_per_s(steps: list[Step]) -> float | None:
-    """Median throughput, leaving out step 0 (allocator warm-up, compilation) when there are others."""
-    rates = [s.tokens_per_s for s in steps[1:] or steps if s.tokens_per_s]
-    return statistics.median(rates) if rates else None
+    """Median throughput of the steady steps (record.warmup_steps leaves out the warm-up ones)."""
+    t = Throughput.of(steps)
+    return t.median if t else None
+
+
+def adoption_key(dtype: str | None, attn: str | None, compile: str | None, optimizer: str | None) -> tuple:
+    """Sort key of a cell by what adopting it asks of a user: cheaper and more robust first (see the
+    module docstring). Values the cell table does not know sort last."""
+    def index(table: dict, name) -> int:
+        return list(table).index(name) if name in table else len(table)
+    c, p, a, o = COMPILATIONS.get(compile), PRECISIONS.get(dtype), ATTENTIONS.get(attn), OPTIMIZERS.get(optimizer or DEFAULT_OPTIMIZER)
+    compile_key = (c is None, c.cost if c else 0, index(COMPILATIONS, compile))
+    precision_key = (p is None,) + ((p.weights is not None, p.fp8 is not None, p.scaler, p.autocast is not None) if p else ()) \
+        + (index(PRECISIONS, dtype),)
+    attention_key = (a is None,) + ((a.sdpa_backend is not None or a.package is not None, a.name != DEFAULT_ATTENTION) if a else ()) \
+        + (index(ATTENTIONS, attn),)
+    optimizer_key = (o is None,) + ((o.package is not None, o.name != DEFAULT_OPTIMIZER) if o else ()) \
+        + (index(OPTIMIZERS, optimizer or DEFAULT_OPTIMIZER),)
+    return compile_key, precision_key, attention_key, optimizer_key
+
+
+def fidelity_bucket(fidelity: float | None, t: Thresholds = THRESHOLDS) -> int:
+    """The bucket of fidelities the ranking treats as equal (a probe without one joins the first)."""
+    return math.floor((fidelity or 0.0) / t.fidelity_bucket)
+
+
+def _number(row, column: str, default: float) -> float:
+    value = row.get(column) if hasattr(row, "get") else None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(value) else value
+
+
+def _speed(row) -> tuple[float, float, float]:
+    """(median, lower quartile, upper quartile) tokens/s; a probe without a spread has none; without a
+    rate it is the slowest."""
+    median = _number(row, "tokens_per_s", 0.0)
+    return median, _number(row, "tokens_per_s_q1", median), _number(row, "tokens_per_s_q3", median)
+
+
+def clearly_faster(a: tuple[float, float, float], b: tuple[float, float, float], t: Thresholds = THRESHOLDS) -> bool:
+    """Whether speed a = (median, q1, q3) beats b by more than their measured noise (and the margin)."""
+    return a[0] > b[0] * (1 + t.speed_margin) and a[1] > b[2]
+
+
+def _tie_key(row) -> tuple:
+    cell = [row.get(axis) if hasattr(row, "get") else None for axis in ("dtype", "attn", "compile", "optimizer")]
+    return adoption_key(*cell), _number(row, "peak_memory_bytes", 0.0), _number(row, "fidelity", 0.0)
 
 
 def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
-    """The rows of `table` (columns fidelity, tokens_per_s, peak_memory_bytes and, optionally, flags),
-    best first; rows that tie keep their order."""
-    flags = table["flags"] if "flags" in table else pd.Series("", index=table.index)
-    keys = pd.DataFrame({
-        "bucket": np.floor(table["fidelity"].astype(float) / t.fidelity_bucket).fillna(0),
-        "flagged": flags.fillna("").astype(bool),
-        "speed": -table["tokens_per_s"].astype(float).fillna(0.0),
-        "memory": table["peak_memory_bytes"].astype(float).fillna(0),
-    }, index=table.index)
-    order = keys.sort_values(["bucket", "flagged", "speed", "memory"], kind="stable").index
-    return table.loc[order]
+    """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
+    fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
+    tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, and the
+    cell's dtype / attn / compile / optimizer (the tie order)."""
+    rows = {i: table.loc[i] for i in table.index}
+    flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
+    groups: dict[tuple, list] = {}
+    for i in table.index:
+        fidelity = _number(rows[i], "fidelity", 0.0)
+        groups.setdefault((fidelity_bucket(fidelity, t), bool(flags[i])), []).append(i)
+    order, classes = [], {}
+    for key in sorted(groups):
+        left = sorted(groups[key], key=lambda i: -_speed(rows[i])[0])
+        speed_class = 0
+        while left:
+            lead = _speed(rows[left[0]])
+            tied = [i for i in left if not clearly_faster(lead, _speed(rows[i]), t)]
+            tied.sort(key=lambda i: _tie_key(rows[i]))
+            order += tied
+            classes.update({i: speed_class for i in tied})
+            left = [i for i in left if i not in tied]
+            speed_class += 1
+    out = table.loc[order].copy()
+    out["speed_class"] = [classes[i] for i in order]
+    return out
+
+

@@ -9,9 +9,10 @@ import pandas as pd
 
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
-from ..record import ProbeRecord, Step
-from ..run.store import BISECT_FILE, ResultsStore
-from .ranking import rank, tokens_per_s
+from ..record import ProbeRecord, Step, Throughput
+from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
+from .load import load_summary
+from .ranking import clearly_faster, fidelity_bucket, rank
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
@@ -22,9 +23,15 @@ class ProbeOutcome:
     record: ProbeRecord
     verdict: Verdict
     fidelity: float | None
-    tokens_per_s: float | None
+    throughput: Throughput | None  # the re-timed figure when the leading cells were re-timed, else the probe's
     reference_steps: list[Step] | None = None
     flags: list[str] = field(default_factory=list)  # ids of the error / warning findings that name this probe
+    retimed: bool = False  # throughput comes from the interleaved re-timing rounds (retime.json)
+    speed_class: int | None = None  # ranked probes: equal numbers in one fidelity bucket are equally fast within noise
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.throughput.median if self.throughput else None
 
     @property
     def probe_id(self) -> str:
@@ -44,14 +51,31 @@ class RunAnalysis:
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
+    timing: dict | None = None  # retime.json: the leading cells re-timed back to back, interleaved
+    load: dict | None = None  # analysis.load.load_summary: how busy the host was while probes were timed
 
     @property
     def recommended(self) -> ProbeOutcome | None:
         return self.ranking[0] if self.ranking else None
 
     @property
+    def speed_ties(self) -> list[ProbeOutcome]:
+        """The ranked probes that are as fast as the recommended one within their measured noise, in
+        its fidelity bucket and flag status (the recommendation among them is the fixed tie order's)."""
+        rec = self.recommended
+        if rec is None:
+            return []
+        return [o for o in self.ranking[1:] if o.speed_class == rec.speed_class and o.speed_class is not None
+                and bool(o.flags) == bool(rec.flags) and same_bucket(o, rec)]
+
+    @property
     def fastest(self) -> ProbeOutcome | None:
-        return max(self.ranking, key=lambda o: o.tokens_per_s or 0.0) if self.ranking else None
+        """The stable probe with the highest median tokens/s; the recommended one unless that is
+        clearly faster (beyond both measured spreads: ranking.clearly_faster)."""
+        if not self.ranking:
+            return None
+        best, rec = max(self.ranking, key=lambda o: o.tokens_per_s or 0.0), self.recommended
+        return best if clearly_faster(speed(best), speed(rec)) else rec
 
     @property
     def complete(self) -> bool:
@@ -78,30 +102,83 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
              "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "overrides": o.record.overrides,
              "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
-             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s, "peak_memory_bytes": o.peak_memory_bytes,
-             "optimizer_state_bytes": o.record.optimizer_state_bytes,
+             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
+             "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
+             "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
+             "peak_memory_bytes": o.peak_memory_bytes, "optimizer_state_bytes": o.record.optimizer_state_bytes,
              "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
     columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "overrides", "seed", "verdict", "step", "reason",
-               "fidelity", "tokens_per_s", "peak_memory_bytes", "optimizer_state_bytes", "steps_run", "wall_s", "flags"]
+               "fidelity", "tokens_per_s", "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "optimizer_state_bytes",
+               "steps_run", "wall_s", "flags"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
                                                        "optimizer_state_bytes": "Int64"})
 
 
-def analyze_records(meta: dict, records: list[ProbeRecord]) -> RunAnalysis:
-    """Verdicts need the fp32 reference of the same recipe and seed: learn the references first."""
+def speed(o: ProbeOutcome) -> tuple[float, float, float]:
+    t = o.throughput
+    return (t.median, t.q1, t.q3) if t else (0.0, 0.0, 0.0)
+
+
+def same_bucket(a: ProbeOutcome, b: ProbeOutcome) -> bool:
+    return fidelity_bucket(a.fidelity) == fidelity_bucket(b.fidelity)
+
+
+def configuration(record: ProbeRecord) -> tuple:
+    """What a probe configures: its cell, recipe overrides and seed. A bisection's identical reruns share one."""
+    return record.cell, tuple(sorted(record.overrides.items())), record.seed
+
+
+def rankable(outcomes: list[ProbeOutcome]) -> list[int]:
+    """Indices of the outcomes the ranking lists: one per configuration, its first probe, and only when
+    every probe of it (reruns included) was stable (a verdict that changes on a rerun is a failure)."""
+    by_config: dict[tuple, list[int]] = {}
+    for i, o in enumerate(outcomes):
+        by_config.setdefault(configuration(o.record), []).append(i)
+    return [ids[0] for ids in by_config.values() if all(outcomes[i].verdict.name == STABLE for i in ids)]
+
+
+def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
+    """Probe id -> its throughput over the re-timing rounds that trained to the end (retime.json)."""
+    runs: dict[str, list[list[Step]]] = {}
+    for p in (timing or {}).get("probes", []):
+        if p.get("status") == "ok":
+            runs.setdefault(p["of"], []).append([Step.from_dict(s) for s in p.get("steps") or []])
+    pooled = {of: Throughput.pooled(steps) for of, steps in runs.items()}
+    return {of: t for of, t in pooled.items() if t}
+
+
+def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None = None) -> RunAnalysis:
+    """Verdicts need the fp32 reference of the same recipe and seed: learn the references first.
+    `timing` (retime.json) replaces the throughput of the probes it re-timed."""
     references = References()
     for r in records:
         references.learn(r)
     findings = findings_of(meta, records)
+    retimed = retimed_throughput(timing)
     outcomes = []
     for r in records:
         v = references.judge(r)
-        outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), tokens_per_s(r.steps), references.of(r),
-                                     flags_of(r, findings)))
+        throughput = retimed.get(r.probe_id) or r.throughput or Throughput.of(r.steps)
+        outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), throughput, references.of(r),
+                                     flags_of(r, findings), retimed=r.probe_id in retimed))
     table = probe_table(outcomes)
-    ranked = rank(table[table["verdict"] == STABLE])
+    ranked = rank(table.iloc[rankable(outcomes)])
+    for i, speed_class in zip(ranked.index, ranked["speed_class"]):
+        outcomes[i].speed_class = int(speed_class)
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
-                       expected=meta.get("planned", len(records)), findings=findings)
+                       expected=meta.get("planned", len(records)), findings=findings, timing=timing,
+                       load=load_summary(records, timing))
+
+
+def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The ranked probes whose speed decides the winner: those sharing the recommended one's fidelity
+    bucket and flag status, when there are two or more; at most `most`, in rank order (the likeliest
+    winners). Empty when fidelity or nandoctor's rules alone decide."""
+    rec = a.recommended
+    if rec is None:
+        return []
+    top = [o for o in a.ranking if same_bucket(o, rec) and bool(o.flags) == bool(rec.flags)]
+    return top[:most] if len(top) > 1 else []
 
 
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
@@ -131,7 +208,7 @@ def analyze(run_dir) -> RunAnalysis:
     store = ResultsStore(run_dir)
     meta = store.meta()
     meta["run_dir"] = str(run_dir)  # where it is now, which may differ from where it was written
-    analysis = analyze_records(meta, store.records())
+    analysis = analyze_records(meta, store.records(), store.read_json(RETIME_FILE))
     analysis.bisection = store.read_json(BISECT_FILE)
     return analysis
 

@@ -15,6 +15,7 @@ from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
 
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
+NO_LEARNING = "no-learning"  # finite, but nothing trains: every gradient exactly 0, or a loss that never moves
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
@@ -97,11 +98,14 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
     for s in steps[since:]:
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
+    dead = no_learning(steps, t)
+    if dead:
+        return dead
     losses = [s.loss for s in steps]
     for k in range(max(t.spike_min_history, since), len(losses)):
         window = losses[max(0, k - t.spike_window):k]
         mean = sum(window) / len(window)
-        if losses[k] > t.spike_factor * mean:
+        if mean > 0 and losses[k] > t.spike_factor * mean:  # a spike is a multiple of a positive mean
             return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", steps[k].step)
     counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
     largest = max(counted, default=None)
@@ -127,6 +131,21 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
             return Verdict(DRIFT, f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
                                   f"{dev:.3f} nats off, tolerance {tol:.3f} ({t.drift_rel:.0%} of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})", n - q)
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """The no-learning verdict of a finite curve, judged on the curve itself (its fp32 reference may be
+    as dead): a grad-norm of exactly 0 at every step, or a loss that never moves; else None."""
+    counted = [s for s in steps if not s.skipped]
+    if counted and all(s.grad_norm == 0.0 for s in counted):
+        n = len(counted)
+        return Verdict(NO_LEARNING, f"grad-norm is exactly 0 at {'every one of ' + str(n) + ' steps' if n > 1 else 'step ' + str(counted[0].step)}: "
+                                    "no parameter receives a gradient, nothing trains", counted[0].step)
+    losses = [s.loss for s in steps]
+    if len(losses) >= t.no_learning_min_steps and all(abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses):
+        return Verdict(NO_LEARNING, f"loss stayed at {losses[0]:.6g} for all {len(losses)} steps "
+                                    f"(within {t.no_learning_loss_rel:g} relative): nothing trains", steps[0].step)
+    return None
 
 
 def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
@@ -200,6 +219,9 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
     out.append(("grad-norm finite at step 0", grad_ok,
                 f"grad-norm {_fmt(s0.grad_norm)}" + (" (skipped by the GradScaler while calibrating)" if s0.skipped else "")))
     out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
+    dead = no_learning(record.steps, t)
+    out.append(("gradients reach the weights", dead is None,
+                f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}"))
     if random_init:
         expected = math.log(vocab)
         band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)

@@ -20,8 +20,9 @@ from pathlib import Path
 
 from ..capabilities import cell_packages
 from ..cells import PACKAGES
+from ..env import get_host_sample, host_load
 from ..optional import hidden
-from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
+from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
 from .memory import split_after_first_step
 from .snapshot import Snapshot
@@ -70,13 +71,17 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     record.steps = log.steps
     split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
+    before = get_host_sample()
     try:
         train(forward, s, spec.recipe.grad_clip, spec.steps, log)
     finally:
         record.train_s = time.perf_counter() - t1
+        record.host_load = host_load(before)
+        record.throughput = Throughput.of(log.steps)
         record.first_nonfinite = log.first_nonfinite
         record.stopped_early = log.stopped_early
-        record.compile_s, record.steady_step_s = step_times(log.steps, compiled=backend is not None)
+        record.compile_s, record.steady_step_s = step_times(log.steps, backend is not None,
+                                                            record.throughput.warmup if record.throughput else 1)
         record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
         record.weights_bytes = split.get("weights_bytes")
         record.grads_bytes = split.get("grads_bytes")

@@ -66,15 +66,17 @@ class StepLog:
         return True
 
 
-def step_times(steps: list[Step], compiled: bool) -> tuple[float | None, float | None]:
-    """(compile_s, steady_step_s): the median time of the steps after the first, and for a compiled
-    cell what the first step took beyond it (tracing, code generation, autotuning; small on an
-    inductor cache hit). Eager cells have no compile time; their first step's extra is warm-up."""
+def step_times(steps: list[Step], compiled: bool, warmup: int = 1) -> tuple[float | None, float | None]:
+    """(compile_s, steady_step_s): the median time of the steps after the `warmup` ones (the first, and
+    any slow ones right after it: record.warmup_steps), and for a compiled cell what the warm-up steps
+    took beyond steady ones (tracing, code generation, autotuning; small on an inductor cache hit).
+    Eager cells have no compile time; their warm-up is allocator growth and kernel choice."""
     times = [s.time_s for s in steps if s.time_s is not None]
-    steady = statistics.median(times[1:]) if len(times) > 1 else None
+    warmup = max(1, warmup)
+    steady = statistics.median(times[warmup:]) if len(times) > warmup else None
     if not compiled or not times:
         return None, steady
-    return max(0.0, times[0] - (steady or 0.0)), steady
+    return max(0.0, sum(times[:warmup]) - warmup * (steady or 0.0)), steady
 
 
 def peak_memory(device: str) -> tuple[int, str]:

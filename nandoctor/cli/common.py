@@ -73,6 +73,13 @@ def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
     return f"  ... {probe_id} running {elapsed_s:.0f} s, {last}"
 
 
+def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
+    return (f"re-timing {', '.join(cells)} back to back, interleaved ({rounds} rounds of {steps} steps): "
+            "speed decides between them")
+
+
 def listener(probe) -> Listener:
-    """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat per running one."""
-    return Listener(opened=opened, started=started, probe=probe, alive=lambda *a: say(alive_line(*a)))
+    """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
+    per running one, and a line before a grid re-times its leading cells."""
+    return Listener(opened=opened, started=started, probe=probe, alive=lambda *a: say(alive_line(*a)),
+                    retiming=lambda *a: say(retiming_line(*a)))

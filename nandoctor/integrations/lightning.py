@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, recipe_of
+from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, guarded, recipe_of
 
 
 def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: str | None = None) -> Cell:
@@ -75,7 +75,9 @@ class NandoctorCallback(Callback):
     """Runs nandoctor's checks inside `Trainer.fit()`: the setup and step-0 checks at train start, the
     probes' verdict rules at every `every`-th optimizer step, and on the first failure stops training,
     replays the step with forensics hooks and writes a report to `output_dir` (default: the Trainer's
-    default_root_dir)/nandoctor. strict: a failed check raises instead of warning."""
+    default_root_dir)/nandoctor. strict: a failed check raises instead of warning, and a run that does
+    not learn is stopped. An error inside nandoctor is one line on stderr and switches the callback
+    off; training goes on."""
 
     def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
         self.watch = Watch(every, strict, device)
@@ -83,6 +85,7 @@ class NandoctorCallback(Callback):
         self.step = None  # the checked step being accumulated: its first batch and micro-batch losses
         self.open = self.stepped = False
 
+    @guarded
     def on_train_start(self, trainer, pl_module):
         model = watched_model(pl_module)
         optimizer = trainer.optimizers[0]
@@ -93,16 +96,19 @@ class NandoctorCallback(Callback):
                                  Path(self.output_dir or trainer.default_root_dir), step_loss=_TrainingStep(pl_module, model),
                                  autocast=trainer.precision_plugin.train_step_context))
 
+    @guarded
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if not self.open:  # the first micro-batch of an optimizer step
             self.open = True
             checking = self.watch.checking(trainer.global_step)
             self.step = SimpleNamespace(batch={"batch": batch, "batch_idx": batch_idx}, losses=[]) if checking else None
 
+    @guarded
     def on_before_backward(self, trainer, pl_module, loss):
         if self.step is not None:
             self.step.losses.append(loss.detach())  # divided by accumulate_grad_batches, times the loss scale
 
+    @guarded
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         self.stepped = True
         if self.step is None:
@@ -113,9 +119,17 @@ class NandoctorCallback(Callback):
         grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None])
         self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
 
+    @guarded
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if not self.stepped:  # a micro-batch that only accumulated gradients
             return
         if self.step is not None and self.watch.end_step():
             trainer.should_stop = True
         self.step, self.open, self.stepped = None, False, False
+
+    @guarded
+    def on_train_end(self, trainer, pl_module):
+        self.watch.finish()
+
+    def quiet(self):
+        self.step = None

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, recipe_of, trainer_cell
+from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, guarded, recipe_of, trainer_cell
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
 # stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu")
@@ -48,7 +48,8 @@ class NandoctorCallback(TrainerCallback):
     the probes' verdict rules at every `every`-th step, and on the first failure stops training,
     replays the step with forensics hooks (with gradient accumulation: on its first micro-batch) and
     writes a report to `output_dir` (default: the TrainingArguments output_dir)/nandoctor.
-    strict: a failed check raises instead of warning."""
+    strict: a failed check raises instead of warning, and a run that does not learn is stopped.
+    An error inside nandoctor is one line on stderr and switches the callback off; training goes on."""
 
     def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
         self.watch = Watch(every, strict, device)
@@ -57,6 +58,7 @@ class NandoctorCallback(TrainerCallback):
         self.judged = False
         self.handles = []
 
+    @guarded
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
         cell = cell_from_training_args(args, model)
@@ -69,23 +71,28 @@ class NandoctorCallback(TrainerCallback):
                         model.register_forward_hook(self._loss, with_kwargs=True)]
         self.handles += [p.register_post_accumulate_grad_hook(self._grad) for _, p in self.watch.named]
 
+    @guarded
     def _inputs(self, module, args, kwargs):
         if self.step is not None:
             self.step.inputs.append(kwargs)
 
+    @guarded
     def _loss(self, module, args, kwargs, output):
         loss = getattr(output, "loss", None)
         if self.step is not None and loss is not None:
             self.step.losses.append(loss.detach())
             self.step.summed = "num_items_in_batch" in kwargs  # each micro-batch loss is then a share of the step's
 
+    @guarded
     def _grad(self, p):
         if self.step is not None:
             self.step.norms[p] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
 
+    @guarded
     def on_step_begin(self, args, state, control, **kwargs):
         self.step = _Step() if self.watch.checking(state.global_step) else None
 
+    @guarded
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         step, self.step = self.step, None  # the hooks go quiet: a check that raises leaves nothing collecting
         if step is None or not step.losses:
@@ -98,12 +105,19 @@ class NandoctorCallback(TrainerCallback):
         self.judged = True
         self.watch.judge(state.global_step, loss.item(), grad_norm.item(), scale, step.inputs[0])
 
+    @guarded
     def on_step_end(self, args, state, control, **kwargs):
         if self.judged and self.watch.end_step():
             control.should_training_stop = True
         self.judged = False
 
+    @guarded
     def on_train_end(self, args, state, control, **kwargs):
+        self.quiet()
+        self.watch.finish()
+
+    def quiet(self):
+        """Unhook the model: nothing of nandoctor runs in the user's steps any more."""
         for h in self.handles:
             h.remove()
-        self.handles = []
+        self.handles, self.step = [], None

@@ -13,6 +13,11 @@ A framework adapter (transformers.py, lightning.py) reads its trainer into a `Li
   turns them non-finite), and, after a failure, the forensics replay and the report. Returns True
   when training must stop.
 
+nandoctor never breaks the run it watches: every framework hook runs through `guarded`, which turns
+an exception raised inside nandoctor into one line on stderr and switches the watch off, and the run
+trains on. Only a failed check under strict=True raises (CheckFailed), because the user asked for it.
+`start` prints one line, `finish` a short summary, so that a user sees the watch was on.
+
 Every nandoctor internal the integrations use is imported here, at the top, so that moving those
 modules means re-pointing these lines only. Importing this module needs torch, not a framework.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import math
 import shlex
 import sys
@@ -33,7 +39,7 @@ import yaml
 
 from ..analysis.forensics import headroom
 from ..analysis.run import analyze_records
-from ..analysis.verdicts import check_results, numeric_verdict
+from ..analysis.verdicts import NO_LEARNING, check_results, numeric_verdict
 from ..capabilities import cell_support
 from ..cells import ALIASES, PRECISIONS, SHORT_DTYPES, Cell
 from ..child.build import Setup, precision
@@ -47,10 +53,41 @@ from ..models import shape_of
 from ..record import ModelPlan, ProbeRecord, Step
 from ..report import write_reports
 
-__all__ = ["ALIASES", "PRECISIONS", "Cell", "LiveRun", "NandoctorError", "Watch", "autocast_of", "recipe_of", "trainer_cell"]
+__all__ = ["ALIASES", "PRECISIONS", "Cell", "CheckFailed", "LiveRun", "NandoctorError", "Watch", "autocast_of", "guarded",
+           "recipe_of", "trainer_cell"]
 REPORT_DIR = "nandoctor"  # under the run's output directory
 # config.json keys about the file, not the architecture; AutoConfig.for_model takes the rest
 ARCH_NOT_SETTINGS = ("architectures", "transformers_version", "dtype", "torch_dtype", "_name_or_path", "auto_map")
+
+
+class CheckFailed(NandoctorError):
+    """A check failed under strict=True: the one exception a callback lets into the user's run."""
+
+
+def _say(line: str) -> None:
+    print(f"nandoctor: {line}", file=sys.stderr, flush=True)
+
+
+def guarded(hook):
+    """Wrap a callback's hook (a method of an object with a `watch`): an exception raised inside
+    nandoctor is one line on stderr, the watch goes off for the rest of the run (the callback's
+    `quiet()`, when it has one, unhooks the model) and the hook returns None, so training goes on.
+    A CheckFailed (strict=True) passes through."""
+    @functools.wraps(hook)
+    def run(callback, *args, **kwargs):
+        watch = callback.watch
+        if watch.off:
+            return None
+        try:
+            return hook(callback, *args, **kwargs)
+        except CheckFailed:
+            raise
+        except Exception as e:  # noqa: BLE001 - nandoctor's own failure must not reach the user's loop
+            watch.switch_off(f"{type(callback).__module__.rsplit('.', 1)[-1]} callback {hook.__name__}", e)
+            with contextlib.suppress(Exception):
+                getattr(callback, "quiet", lambda: None)()
+            return None
+    return run
 
 
 @dataclass
@@ -184,7 +221,20 @@ class Watch:
         self.steps: list[Step] = []  # the judged steps
         self.failure: Failure | None = None
         self.report_dir: Path | None = None
+        self.report_error: str | None = None  # why the report of a failure could not be written
         self.bisect_command: str | None = None
+        self.off: str | None = None  # what failed inside nandoctor, once the watch switched itself off
+        self.warned: set[str] = set()  # the warnings given once per run (no-learning)
+
+    def switch_off(self, where: str, error: BaseException) -> None:
+        """nandoctor failed in `where`: say so on one line and stop watching; training is not touched."""
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        self.off = f"{where}: {type(error).__name__}: {first}".rstrip(": ")
+        if self.step0 is not None:  # the step-0 hooks on every module go with it
+            with contextlib.suppress(Exception):
+                self.step0.remove()
+            self.step0 = None
+        _say(f"internal error in {self.off}; nandoctor stopped watching this run, training goes on")
 
     def start(self, run: LiveRun) -> None:
         """The setup check, before any step; then hooks that measure step 0's headroom."""
@@ -199,6 +249,9 @@ class Watch:
         self._verdict_on(checks, "setup")
         self.step0 = ModuleWatch(run.model)
         self.entering = self.earlier = parameter_extremes(self.named)
+        which = "every step" if self.every == 1 else f"one step in {self.every}"
+        _say(f"watching {run.cell.id} ({run.framework} run, {len(self.named)} trainable tensors), judging {which}"
+             f"{' (strict)' if self.strict else ''}; a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}")
 
     def checking(self, step: int) -> bool:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""
@@ -212,6 +265,12 @@ class Watch:
         if self.step0 is not None:
             self._check_step0(record)
         verdict = numeric_verdict(self.steps, None, THRESHOLDS, since=len(self.steps) - 1)
+        if verdict.name == NO_LEARNING and not self.strict:  # a warning: the run may still start learning
+            if NO_LEARNING not in self.warned:
+                self.warned.add(NO_LEARNING)
+                warnings.warn(f"nandoctor: {NO_LEARNING} in {self.run.cell.id} ({self.run.framework} run) at step {verdict.step}: "
+                              f"{verdict.reason}", stacklevel=3)
+            return verdict
         if verdict.failed and self.failure is None:
             self.failure = Failure(verdict, batch, state_copy(self.named, self.run.optimizer), self.entering, self.earlier, scale)
         return verdict
@@ -221,9 +280,29 @@ class Watch:
         self.earlier, self.entering = self.entering, parameter_extremes(self.named)
         if self.failure is None:
             return False
-        if self.report_dir is None:
-            self._report()
+        if self.report_dir is None and self.report_error is None:
+            try:
+                self._report()
+            except Exception as e:  # noqa: BLE001 - the run failed either way; it stops, with or without a report
+                self.report_dir, self.report_error = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+                f = self.failure.verdict
+                _say(f"{f.name} at step {f.step}: {f.reason}. Training stopped. "
+                     f"Internal error while writing the report ({self.report_error}): no report")
         return True
+
+    def finish(self) -> str | None:
+        """The summary line at the end of the run: steps watched, the verdict of the curve, where the
+        report is. None when the watch never started. (A watch that switched itself off says nothing
+        more: `guarded` skips its hooks.)"""
+        if self.run is None:
+            return None
+        verdict = self.failure.verdict if self.failure else numeric_verdict(self.steps, None, THRESHOLDS) if self.steps else None
+        said = "no step judged" if verdict is None else f"{verdict.name} ({verdict.reason})"
+        where = (f"report {self.report_dir / 'report.md'}" if self.report_dir else
+                 f"no report ({self.report_error})" if self.report_error else "no report (nothing stopped the run)")
+        line = f"watched {len(self.steps)} steps of {self.run.cell.id}: {said}; {where}"
+        _say(line)
+        return line
 
     def _check_step0(self, record: Step) -> None:
         events = self.step0.end_step(record.step)
@@ -241,7 +320,9 @@ class Watch:
             return
         head = f"nandoctor: {what} check of {self.run.cell.id} ({self.run.framework} run) failed"
         if self.strict:
-            raise NandoctorError(f"{head}: " + "; ".join(f"{n}: {d}" for n, _, d in failed))
+            raise CheckFailed(f"{head}: " + "; ".join(f"{n}: {d}" for n, _, d in failed))
+        if any(d.startswith(NO_LEARNING) for _, _, d in failed):
+            self.warned.add(NO_LEARNING)  # said here already: judge() does not say it again
         warnings.warn("\n".join([head] + [check_line(*c) for c in checks]), stacklevel=3)
 
     def _report(self) -> None:

@@ -124,6 +124,9 @@ def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dic
 
 def observed_facts(record) -> dict:
     """Facts only a run can show, from one probe record: the lowest GradScaler scale it reached
-    (a skipped step halves the scale it was taken at)."""
+    (a skipped step halves the scale it was taken at), and whether every gradient it computed was
+    exactly zero (None when no step ran unskipped)."""
     scales = [s.scale / 2 if s.skipped else s.scale for s in record.steps if s.scale is not None]
-    return {"grad_scale_min": min(scales) if scales else None}
+    norms = [s.grad_norm for s in record.steps if not s.skipped]
+    return {"grad_scale_min": min(scales) if scales else None,
+            "grad_norm_all_zero": all(n == 0.0 for n in norms) if norms else None}

@@ -1,6 +1,10 @@
 """Inline SVG line charts: no JavaScript, no network, readable when the HTML is opened from a CI
 artifact. Non-finite points are not drawn; the step where a probe failed is marked instead. The
-legend sits under the plot and wraps, so every label is shown whole."""
+legend sits under the plot and wraps, so every label is shown whole.
+
+Any value may arrive: a diverging run's loss of 1e300, an int too large for a float, a subnormal.
+The y axis is laid out in a space where arithmetic cannot overflow (log10 for a log axis; values
+divided by a power of ten for a linear one) and its ticks are labelled from that space."""
 from __future__ import annotations
 
 import math
@@ -11,22 +15,53 @@ CHAR_W = 0.6  # a sans-serif character's width, in font sizes, with margin: lege
 LEGEND_FONT, LEGEND_ROW = 10, 14
 
 
+LINEAR_SAFE = 1e100  # a linear axis whose largest |value| is outside [1/this, this] is drawn in units of a power of ten
+
+
+def as_float(y) -> float | None:
+    """y as a float: an int too large for one is +-inf (it cannot be drawn on a float axis)."""
+    if y is None:
+        return None
+    try:
+        return float(y)
+    except OverflowError:
+        return math.inf if y > 0 else -math.inf
+
+
+def _plotted(y, log_y: bool) -> float | None:
+    """Where y sits on the axis (log10 of it on a log axis), or None when it cannot be drawn."""
+    if y is None:
+        return None
+    if log_y:
+        if isinstance(y, int) and y > 0:
+            return math.log10(y)  # exact for ints beyond float range too
+        y = as_float(y)
+        return math.log10(y) if math.isfinite(y) and y > 0 else None
+    y = as_float(y)
+    return y if math.isfinite(y) else None
+
+
 def _finite(y, log_y: bool) -> bool:
-    return y is not None and math.isfinite(y) and (y > 0 or not log_y)
+    return _plotted(y, log_y) is not None
 
 
 def nice_step(span: float, n: int) -> float:
     """A round tick spacing (1, 2, 2.5 or 5 times a power of ten) giving about n intervals."""
     raw = span / n
-    power = 10 ** math.floor(math.log10(raw))
+    power = 10.0 ** math.floor(math.log10(raw))
     return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 4) -> list[float]:
-    """Round ticks covering [lo, hi]: the first at or below lo, the last at or above hi."""
-    step = nice_step(hi - lo, n)
+    """Round ticks covering [lo, hi]: the first at or below lo, the last at or above hi. For a range
+    that round ticks cannot cover in floats (zero, subnormal or overflowing span), its two ends."""
+    span = hi - lo
+    step = nice_step(span, n) if math.isfinite(span) and span > 0 else 0.0
+    if not (math.isfinite(step) and step > 0):
+        return [lo, hi]
     first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
-    return [round(k * step, 12) for k in range(first, last + 1)]
+    ticks = [float(f"{k * step:.12g}") for k in range(first, last + 1)]
+    return ticks if len(ticks) > 1 and all(math.isfinite(t) for t in ticks) else [lo, hi]
 
 
 def log_ticks(lo: float, hi: float) -> list[float]:
@@ -45,17 +80,49 @@ def fmt_tick(v: float, step: float) -> str:
     """As many decimals as the tick spacing needs, no more."""
     if v == 0:
         return "0"
-    if step < 1e-3 or abs(v) >= 1e5:
+    if not (math.isfinite(v) and math.isfinite(step)) or step < 1e-3 or abs(v) >= 1e5:
         return f"{v:.1e}"
     decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
     decimals += 1 if step * 10 ** decimals % 1 else 0  # 2.5, 0.25
     return f"{v:.{decimals}f}"
 
 
+def fmt_log_tick(t: float) -> str:
+    """The label of a log-axis tick at log10 value t, computed without leaving log space."""
+    if -300 < t < 300:
+        value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
+        return fmt_tick(value, value)
+    decade = math.floor(t + 1e-9)
+    return f"{float(f'{10 ** (t - decade):.2g}'):g}e{decade:+d}"
+
+
+def fmt_scaled_tick(t: float, step: float, power: int) -> str:
+    """The label of a linear tick t drawn in units of 10**power."""
+    if power == 0 or t == 0:
+        return fmt_tick(t, step)
+    return f"{t:.3g}e{power:+d}"
+
+
+def _linear_power(values: list[float]) -> int:
+    """The power of ten a linear axis is drawn in units of: 0, unless its values are so large that
+    their differences overflow or so small that their spacing underflows."""
+    biggest = max(abs(v) for v in values)
+    if biggest == 0 or 1 / LINEAR_SAFE <= biggest <= LINEAR_SAFE:
+        return 0
+    return max(math.floor(math.log10(biggest)), -307)  # 10.0 ** -308 and below lose precision, then reach 0
+
+
 def _step_ticks(lo: int, hi: int, n: int = 5) -> list[int]:
     """Whole-number steps for the x axis, at a round stride."""
     stride = max(1, int(nice_step(max(hi - lo, 1), n)))
     return list(range(int(lo) - int(lo) % stride, int(hi) + 1, stride))
+
+
+def _same(a, b, tolerance: float) -> bool:
+    a, b = _plotted(a, False), _plotted(b, False)
+    if a is None or b is None:
+        return a is None and b is None
+    return abs(a / 2 - b / 2) <= tolerance / 2  # halves: the difference of two huge values stays finite
 
 
 def coincident_groups(series: list[dict], tolerance: float) -> list[list[int]]:
@@ -66,10 +133,7 @@ def coincident_groups(series: list[dict], tolerance: float) -> list[list[int]]:
         pts = dict(s["points"])
         for g in groups:
             other = dict(series[g[0]]["points"])
-            if set(pts) == set(other) and all(
-                    (not _finite(pts[x], False) and not _finite(other[x], False)) or
-                    (_finite(pts[x], False) and _finite(other[x], False) and abs(pts[x] - other[x]) <= tolerance)
-                    for x in pts):
+            if set(pts) == set(other) and all(_same(pts[x], other[x], tolerance) for x in pts):
                 g.append(i)
                 break
         else:
@@ -112,7 +176,7 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
     a series with a fail_step gets a cross at that step on the top edge. Returns one <svg> element,
     `height` for the plot plus the legend's rows."""
     pad_l, pad_r, pad_t, pad_b = 52, 12, 22, 26
-    finite = [(x, y) for s in series for x, y in s["points"] if _finite(y, log_y)]
+    finite = [(x, _plotted(y, log_y)) for s in series for x, y in s["points"] if _finite(y, log_y)]
     xs = [x for s in series for x, _ in s["points"]] + [s["fail_step"] for s in series if s.get("fail_step") is not None]
     xs += [mark_step] if mark_step is not None else []
     legend = _legend_rows([s["label"] for s in series], width - pad_r, pad_l) if finite and xs else []
@@ -123,10 +187,17 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
     if not finite or not xs:
         parts.append(f'<text x="{pad_l}" y="{height // 2}" font-size="12" fill="#888">no finite values</text></svg>')
         return "".join(parts)
-    tf = (lambda v: math.log10(v)) if log_y else (lambda v: v)
-    lo, hi = min(tf(y) for _, y in finite), max(tf(y) for _, y in finite)
+    power = 0 if log_y else _linear_power([y for _, y in finite])
+    unit = 10.0 ** power  # a normal float for any power a finite value has
+
+    def tf(y):  # the value in the y axis' space
+        v = _plotted(y, log_y)
+        return v / unit if power else v
+
+    lo, hi = min(v / unit for _, v in finite), max(v / unit for _, v in finite)
     if hi - lo < 1e-9:
-        lo, hi = lo - (0.5 if log_y or lo == 0 else abs(lo) * 0.05), hi + (0.5 if log_y or hi == 0 else abs(hi) * 0.05)
+        pad = 0.5 if log_y or power or abs(lo) * 0.05 < 1e-9 else abs(lo) * 0.05
+        lo, hi = lo - pad, hi + pad
     ticks = log_ticks(lo, hi) if log_y else nice_ticks(lo, hi)
     y_lo, y_hi = min(ticks[0], lo), max(ticks[-1], hi)
     x_lo, x_hi = min(xs), max(max(xs), min(xs) + 1)
@@ -140,8 +211,7 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
 
     parts.append(f'<rect x="{pad_l}" y="{pad_t}" width="{w}" height="{h}" fill="none" stroke="#ccc"/>')
     for t in ticks:
-        value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
-        shown = fmt_tick(value, value) if log_y else fmt_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0)
+        shown = fmt_log_tick(t) if log_y else fmt_scaled_tick(t, ticks[1] - ticks[0] if len(ticks) > 1 else 1.0, power)
         parts.append(f'<text x="{pad_l - 4}" y="{py(t) + 4:.1f}" font-size="10" text-anchor="end">{shown}</text>')
         parts.append(f'<line x1="{pad_l}" x2="{pad_l + w}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>')
     for t in _step_ticks(x_lo, x_hi):

@@ -7,13 +7,18 @@ from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..record import ModelPlan
+from . import timing
+from .charts import as_float
 
 AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer"}
 
 
 def fmt_bytes(n: int | None) -> str:
+    n = as_float(n)
     if not n:
         return "-"
+    if not math.isfinite(n):
+        return repr(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -22,7 +27,8 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def fmt_rate(x: float | None) -> str:
-    return f"{x:,.0f}" if x else "-"
+    x = as_float(x)
+    return f"{x:,.0f}" if x and math.isfinite(x) else repr(x) if x else "-"
 
 
 def shown_rate(o: ProbeOutcome) -> float | None:
@@ -32,13 +38,27 @@ def shown_rate(o: ProbeOutcome) -> float | None:
 
 
 def fmt_fidelity(x: float | None) -> str:
+    x = as_float(x)
     return f"{100 * x:.3f}%" if x is not None else "-"
 
 
 def fmt_loss(x: float | None) -> str:
+    x = as_float(x)
     if x is None:
         return "-"
     return repr(x) if not math.isfinite(x) else f"{x:.4f}"
+
+
+def json_safe(data):
+    """data with every non-finite float as the string float() reads back ("NaN", "Infinity",
+    "-Infinity"): json.dumps would write bare NaN / Infinity, which strict JSON parsers reject."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return "NaN" if math.isnan(data) else "Infinity" if data > 0 else "-Infinity"
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
 
 
 def label(o: ProbeOutcome) -> str:
@@ -84,7 +104,8 @@ def last_loss(o: ProbeOutcome) -> float | None:
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
     return [{"rank": i + 1, "config": label(o), "fidelity vs fp32": fmt_fidelity(o.fidelity),
-             "tokens/s": fmt_rate(o.tokens_per_s), "peak memory": fmt_bytes(o.peak_memory_bytes),
+             "tokens/s": fmt_rate(o.tokens_per_s), "tokens/s IQR": timing.spread_text(o.throughput),
+             "timed over": timing.timing_note(o, a), "peak memory": fmt_bytes(o.peak_memory_bytes),
              "final loss": fmt_loss(last_loss(o)), "flagged by": ", ".join(o.flags) or "-"} for i, o in enumerate(a.ranking)]
 
 
@@ -126,6 +147,7 @@ def headline(a: RunAnalysis) -> list[str]:
                      f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
         if fast is not rec:
             lines.append(f"Fastest stable: {label(fast)} ({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})")
+        lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
     counts = {}

@@ -7,7 +7,7 @@ import json
 from tabulate import tabulate
 
 from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
-from .common import fmt_bytes
+from .common import fmt_bytes, json_safe
 
 
 def stack_facts(env: dict) -> list[dict]:
@@ -94,4 +94,4 @@ def render_doctor_text(report: dict) -> str:
 
 
 def render_doctor_json(report: dict) -> str:
-    return json.dumps(report, indent=2, default=str)
+    return json.dumps(json_safe(report), indent=2, default=str)

@@ -9,7 +9,7 @@ from ..analysis.forensics import FINFO_MAX, headroom, origin, update_loss
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from ..cells import SHORT_DTYPES
-from .charts import line_chart
+from .charts import as_float, line_chart
 from .common import label
 from .savings import explain_lines
 
@@ -19,6 +19,7 @@ NARROW_RANGE = ("float16",)
 
 
 def fmt_ratio(x: float | None) -> str:
+    x = as_float(x)
     if x is None:
         return "-"
     if x == 0.0:
@@ -29,10 +30,12 @@ def fmt_ratio(x: float | None) -> str:
 
 
 def fmt_value(x: float | None) -> str:
+    x = as_float(x)
     return "-" if x is None else (repr(x) if not math.isfinite(x) else f"{x:.4g}")
 
 
 def fmt_fraction(x: float | None) -> str:
+    x = as_float(x)
     return "-" if x is None else f"{100 * x:.3g}%"
 
 

@@ -12,16 +12,15 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from ..config import THRESHOLDS
-from . import bisection, common, doctor, failures, forensics, matrix, savings
-from .charts import PALETTE, coincident_groups, line_chart
+from . import bisection, common, doctor, failures, forensics, matrix, savings, timing
+from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
 OVERVIEW_CURVES = len(PALETTE)
 
 
 def _finite_points(pairs) -> int:
-    return sum(1 for _, y in pairs if y is not None and math.isfinite(y))
+    return sum(1 for _, y in pairs if y is not None and math.isfinite(as_float(y)))
 
 
 def probe_charts(o: ProbeOutcome) -> tuple[str, str]:
@@ -60,8 +59,8 @@ def overview_chart(a: RunAnalysis) -> str:
             series.append({"outcome": o, "points": points, "fail_step": stop})
     if not series:
         return ""
-    ys = [y for s in series for _, y in s["points"] if math.isfinite(y)]
-    tolerance = (max(ys) - min(ys)) / 200 or 1e-12  # under a pixel of a 260-px chart
+    ys = [as_float(y) for s in series for _, y in s["points"] if math.isfinite(as_float(y))]
+    tolerance = (max(ys) / 2 - min(ys) / 2) / 100 or 1e-12  # under a pixel of a 260-px chart (halves: no overflow)
     by_verdict: dict[str, list[dict]] = {}
     for s in series:
         by_verdict.setdefault(s["outcome"].verdict.name, []).append(s)
@@ -106,7 +105,8 @@ def render_html(a: RunAnalysis) -> str:
         unsupported_classes=failures.unsupported_classes(a),
         ranking=common.ranking_rows(a), failures=common.failure_rows(a),
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
-        capabilities=doctor.capability_rows(a.meta.get("env", {})), bucket=100 * THRESHOLDS.fidelity_bucket,
+        capabilities=doctor.capability_rows(a.meta.get("env", {})), order=timing.order_sentence(),
+        retime=timing.retime_rows(a), retime_meta=a.timing, load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],
         bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,

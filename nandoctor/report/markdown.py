@@ -6,8 +6,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
-from ..config import THRESHOLDS
-from . import bisection, common, failures, matrix
+from . import bisection, common, failures, matrix, timing
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
 from .savings import savings_markdown
@@ -28,10 +27,8 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
     if m["kind"] == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
-    parts += ["## Stable configurations, ranked", "",
-              "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
-              f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then configurations no nandoctor rule flags, then tokens/s, then peak memory.", "",
-              _table(common.ranking_rows(a)), ""]
+    parts += ["## Stable configurations, ranked", "", timing.order_sentence(), "", _table(common.ranking_rows(a)), ""]
+    parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
@@ -39,6 +36,22 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
     parts += [f"Command: `{m.get('command', '')}`", ""]
     return "\n".join(parts)
+
+
+def timing_section(a: RunAnalysis) -> list[str]:
+    """The re-timing of the leading cells and the host's load, when there is either to tell."""
+    rows, load = timing.retime_rows(a), timing.load_line(a)
+    if not rows and not load:
+        return []
+    parts = ["## Timing", ""]
+    if rows:
+        t = a.timing
+        parts += [f"Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
+                  f"interleaved ({t['rounds']} rounds of {t['steps']} steps, run order: {', '.join(t['order'])}; {t['wall_s']:.0f} s). "
+                  "Their ranking uses the rounds' steady steps pooled.", "", _table(rows), ""]
+    if load:
+        parts += [load, ""]
+    return parts
 
 
 def bisection_section(b: dict) -> list[str]:

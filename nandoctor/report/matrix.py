@@ -15,7 +15,7 @@ from .forensics import forensics_of, headroom_applies, tightest_line
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
 VERDICT_COLORS = {"stable": ("#bfe5b4", "#1b4d14"), "drift": ("#fbe49a", "#5c4a00"), "diverged": ("#f9c185", "#6b3600"),
-                  "zero-loss": ("#e7b3e6", "#5a1657"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
+                  "zero-loss": ("#e7b3e6", "#5a1657"), "no-learning": ("#d9d2c5", "#4a3f2a"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
                   "oom": ("#c98bd6", "#3f0a4d"), "timeout": ("#c98bd6", "#3f0a4d"), "killed": ("#c98bd6", "#3f0a4d"),
                   "unsupported": ("#eeeeee", "#9a9a9a"), PENDING: ("#ffffff", "#777777")}
 

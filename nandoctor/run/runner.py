@@ -40,8 +40,8 @@ class ProbeTask:
         return self.spec.probe_id
 
 
-def probe_dir(run_dir: Path, probe_id: str) -> Path:
-    return run_dir / "probes" / probe_id.replace("/", "__").replace("=", "-").replace(",", "+").replace(" ", "_")
+def probe_dir(run_dir: Path, probe_id: str, under: str = "probes") -> Path:
+    return run_dir / under / probe_id.replace("/", "__").replace("=", "-").replace(",", "+").replace(" ", "_")
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
@@ -168,8 +168,8 @@ class ProbeRunner:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _launch(self, slot, task: ProbeTask) -> RunningProbe:
-        folder = probe_dir(self.run_dir, task.probe_id)
+    def _launch(self, slot, task: ProbeTask, under: str) -> RunningProbe:
+        folder = probe_dir(self.run_dir, task.probe_id, under)
         folder.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", "steps.jsonl"):
             (folder / stale).unlink(missing_ok=True)
@@ -177,8 +177,9 @@ class ProbeRunner:
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 
-    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None) -> list[ProbeRecord]:
-        """Run every task; each record is appended to the store the moment its probe ends.
+    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:
+        """Run every task, each in its folder under run_dir/`under`; each record is appended to the store
+        the moment its probe ends (keep=False: only returned, for probes run to time cells again).
         on_wait(running probes) is called at least every MAX_WAIT_S (a heartbeat hangs off it)."""
         pending = list(tasks)
         running: dict[int, RunningProbe] = {}
@@ -187,7 +188,7 @@ class ProbeRunner:
             self.open(len(running) + len(pending))
             for slot in self.slots[:min(self.opened, self.limit)]:
                 if slot.ready and slot.index not in running and pending:
-                    running[slot.index] = self._launch(slot, pending.pop(0))
+                    running[slot.index] = self._launch(slot, pending.pop(0), under)
             try:
                 index, generation, message = self.events.get(timeout=self._wait_s(running))
             except queue.Empty:
@@ -195,7 +196,8 @@ class ProbeRunner:
             if index is not None and generation == self.slots[index].generation:
                 record = self._handle(self.slots[index], message, running, pending)
                 if record is not None:
-                    self.store.append(record)
+                    if keep:
+                        self.store.append(record)
                     records.append(record)
                     if on_record:
                         on_record(record)

@@ -248,6 +248,18 @@ class Session:
                 self.cache.add(r, self.dir)
         return [records[p.probe_id] for p in probes]
 
+    def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int) -> list[ProbeRecord]:
+        """Run probes for their timing alone, in the given order, one at a time on the first slot (so that
+        none competes with another), `steps` steps each: never cached, never in results.jsonl; the
+        caller keeps what it needs. Their folders sit under retime/, apart from the run's probes."""
+        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device, steps, self.most), recipe.timeout_s) for p in probes]
+        limit, self.runner.limit = self.runner.limit, 1
+        try:
+            records = {r.probe_id: r for r in self.runner.run(tasks, on_wait=self.heartbeat, keep=False, under="retime")}
+        finally:
+            self.runner.limit = limit
+        return [records[t.probe_id] for t in tasks]
+
     def _measured(self, record: ProbeRecord) -> None:
         """A probe finished: with packing on, fit the next ones to the largest peak measured so far."""
         peak = measured_peak(record)

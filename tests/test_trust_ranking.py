@@ -1,0 +1,170 @@
+"""A recommendation that does not flip with machine load (issue 16, section 3): throughput measured on
+steady steps with its spread, speed compared against that noise, ties broken by a fixed order, the
+leading cells re-timed interleaved, and the host's load said. Pure logic on hand-made records."""
+import pandas as pd
+
+from nandoctor.analysis.load import load_summary
+from nandoctor.analysis.ranking import adoption_key, rank
+from nandoctor.analysis.run import analyze_records, speed_decides
+from nandoctor.cells import Cell
+from nandoctor.env import get_gpu_load, get_host_sample, host_load
+from nandoctor.record import ProbeRecord, Step, Throughput, warmup_steps
+from nandoctor.report import timing
+from nandoctor.retime import interleaved
+
+LOSSES = [8.0 - 0.1 * i for i in range(8)]
+
+
+def steps(rates, losses=LOSSES):
+    return [Step(i, loss, 1.0, time_s=1.0 / r, tokens=1, tokens_per_s=r) for i, (loss, r) in enumerate(zip(losses, rates))]
+
+
+def probe(cell: str, rates, probe_id=None, losses=LOSSES, host=None):
+    return ProbeRecord(probe_id or cell, Cell.parse(cell), "ok", steps=steps(rates, losses), host_load=host)
+
+
+def speed_row(cell: str, median, q1, q3, fidelity=0.0):
+    dtype, attn, comp = cell.split("/")
+    return {"id": cell, "dtype": dtype, "attn": attn, "compile": comp, "optimizer": "adamw", "fidelity": fidelity,
+            "tokens_per_s": median, "tokens_per_s_q1": q1, "tokens_per_s_q3": q3, "peak_memory_bytes": 1, "flags": ""}
+
+
+META = {"kind": "grid", "seed": 0}
+
+
+def test_throughput_leaves_out_the_warmup_steps_and_keeps_the_spread():
+    t = Throughput.of(steps([5, 30, 100, 90, 110, 100, 95, 105]))
+    assert t.warmup == 2 and t.steps == 6
+    assert t.median == 100 and t.low == 90 and t.high == 110 and 90 < t.q1 < 100 < t.q3 < 110
+
+
+def test_warmup_never_takes_more_than_half_the_steps():
+    assert warmup_steps([1, 2, 3, 4, 100, 100]) == 3
+    assert warmup_steps([7.0]) == 0  # a single step is all there is
+
+
+def test_re_timing_rounds_pool_their_steady_steps_so_the_spread_covers_the_rounds():
+    t = Throughput.pooled([steps([10, 100, 100, 100]), steps([10, 50, 50, 50])])
+    assert (t.steps, t.warmup, t.low, t.high) == (6, 2, 50, 100)
+
+
+def test_cells_within_each_others_noise_tie_and_the_fixed_order_picks_the_same_one_whichever_measured_faster():
+    run_a = pd.DataFrame([speed_row("fp32/eager/off", 1233, 700, 1400), speed_row("fp32/sdpa/off", 1000, 600, 1300)])
+    run_b = pd.DataFrame([speed_row("fp32/eager/off", 800, 600, 1300), speed_row("fp32/sdpa/off", 1100, 700, 1400)])
+    assert list(rank(run_a)["id"]) == list(rank(run_b)["id"]) == ["fp32/sdpa/off", "fp32/eager/off"]
+    assert list(rank(run_a)["speed_class"]) == [0, 0]
+
+
+def test_a_cell_faster_beyond_both_spreads_wins():
+    table = pd.DataFrame([speed_row("fp32/sdpa/off", 100, 95, 105), speed_row("fp32/eager/off", 200, 190, 210)])
+    ranked = rank(table)
+    assert list(ranked["id"]) == ["fp32/eager/off", "fp32/sdpa/off"] and list(ranked["speed_class"]) == [0, 1]
+
+
+def test_a_difference_under_the_margin_is_a_tie_even_when_the_spreads_do_not_overlap():
+    table = pd.DataFrame([speed_row("fp32/eager/off", 103, 102.9, 103.1), speed_row("fp32/sdpa/off", 100, 99.9, 100.1)])
+    assert list(rank(table)["id"]) == ["fp32/sdpa/off", "fp32/eager/off"]
+
+
+def test_a_faster_cell_in_a_worse_fidelity_bucket_still_ranks_below():
+    table = pd.DataFrame([speed_row("bf16-amp/sdpa/off", 900, 890, 910, fidelity=0.02), speed_row("fp32/sdpa/off", 100, 95, 105)])
+    assert list(rank(table)["id"]) == ["fp32/sdpa/off", "bf16-amp/sdpa/off"]
+
+
+def test_the_tie_order_puts_the_plainest_configuration_first():
+    def order(*cells):
+        return sorted(cells, key=lambda text: adoption_key(*(getattr(Cell.parse(text), axis) for axis in ("dtype", "attn", "compile", "optimizer"))))
+    assert order("fp32/sdpa/inductor", "fp32/sdpa/off", "fp32/sdpa/aot_eager") == ["fp32/sdpa/off", "fp32/sdpa/aot_eager", "fp32/sdpa/inductor"]
+    assert order("bf16-pure/sdpa/off", "fp16-amp/sdpa/off", "bf16-amp/sdpa/off", "fp32/sdpa/off") == \
+        ["fp32/sdpa/off", "bf16-amp/sdpa/off", "fp16-amp/sdpa/off", "bf16-pure/sdpa/off"]
+    assert order("fp32/sdpa:math/off", "fp32/eager/off", "fp32/sdpa/off") == ["fp32/sdpa/off", "fp32/eager/off", "fp32/sdpa:math/off"]
+    assert order("fp32/sdpa/off/bnb-adamw8bit", "fp32/sdpa/off/adamw-fused", "fp32/sdpa/off") == \
+        ["fp32/sdpa/off", "fp32/sdpa/off/adamw-fused", "fp32/sdpa/off/bnb-adamw8bit"]
+
+
+def test_identical_reruns_of_a_configuration_are_ranked_once():
+    records = [probe("fp32/eager/off", [50] * 8), probe("fp32/sdpa/off", [60] * 8),
+               probe("fp32/sdpa/off", [60] * 8, probe_id="fp32/sdpa/off rerun1")]
+    analysis = analyze_records(META, records)
+    assert [o.probe_id for o in analysis.ranking] == ["fp32/sdpa/off", "fp32/eager/off"]
+
+
+def test_a_configuration_whose_rerun_failed_is_not_ranked():
+    records = [probe("fp32/eager/off", [50] * 8), probe("fp32/sdpa/off", [60] * 8),
+               probe("fp32/sdpa/off", [60] * 3, probe_id="fp32/sdpa/off rerun1", losses=[8.0, 7.9, float("nan")])]
+    assert [o.probe_id for o in analyze_records(META, records).ranking] == ["fp32/eager/off"]
+
+
+def test_speed_decides_only_between_cells_of_the_leading_fidelity_bucket():
+    tied = analyze_records(META, [probe("fp32/eager/off", [50] * 8), probe("fp32/sdpa/off", [60] * 8)])
+    assert [o.probe_id for o in speed_decides(tied, 4)] == ["fp32/sdpa/off", "fp32/eager/off"]
+    far = [8.0 - 0.2 * i for i in range(8)]  # about 5% off the reference: another bucket
+    alone = analyze_records(META, [probe("fp32/eager/off", [50] * 8), probe("bf16-amp/sdpa/off", [90] * 8, losses=far)])
+    assert alone.ranking[0].probe_id == "fp32/eager/off" and speed_decides(alone, 4) == []
+
+
+def test_rounds_run_interleaved_and_reversed_every_other_round():
+    assert interleaved(["A", "B"], 3) == [("A", 1), ("B", 1), ("B", 2), ("A", 2), ("A", 3), ("B", 3)]
+
+
+def timing_of(rounds: dict[str, list[list[float]]]) -> dict:
+    probes = [{"probe_id": f"{cell} retime{n}", "of": cell, "round": n, "status": "ok",
+               "steps": [s.to_dict() for s in steps(rates)], "host_load": None}
+              for cell, runs in rounds.items() for n, rates in enumerate(runs, 1)]
+    return {"cells": list(rounds), "rounds": 2, "steps": 4, "order": [p["probe_id"] for p in probes], "wall_s": 3.0, "probes": probes}
+
+
+def test_the_re_timed_figure_replaces_the_grid_probes_and_decides_the_ranking():
+    # the grid measured eager 3x faster (sdpa's probe ran while the host was busy); interleaved, they are equal
+    records = [probe("fp32/eager/off", [300] * 8), probe("fp32/sdpa/off", [100] * 8)]
+    assert analyze_records(META, records).recommended.probe_id == "fp32/eager/off"
+    timed = timing_of({"fp32/eager/off": [[10, 100, 110, 90], [10, 95, 105, 100]],
+                       "fp32/sdpa/off": [[10, 104, 96, 100], [10, 100, 108, 92]]})
+    analysis = analyze_records(META, records, timed)
+    assert analysis.recommended.probe_id == "fp32/sdpa/off" and all(o.retimed for o in analysis.ranking)
+    assert [o.probe_id for o in analysis.speed_ties] == ["fp32/eager/off"]
+    assert analysis.fastest is analysis.recommended  # "fastest" too is only said beyond the noise
+    lines = timing.speed_lines(analysis)
+    assert "so speed decides between them: they were re-timed back to back, interleaved, 2 rounds of 4 steps" in lines[0]
+    assert "As fast as fp32/eager/off within their measured spread" in lines[1]
+    assert [r["rounds ok"] for r in timing.retime_rows(analysis)] == ["2/2", "2/2"]
+
+
+def busy(other_cores: float, cpu_count: int = 2) -> dict:
+    return {"wall_s": 1.0, "cpu_count": cpu_count, "other_cpu_cores": other_cores, "loadavg": [3.5, 2.0, 1.0], "gpus": None}
+
+
+def test_a_loaded_host_is_said_beside_the_recommendation():
+    records = [probe("fp32/eager/off", [50] * 8, host=busy(1.6)), probe("fp32/sdpa/off", [60] * 8, host=busy(1.2))]
+    analysis = analyze_records(META, records)
+    assert analysis.load["significant"] and analysis.load["other_cpu_cores_max"] == 1.6
+    line = timing.load_line(analysis)
+    assert line.startswith("The host was loaded while probes were timed: other processes kept 1.4 of 2 CPU cores busy")
+    assert "load average up to 3.5" in line and line in timing.speed_lines(analysis)
+
+
+def test_a_quiet_host_and_old_records_say_nothing_about_load():
+    quiet = analyze_records(META, [probe("fp32/eager/off", [50] * 8, host=busy(0.1)), probe("fp32/sdpa/off", [60] * 8, host=busy(0.2))])
+    assert not quiet.load["significant"] and timing.load_line(quiet) is None
+    assert analyze_records(META, [probe("fp32/eager/off", [50] * 8)]).load is None
+
+
+def test_another_process_on_the_gpu_counts_as_load():
+    gpu = {**busy(0.0), "gpus": [{"index": 0, "util_percent": 90, "other_processes": 1, "other_memory_bytes": 2 ** 30}]}
+    analysis = analyze_records(META, [probe("fp32/eager/off", [50] * 8, host=gpu)])
+    assert analysis.load["significant"] and "1 other process(es) on a GPU" in timing.load_line(analysis)
+
+
+def test_host_load_is_measured_here_and_tolerates_a_machine_without_nvml():
+    sample = host_load(get_host_sample())
+    assert sample["wall_s"] >= 0 and sample["cpu_count"] >= 1
+    assert sample["other_cpu_cores"] is None or sample["other_cpu_cores"] >= 0
+    gpus = get_gpu_load()
+    assert gpus is None or all({"util_percent", "other_processes"} <= set(g) for g in gpus)
+
+
+def test_throughput_and_host_load_round_trip_through_the_record():
+    record = probe("fp32/sdpa/off", [10, 100, 100, 100], host=busy(1.0))
+    record.throughput = Throughput.of(record.steps)
+    again = ProbeRecord.from_dict(record.to_dict())
+    assert again == record and again.throughput.median == 100
