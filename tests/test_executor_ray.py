@@ -3,7 +3,7 @@ back, the verdicts and losses the local executor gives, crashes, hangs and OOMs 
 leaves no task running and --resume finishes the run."""
 
 import pytest
-from clusters import (assert_like_local, records, EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
+from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
                       interrupt_when_running, local_run, misbehaving_checkpoint, ray_skip_reason)
 from conftest import run_cli, summary, verdicts
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 
 import pytest
-from clusters import (assert_like_local, records, EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
+from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
                       interrupt_when_running, local_run, misbehaving_checkpoint, slurm_skip_reason, start_slurm)
 from conftest import run_cli, summary, verdicts
 
