@@ -7,15 +7,24 @@ and prints a Markdown table:
   without the forensics replay (issue 5), which runs after the timed steps in both modes alike and
   states its own cost in each record (forensics.cost.seconds): the launch overhead is what warm
   workers remove, the replay is measurement the user asked for;
-- whole-grid wall time (the CLI command, start to exit) against the sum of the probes' step times;
+- whole-grid wall time (the CLI command, start to exit) against the sum of the probes' step times
+  (issue 20's figure: <= 1.25x on a quiet machine for the 8-cell grid below);
+- where the fixed cost goes (issue 20): when the first line ("run directory") and the model line
+  appear, when the first probe is launched (its spec.json is written) and when its result line
+  appears, what the probes spend beside their timed steps (build, forensics replay, the rest), and
+  how long the reports take after the last probe;
 - grid wall time with --jobs 1 against --jobs 2;
 - whether warm and cold agree: same verdicts, bit-identical losses and grad-norms.
 
 Targets (issue 6): warm overhead <= 1/5 of cold; warm grid wall <= 1.5x the sum of step times.
+Issue 20: the first line within 1 s, the first probe launched within one cold `import torch,
+transformers` of it (measured here too, before each mode), and the 8-cell grid <= 1.25x.
 
     PYTHONPATH=. python bench/probe_speed.py                      # the default tiny-llama grid
     PYTHONPATH=. python bench/probe_speed.py --axis dtype=fp32    # a smaller grid, same table
     PYTHONPATH=. python bench/probe_speed.py --from /tmp/nandoctor-bench-XXXX   # re-tabulate a finished run
+    PYTHONPATH=. python bench/probe_speed.py --mode warm,--jobs1 --axis dtype=fp32,bf16-amp,fp16-amp,bf16-pure \
+        --axis attn=eager,sdpa --axis compile=off                   # issue 20's grid, warm workers only
 """
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -31,15 +41,39 @@ import time
 from pathlib import Path
 
 MODES = {"warm, --jobs 1": ["--jobs", "1"], "cold, --jobs 1": ["--jobs", "1", "--cold"], "warm, --jobs 2": ["--jobs", "2"]}
+PROGRESS = re.compile(r"^\[\s*\d+/\d+\]")  # a finished probe's line
 
 
-def run_grid(args: list[str], out: Path) -> float:
-    t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)], capture_output=True, text=True)
-    wall = time.perf_counter() - t0
+def run_grid(args: list[str], out: Path) -> dict:
+    """Run the grid through the CLI, reading its output as it comes: the wall time, and when (seconds
+    from the start) the first line, the model line and the first and last probe result lines appeared."""
+    marks, t0, start = {}, time.perf_counter(), time.time()
+    proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    for line in proc.stdout:
+        now = time.perf_counter() - t0
+        marks.setdefault("first line", now)
+        if line.startswith("model:"):
+            marks.setdefault("model line", now)  # the terminal report ends with a "model:" line too
+        if PROGRESS.match(line):
+            marks.setdefault("first probe done", now)
+            marks["last probe done"] = now
+    stderr = proc.stderr.read()
+    proc.wait()
+    marks["wall"] = time.perf_counter() - t0
     if proc.returncode not in (0, 1) or not (out / "results.jsonl").exists():
-        sys.exit(f"grid failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall
+        sys.exit(f"grid failed ({proc.returncode}):\n{stderr[-3000:]}")
+    launched = [p.stat().st_mtime for p in (out / "probes").glob("*/spec.json")]
+    marks["first probe launched"] = min(launched) - start if launched else None
+    marks["stderr lines"] = len(stderr.splitlines())
+    return marks
+
+
+def cold_import_s() -> float:
+    """A fresh `python -c "import torch, transformers"`: the cost the first probe may wait for."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, transformers"], check=True)
+    return time.perf_counter() - t0
 
 
 def records(out: Path) -> list[dict]:
@@ -52,6 +86,15 @@ def step_time(record: dict) -> float:
 
 def replay_time(record: dict) -> float:
     return ((record.get("forensics") or {}).get("cost") or {}).get("seconds") or 0.0
+
+
+def build_time(record: dict) -> float:
+    return record.get("load_s") or 0.0
+
+
+def losses(out: Path) -> dict:
+    """{probe id: [(loss, grad-norm) per step]}: what two runs of the same grid must agree on bit for bit."""
+    return {r["probe_id"]: [(s["loss"], s["grad_norm"]) for s in r["steps"]] for r in records(out)}
 
 
 def curves(out: Path) -> dict:
@@ -70,16 +113,26 @@ def main() -> None:
     p.add_argument("--axis", action="append", default=[])
     p.add_argument("--steps", type=int)
     p.add_argument("--from", dest="base", help="re-tabulate the run directories of an earlier bench run")
+    p.add_argument("--mode", action="append", choices=[m.replace(" ", "") for m in MODES],
+                   help="run only this mode (repeatable; default: all three)")
+    p.add_argument("--same-as", metavar="DIR", help="a run directory of the same grid (another commit): are the losses bit-identical?")
     a = p.parse_args()
     grid = ["--model", a.model] + [x for axis in a.axis for x in ("--axis", axis)] + (["--steps", str(a.steps)] if a.steps else [])
     base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="nandoctor-bench-"))
     measured = json.loads((base / "bench.json").read_text()) if a.base else {"walls": {}, "loads": []}
     rows, outs, loads = {}, {}, measured["loads"]
-    for name, flags in MODES.items():
+    modes = {name: flags for name, flags in MODES.items() if not a.mode or name.replace(" ", "") in a.mode}
+    measured.setdefault("marks", {})
+    measured.setdefault("imports", {})
+    for name, flags in modes.items():
         out = base / name.replace(", --jobs ", "-jobs")
         if not a.base:
             loads.append(f"before {name}: {load()}")
-            measured["walls"][name] = run_grid(grid + flags, out)
+            measured["imports"][name] = cold_import_s()
+            measured["marks"][name] = run_grid(grid + flags, out)
+            measured["walls"][name] = measured["marks"][name]["wall"]
+        if name not in measured["walls"]:
+            continue
         recs = records(out)
         outs[name] = out
         rows[name] = {"probes": len(recs), "grid wall s": measured["walls"][name], "sum of step times s": sum(map(step_time, recs)),
@@ -89,8 +142,6 @@ def main() -> None:
     if not a.base:
         loads.append(f"after: {load()}")
         (base / "bench.json").write_text(json.dumps(measured))
-    warm, cold = rows["warm, --jobs 1"], rows["cold, --jobs 1"]
-    same = curves(outs["warm, --jobs 1"]) == curves(outs["cold, --jobs 1"])
     print(f"# probe speed: nandoctor grid {' '.join(grid)}\n")
     print(f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("\n".join(f"- {line}" for line in loads) + "\n")
@@ -100,6 +151,16 @@ def main() -> None:
         print(f"| {name} | {r['probes']} | {r['grid wall s']:.1f} | {r['sum of step times s']:.1f} | "
               f"{r['grid wall s'] / r['sum of step times s']:.2f} | {r['median probe overhead s']:.2f} | "
               f"{r['median replay s']:.2f} | {r['median launch overhead s']:.2f} |")
+    print_fixed_cost(rows, outs, measured)
+    if a.same_as:
+        first = next(iter(outs.values()))
+        print(f"- losses and grad-norms of {first.name} bit-identical to {a.same_as}: "
+              f"{'yes' if losses(first) == losses(Path(a.same_as)) else 'NO'}")
+    if "warm, --jobs 1" not in rows or "cold, --jobs 1" not in rows or "warm, --jobs 2" not in rows:
+        print(f"- run directories: {base}")
+        return
+    warm, cold = rows["warm, --jobs 1"], rows["cold, --jobs 1"]
+    same = curves(outs["warm, --jobs 1"]) == curves(outs["cold, --jobs 1"])
     ratio = warm["median launch overhead s"] / cold["median launch overhead s"]
     raw = warm["median probe overhead s"] / cold["median probe overhead s"]
     wall_ratio = warm["grid wall s"] / warm["sum of step times s"]
@@ -111,6 +172,24 @@ def main() -> None:
     print(f"- grid wall --jobs 2 / --jobs 1: {jobs:.2f}")
     print(f"- warm and cold results identical (verdicts, every loss and grad-norm bit for bit): {'yes' if same else 'NO'}")
     print(f"- run directories: {base}")
+
+
+def print_fixed_cost(rows: dict, outs: dict, measured: dict) -> None:
+    """Issue 20's breakdown of each mode's wall time, in seconds from the command's start."""
+    print("\n| mode | cold import torch, transformers s | first line s | model line s | first probe launched s | "
+          "first probe done s | probes: build s | steps s | forensics replay s | rest s | last probe done -> exit s | wall / steps |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        m, recs = measured["marks"].get(name), records(outs[name])
+        if not m:
+            continue
+        build, steps, replay = sum(map(build_time, recs)), sum(map(step_time, recs)), sum(map(replay_time, recs))
+        rest = sum(x["wall_s"] for x in recs) - build - steps - replay
+        cells = [measured["imports"][name], m.get("first line"), m.get("model line"), m.get("first probe launched"),
+                 m.get("first probe done"), build, steps, replay, rest, m["wall"] - m.get("last probe done", m["wall"])]
+        print(f"| {name} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) +
+              f" | {r['grid wall s'] / r['sum of step times s']:.2f} |")
+    print()
 
 
 if __name__ == "__main__":

@@ -5,10 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from .analysis.diff import RunDiff, compare_runs
-from .analysis.run import RunAnalysis, analyze
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
@@ -18,23 +16,28 @@ from .env import collect_doctor
 from .errors import NandoctorError
 from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
-from .retime import retime_leaders
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.session import Session
 from .run.store import RUN_FILE, ResultsStore
+
+if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
+    from .analysis.diff import RunDiff
+    from .analysis.run import RunAnalysis
 
 
 @dataclass
 class Listener:
     """What a run tells its caller while it goes; every hook is optional.
 
+    opened(run_dir): at once, when the run directory is chosen (before the device facts and the model plan);
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
     queue(queued, running, done, job_ids): a scheduler's queue as it changes (--executor slurm / ray);
     retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
+    opened: Callable | None = None
     started: Callable | None = None
     probe: Callable | None = None
     alive: Callable | None = None
@@ -60,13 +63,18 @@ class Progress:
 
 
 def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session_args) -> tuple[Session, Progress]:
-    """A Session whose records and heartbeats go to the listener, which hears about the model plan."""
+    """A prepared Session whose records and heartbeats go to the listener, which hears about the run
+    directory at once and about the model plan once it is made."""
     listener = listener or Listener()
     judge = Progress(listener.probe)
     session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, on_queue=listener.queue, **session_args)
     try:
+        if listener.opened:
+            listener.opened(session.dir)
+        session.prepare()
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
+        from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
     except BaseException:
         session.runner.close()
         raise
@@ -95,6 +103,7 @@ def run_dir_of(path) -> Path:
 
 def baseline_analysis(path) -> RunAnalysis:
     """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before any probe runs."""
+    from .analysis.run import analyze
     run_dir = run_dir_of(path)
     analysis = analyze(run_dir)
     if not analysis.outcomes:
@@ -105,6 +114,8 @@ def baseline_analysis(path) -> RunAnalysis:
 def diff_runs(baseline, current, out=None) -> RunDiff:
     """Compare run `current` with run `baseline` (directories or their summary.json); with `out`, write
     diff.md, diff.html and diff.json there. The Markdown goes to $GITHUB_STEP_SUMMARY when it is set."""
+    from .analysis.diff import compare_runs
+    from .analysis.run import analyze
     from .report import write_diff
     from .report.diff import render_diff_markdown
     d = compare_runs(baseline_analysis(baseline), analyze(run_dir_of(current)))
@@ -128,7 +139,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
     if baseline is not None:
         baseline_analysis(baseline)
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
-                                  device=device or collect_doctor(), warm=warm, cache=cache, executor=executor)
+                                  device=device, warm=warm, cache=cache, executor=executor)
     with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
@@ -136,6 +147,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
         session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
         judge.planned = len(probes)
         session.run(recipe, probes)
+        from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
         retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(session.dir, baseline)
 
@@ -161,19 +173,22 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
         for record in session.resume(len(probes)):
             judge(record, quiet=True)
         session.run(recipe, probes)
+        from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
         retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(run_dir, meta.get("baseline"))
 
 
 def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True,
               listener: Listener | None = None, baseline=None):
-    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]).
-    baseline: a run directory with a probe of the same cell; its step-0 loss and grad-norm are the
-    golden values this probe's must match, within the tolerance of the cell's matmul dtype."""
+    """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]). Quick:
+    one warm worker, importing while this process plans, and the forensics replay only after a
+    non-finite step. baseline: a run directory with a probe of the same cell; its step-0 loss and
+    grad-norm are the golden values this probe's must match, within the tolerance of the cell's matmul dtype."""
     ids = [o.probe_id for o in baseline_analysis(baseline).outcomes] if baseline is not None else [cell.id]
     if cell.id not in ids:
         raise NandoctorError(f"baseline {str(baseline)!r} has no probe of {cell.id}; it has {', '.join(ids)}")
-    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device or collect_doctor(), warm=warm)
+    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device, warm=warm,
+                              replay_failed_only=True)
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
         doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
@@ -200,6 +215,8 @@ def render_run(run_dir, baseline=None) -> RunAnalysis:
     made with --baseline is compared again with that run while its directory still exists. A report
     that could not be written is named in analysis.unwritten (one line each); the others are written
     all the same."""
+    from .analysis.diff import compare_runs
+    from .analysis.run import analyze
     from .report import write_reports
     analysis = analyze(run_dir)
     stored = analysis.meta.get("baseline")

@@ -168,6 +168,20 @@ def get_nvml() -> dict:
         pynvml.nvmlShutdown()
 
 
+def get_gpu_count_guess() -> int:
+    """How many GPUs torch will see, read without importing torch (seconds of import): NVML's device
+    count, narrowed by CUDA_VISIBLE_DEVICES; 0 without NVML. A session starts its first warm worker
+    on this guess before it has the device facts, and starts it again if torch disagrees."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    nvml = get_nvml()
+    count = len(nvml["devices"]) if nvml["available"] else 0
+    if visible is not None:
+        count = min(count, len([v for v in visible.split(",") if v.strip()]))
+    return count
+
+
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

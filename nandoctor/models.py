@@ -11,8 +11,10 @@ import copy
 import functools
 from pathlib import Path
 
+from .cells import PACKAGES
 from .config import Recipe
 from .errors import NandoctorError
+from .optional import hidden
 from .recipes import cached_snapshot
 from .record import ModelPlan
 
@@ -94,12 +96,13 @@ def probe_scale(config):
 
 
 def count_params(config, recipe: Recipe) -> tuple[int, int]:
-    """(total, trainable) parameters, counted on the meta device (no memory, milliseconds)."""
+    """(total, trainable) parameters, counted on the meta device (no memory, milliseconds). No
+    optional package is needed for that: they stay unimported (optional.py)."""
     import warnings
 
     import torch
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"), warnings.catch_warnings():
+    with hidden(PACKAGES), torch.device("meta"), warnings.catch_warnings():
+        from transformers import AutoModelForCausalLM
         warnings.simplefilter("ignore", FutureWarning)  # peft calls transformers APIs deprecated in v5
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
         model = apply_adapter(model, recipe)

@@ -75,18 +75,19 @@ class ProbeSpec:
     seed: int
     device: str  # "cpu" or "cuda"
     threads: int  # torch intra-op threads, so that K probes at once do not oversubscribe the cores
+    replay_failed_only: bool = False  # the forensics replay only after a non-finite step (`check`: a quick pass)
 
     def to_dict(self) -> dict:
         return {"probe_id": self.probe_id, "recipe": recipe_to_dict(self.recipe), "cell": self.cell.to_dict(),
                 "model_plan": self.plan.to_dict(), "steps": self.steps, "seed": self.seed, "device": self.device,
-                "threads": self.threads}
+                "threads": self.threads, "replay_failed_only": self.replay_failed_only}
 
     @classmethod
     def from_dict(cls, data: dict) -> "ProbeSpec":
         recipe = data["recipe"]
         return cls(data["probe_id"], recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe["name"]),
                    Cell(**data["cell"]), ModelPlan.from_dict(data["model_plan"]), data["steps"], data["seed"],
-                   data["device"], data.get("threads") or 1)
+                   data["device"], data.get("threads") or 1, data.get("replay_failed_only", False))
 
 
 @dataclass

@@ -4,6 +4,7 @@ results are compared with, made once per pytest process."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 from checkpoints import save_custom_llama
-from conftest import run_cli
+from conftest import run_cli, verdicts
 
 SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
 SLURM_DIR = Path(tempfile.gettempdir()) / "nandoctor-slurm"
@@ -24,6 +25,21 @@ SLURM_DIR = Path(tempfile.gettempdir()) / "nandoctor-slurm"
 # are bit-equal. One stable cell: no re-timing (retime.py) lengthens the test.
 EQUAL_GRID = ("--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3")
 EQUAL_VERDICTS = {"fp32/eager/off": "stable", "fp16-pure/eager/off": "nonfinite"}
+
+
+def records(run_dir: Path) -> dict:
+    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+
+
+def assert_like_local(out: Path, launch: str) -> None:
+    """The equal grid run at `out` through an executor has the local run's verdicts and bit-equal losses,
+    and each record names the executor, its job and its node."""
+    local = local_run("equal")
+    assert verdicts(out) == verdicts(local) == EQUAL_VERDICTS
+    here, there = records(out), records(local)
+    for probe_id, record in here.items():
+        assert losses(record) == losses(there[probe_id])
+        assert record["launch"] == launch and record["job_id"] and record["node"]
 
 
 def losses(record: dict) -> list[str]:

@@ -154,3 +154,22 @@ def test_an_unresolved_subset_is_neither_pass_nor_fail_for_ddmin():
     result = Bisection(GOOD, BAD, Hangs(lambda applied: "f12" in applied), reruns=0).run()
     assert [c.factors for c in result.culprits] == [["f12"]]
     assert any(s.outcome == "unresolved" and "f9" in s.factors for s in result.path)
+
+
+def _passing(index, factors, rate):
+    from nandoctor.bisect.engine import PASS, Step
+    return Step(index, "recommend", factors, {}, PASS, ["stable"], [f"p{index}"], False, rate)
+
+
+def test_recommendation_keeps_the_most_target_factors_whatever_the_speed():
+    from nandoctor.bisect.engine import nearest_then_clearly_faster
+    near, far = _passing(0, ["f1", "f2"], 10.0), _passing(1, ["f1"], 1000.0)
+    assert nearest_then_clearly_faster([far, near]) is near
+
+
+def test_equally_near_candidates_are_not_reordered_by_speed_noise():
+    from nandoctor.bisect.engine import nearest_then_clearly_faster
+    first, noisy = _passing(0, ["f1"], 100.0), _passing(1, ["f2"], 140.0)  # 40% faster: within a busy host's noise
+    assert nearest_then_clearly_faster([first, noisy]) is first
+    clearly = _passing(2, ["f3"], 200.0)
+    assert nearest_then_clearly_faster([first, noisy, clearly]) is clearly

@@ -1,18 +1,13 @@
 """The Ray executor on a real local Ray bound to 127.0.0.1: one task per probe, its files carried
 back, the verdicts and losses the local executor gives, crashes, hangs and OOMs included; Ctrl-C
 leaves no task running and --resume finishes the run."""
-import json
 
 import pytest
-from clusters import (EQUAL_GRID, EQUAL_VERDICTS, losses, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
+from clusters import (assert_like_local, records, EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
                       interrupt_when_running, local_run, misbehaving_checkpoint, ray_skip_reason)
 from conftest import run_cli, summary, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_skip_reason() is not None, reason=str(ray_skip_reason()))]
-
-
-def records(run_dir):
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +48,7 @@ def test_ctrl_c_cancels_every_task_and_prints_the_resume_command(interrupted):
 def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
     out, _, _, _, _, resumed = interrupted
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
-    local = local_run("equal")
-    assert verdicts(out) == verdicts(local) == EQUAL_VERDICTS
-    here, there = records(out), records(local)
-    for probe_id, record in here.items():
-        assert losses(record) == losses(there[probe_id])
-        assert record["launch"] == "ray" and record["job_id"] and record["node"]
+    assert_like_local(out, "ray")
 
 
 @pytest.fixture(scope="module")
@@ -76,4 +66,4 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]  # carried back from the node
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
-    assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 100
+    assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 240  # killed at its 60 s timeout, not left to hang (loose: a loaded host)

@@ -4,16 +4,12 @@ Ctrl-C leaves the queue empty and --resume finishes the run."""
 import json
 
 import pytest
-from clusters import (EQUAL_GRID, EQUAL_VERDICTS, losses, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
+from clusters import (assert_like_local, records, EQUAL_GRID, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
                       interrupt_when_running, local_run, misbehaving_checkpoint, slurm_skip_reason, start_slurm)
 from conftest import run_cli, summary, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_skip_reason() is not None, reason=str(slurm_skip_reason()))]
 SLURM = ("--executor", "slurm", "--executor-opt", "cpus=1")
-
-
-def records(run_dir):
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +39,7 @@ def test_ctrl_c_cancels_every_job_and_prints_the_resume_command(interrupted):
 def test_resume_on_slurm_finishes_with_the_local_verdicts_and_losses(interrupted):
     out, _, _, _, _, resumed = interrupted
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
-    local = local_run("equal")
-    assert verdicts(out) == verdicts(local) == EQUAL_VERDICTS
-    here, there = records(out), records(local)
-    for probe_id, record in here.items():
-        assert losses(record) == losses(there[probe_id])
-        assert record["launch"] == "slurm" and record["job_id"] and record["node"]
+    assert_like_local(out, "slurm")
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +56,7 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
-    assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 100
+    assert 60 <= records(misbehaving)["fp32/sdpa:math/off"]["wall_s"] < 240  # killed at its 60 s timeout, not left to hang (loose: a loaded host)
 
 
 def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tmp_path):

@@ -22,6 +22,7 @@ HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
 UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED)
+FAIL_ON = (TIMEOUT, OOM, KILLED)  # what bisect's --fail-on may count as a failure
 CRASH_SIGNALS = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
                  "SIGILL": "illegal instruction", "SIGFPE": "floating-point exception"}
 

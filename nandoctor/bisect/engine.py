@@ -268,7 +268,7 @@ class Bisection:
         if not steps:
             fallback = [revert] if revert is not None and revert.outcome == PASS else []
             steps = fallback or [self.probe("recommend", [])]  # the baseline, confirmed at the start
-        best = max(steps, key=lambda s: s.tokens_per_s or 0.0)
+        best = nearest_then_clearly_faster(steps)
         names = " + ".join("{" + ", ".join(c.factors) + "}" for c in result.culprits)
         kept = [f for f in self.factors if f in best.factors]
         message = f"culprits: {names}; nearest stable configuration keeps {len(kept)} of {len(self.factors)} target factors"
@@ -295,6 +295,23 @@ class Bisection:
         result.status, result.message = status, message
         if recommended is not None and recommended.outcome == PASS:
             result.recommended, result.recommended_step = recommended.config, recommended.index
+
+
+# A passing candidate displaces an equally near one only when it is this much faster: its rate is the
+# slowest of a few short probes, which a busy host moves by tens of percent (issue 16 saw 16x).
+CLEARLY_FASTER = 1.5
+
+
+def nearest_then_clearly_faster(steps: list[Step]) -> Step:
+    """The recommendation among passing steps: the one that keeps the most target factors (the nearest
+    to what the user asked for), then candidate order; a later, equally near step wins only when it is
+    CLEARLY_FASTER, so the answer does not flip with the host's load."""
+    nearest = max(len(s.factors) for s in steps)
+    best = None
+    for s in (s for s in steps if len(s.factors) == nearest):
+        if best is None or (s.tokens_per_s or 0.0) > CLEARLY_FASTER * (best.tokens_per_s or 0.0):
+            best = s
+    return best
 
 
 def judge(trials: list[Trial], runs: list[Run]) -> tuple[str, bool]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..analysis.ranking import tokens_per_s
 from ..analysis.run import RunAnalysis
-from ..analysis.verdicts import STABLE, UNRESOLVED_VERDICTS, References, is_reference
+from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell
@@ -21,7 +21,6 @@ from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
 from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
 
-FAIL_ON = tuple(v for v in UNRESOLVED_VERDICTS if v != "unsupported")  # what --fail-on may count as a failure
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
     "timeout": "give the probe more time (--set timeout_s=...), fewer steps (--steps) or a smaller model (--scale probe); "

@@ -7,6 +7,7 @@ measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When th
 forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
 written before the replay, with `forensics` set to REPLAY_RUNNING, and again once the replay is done,
 so that the timed steps alone decide the verdict (the runner gives the replay a budget of its own).
+A spec with replay_failed_only (`nandoctor check`) replays only a probe that hit a non-finite step.
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import time
 import traceback
 from pathlib import Path
 
+from ..capabilities import cell_packages
+from ..cells import PACKAGES
 from ..env import get_host_sample, host_load
+from ..optional import hidden
 from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
 from .memory import split_after_first_step
@@ -35,7 +39,8 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     torch.set_num_threads(spec.threads)
     record.env = collect_summary()
     t0 = time.perf_counter()
-    s = setup(spec)
+    with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
+        s = setup(spec)
     record.build_s = s.build_s
     snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None
     backend = spec.cell.compilation.backend
@@ -91,7 +96,7 @@ def main(argv: list[str]) -> int:
     except BaseException as e:  # everything the probe raises becomes data for the verdict
         record.error = error_of(e, emitted)
         code = 1
-    if code == 0 and snapshot is not None:
+    if code == 0 and snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only):
         record.forensics = REPLAY_RUNNING
         write(record, result_path)  # the timed result: the verdict stands whatever the replay does
         record.forensics = forensics_of(spec, record, s, snapshot)

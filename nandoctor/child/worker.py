@@ -27,6 +27,8 @@ import signal
 import sys
 import traceback
 
+from ..cells import PACKAGES
+from ..optional import hidden
 from .lifetime import die_with_parent
 
 def thread_count() -> int:
@@ -38,7 +40,13 @@ def thread_count() -> int:
 
 
 def preload(model_type: str | None = None) -> None:
-    """Import what every probe needs (and the modeling module of model_type), running no torch op."""
+    """Import what every probe needs (and the modeling module of model_type), running no torch op.
+    The optional packages are not among them: a child whose cell needs one imports it (optional.py)."""
+    with hidden(PACKAGES):
+        _preload(model_type)
+
+
+def _preload(model_type: str | None) -> None:
     import peft  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401

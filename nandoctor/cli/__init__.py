@@ -6,6 +6,7 @@ import argparse
 import errno
 import sys
 
+from .. import __version__
 from ..errors import NandoctorError
 from . import bisect, check, diff, doctor, explain, grid, report
 
@@ -22,6 +23,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> Parser:
     parser = Parser(prog="nandoctor", description="Find the precision / attention / compile configuration that trains stably on this machine.")
+    parser.add_argument("--version", action="version", version=f"nandoctor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.register(sub)

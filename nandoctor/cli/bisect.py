@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..bisect.oracle import FAIL_ON, resume_bisect, run_bisect
+from ..analysis.verdicts import FAIL_ON
 from ..errors import NandoctorError
-from ..report.bisection import describe_step, probe_line
-from ..report.terminal import render_terminal
 from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
@@ -49,6 +47,10 @@ def run(args) -> int:
     if args.jobs is not None and args.jobs <= 0:
         raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     executor = executor_from_args(args)
+    # imported here, not at the top: they pull in pandas, which `nandoctor --help` need not pay for
+    from ..bisect.oracle import resume_bisect, run_bisect
+    from ..report.bisection import describe_step, probe_line
+    from ..report.terminal import render_terminal
     hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
     on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
     if args.resume:

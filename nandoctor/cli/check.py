@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
-from ..report.diff import render_diff_terminal
 from .common import add_model_args, examples, finish, listener, recipe_from_args
 
 
@@ -24,6 +23,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..report.diff import render_diff_terminal  # the report package loads pandas: not for --help
     cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}")
     recipe = recipe_from_args(args)
     analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None), baseline=args.baseline)

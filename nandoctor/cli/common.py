@@ -96,9 +96,13 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def started(run_dir, plan, warnings: list[str]) -> None:
-    """Before any probe runs: where the run goes, which model is built and why, and what the user must know."""
+def opened(run_dir) -> None:
+    """The first line, at once: where the run goes."""
     say(f"run directory: {run_dir}")
+
+
+def started(run_dir, plan, warnings: list[str]) -> None:
+    """Before any probe runs: which model is built and why, and what the user must know."""
     say(f"model: {plan.describe()}; {plan.why}")
     for warning in warnings:
         print(f"nandoctor: WARNING: {warning}", file=sys.stderr, flush=True)
@@ -121,7 +125,7 @@ def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
 
 
 def listener(probe) -> Listener:
-    """What a run prints: the start lines, `probe(...)` per finished probe, a heartbeat per running one,
-    a scheduler's queue as it changes, and a line before a grid re-times its leading cells."""
-    return Listener(started=started, probe=probe, alive=lambda *a: say(alive_line(*a)),
+    """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
+    per running one, a scheduler's queue as it changes, and a line before a grid re-times its leading cells."""
+    return Listener(opened=opened, started=started, probe=probe, alive=lambda *a: say(alive_line(*a)),
                     queue=lambda *a: say(queue_line(*a)), retiming=lambda *a: say(retiming_line(*a)))

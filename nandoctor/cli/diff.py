@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from ..api import diff_runs
-from ..report.diff import render_diff_terminal
 from .common import examples
 
 
@@ -17,6 +16,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..report.diff import render_diff_terminal  # the report package loads pandas: not for --help
     d = diff_runs(args.run_a, args.run_b, out=args.out)
     print(render_diff_terminal(d))
     if args.out:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..cells import AXES, parse_axis_flag, parse_axis_values
 from ..doctor import exit_code, run_doctor
-from ..report.doctor import render_doctor_json, render_doctor_text
 from .common import examples, recipe_from_args
 
 
@@ -25,6 +24,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..report.doctor import render_doctor_json, render_doctor_text  # the report package loads pandas: not for --help
     parse_axis_values("attn", [args.attn])
     linted = args.model or args.recipe or args.set
     recipe = recipe_from_args(args) if linted or args.trainer_args else None

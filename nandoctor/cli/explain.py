@@ -1,8 +1,6 @@
 """`nandoctor explain DIR [--probe ID]`: the numerics forensics of a run's probes, in the terminal."""
 from __future__ import annotations
 
-from ..explain import explain
-from ..report.forensics import explain_text
 from .common import examples
 
 
@@ -16,6 +14,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from ..explain import explain  # pandas: imported by the command that uses it, not by `nandoctor --help`
+    from ..report.forensics import explain_text
     _, outcomes = explain(args.run_dir, args.probe)
     print("\n\n".join(explain_text(o) for o in outcomes))
     return 0

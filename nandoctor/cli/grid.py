@@ -5,8 +5,6 @@ from ..api import resume_grid, run_grid
 from ..cells import parse_axis_flag
 from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
-from ..report.diff import render_diff_terminal
-from ..report.terminal import progress_line, render_terminal
 from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
 
 
@@ -30,12 +28,17 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def progress(*args) -> None:
+    from ..report.terminal import progress_line  # pandas: loaded by then (api.open_session), not before the first line
+    say(progress_line(*args))
+
+
 def run(args) -> int:
     if args.jobs is not None and args.jobs <= 0:
         raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     cache = ProbeCache() if args.cache else None
     executor = executor_from_args(args)
-    hear = listener(lambda *a: say(progress_line(*a)))
+    hear = listener(progress)
     if args.resume:
         refuse_with_resume(args, MODEL_FLAGS + ("axis", "baseline"), "the recipe, axes, steps, baseline and run directory")
         analysis = resume_grid(args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache,
@@ -45,6 +48,8 @@ def run(args) -> int:
         recipe = recipe_from_args(args)
         analysis = run_grid(recipe, axes=axes, steps=args.steps, jobs=args.jobs, out=args.out,
                             listener=hear, warm=not args.cold, cache=cache, baseline=args.baseline, executor=executor)
+    from ..report.diff import render_diff_terminal
+    from ..report.terminal import render_terminal
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     if analysis.comparison:

@@ -4,11 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..analysis.run import ranked_table
-from ..api import render_run
 from ..errors import NandoctorError
-from ..report.diff import render_diff_terminal
-from ..report.terminal import render_terminal
 from .common import examples, finish
 
 
@@ -36,6 +32,10 @@ def refuse_unwritable_csv(csv: str) -> None:
 def run(args) -> int:
     if args.csv:
         refuse_unwritable_csv(args.csv)
+    from ..analysis.run import ranked_table  # pandas: imported by the command that uses it, not by `nandoctor --help`
+    from ..api import render_run
+    from ..report.diff import render_diff_terminal
+    from ..report.terminal import render_terminal
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
     if analysis.comparison:

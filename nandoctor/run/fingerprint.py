@@ -41,6 +41,7 @@ def weights_stamp(path: str | None) -> list:
 LEGACY_SPEC = {"stop_on_nonfinite": True}
 NOT_NUMERICS = ("forensics_timeout_s",)  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
+NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
 
 def package_versions(cell: Cell, env: dict) -> dict:
@@ -53,7 +54,7 @@ def package_versions(cell: Cell, env: dict) -> dict:
 def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
     """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides and its environment; key
     order does not matter."""
-    spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k != "probe_id"}}
+    spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k not in NOT_SPEC_NUMERICS}}
     spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
     # why is prose; refuses follows from the architecture and the transformers version (in the environment)
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k not in ("why", "refuses")}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..capabilities import input_support, parallel_support
 from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
-from ..env import collect_summary
+from ..env import collect_doctor, get_cpu_count, get_gpu_count_guess
 from ..errors import NandoctorError
 from ..models import plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
@@ -80,10 +80,11 @@ def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
 
 
 def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dict, steps: int, jobs: int,
-               threads: int | None = None) -> ProbeSpec:
-    """threads: the probe's CPU threads (an executor's cores per probe); by default this host's cores over `jobs`."""
+               threads: int | None = None, replay_failed_only: bool = False) -> ProbeSpec:
+    """threads: the probe's CPU threads (an executor's cores per probe); by default this host's cores over `jobs`.
+    replay_failed_only: the forensics replay runs only after a non-finite step (check)."""
     return ProbeSpec(probe.probe_id, recipe, probe.cell, plan, steps, recipe.seed + probe.seed_offset, device["device"],
-                     threads or threads_per_probe(jobs, device["cpu_count"]))
+                     threads or threads_per_probe(jobs, device["cpu_count"]), replay_failed_only)
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -141,10 +142,13 @@ class Session:
     probe still running.
 
     warm=False starts a cold Python process per probe; cache (a ProbeCache) reuses records with an
-    identical fingerprint and keeps the new ones; plan reuses a model plan and resume=True continues
+    identical fingerprint and keeps the new ones; replay_failed_only runs the forensics replay only for
+    a probe that hit a non-finite step (a quick check); plan reuses a model plan and resume=True continues
     the run directory `out` (see resume()); otherwise `out` must not hold a run yet.
     on_record(record) is called for every record as it is kept; on_alive(probe_id, elapsed_s, step)
-    every HEARTBEAT_S while a probe runs. `warnings` says what the user should know about the model plan.
+    every HEARTBEAT_S while a probe runs. Constructing one only picks the run directory and starts the
+    first warm worker; prepare() then gathers the device facts (`device`, unless given) and plans the
+    model (`plan`, unless given); `warnings` says what the user should know about the model plan.
     Ctrl-C inside the `with` block leaves as RunInterrupted once run.json exists.
 
     jobs=None packs probes (slots.packed_jobs): on a GPU host by the planned model's training memory,
@@ -157,41 +161,59 @@ class Session:
     def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
                  device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
                  plan: ModelPlan | None = None, on_alive=None, resume: bool = False,
-                 executor: ExecutorConfig | None = None, on_queue=None):
+                 executor: ExecutorConfig | None = None, on_queue=None, replay_failed_only: bool = False):
         self.kind, self.recipe = kind, recipe
-        self.device = device or collect_summary()
+        self.replay_failed_only = replay_failed_only
         self.steps = steps or recipe.steps
-        short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
-        gpus = len(self.device.get("gpus") or [])
+        self.short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
+        self.asked_jobs, self.warm, self.on_queue = jobs, warm, on_queue
         self.executor = executor or ExecutorConfig()
-        self.packed = jobs is None and not self.executor.remote
         self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
-        if self.executor.remote:
-            self.runner = RemoteRunner(self.dir, self.store, self.executor, on_queue)  # its canary runs while we plan
-            jobs = self.most = self.runner.jobs
-            self.threads = self.executor.option("cpus")
-        else:
-            self.most = jobs or most_jobs(self.device)  # slots; packing keeps some idle
-            self.runner = ProbeRunner(self.dir, self.store, self.most, gpus, warm).open()  # workers import while we plan
-            self.threads = None
-        try:
-            self.plan = plan or plan_model(recipe, self.device, self.steps)
-        except BaseException:
-            self.runner.close()
-            raise
-        self.runner.preload(self.plan.model_type)
-        self.warnings = plan_warnings(recipe, self.plan, self.device) + ([short] if short else [])
-        self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
-        self.peak = 0  # the largest GPU memory peak a finished probe measured
-        self.jobs = jobs or packed_jobs(self.device, self.estimate)
-        self.runner.limit = self.jobs
+        self.device = device
+        # the first warm worker (or a scheduler's canary) starts now, while this process gathers the
+        # device facts and plans the model (prepare), which import torch / transformers too; until then
+        # the slots go by the facts that need no torch
+        guess = {"gpus": [{}] * get_gpu_count_guess(), "cpu_count": get_cpu_count()}
+        self.runner = self._open_runner(device or guess)
+        self.plan = plan
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.heartbeat = Heartbeat(on_alive) if on_alive else None
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
-        self.plans = {self._key(recipe): self.plan}
+
+    def _open_runner(self, device: dict):
+        """A scheduler's runner (--executor slurm / ray), or slots for the most probes this device may run
+        at once (packing keeps some idle), pinned to its GPUs."""
+        self.gpus = len(device.get("gpus") or [])
+        if self.executor.remote:
+            runner = RemoteRunner(self.dir, self.store, self.executor, self.on_queue)  # its canary runs while we plan
+            self.most, self.threads = runner.jobs, self.executor.option("cpus")
+            return runner
+        self.most, self.threads = self.asked_jobs or most_jobs(device), None
+        return ProbeRunner(self.dir, self.store, self.most, self.gpus, self.warm).open()
+
+    def prepare(self) -> None:
+        """Gather the device facts (unless given) and plan the model: the imports and the work that
+        overlap the first worker's own imports. Until this returns, only `dir` is known."""
+        try:
+            self.device = self.device or collect_doctor()
+            if not self.executor.remote and len(self.device.get("gpus") or []) != self.gpus:
+                self.runner.close()  # the guess was wrong: slots are pinned to GPUs
+                self.runner = self._open_runner(self.device)
+            self.plan = self.plan or plan_model(self.recipe, self.device, self.steps)
+        except BaseException:
+            self.runner.close()
+            raise
+        self.runner.preload(self.plan.model_type)
+        self.packed = self.asked_jobs is None and not self.executor.remote
+        self.warnings = plan_warnings(self.recipe, self.plan, self.device) + ([self.short] if self.short else [])
+        self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
+        self.peak = 0  # the largest GPU memory peak a finished probe measured
+        self.jobs = self.runner.jobs if self.executor.remote else self.asked_jobs or packed_jobs(self.device, self.estimate)
+        self.runner.limit = self.jobs
+        self.plans = {self._key(self.recipe): self.plan}
 
     @staticmethod
     def _key(recipe: Recipe) -> str:
@@ -239,7 +261,8 @@ class Session:
             if p.probe_id in records:
                 continue
             own = p.recipe or recipe
-            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads)
+            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads,
+                              self.replay_failed_only)
             unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
                            or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
                            or parallel_support(p.cell, own.world_size, own.batch_size, self.device))

@@ -1,0 +1,29 @@
+"""Optional packages (cells.PACKAGES: torchao, bitsandbytes, transformer_engine) belong to the probes
+whose cell needs them. transformers and peft import every one of them they find installed while
+their own modules load (transformers' quantizer registry imports torchao, peft's LoRA layers
+bitsandbytes): seconds of import in every process, and the packages' own noise on its stderr
+(torchao's "Failed to load ...so", torch's _pytree deprecation lines, bitsandbytes' kernels line).
+
+Foundation module: imports nothing from nandoctor.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+
+@contextlib.contextmanager
+def hidden(modules):
+    """Make the named top-level packages look absent while the block runs: a None entry in
+    sys.modules makes importlib.util.find_spec() answer None and `import` raise ImportError. Packages
+    already imported stay as they are; afterwards the packages import normally again (the libraries
+    loaded inside the block keep their own, cached, answer that the package is absent)."""
+    blocked = [m for m in modules if m not in sys.modules]
+    for module in blocked:
+        sys.modules[module] = None
+    try:
+        yield
+    finally:
+        for module in blocked:
+            if module in sys.modules and sys.modules[module] is None:
+                del sys.modules[module]
