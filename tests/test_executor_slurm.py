@@ -75,7 +75,7 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
 
 
 def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2", "--executor", "slurm",
                    "--executor-opt", "partition=nope", "--out", tmp_path / "run", env=slurm_env)
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]

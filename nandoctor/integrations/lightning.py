@@ -83,10 +83,12 @@ class NandoctorCallback(Callback):
         self.watch = Watch(every, strict, device)
         self.output_dir = output_dir
         self.step = None  # the checked step being accumulated: its first batch and micro-batch losses
-        self.open = self.stepped = False
+        self.open = False
+        self.global_step = 0  # the trainer's optimizer steps when the last one settled
 
     @guarded
     def on_train_start(self, trainer, pl_module):
+        self.global_step = trainer.global_step  # a resumed fit starts past 0
         model = watched_model(pl_module)
         optimizer = trainer.optimizers[0]
         cell = cell_of_trainer(trainer, model)
@@ -110,7 +112,6 @@ class NandoctorCallback(Callback):
 
     @guarded
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.stepped = True
         if self.step is None:
             return
         scaler = getattr(trainer.precision_plugin, "scaler", None)
@@ -119,13 +120,14 @@ class NandoctorCallback(Callback):
         grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None])
         self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
 
-    @guarded
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        if not self.stepped:  # a micro-batch that only accumulated gradients
+        # not guarded: under DDP / FSDP every rank settles every step, its watch on or off (ranks.py)
+        if trainer.global_step == self.global_step:  # a micro-batch that only accumulated gradients
             return
-        if self.step is not None and self.watch.end_step():
+        step, self.global_step = self.global_step, trainer.global_step
+        judged, self.step, self.open = self.step is not None, None, False
+        if self.watch.settle(step, judged):
             trainer.should_stop = True
-        self.step, self.open, self.stepped = None, False, False
 
     @guarded
     def on_train_end(self, trainer, pl_module):

@@ -105,11 +105,11 @@ class NandoctorCallback(TrainerCallback):
         self.judged = True
         self.watch.judge(state.global_step, loss.item(), grad_norm.item(), scale, step.inputs[0])
 
-    @guarded
     def on_step_end(self, args, state, control, **kwargs):
-        if self.judged and self.watch.end_step():
+        # not guarded: under DDP / FSDP every rank settles every step, its watch on or off (ranks.py)
+        judged, self.judged = self.judged, False
+        if self.watch.settle(state.global_step - 1, judged):
             control.should_training_stop = True
-        self.judged = False
 
     @guarded
     def on_train_end(self, args, state, control, **kwargs):

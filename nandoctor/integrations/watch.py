@@ -9,9 +9,10 @@ A framework adapter (transformers.py, lightning.py) reads its trainer into a `Li
   grad-norm: the step-0 checks of `nandoctor check` on the first step, then the probes' verdict
   rules (nonfinite, zero-loss, spike, divergence) on the curve so far. On the first failure it
   keeps the batch and a copy of the weights and optimizer state the step started from;
-- `end_step`: after the optimizer step: the parameters' min / max (to name an optimizer step that
-  turns them non-finite), and, after a failure, the forensics replay and the report. Returns True
-  when training must stop.
+- `settle`: after every optimizer step, on every rank: the parameters' min / max of a judged step
+  (to name an optimizer step that turns them non-finite); the ranks of a DDP / FSDP run agree on
+  whether any saw a failure (ranks.py), and then all stop at that step while the lowest failing rank
+  replays the step with forensics hooks and writes the report. Returns True when training must stop.
 
 nandoctor never breaks the run it watches: every framework hook runs through `guarded`, which turns
 an exception raised inside nandoctor into one line on stderr and switches the watch off, and the run
@@ -52,6 +53,7 @@ from ..knowledge.facts import env_facts, setup_facts, trainer_cell
 from ..models import shape_of
 from ..record import ModelPlan, ProbeRecord, Step
 from ..report import write_reports
+from .ranks import Ranks
 
 __all__ = ["ALIASES", "PRECISIONS", "Cell", "CheckFailed", "LiveRun", "NandoctorError", "Watch", "autocast_of", "guarded",
            "recipe_of", "trainer_cell"]
@@ -167,10 +169,16 @@ def headroom_checks(forensics: dict, events: list[dict]) -> list[tuple[str, bool
     return out
 
 
+def local(p):
+    """This rank's shard of an FSDP2 parameter (a DTensor), or the parameter itself: reading a
+    DTensor whole would be a collective that the other ranks do not join."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 def parameter_extremes(named: list) -> object:
-    """[min, max] per parameter as one float tensor, without a device sync (read only after a failure)."""
+    """[min, max] per parameter (this rank's shard) as one float tensor, without a device sync (read only after a failure)."""
     import torch
-    return torch.stack([torch.stack(torch.aminmax(p.detach())).float() for _, p in named])
+    return torch.stack([torch.stack(torch.aminmax(local(p).detach())).float() for _, p in named])
 
 
 def state_copy(named: list, optimizer) -> dict:
@@ -181,7 +189,7 @@ def state_copy(named: list, optimizer) -> dict:
         return x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
 
     state = optimizer.state_dict()
-    return {"weights": [to_cpu(p) for _, p in named],
+    return {"weights": [to_cpu(local(p)) for _, p in named],
             "optimizer": {"state": {k: {n: to_cpu(v) for n, v in s.items()} for k, s in state["state"].items()},
                           "param_groups": copy.deepcopy(state["param_groups"])}}
 
@@ -190,7 +198,7 @@ def state_restore(named: list, optimizer, saved: dict) -> None:
     import torch
     with torch.no_grad():
         for (_, p), w in zip(named, saved["weights"]):
-            p.copy_(w)
+            local(p).copy_(w)
     optimizer.load_state_dict(saved["optimizer"])
 
 
@@ -225,6 +233,9 @@ class Watch:
         self.bisect_command: str | None = None
         self.off: str | None = None  # what failed inside nandoctor, once the watch switched itself off
         self.warned: set[str] = set()  # the warnings given once per run (no-learning)
+        self.ranks = Ranks()
+        self.settled = 0  # optimizer steps settled (the first one is always a judged one)
+        self.stopped_by: int | None = None  # the rank whose failure stopped the run, when not this one
 
     def switch_off(self, where: str, error: BaseException) -> None:
         """nandoctor failed in `where`: say so on one line and stop watching; training is not touched."""
@@ -250,8 +261,10 @@ class Watch:
         self.step0 = ModuleWatch(run.model)
         self.entering = self.earlier = parameter_extremes(self.named)
         which = "every step" if self.every == 1 else f"one step in {self.every}"
-        _say(f"watching {run.cell.id} ({run.framework} run, {len(self.named)} trainable tensors), judging {which}"
-             f"{' (strict)' if self.strict else ''}; a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}")
+        ranks = f" on {self.ranks.size} ranks, each judged" if self.ranks.distributed else ""
+        if self.ranks.speaks:
+            _say(f"watching {run.cell.id} ({run.framework} run{ranks}, {len(self.named)} trainable tensors), judging {which}"
+                 f"{' (strict)' if self.strict else ''}; a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}")
 
     def checking(self, step: int) -> bool:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""
@@ -276,11 +289,36 @@ class Watch:
         return verdict
 
     def end_step(self) -> bool:
-        """After the optimizer step of a judged step; True when training must stop."""
+        """After the optimizer step of a judged step; True when this rank saw a failure."""
         self.earlier, self.entering = self.entering, parameter_extremes(self.named)
-        if self.failure is None:
+        return self.failure is not None
+
+    def settle(self, step: int, judged: bool) -> bool:
+        """After every optimizer step, on every rank, with the watch on or off (call it outside
+        `guarded`): at the steps the watches judge (the first, then one in `every`), the ranks agree
+        on whether any saw a failure; True when training must stop, on every rank at the same step.
+        The lowest failing rank writes the report. Never raises."""
+        due = self.settled == 0 or step % self.every == 0
+        self.settled += 1
+        if not due:
             return False
-        if self.report_dir is None and self.report_error is None:
+        failed = False
+        if judged and not self.off:
+            try:
+                failed = self.end_step()
+            except Exception as e:  # noqa: BLE001 - this rank stops watching, and still takes part in the agreement
+                self.switch_off("watch end_step", e)
+        try:
+            by = self.ranks.agree(failed)
+        except Exception as e:  # noqa: BLE001 - a broken process group is the run's to report, not nandoctor's
+            if not self.off:
+                self.switch_off("agreement between ranks", e)
+            return False
+        if by is None:
+            return False
+        if by != self.ranks.rank or self.failure is None:
+            self.stopped_by = by
+        elif not self.off and self.report_dir is None and self.report_error is None:
             try:
                 self._report()
             except Exception as e:  # noqa: BLE001 - the run failed either way; it stops, with or without a report
@@ -300,8 +338,13 @@ class Watch:
         said = "no step judged" if verdict is None else f"{verdict.name} ({verdict.reason})"
         where = (f"report {self.report_dir / 'report.md'}" if self.report_dir else
                  f"no report ({self.report_error})" if self.report_error else "no report (nothing stopped the run)")
-        line = f"watched {len(self.steps)} steps of {self.run.cell.id}: {said}; {where}"
-        _say(line)
+        if self.stopped_by is not None:  # another rank saw the failure: its report, in the same directory
+            said += f"; stopped with every rank when rank {self.stopped_by} failed"
+            where = f"report by rank {self.stopped_by} in {Path(self.run.output_dir) / REPORT_DIR}"
+        ranks = f" on {self.ranks.size} ranks" if self.ranks.distributed else ""
+        line = f"watched {len(self.steps)} steps of {self.run.cell.id}{ranks}: {said}; {where}"
+        if self.ranks.speaks:
+            _say(line)
         return line
 
     def _check_step0(self, record: Step) -> None:
@@ -330,7 +373,8 @@ class Watch:
         f, run = self.failure, self.run
         self.report_dir = Path(run.output_dir) / REPORT_DIR
         self.report_dir.mkdir(parents=True, exist_ok=True)
-        forensics = self._replay()
+        # a sharded model's forward gathers its parameters from every rank, and the others have stopped
+        forensics = None if any(hasattr(p, "to_local") for _, p in self.named) else self._replay()
         recipe = dataclasses.replace(run.recipe, steps=max(run.recipe.steps, f.verdict.step + 1))
         shape = token_shape(f.batch)
         if shape:
