@@ -46,7 +46,7 @@ def api_check(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_grid(tmp_path_factory):
     out = tmp_path_factory.mktemp("grid") / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "2", "--out", out)
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "4", "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
