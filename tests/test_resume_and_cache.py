@@ -47,7 +47,7 @@ def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
 def test_resume_refuses_options_that_would_change_the_run(tmp_path, cli):
     proc = cli("grid", "--resume", tmp_path, "--steps", "5")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["nandoctor: error: --resume takes the recipe, axes, steps and run directory from DIR/run.json; drop --steps"]
+    assert proc.stderr.strip().splitlines() == ["nandoctor: error: --resume takes the recipe, axes, steps, baseline and run directory from DIR/run.json; drop --steps"]
 
 
 def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli):
