@@ -7,6 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+# One fixed hypothesis profile, loaded by default: the same examples on every run and every machine
+# (derandomize), few enough to keep the property tests to seconds, no example database or patch file
+# written under the worktree (no explain phase), no reproduction blobs printed.
+# HYPOTHESIS_PROFILE=<name> picks another registered one.
+settings.register_profile("nandoctor", derandomize=True, max_examples=40, deadline=None, database=None, print_blob=False,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nandoctor"))
 
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -17,6 +17,7 @@ from ..config import THRESHOLDS, Thresholds, recipe_from_dict, recipe_to_dict
 from ..errors import NandoctorError
 from ..record import ProbeRecord, Step
 from .forensics import FINFO_EPS
+from .ranking import fidelity_bucket
 from .run import ProbeOutcome, RunAnalysis
 from .verdicts import CRASH, STABLE, UNSUPPORTED
 
@@ -320,7 +321,7 @@ class RunDiff:
         if before == after or before not in now or after not in now:
             return False
         old, new = now[before], now[after]
-        if math.floor((old.fidelity or 0) / t.fidelity_bucket) != math.floor((new.fidelity or 0) / t.fidelity_bucket):
+        if fidelity_bucket(old.fidelity, t) != fidelity_bucket(new.fidelity, t):
             return False
         noise = [n for n in (throughput_noise(old.record), throughput_noise(new.record)) if n is not None]
         band = max(noise) if noise else t.throughput_noise

@@ -14,7 +14,10 @@ The order, best first:
    plain `sdpa` (what transformers picks when none is named) before `eager` (one argument) before a
    pinned SDPA backend or a kernel package (code around the training loop, an extra install), then the
    default optimizer before one from another package; cell-table order settles the rest;
-5. then lower peak memory, then higher fidelity, then the order they came in.
+5. then lower peak memory, then closer fidelity, then the probe id (so the order of the rows does not
+   matter).
+
+A probe whose fidelity is unknown (no reference to compare with) ranks after every measured one.
 
 So a recommendation changes between two runs only when one configuration is faster by more than
 the noise both measured; otherwise the same fixed order picks the same one.
@@ -56,9 +59,17 @@ def adoption_key(dtype: str | None, attn: str | None, compile: str | None, optim
     return compile_key, precision_key, attention_key, optimizer_key
 
 
-def fidelity_bucket(fidelity: float | None, t: Thresholds = THRESHOLDS) -> int:
-    """The bucket of fidelities the ranking treats as equal (a probe without one joins the first)."""
-    return math.floor((fidelity or 0.0) / t.fidelity_bucket)
+def fidelity_bucket(fidelity: float | None, t: Thresholds = THRESHOLDS) -> tuple[bool, float]:
+    """The sort key of the bucket of fidelities the ranking treats as equal: (unknown, bucket). A probe
+    whose fidelity is unknown (None or NaN: nothing to compare it with) sorts after every probe whose
+    fidelity was measured; an infinite one sorts after every finite one."""
+    try:
+        fidelity = float(fidelity)
+    except (TypeError, ValueError):
+        return True, 0.0
+    if math.isnan(fidelity):
+        return True, 0.0
+    return False, float(math.floor(fidelity / t.fidelity_bucket)) if math.isfinite(fidelity) else fidelity
 
 
 def _number(row, column: str, default: float) -> float:
@@ -83,8 +94,12 @@ def clearly_faster(a: tuple[float, float, float], b: tuple[float, float, float],
 
 
 def _tie_key(row) -> tuple:
+    """Adoption order, then lower peak memory (unknown last), then closer fidelity (unknown last), then the
+    probe id, so that the order does not depend on the order the rows came in."""
     cell = [row.get(axis) if hasattr(row, "get") else None for axis in ("dtype", "attn", "compile", "optimizer")]
-    return adoption_key(*cell), _number(row, "peak_memory_bytes", 0.0), _number(row, "fidelity", 0.0)
+    probe_id = row.get("probe_id") if hasattr(row, "get") else None
+    return adoption_key(*cell), _number(row, "peak_memory_bytes", math.inf), _number(row, "fidelity", math.inf), \
+        str(probe_id) if probe_id is not None else ""
 
 
 def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
@@ -96,15 +111,15 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
     flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
     groups: dict[tuple, list] = {}
     for i in table.index:
-        fidelity = _number(rows[i], "fidelity", 0.0)
+        fidelity = rows[i].get("fidelity") if hasattr(rows[i], "get") else None
         groups.setdefault((fidelity_bucket(fidelity, t), bool(flags[i])), []).append(i)
     order, classes = [], {}
     for key in sorted(groups):
-        left = sorted(groups[key], key=lambda i: -_speed(rows[i])[0])
+        left = sorted(groups[key], key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
         speed_class = 0
         while left:
             lead = _speed(rows[left[0]])
-            tied = [i for i in left if not clearly_faster(lead, _speed(rows[i]), t)]
+            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(lead, _speed(rows[i]), t)]
             tied.sort(key=lambda i: _tie_key(rows[i]))
             order += tied
             classes.update({i: speed_class for i in tied})

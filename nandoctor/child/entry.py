@@ -11,11 +11,11 @@ A spec with replay_failed_only (`nandoctor check`) replays only a probe that hit
 """
 from __future__ import annotations
 
-import json
 import time
 import traceback
 from pathlib import Path
 
+from .. import jsonio
 from ..capabilities import cell_packages
 from ..cells import PACKAGES
 from ..env import get_host_sample, host_load
@@ -84,7 +84,7 @@ def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snaps
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = Path(argv[0]), Path(argv[1])
-    spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
+    spec = ProbeSpec.from_dict(jsonio.loads(spec_path.read_text()))
     if spec.cell.parallel_row.wrapper:  # W ranks, one probe
         from .launch import launch
         return launch(spec, spec_path, result_path)

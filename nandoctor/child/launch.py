@@ -18,7 +18,6 @@ and the rank that failed (`failed_rank`).
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import signal
 import sys
@@ -27,6 +26,7 @@ import time
 import traceback
 from pathlib import Path
 
+from .. import jsonio
 from ..record import ProbeSpec
 from .lifetime import die_with_parent
 from .parallel import rank_file, rendezvous_file
@@ -107,7 +107,7 @@ def watch(ranks: list[Rank]) -> tuple[list[int | None], int | None]:
 
 def _read(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return jsonio.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
@@ -183,6 +183,6 @@ def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
     for t in relays:
         t.join(timeout=2)
     tmp = result.with_suffix(".tmp")
-    tmp.write_text(json.dumps(merge(result, codes, failed)))
+    tmp.write_text(jsonio.dumps(merge(result, codes, failed)))
     os.replace(tmp, result)  # the runner never reads half a file
     return 0 if failed is None else end_like(codes[failed])

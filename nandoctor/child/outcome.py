@@ -3,12 +3,12 @@ whole (the runner never reads half a file). Shared by a one-process probe (entry
 a parallel one (parallel.py)."""
 from __future__ import annotations
 
-import json
 import os
 import traceback
 import warnings
 from pathlib import Path
 
+from .. import jsonio
 from ..record import ProbeRecord
 
 MAX_WARNINGS = 20
@@ -40,5 +40,5 @@ def error_of(e: BaseException, emitted: WarningLog) -> dict:
 
 def write(record: ProbeRecord, result_path: Path) -> None:
     tmp = result_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record.to_dict()))
+    tmp.write_text(jsonio.dumps(record.to_dict()))
     os.replace(tmp, result_path)  # the runner never reads half a file

@@ -12,13 +12,13 @@ Each rank writes its own record to rank{r}.json; the launcher merges them into r
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
+from .. import jsonio
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import restart, setup
 from .memory import split_after_first_step
@@ -274,7 +274,7 @@ def main(argv: list[str]) -> None:
     a futex (a rank of a DDP probe, torch 2.13), and nothing is left to free once the record is written."""
     spec_path, result = Path(argv[0]), Path(argv[1])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    spec = ProbeSpec.from_dict(json.loads(spec_path.read_text()))
+    spec = ProbeSpec.from_dict(jsonio.loads(spec_path.read_text()))
     record = ProbeRecord(spec.probe_id, spec.cell)
     emitted = WarningLog()
     code = 0

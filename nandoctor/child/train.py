@@ -1,13 +1,13 @@
 """The training loop a probe runs, and the log that streams its steps to disk as they happen."""
 from __future__ import annotations
 
-import json
 import math
 import resource
 import statistics
 import time
 from pathlib import Path
 
+from .. import jsonio
 from ..record import Step
 from .build import Setup
 
@@ -56,7 +56,7 @@ class StepLog:
     def __call__(self, step: Step) -> bool:
         self.steps.append(step)
         if self.file:
-            self.file.write(json.dumps(step.to_dict()) + "\n")
+            self.file.write(jsonio.dumps(step.to_dict()) + "\n")
             self.file.flush()
         what = step.unrecoverable()
         if what:

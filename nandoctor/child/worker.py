@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import faulthandler
 import importlib
-import json
 import os
 import signal
 import sys
 import traceback
 
+from .. import jsonio
 from ..cells import PACKAGES
 from ..optional import hidden
 from .lifetime import die_with_parent
@@ -87,7 +87,7 @@ def run_child(command: dict) -> None:
 
 
 def send(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.write(jsonio.dumps(message) + "\n")
     sys.stdout.flush()
 
 
@@ -98,7 +98,7 @@ def main() -> int:
     preload()
     send({"ready": os.getpid(), "threads": thread_count()})
     for line in sys.stdin:
-        command = json.loads(line)
+        command = jsonio.loads(line)
         if "preload" in command:
             preload(command["preload"])
             continue

@@ -2,16 +2,16 @@
 them in the run dir."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from .. import jsonio
 from ..analysis.run import RunAnalysis
 from ..run.store import write_atomic
 
 
 def _summary_json(a: RunAnalysis) -> str:
     from .summary import render_summary
-    return json.dumps(render_summary(a), indent=2, default=str)
+    return jsonio.dumps(render_summary(a), indent=2)
 
 
 def _markdown(a: RunAnalysis) -> str:
@@ -40,9 +40,8 @@ def _diff_html(d) -> str:
 
 
 def _diff_json(d) -> str:
-    from .common import json_safe
     from .diff import render_diff_summary
-    return json.dumps(json_safe(render_diff_summary(d)), indent=2, default=str)
+    return jsonio.dumps(render_diff_summary(d), indent=2)
 
 
 REPORT_FILES = {"report.md": _markdown, "report.html": _html, "junit.xml": _junit, "summary.json": _summary_json}

@@ -51,18 +51,6 @@ def fmt_loss(x: float | None) -> str:
     return repr(x) if not math.isfinite(x) else f"{x:.4f}"
 
 
-def json_safe(data):
-    """data with every non-finite float as the string float() reads back ("NaN", "Infinity",
-    "-Infinity"): json.dumps would write bare NaN / Infinity, which strict JSON parsers reject."""
-    if isinstance(data, float) and not math.isfinite(data):
-        return "NaN" if math.isnan(data) else "Infinity" if data > 0 else "-Infinity"
-    if isinstance(data, dict):
-        return {k: json_safe(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [json_safe(v) for v in data]
-    return data
-
-
 def label(o: ProbeOutcome) -> str:
     overrides = o.record.overrides
     extra = "".join(f" {k}={v}" for k, v in overrides.items())

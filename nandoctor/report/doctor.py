@@ -2,12 +2,12 @@
 by the `nandoctor doctor` terminal output and the grid reports (Markdown, HTML, summary.json)."""
 from __future__ import annotations
 
-import json
 
 from tabulate import tabulate
 
+from .. import jsonio
 from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
-from .common import fmt_bytes, json_safe
+from .common import fmt_bytes
 
 
 def stack_facts(env: dict) -> list[dict]:
@@ -110,4 +110,4 @@ def _finding_lines(findings: list[dict]) -> list[str]:
 
 
 def render_doctor_json(report: dict) -> str:
-    return json.dumps(json_safe(report), indent=2, default=str)
+    return jsonio.dumps(report, indent=2)

@@ -2,12 +2,21 @@
 a --baseline, one more per cell against the baseline, failed where the cell regressed."""
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 
 from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import HARNESS_FAILURES, UNSUPPORTED
 from . import bisection
+from .charts import as_float
 from .common import label
+
+
+def _seconds(x) -> str:
+    """A JUnit time attribute: seconds with 3 decimals; one that is no finite number (unknown, nan, inf, an
+    int beyond float range) is 0.000, as JUnit readers parse the attribute as a number."""
+    x = as_float(x)
+    return f"{x:.3f}" if x is not None and math.isfinite(x) else "0.000"
 
 
 def render_junit(a: RunAnalysis) -> str:
@@ -18,7 +27,7 @@ def render_junit(a: RunAnalysis) -> str:
                        skipped=str(sum(o.verdict.name == UNSUPPORTED for o in a.outcomes)))
     for o in a.outcomes:
         case = ET.SubElement(suite, "testcase", classname=f"nandoctor.{a.meta['kind']}", name=label(o),
-                             time=f"{o.record.wall_s or 0:.3f}")
+                             time=_seconds(o.record.wall_s))
         if o.verdict.name == UNSUPPORTED:
             ET.SubElement(case, "skipped", message=o.verdict.reason)
         elif o.verdict.failed:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from .common import json_safe
+from ..jsonio import json_safe
 from .failures import failure_classes
 from .forensics import forensics_summary
 from .parallel import parallel_facts

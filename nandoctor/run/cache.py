@@ -7,10 +7,10 @@ the machine's load and memory at the time, so they are always rerun.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from .. import jsonio
 from ..record import ProbeRecord
 
 CACHE_FILE = "probes.jsonl"
@@ -44,7 +44,7 @@ class ProbeCache:
             if self.path.exists():
                 for line in self.path.read_text().splitlines():
                     try:
-                        entry = json.loads(line)
+                        entry = jsonio.loads(line)
                     except ValueError:
                         continue  # a line cut off by a crash
                     self._index[entry["fingerprint"]] = (ProbeRecord.from_dict(entry), entry["run_dir"])
@@ -59,5 +59,5 @@ class ProbeCache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(json.dumps({**record.to_dict(), "run_dir": str(run_dir)}, default=str) + "\n")
+            f.write(jsonio.dumps({**record.to_dict(), "run_dir": str(run_dir)}) + "\n")
         self._records()[record.fingerprint] = (record, str(run_dir))

@@ -7,7 +7,6 @@ cluster's MinJobAge), so no accounting database is needed.
 """
 from __future__ import annotations
 
-import json
 import contextlib
 import math
 import os
@@ -17,6 +16,7 @@ import time
 import uuid
 from pathlib import Path
 
+from .. import jsonio
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from .placed import PLACED_FILE, run_placed
@@ -164,7 +164,7 @@ class SlurmPlacement:
                 probe.seen_done = probe.seen_done or time.monotonic()
                 if time.monotonic() - probe.seen_done < SHARED_FS_WAIT_S:
                     continue
-            outcome = json.loads(placed.read_text()) if placed.exists() else None
+            outcome = jsonio.loads(placed.read_text()) if placed.exists() else None
             if probe.started is None:
                 probe.started = time.monotonic()
             ended.append((probe, Ending(state, outcome, detail=reason if reason not in ("None", "") else "")))

@@ -9,7 +9,6 @@ the job pays the child's imports once.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -17,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .. import jsonio
 from ..env import get_nvml
 from ..record import ProbeSpec
 from .runner import MAX_WAIT_S, LOG_TAIL_CHARS, ProbeTask, RunningProbe
@@ -46,7 +46,7 @@ def run_placed(folder: str, timeout_s: float) -> dict:
     """Run the probe whose spec.json is in `folder` within its budget; returns {returncode, timed_out,
     replay_overran, wall_s, node, gpus, gpu} and writes it to folder/placed.json."""
     folder = Path(folder)
-    spec = ProbeSpec.from_dict(json.loads((folder / "spec.json").read_text()))
+    spec = ProbeSpec.from_dict(jsonio.loads((folder / "spec.json").read_text()))
     gpus = node_gpus()
     env = probe_env(None)
     if gpus:
@@ -71,7 +71,7 @@ def run_placed(folder: str, timeout_s: float) -> dict:
         kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
     placed = {"returncode": returncode, "timed_out": probe.timed_out, "replay_overran": probe.replay_overran,
               "wall_s": probe.elapsed, "node": socket.gethostname(), "gpus": gpus, "gpu": gpu_names(gpus)}
-    (folder / PLACED_FILE).write_text(json.dumps(placed))
+    (folder / PLACED_FILE).write_text(jsonio.dumps(placed))
     return placed
 
 
@@ -80,7 +80,7 @@ def run_carried(spec: dict, timeout_s: float) -> dict:
     returns {"placed": ..., "files": {name: text}} with the probe's result, steps and log tail."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-probe-") as scratch:
         folder = Path(scratch)
-        (folder / "spec.json").write_text(json.dumps(spec))
+        (folder / "spec.json").write_text(jsonio.dumps(spec))
         placed = run_placed(str(folder), timeout_s)
         files = {name: (folder / name).read_text(errors="replace") for name in CARRIED_FILES if (folder / name).exists()}
         log = (folder / "log.txt").read_bytes()[-16 * LOG_TAIL_CHARS:]

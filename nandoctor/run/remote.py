@@ -13,10 +13,10 @@ recorded as `lost`, which is no verdict about the configuration.
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from .. import jsonio
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from ..record import ProbeRecord
@@ -88,7 +88,7 @@ class RemoteRunner:
         probe.folder.mkdir(parents=True, exist_ok=True)
         for stale in ("result.json", "steps.jsonl", "placed.json"):
             (probe.folder / stale).unlink(missing_ok=True)
-        (probe.folder / "spec.json").write_text(json.dumps(probe.task.spec.to_dict(), default=str))
+        (probe.folder / "spec.json").write_text(jsonio.dumps(probe.task.spec.to_dict()))
         probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
 
     def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:

@@ -11,13 +11,13 @@ a replay that overruns (or dies) is noted in the record's `forensics`: the timed
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import jsonio
 from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
 from .slots import ColdSlot, WarmSlot
 from .store import ResultsStore, cannot_write, write_atomic
@@ -67,7 +67,7 @@ def _read_steps(path: Path) -> list[dict]:
     steps = []
     for line in path.read_text().splitlines():
         try:
-            steps.append(json.loads(line))
+            steps.append(jsonio.loads(line))
         except ValueError:
             break  # the line the child was writing when it died
     return steps
@@ -75,7 +75,7 @@ def _read_steps(path: Path) -> list[dict]:
 
 def _read_result(path: Path) -> dict:
     try:
-        return json.loads(path.read_text())
+        return jsonio.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
@@ -175,7 +175,7 @@ class ProbeRunner:
             folder.mkdir(parents=True, exist_ok=True)
             for stale in ("result.json", "steps.jsonl"):
                 (folder / stale).unlink(missing_ok=True)
-            write_atomic(folder / "spec.json", json.dumps(task.spec.to_dict(), default=str))
+            write_atomic(folder / "spec.json", jsonio.dumps(task.spec.to_dict()))
         except OSError as e:
             raise cannot_write(folder / "spec.json", e) from None
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")

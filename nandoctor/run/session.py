@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import jsonio
 from ..capabilities import input_support, parallel_support
 from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_doctor, get_cpu_count, get_gpu_count_guess
@@ -107,7 +108,7 @@ def last_step(path: Path) -> dict | None:
         return None
     for line in reversed(lines):
         try:
-            return json.loads(line)
+            return jsonio.loads(line)
         except ValueError:
             continue  # the line the child is writing right now
     return None

@@ -22,6 +22,7 @@ import sys
 import threading
 from pathlib import Path
 
+from .. import jsonio
 from .cache import default_cache_dir
 
 # What one more probe costs a GPU beyond its model's training memory: its own CUDA context (each probe
@@ -149,12 +150,12 @@ class WarmSlot:
 
     def _read(self, worker: subprocess.Popen, generation: int) -> None:
         for line in worker.stdout:
-            self.events.put((self.index, generation, json.loads(line)))
+            self.events.put((self.index, generation, jsonio.loads(line)))
         self.events.put((self.index, generation, {"died": worker.wait()}))
 
     def _send(self, command: dict) -> None:
         try:
-            self.worker.stdin.write(json.dumps(command) + "\n")
+            self.worker.stdin.write(jsonio.dumps(command) + "\n")
             self.worker.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # the worker died: its reader thread reports it

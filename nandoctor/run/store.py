@@ -2,10 +2,10 @@
 record per line, appended and fsynced as each probe finishes, so an interrupted run loses nothing)."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from .. import jsonio
 from ..errors import NandoctorError
 from ..record import ProbeRecord
 
@@ -51,7 +51,7 @@ class ResultsStore:
         self.write_json(RUN_FILE, meta)
 
     def append(self, record: ProbeRecord) -> None:
-        line = json.dumps(record.to_dict(), default=str)  # floats keep full precision: json writes repr
+        line = jsonio.dumps(record.to_dict())  # floats keep full precision: json writes repr
         try:
             with open(self.results_path, "a") as f:
                 f.write(line + "\n")
@@ -62,7 +62,7 @@ class ResultsStore:
 
     def write_json(self, name: str, data: dict) -> None:
         try:
-            write_atomic(self.dir / name, json.dumps(data, indent=2, default=str))
+            write_atomic(self.dir / name, jsonio.dumps(data, indent=2))
         except OSError as e:
             raise cannot_write(self.dir / name, e) from None
 
@@ -72,7 +72,7 @@ class ResultsStore:
         if not path.exists():
             return None
         try:
-            return json.loads(path.read_text())
+            return jsonio.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise NandoctorError(f"cannot read {path}: {e}") from None
 
@@ -92,7 +92,7 @@ class ResultsStore:
         if not self.dir.is_dir():
             raise NandoctorError(f"run directory {str(self.dir)!r} does not exist; pass the directory a run wrote, e.g. reports/<run-id>")
         try:
-            return json.loads(path.read_text())
+            return jsonio.loads(path.read_text())
         except FileNotFoundError:
             raise NandoctorError(f"{str(self.dir)!r} is not a nandoctor run directory: it has no {RUN_FILE}") from None
         except (OSError, ValueError) as e:
@@ -111,7 +111,7 @@ class ResultsStore:
             if not line.strip():
                 continue
             try:
-                data = json.loads(line)
+                data = jsonio.loads(line)
             except ValueError:
                 if i != len(lines) - 1:
                     raise NandoctorError(f"{self.results_path} line {i + 1} is not valid JSON") from None
