@@ -1,5 +1,6 @@
 """End to end through the CLI: real tiny models, real autocast / GradScaler / AdamW, real failures."""
 import json
+import math
 import re
 
 import pytest
@@ -52,6 +53,21 @@ def test_every_probe_is_in_results_jsonl_with_its_curve(precision_run):
     assert ref["peak_memory_bytes"] > 0 and ref["env"]["torch"]
     fp16 = next(r for r in records if r["probe_id"] == "fp16-pure/eager/off")
     assert fp16["stopped_early"] and len(fp16["steps"]) == 2  # early exit at the first non-finite step
+
+
+def test_every_json_file_of_a_nonfinite_run_is_strict(precision_run):
+    """The fp16-pure probe's loss went non-finite in a real child: every JSON file of the run parses with
+    a strict parser, the non-finite loss written as the string float() reads back."""
+    out, _ = precision_run
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in JSON")
+    files = [p for p in out.rglob("*") if p.suffix in (".json", ".jsonl")]
+    assert {"results.jsonl", "run.json", "summary.json"} <= {p.name for p in files}
+    for path in files:
+        for text in path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]:
+            json.loads(text, parse_constant=refuse)
+    fp16 = next(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if "fp16-pure" in line)
+    assert fp16["steps"][-1]["loss"] in ("NaN", "Infinity", "-Infinity") and not math.isfinite(float(fp16["steps"][-1]["loss"]))
 
 
 def test_reports_are_written_and_agree(precision_run):

@@ -81,8 +81,8 @@ def test_every_renderer_returns_text_for_any_series(recs):
     assert [p["probe_id"] for p in summary["probes"]] == [c.id for c in CELLS]
     assert "reports:" in render_terminal(a, "run")
     assert matrix_panels(a)
-    csv = ranked_table(a).to_csv(index=False)
-    assert csv.splitlines()[0].startswith("rank") or "probe_id" in csv.splitlines()[0]
+    csv = ranked_table(a).to_csv(index=False).splitlines()  # what `report --csv` writes
+    assert csv[0].startswith("probe_id,") and csv[0].endswith(",rank") and len(csv) == 1 + len(CELLS)
 
 
 @given(series, st.booleans(), st.one_of(st.none(), st.integers(0, 2000)))
