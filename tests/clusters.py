@@ -165,7 +165,8 @@ def local_run(name: str) -> Path:
     else:
         args = ("--model", misbehaving_checkpoint()) + MISBEHAVING_CELLS
     proc = run_cli("grid", *args, "--out", base / "run")
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    # equal: fp32 is stable, fp16-pure's NaN a verdict (0); misbehaving: probes crash, hang, run out of memory (1)
+    assert proc.returncode == (0 if name == "equal" else 1), proc.stdout + proc.stderr
     return base / "run"
 
 

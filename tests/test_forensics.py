@@ -5,9 +5,9 @@ import json
 import re
 
 import pytest
-from conftest import run_cli, summary
+from conftest import run_cli, run_main, summary
 
-pytestmark = pytest.mark.slow  # end to end: real probe processes
+# slow: the end-to-end tests (real probe processes); the bad-input ones end in this process (run_main)
 
 
 def probe_summary(run_dir, probe_id) -> dict:
@@ -41,6 +41,7 @@ def debug_underflow_overflow_first_module(ckpt) -> str:
     return re.findall(r"^ {18}(\S+) \w+$", frames, re.M)[-1]  # each frame opens with "<name> <Class>"
 
 
+@pytest.mark.slow
 def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0(large_mlp_grid):
     origin = probe_summary(large_mlp_grid, "fp16-amp/sdpa/off")["forensics"]["origin"]
     assert (origin["phase"], origin["step"]) == ("forward", 0)
@@ -49,11 +50,13 @@ def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0
     assert float(origin["before"]["absmax"]) < 65504 < float(origin["stats"]["absmax"])  # finite input, overflowed output
 
 
+@pytest.mark.slow
 def test_large_mlp_first_offender_agrees_with_debug_underflow_overflow(large_mlp_grid, large_mlp_checkpoint):
     ours = probe_summary(large_mlp_grid, "fp16-amp/sdpa/off")["forensics"]["origin"]["module"]
     assert ours == debug_underflow_overflow_first_module(large_mlp_checkpoint)
 
 
+@pytest.mark.slow
 def test_the_replay_retraces_the_timed_run_and_states_its_cost(large_mlp_grid):
     f = forensics_record(large_mlp_grid, "fp16-amp/sdpa/off")
     assert f["reproduced"] is True and f["replayed_steps"] == 1
@@ -70,6 +73,7 @@ def precision(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_fp16_pure_adamw_eps_origin_is_the_optimizer_step(precision):
     p = probe_summary(precision, "fp16-pure/eager/off")
     assert p["verdict"] == "nonfinite" and p["step"] == 1
@@ -78,6 +82,7 @@ def test_fp16_pure_adamw_eps_origin_is_the_optimizer_step(precision):
     assert origin["eps"] == 1e-8 and origin["eps_in_dtype"] == 0.0  # eps rounds to 0 in fp16
 
 
+@pytest.mark.slow
 def test_bf16_pure_update_loss_is_large_and_bf16_amp_small(precision):
     pure = probe_summary(precision, "bf16-pure/eager/off")["forensics"]["update_loss"]
     amp = probe_summary(precision, "bf16-amp/eager/off")["forensics"]["update_loss"]
@@ -86,6 +91,7 @@ def test_bf16_pure_update_loss_is_large_and_bf16_amp_small(precision):
     assert amp["mean"] < 0.001
 
 
+@pytest.mark.slow
 def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
     assert probe_summary(precision, "fp16-amp/eager/off")["verdict"] == "stable"
     md = (precision / "report.md").read_text()
@@ -97,12 +103,14 @@ def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
     assert f"fp16 headroom {ratio.group(1)}x at {ratio.group(2)}" in html and "fp16 activation headroom" in html
 
 
+@pytest.mark.slow
 def test_html_has_a_fidelity_curve_per_probe(precision):
     html = (precision / "report.html").read_text()
     # bf16-pure, bf16-amp and fp16-amp; fp16-pure has one finite step, and a one-point chart says nothing
     assert html.count("<title>fidelity vs fp32 reference (relative error)</title>") == 3
 
 
+@pytest.mark.slow
 def test_explain_prints_the_origin_of_one_probe(precision):
     proc = run_cli("explain", precision, "--probe", "fp16-pure/eager/off")
     assert proc.returncode == 0, proc.stderr
@@ -110,6 +118,7 @@ def test_explain_prints_the_origin_of_one_probe(precision):
     assert "eps=1e-08 is 0.0 in float16" in proc.stdout
 
 
+@pytest.mark.slow
 def test_explain_unknown_probe_is_one_line_exit_2(precision):
     proc = run_cli("explain", precision, "--probe", "fp8/eager/off")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -117,6 +126,6 @@ def test_explain_unknown_probe_is_one_line_exit_2(precision):
 
 
 def test_explain_bad_run_dir_is_one_line_exit_2(tmp_path):
-    proc = run_cli("explain", tmp_path / "missing")
+    proc = run_main("explain", tmp_path / "missing")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0

@@ -16,7 +16,7 @@ def precision_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "precision"
     proc = run_cli("grid", "--axis", "dtype=fp32,fp16-pure,bf16-pure", "--axis", "attn=eager",
                    "--axis", "compile=off", "--set", "optimizer.lr=2e-5", "--steps", "16", "--out", out)
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 0, proc.stderr  # 0: fp32 is stable, and the half cells' failures are verdicts, not crashes
     return out, proc
 
 

@@ -1,12 +1,14 @@
 """Real tiny probes through the runner: the timed steps decide the verdict whatever the replay does,
 a kernel PyTorch refuses is `unsupported`, and a warm worker holds no thread when it forks."""
+import os
+import threading
+
 import pytest
 from checkpoints import save_slow_replay_llama
 
 from nandoctor.analysis.verdicts import classify
 from nandoctor.cells import Cell
-
-pytestmark = pytest.mark.slow  # end to end: real probe processes
+from nandoctor.child.worker import thread_count
 
 
 def task(cell: Cell, steps: int, model: str | None = None, **fields):
@@ -43,6 +45,7 @@ def outcomes(tmp_path_factory):
     return {r.probe_id: r for r in records}, threads
 
 
+@pytest.mark.slow  # real probe processes
 def test_a_replay_that_overruns_its_budget_leaves_the_probe_stable(outcomes):
     record = outcomes[0]["fp32/sdpa/off"]
     assert record.status == "ok" and len(record.steps) == 3 and record.exit_code == -9
@@ -50,6 +53,7 @@ def test_a_replay_that_overruns_its_budget_leaves_the_probe_stable(outcomes):
     assert classify(record).name == "stable"
 
 
+@pytest.mark.slow  # real probe processes
 def test_a_pinned_sdpa_kernel_that_is_not_available_is_unsupported(outcomes):
     record = outcomes[0]["fp32/sdpa:efficient/off"]
     verdict = classify(record)
@@ -57,5 +61,22 @@ def test_a_pinned_sdpa_kernel_that_is_not_available_is_unsupported(outcomes):
     assert "pinned SDPA backend" in verdict.reason
 
 
+@pytest.mark.slow  # real probe processes
 def test_a_warm_worker_has_one_thread_when_it_forks_a_probe(outcomes):
+    if outcomes[1] is None:
+        pytest.skip("no procfs: the worker cannot count its threads here")
     assert outcomes[1] == 1
+
+
+def test_the_thread_count_sees_native_threads():
+    """The count behind the test above is a count: a second thread shows as one more."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no procfs: threads cannot be counted here")
+    before, release = thread_count(), threading.Event()
+    waiter = threading.Thread(target=release.wait)
+    waiter.start()
+    try:
+        assert thread_count() == before + 1
+    finally:
+        release.set()
+        waiter.join()

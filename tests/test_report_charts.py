@@ -47,8 +47,19 @@ def test_curves_within_a_pixel_are_one_group_and_different_ones_are_not():
 
 
 def test_a_failed_series_is_marked_at_its_failing_step():
-    svg = line_chart([{"label": "fp16-pure/eager/off", "points": [(0, 8.3), (1, math.nan)], "fail_step": 1}], "loss")
-    assert "×" in svg and "fp16-pure/eager/off" in svg
+    fp32 = {"label": "fp32/sdpa/off", "points": [(k, 8.3 - 0.1 * k) for k in range(5)]}
+    fp16 = {"label": "fp16-pure/eager/off", "points": [(0, 8.3), (1, 8.1), (2, math.nan)], "fail_step": 2,
+            "fail_label": "fp16-pure/eager/off: nonfinite at step 2"}
+    svg = line_chart([fp32, fp16], "loss")
+    step_x = {int(step): float(x) for x, step in re.findall(r'<text x="([0-9.]+)" y="[0-9.]+" font-size="10" text-anchor="middle">(\d+)</text>', svg)}
+    assert sorted(step_x) == [0, 1, 2, 3, 4]
+    [(x, y, title)] = re.findall(r'<text x="([0-9.]+)" y="([0-9.]+)" [^>]*>×<title>([^<]*)</title></text>', svg)
+    assert float(x) == step_x[2] and title == "fp16-pure/eager/off: nonfinite at step 2"  # under the axis' step-2 tick
+    top = float(re.search(r'<rect x="[0-9.]+" y="([0-9.]+)"', svg).group(1))
+    assert top <= float(y) <= top + 12  # on the plot's top edge, where no curve is
+    # a dashed line leads from the series' last finite point (step 1) to the cross
+    [(x1, _, x2, y2)] = re.findall(r'<line x1="([0-9.]+)" y1="([0-9.]+)" x2="([0-9.]+)" y2="([0-9.]+)" [^>]*stroke-dasharray="2 2"/>', svg)
+    assert (float(x1), float(x2)) == (step_x[1], step_x[2]) and top <= float(y2) <= float(y)
 
 
 def test_cells_said_in_words_name_what_they_share():

@@ -26,7 +26,7 @@ def small_grid(tmp_path_factory):
     is 0 in fp16), fp32 is stable."""
     out = tmp_path_factory.mktemp("report") / "grid"
     proc = run_cli("grid", "--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager,sdpa", "--steps", "3", "--out", out)
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 0, proc.stderr  # 0: fp32 is stable and nonfinite is a verdict, not a crash
     return out
 
 

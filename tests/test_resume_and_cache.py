@@ -4,10 +4,10 @@ import subprocess
 import sys
 import time
 
-from conftest import summary
+from conftest import run_main, summary
 import pytest
 
-pytestmark = pytest.mark.slow  # end to end: real probe processes
+# slow: the end-to-end tests (real probe processes); the refusal ends in this process (run_main)
 
 # --jobs 2: one thread per probe (two threads per probe crawl on a shared 2-core box). Four cells that
 # run on a CPU and on a GPU alike (fp32 sdpa:flash is unsupported on CUDA; the GPU grid adds compile values).
@@ -19,6 +19,7 @@ def lines(run_dir):
     return path.read_text().splitlines() if path.exists() else []
 
 
+@pytest.mark.slow
 def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
     out = tmp_path / "run"
     grid = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *GRID, "--out", str(out)],
@@ -44,12 +45,13 @@ def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
     assert [p["verdict"] for p in summary(out)["probes"]] == ["stable"] * 4
 
 
-def test_resume_refuses_options_that_would_change_the_run(tmp_path, cli):
-    proc = cli("grid", "--resume", tmp_path, "--steps", "5")
+def test_resume_refuses_options_that_would_change_the_run(tmp_path):
+    proc = run_main("grid", "--resume", tmp_path, "--steps", "5")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == ["nandoctor: error: --resume takes the recipe, axes, steps, baseline and run directory from DIR/run.json; drop --steps"]
 
 
+@pytest.mark.slow
 def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli):
     env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
     one = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--cache")

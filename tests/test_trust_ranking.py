@@ -1,7 +1,11 @@
 """A recommendation that does not flip with machine load (issue 16, section 3): throughput measured on
 steady steps with its spread, speed compared against that noise, ties broken by a fixed order, the
 leading cells re-timed interleaved, and the host's load said. Pure logic on hand-made records."""
+import subprocess
+import sys
+
 import pandas as pd
+import pytest
 
 from nandoctor.analysis.load import load_summary
 from nandoctor.analysis.ranking import adoption_key, rank
@@ -158,9 +162,19 @@ def test_another_process_on_the_gpu_counts_as_load():
 def test_host_load_is_measured_here_and_tolerates_a_machine_without_nvml():
     sample = host_load(get_host_sample())
     assert sample["wall_s"] >= 0 and sample["cpu_count"] >= 1
-    assert sample["other_cpu_cores"] is None or sample["other_cpu_cores"] >= 0
     gpus = get_gpu_load()
     assert gpus is None or all({"util_percent", "other_processes"} <= set(g) for g in gpus)
+
+
+def test_host_load_counts_the_cpu_another_process_burns():
+    """Without psutil other_cpu_cores is None; with it, a process spinning for 0.5 s while this one
+    waits shows as other cores kept busy (other sessions on a loaded host only add to it)."""
+    pytest.importorskip("psutil", reason="without psutil the host's CPU load is not measured")
+    before = get_host_sample()
+    spin = "import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end:\n    pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    sample = host_load(before)
+    assert sample["wall_s"] >= 0.5 and sample["other_cpu_cores"] > 0.2
 
 
 def test_throughput_and_host_load_round_trip_through_the_record():

@@ -43,8 +43,10 @@ def hf_trainer(model, out: Path, callbacks=(), **args):
                    train_dataset=MotifRows(), callbacks=list(callbacks))
 
 
-def lightning_fit(model, out: Path, precision: str, callbacks=(), max_steps: int = 6, lr: float = 1e-3):
-    """Trainer.fit() of a LightningModule that wraps the model and logs its loss; returns (trainer, module)."""
+def lightning_fit(model, out: Path, precision: str | None, callbacks=(), max_steps: int = 6, lr: float = 1e-3,
+                  plugins=(), loss_weight: float = 1.0, fused: bool | None = None):
+    """Trainer.fit() of a LightningModule that wraps the model and logs its loss (times loss_weight);
+    returns (trainer, module). plugins: e.g. a precision plugin, with precision=None."""
     import lightning as L
 
     class CausalLM(L.LightningModule):
@@ -54,16 +56,16 @@ def lightning_fit(model, out: Path, precision: str, callbacks=(), max_steps: int
             self.losses = []  # every loss training_step computed, as the module saw it
 
         def training_step(self, batch, batch_idx):
-            loss = self.model(**batch).loss
+            loss = self.model(**batch).loss * loss_weight
             self.log("train_loss", loss)
             self.losses.append(loss.item())
             return loss
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=lr, eps=1e-8)
+            return torch.optim.AdamW(self.parameters(), lr=lr, eps=1e-8, fused=fused)
 
     module = CausalLM()
-    trainer = L.Trainer(max_steps=max_steps, precision=precision, accelerator="cpu", devices=1, logger=False,
+    trainer = L.Trainer(max_steps=max_steps, precision=precision, plugins=list(plugins), accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=list(callbacks), default_root_dir=str(out))
     trainer.fit(module, torch.utils.data.DataLoader(MotifRows(), batch_size=4))

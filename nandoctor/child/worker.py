@@ -31,12 +31,13 @@ from ..cells import PACKAGES
 from ..optional import hidden
 from .lifetime import die_with_parent
 
-def thread_count() -> int:
-    """Threads of this process, native ones included (threading.enumerate() sees Python's only)."""
+def thread_count() -> int | None:
+    """Threads of this process, native ones included (threading.enumerate() sees Python's only);
+    None where there is no procfs (macOS) to count them with."""
     try:
         return len(os.listdir("/proc/self/task"))
     except OSError:
-        return 1  # no procfs (macOS): nothing to count with
+        return None
 
 
 def preload(model_type: str | None = None) -> None:

@@ -4,8 +4,8 @@
 
 It watches the transformers model inside the LightningModule (the first submodule with a
 `config.vocab_size`). Lightning calls `on_before_optimizer_step` after the GradScaler unscaled the
-gradients and before it clips them, so the grad-norm is read there; the loss comes from
-`on_before_backward`, divided back by the loss scale.
+gradients (unless the optimizer unscales them in its own step) and before it clips them, so the
+grad-norm is read there; the loss comes from `on_before_backward`, divided back by the loss scale.
 """
 from __future__ import annotations
 
@@ -117,7 +117,10 @@ class NandoctorCallback(Callback):
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
         loss = torch.stack(self.step.losses).float().sum() / (scale or 1.0)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None])
+        # Lightning unscales before this hook, except for an optimizer that unscales inside its own step
+        # (a fused AdamW): its gradients are still loss-scaled here (plugins/precision/amp.py)
+        still_scaled = scale is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+        grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None]) / (scale if still_scaled else 1.0)
         self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

@@ -16,21 +16,23 @@ from transformers import TrainerCallback
 from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, guarded, recipe_of, trainer_cell
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
-# stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu")
+# stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu"),
+# unless the accelerator was given a GradScaler (then its optimizer carries it)
 RUNS_ON_CPU_AS = {"fp16-amp": "fp32"}
 MOOT_RULES = ("trainer-nan-inf-filter-hides-nan",)  # the callback reads the loss before that filter
 
 
-def cell_from_training_args(args, model=None) -> Cell:
+def cell_from_training_args(args, model=None, scaled: bool = False) -> Cell:
     """The nandoctor cell a TrainingArguments setup runs: its precision flags (on this device) and
     torch_compile; with the model, its attention and whether half weights make it a pure cell (the
-    row that hard-casts the weights to their dtype, when no autocast flag is set)."""
+    row that hard-casts the weights to their dtype, when no autocast flag is set). scaled: the
+    accelerator steps the optimizer through a GradScaler (fp16 autocast runs, on a CPU too)."""
     attn = model.config._attn_implementation if model is not None else "sdpa"
     cell = trainer_cell(args.to_dict(), attn or "sdpa")
     weights = str(next(model.parameters()).dtype).replace("torch.", "") if model is not None else "float32"
     pure = next((p.name for p in PRECISIONS.values() if p.weights == weights), None)
     dtype = pure if cell.dtype == "fp32" and pure else cell.dtype
-    if args.device.type == "cpu":
+    if args.device.type == "cpu" and not scaled:
         dtype = RUNS_ON_CPU_AS.get(dtype, dtype)
     return Cell(dtype, cell.attn, cell.compile)
 
@@ -60,8 +62,9 @@ class NandoctorCallback(TrainerCallback):
 
     @guarded
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        scaled = getattr(optimizer, "scaler", None) is not None
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
-        cell = cell_from_training_args(args, model)
+        cell = cell_from_training_args(args, model, scaled)
         recipe = recipe_of("transformers", model, optimizer, args.max_grad_norm, args.seed, cell)
         run = LiveRun("transformers", cell, recipe, model, optimizer, args.device.type, Path(self.output_dir or args.output_dir),
                       step_loss=model, autocast=autocast_of(cell, args.device.type), trainer_args=args.to_dict(),

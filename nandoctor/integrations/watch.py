@@ -152,20 +152,26 @@ def check_line(name: str, passed: bool, detail: str) -> str:
     return f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}"
 
 
-def headroom_checks(forensics: dict, events: list[dict]) -> list[tuple[str, bool, str]]:
+def headroom_checks(forensics: dict, events: list[dict], scale: float | None = None) -> list[tuple[str, bool, str]]:
     """Activation and gradient headroom of step 0 in the compute dtype: its largest finite value over
-    the largest |value| seen, at the tightest module; where a value overflowed, the first module that did."""
+    the largest |value| seen, at the tightest module; where a value overflowed, the first module that did.
+    With a GradScaler (`scale`, the loss scale step 0 ran at) the hooks see loss-scaled gradients: their
+    overflow is the scaler's calibration (it skips the step and halves the scale), not a failure; the
+    check on skipped steps judges whether they would overflow even unscaled."""
     rows, dtype = headroom(forensics), forensics["compute_dtype"]
     out = []
     for kind, phase in (("activation", "forward"), ("gradient", "backward")):
         name = f"{kind} headroom in {dtype}"
         first = next((e for e in events if e["phase"] == phase), None)
         seen = [r for r in rows if r[f"{kind}_headroom"] is not None]
+        scaled = scale is not None and phase == "backward"
         if first:
-            out.append((name, False, f"overflowed first at {first['module']} ({first['tensor']} abs-max {first['stats']['absmax']:.4g})"))
+            where = f"overflowed first at {first['module']} ({first['tensor']} abs-max {first['stats']['absmax']:.4g})"
+            out.append((name, scaled, f"{where} at loss scale {scale:g}: the GradScaler skips the step and halves its scale" if scaled else where))
         elif seen:
             r = min(seen, key=lambda r: r[f"{kind}_headroom"])
-            out.append((name, r[f"{kind}_headroom"] > 1, f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g})"))
+            out.append((name, r[f"{kind}_headroom"] > 1, f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g}"
+                                                         f"{f', loss-scaled by {scale:g}' if scaled else ''})"))
     return out
 
 
@@ -354,7 +360,7 @@ class Watch:
              "gradient_absmax": self.step0.gradient_absmax}
         self.step0 = None
         checks = check_results(ProbeRecord(self.run.cell.id, self.run.cell, steps=[record]), self.run.vocab,
-                               self.run.random_init) + headroom_checks(f, events)
+                               self.run.random_init) + headroom_checks(f, events, record.scale)
         self._verdict_on(checks, f"step-{record.step}")
 
     def _verdict_on(self, checks: list, what: str) -> None:
