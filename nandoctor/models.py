@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from pathlib import Path
 
 from .cells import PACKAGES
@@ -56,6 +57,19 @@ def model_config(recipe: Recipe):
         return AutoConfig.for_model(model_type, **arch)
     except (ValueError, KeyError, OSError) as e:
         raise NandoctorError(f"model of recipe {recipe.name!r}: {str(e).splitlines()[0]}") from None
+
+
+def model_type_hint(recipe: Recipe) -> str | None:
+    """The recipe's model type, read without transformers (the arch's model_type, or a checkpoint's
+    config.json), so that a warm worker imports its modeling code before the plan is made; None when
+    it cannot be read this cheaply (a hub id: the plan says it)."""
+    m = recipe.model
+    if m.path:
+        try:
+            return json.loads((Path(m.path) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None if m.hub_id else dict(m.arch).get("model_type", "llama")
 
 
 def shape_of(config) -> dict:
