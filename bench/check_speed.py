@@ -2,7 +2,8 @@
 a cold `python -c "import torch, transformers"`, alternated ROUNDS times in one run so that both see
 the same machine load; prints a Markdown table and the median ratio. Target (issue 16 §5): <= 2x.
 Also says whether the check printed anything on stderr (it should not: issue 16 §5, quiet imports),
-when its model line came (the parent's planning done) and the load average before each round.
+when its model line came (the parent's planning done), when its probe was launched, the probe's own
+wall time (its training step, which other load on the cores slows most), and the load average before each round.
 
 --before DIR also runs the check of another nandoctor source tree (PYTHONPATH=DIR, e.g. a `git archive`
 of main) in each round, alternating which goes first, and the rounds' check results must agree: the
@@ -37,6 +38,16 @@ def timed(command: list[str], env: dict | None = None) -> tuple[float, float | N
     return time.perf_counter() - t0, model_line, subprocess.CompletedProcess(command, proc.returncode, "".join(out), err)
 
 
+def probe_times(run_dir: Path, t0: float) -> tuple[float | None, float | None]:
+    """(s from the command's start until its probe was launched (its spec.json written), the probe's wall s)."""
+    try:
+        spec = next((run_dir / "probes").glob("*/spec.json"))
+        record = json.loads((run_dir / "results.jsonl").read_text().splitlines()[0])
+        return spec.stat().st_mtime - t0, record["wall_s"]
+    except (OSError, StopIteration, IndexError, KeyError, ValueError):
+        return None, None
+
+
 def step0(run_dir: Path) -> tuple | None:
     """The probe's step-0 (loss, grad-norm) as stored, or None."""
     try:
@@ -55,8 +66,9 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="nandoctor-check-bench-"))
     trees = [("this", None)] + ([("before", str(Path(a.before).resolve()))] if a.before else [])
     print(f"# check speed: nandoctor check --model {a.model}, against import torch, transformers\n")
-    print("| round | tree | load (1 min) | import torch, transformers s | nandoctor check s | model line s | ratio | exit | stderr lines |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| round | tree | load (1 min) | import torch, transformers s | nandoctor check s | model line s | probe launched s "
+          "| probe wall s | ratio | exit | stderr lines |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     values: dict[str, set] = {name: set() for name, _ in trees}
     for i in range(a.rounds):
@@ -66,11 +78,13 @@ def main() -> None:
             imported, _, _ = timed([sys.executable, "-c", "import torch, transformers"])
             env = dict(os.environ, PYTHONPATH=path) if path else None
             out = base / f"r{i}-{name}"
+            started = time.time()
             checked, model_line, proc = timed([sys.executable, "-m", "nandoctor", "check", "--model", a.model, "--out", str(out)], env)
             ratios[name].append(checked / imported)
             values[name].add(step0(out))
-            line = f"{model_line:.2f}" if model_line is not None else "-"
-            print(f"| {i + 1} | {name} | {load:.1f} | {imported:.2f} | {checked:.2f} | {line} | {ratios[name][-1]:.2f} | "
+            launched, wall = probe_times(out, started)
+            line, launched, wall = (f"{v:.2f}" if v is not None else "-" for v in (model_line, launched, wall))
+            print(f"| {i + 1} | {name} | {load:.1f} | {imported:.2f} | {checked:.2f} | {line} | {launched} | {wall} | {ratios[name][-1]:.2f} | "
                   f"{proc.returncode} | {len(proc.stderr.splitlines())} |", flush=True)
     print()
     for name, _ in trees:
