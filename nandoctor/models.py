@@ -1,7 +1,8 @@
 """Which model a probe trains.
 
-`plan_model` runs once per run, in a child of the first warm worker (child/plan.py) or in the parent: it decides between real local weights and a random-init
-architecture twin, at full or probe scale, and says why. The child builds what the plan says
+`plan_model` runs once per run, in a child of the first warm worker (child/plan.py) or in the
+parent: it decides between real local weights and a random-init architecture twin, at full or probe
+scale, and says why. The child builds what the plan says
 (child/build.py) from the same `model_config`, `probe_scale` and `apply_adapter`. Nothing here
 downloads: hub ids are resolved from the local cache only (see recipes.py).
 """
