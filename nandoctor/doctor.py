@@ -12,25 +12,17 @@ from .config import Recipe
 from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
-from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
+from .knowledge.facts import (env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
                               setup_facts, trainer_cell)
-from .models import model_config
+from .models import config_facts
 from .plan import plan_grid
-
-
-def model_facts(recipe: Recipe) -> dict:
-    """The facts the rules read from the model's config and the recipe's data (transformers and torch
-    load for them): a warm worker's planning child gathers them with the model plan (child/plan.py)."""
-    config = model_config(recipe)
-    return {"all_masked_batches": all_masked_batches(recipe, config),
-            "attn_softcapping": getattr(config, "attn_logit_softcapping", None)}
 
 
 def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args: dict | None = None,
                      tokenizer=None, known: dict | None = None) -> list[dict]:
     """Every rule that fires on some planned cell, once, with the cells it fires on. known: the
-    recipe's model_facts when already gathered."""
-    known = known or model_facts(recipe)
+    recipe's models.config_facts when already gathered."""
+    known = known or config_facts(recipe)
     recipe_facts = {**env_facts(env), "all_masked_batches": known["all_masked_batches"]}
     fired: dict[str, tuple] = {}
     for cell in cells:
@@ -55,7 +47,7 @@ def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | 
                    trainer_args: dict | None = None, tokenizer=None, setup: dict | None = None,
                    known: dict | None = None) -> dict:
     """Capabilities and findings: for the environment alone, or for a recipe's planned cells (known:
-    the recipe's model_facts, when a Session's planning already gathered them)."""
+    the recipe's models.config_facts, when a Session's planning already gathered them)."""
     if recipe is None:
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:

@@ -148,6 +148,15 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
             for impl, flag in ATTENTION_FLAGS.items() if getattr(cls, flag, True) is False}
 
 
+def config_facts(recipe: Recipe) -> dict:
+    """What the doctor's rules read from the model's config and the recipe's data (transformers and
+    torch load for them): a warm worker's planning child gathers them with the model plan (child/plan.py)."""
+    from .data import all_masked_batches
+    config = model_config(recipe)
+    return {"all_masked_batches": all_masked_batches(recipe, config),
+            "attn_softcapping": getattr(config, "attn_logit_softcapping", None)}
+
+
 def training_bytes(params: int, trainable: int) -> int:
     """What training a model needs, before activations: fp32 weights, and for the trainable ones a
     gradient and AdamW's two moments. The planner's fit test and the GPU packing both use it."""

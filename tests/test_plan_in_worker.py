@@ -10,13 +10,13 @@ import textwrap
 
 import pytest
 
-from nandoctor.child.plan import answer, plan_request
+from nandoctor.child.plan import answer
 from nandoctor.config import recipe_to_dict
-from nandoctor.doctor import model_facts
 from nandoctor.env import collect_doctor
 from nandoctor.errors import NandoctorError
-from nandoctor.models import model_type_hint, plan_model
+from nandoctor.models import config_facts, model_type_hint, plan_model
 from nandoctor.recipes import recipe_by_name
+from nandoctor.run.runner import plan_request
 from nandoctor.run.session import Session
 
 TINY = recipe_by_name("tiny-llama")
@@ -29,7 +29,7 @@ def test_the_planning_child_answers_what_the_parent_would_plan():
     moving = ("ram_available_bytes",)  # free memory moves between two readings
     assert {k: v for k, v in got["device"].items() if k not in moving} == {k: v for k, v in device.items() if k not in moving}
     assert got["plans"] == [plan_model(TINY, device, 3).to_dict()]
-    assert got["facts"] == model_facts(TINY)
+    assert got["facts"] == config_facts(TINY)
     assert got["facts"]["all_masked_batches"] == 0 and got["facts"]["attn_softcapping"] is None
 
 
@@ -58,7 +58,7 @@ def test_a_warm_session_gets_its_plan_from_the_worker_and_the_users_error_unchan
     with Session("check", TINY, out=tmp_path / "ok", steps=1) as session:
         session.prepare()
         assert session.plan == plan_model(TINY, session.device, 1)
-        assert session.model_facts == model_facts(TINY)  # only the worker's planning gathers these
+        assert session.model_facts == config_facts(TINY)  # only the worker's planning gathers these
     with pytest.raises(NandoctorError) as raised, Session("check", UNKNOWN_TYPE, out=tmp_path / "bad", steps=1) as session:
         session.prepare()
     assert str(raised.value).startswith(f"model of recipe {TINY.name!r}: ")

@@ -47,6 +47,12 @@ def probe_dir(run_dir: Path, probe_id: str, under: str = "probes") -> Path:
     return run_dir / under / probe_id.replace("/", "__").replace("=", "-").replace(",", "+").replace(" ", "_")
 
 
+def plan_request(device: dict | None, recipes: list[dict], steps: int) -> dict:
+    """What a warm worker's planning child reads (child/plan.py): the device facts (None: gather them),
+    the recipes (as dicts) to plan, the steps --scale auto weighs, and the GPUs this process sees."""
+    return {"device": device, "recipes": recipes, "steps": steps, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
     """Divide the cores so that K probes at once do not oversubscribe them."""
     return max(1, cpu_count // max(1, jobs))

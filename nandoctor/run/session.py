@@ -13,14 +13,13 @@ from ..capabilities import input_support, parallel_support
 from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_doctor, get_cpu_count, get_gpu_count_guess
 from ..errors import NandoctorError
-from ..child.plan import plan_request
 from ..models import model_type_hint, plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .remote import RemoteRunner
-from .runner import ProbeRunner, ProbeTask, threads_per_probe
+from .runner import ProbeRunner, ProbeTask, plan_request, threads_per_probe
 from .slots import most_jobs, packed_jobs
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 
@@ -178,7 +177,7 @@ class Session:
         guess = {"gpus": [{}] * get_gpu_count_guess(), "cpu_count": get_cpu_count()}
         self.runner = self._open_runner(device or guess)
         self.plan = plan
-        self.model_facts: dict | None = None  # doctor.model_facts of the recipe, when the worker's planning gathered them
+        self.model_facts: dict | None = None  # models.config_facts of the recipe, when the worker's planning gathered them
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.heartbeat = Heartbeat(on_alive) if on_alive else None
@@ -244,7 +243,7 @@ class Session:
         return self.plans[key]
 
     def _worker_plans(self, recipes: list[Recipe], device: dict | None) -> tuple[dict, list[ModelPlan], dict] | None:
-        """(device facts, a plan per recipe, the first recipe's doctor.model_facts) from the first warm
+        """(device facts, a plan per recipe, the first recipe's models.config_facts) from the first warm
         worker's planning child, or None when
         there is none (--cold, an executor) or it did not answer: then this process plans. The user's
         own error in a model config or adapter is raised here, as plan_model raises it."""
