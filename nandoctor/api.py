@@ -71,10 +71,10 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
     try:
         if listener.opened:
             listener.opened(session.dir)
+        from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
         session.prepare()
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
-        from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
     except BaseException:
         session.runner.close()
         raise
@@ -144,7 +144,8 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
     with session:
         probes = plan_grid(recipe, session.device, axes)
         runnable = [p.cell for p in probes if not p.unsupported]
-        doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]})
+        doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
+                                known=session.model_facts)
         session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
         judge.planned = len(probes)
         session.run(recipe, probes)
@@ -193,7 +194,8 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
                               replay_failed_only=True)
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
-        doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]})
+        doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]},
+                                known=session.model_facts)
         session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline)})
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)

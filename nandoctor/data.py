@@ -60,3 +60,9 @@ def batches(recipe: Recipe, config, seed: int):
     while True:
         yield fixed[step % len(fixed)]
         step += 1
+
+
+def all_masked_batches(recipe: Recipe, config) -> int:
+    """How many of the recipe's distinct batches have every label -100 (their mean loss is 0/0)."""
+    stream = batches(recipe, config, recipe.seed)
+    return sum(bool((next(stream)["labels"] == -100).all()) for _ in range(recipe.data.batches))

@@ -12,21 +12,23 @@ from .config import Recipe
 from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
-from .knowledge.facts import (all_masked_batches, env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
+from .knowledge.facts import (env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
                               setup_facts, trainer_cell)
-from .models import model_config
+from .models import config_facts
 from .plan import plan_grid
 
 
 def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args: dict | None = None,
-                     tokenizer=None) -> list[dict]:
-    """Every rule that fires on some planned cell, once, with the cells it fires on."""
-    config = model_config(recipe)
-    recipe_facts = {**env_facts(env), "all_masked_batches": all_masked_batches(recipe, config)}
+                     tokenizer=None, known: dict | None = None) -> list[dict]:
+    """Every rule that fires on some planned cell, once, with the cells it fires on. known: the
+    recipe's models.config_facts when already gathered."""
+    known = known or config_facts(recipe)
+    recipe_facts = {**env_facts(env), "all_masked_batches": known["all_masked_batches"]}
     fired: dict[str, tuple] = {}
     for cell in cells:
         eager = dataclasses.replace(cell, compile="off") in cells
-        facts = {**recipe_facts, **setup_facts(recipe, cell, config, trainer_args, tokenizer, eager_baseline=eager)}
+        facts = {**recipe_facts, **setup_facts(recipe, cell, None, trainer_args, tokenizer, eager_baseline=eager),
+                 "attn_softcapping": known["attn_softcapping"]}
         for rule in evaluate(facts):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
     ordered = sorted(fired.values(), key=lambda pair: SEVERITIES.index(pair[0].severity))
@@ -42,12 +44,14 @@ def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
 
 
 def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | None = None,
-                   trainer_args: dict | None = None, tokenizer=None, setup: dict | None = None) -> dict:
-    """Capabilities and findings: for the environment alone, or for a recipe's planned cells."""
+                   trainer_args: dict | None = None, tokenizer=None, setup: dict | None = None,
+                   known: dict | None = None) -> dict:
+    """Capabilities and findings: for the environment alone, or for a recipe's planned cells (known:
+    the recipe's models.config_facts, when a Session's planning already gathered them)."""
     if recipe is None:
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
-        findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer)
+        findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer, known)
     return {"capabilities": gpu_capabilities(env), "sdpa_backends": sdpa_backends(env), "setup": setup, "findings": findings}
 
 

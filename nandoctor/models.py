@@ -1,7 +1,8 @@
 """Which model a probe trains.
 
-`plan_model` runs once in the parent: it decides between real local weights and a random-init
-architecture twin, at full or probe scale, and says why. The child builds what the plan says
+`plan_model` runs once per run, in a child of the first warm worker (child/plan.py) or in the
+parent: it decides between real local weights and a random-init architecture twin, at full or probe
+scale, and says why. The child builds what the plan says
 (child/build.py) from the same `model_config`, `probe_scale` and `apply_adapter`. Nothing here
 downloads: hub ids are resolved from the local cache only (see recipes.py).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 from pathlib import Path
 
 from .cells import PACKAGES
@@ -56,6 +58,19 @@ def model_config(recipe: Recipe):
         return AutoConfig.for_model(model_type, **arch)
     except (ValueError, KeyError, OSError) as e:
         raise NandoctorError(f"model of recipe {recipe.name!r}: {str(e).splitlines()[0]}") from None
+
+
+def model_type_hint(recipe: Recipe) -> str | None:
+    """The recipe's model type, read without transformers (the arch's model_type, or a checkpoint's
+    config.json), so that a warm worker imports its modeling code before the plan is made; None when
+    it cannot be read this cheaply (a hub id: the plan says it)."""
+    m = recipe.model
+    if m.path:
+        try:
+            return json.loads((Path(m.path) / "config.json").read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None if m.hub_id else dict(m.arch).get("model_type", "llama")
 
 
 def shape_of(config) -> dict:
@@ -131,6 +146,15 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
                   f"sets {cls.__name__}.{flag} = False" + (" (softcapped attention logits, which SDPA cannot apply)"
                                                           if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None) else "")
             for impl, flag in ATTENTION_FLAGS.items() if getattr(cls, flag, True) is False}
+
+
+def config_facts(recipe: Recipe) -> dict:
+    """What the doctor's rules read from the model's config and the recipe's data (transformers and
+    torch load for them): a warm worker's planning child gathers them with the model plan (child/plan.py)."""
+    from .data import all_masked_batches
+    config = model_config(recipe)
+    return {"all_masked_batches": all_masked_batches(recipe, config),
+            "attn_softcapping": getattr(config, "attn_logit_softcapping", None)}
 
 
 def training_bytes(params: int, trainable: int) -> int:

@@ -39,7 +39,7 @@ def _known(cls, data: dict) -> dict:
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """What a run probes, decided once in the parent (models.plan_model) and read by every child."""
+    """What a run probes, decided once per run (models.plan_model) and read by every child."""
     source: str  # "local-weights" or "architecture-twin"
     scale: str  # "full" or "probe"
     model_type: str

@@ -1,6 +1,7 @@
 """A warm worker: `python -m nandoctor.child.worker`, started by the runner, one per slot.
 
-It imports torch, transformers, peft and the probe code once, then for each probe it is sent it
+It imports torch, transformers and the probe code once (peft too when a recipe of the run trains an
+adapter: it costs seconds of import), then for each probe it is sent it
 forks a fresh child that runs `entry.main([SPEC, RESULT])` and `os._exit()`s. The child is a copy of
 an already-imported process, so a probe starts in milliseconds instead of seconds, and it is still its
 own process: a crash, hang or leaked state dies with it.
@@ -13,8 +14,9 @@ warn "This process is multi-threaded, use of fork() may lead to deadlocks" in ev
 the worker caps OpenBLAS at its calling thread before anything imports it. Its "ready" message says
 how many threads it has (1), and the runner's tests hold it to that.
 
-Protocol, one JSON object per line. stdin: {"preload": model_type} or
-{"spec": path, "result": path, "log": path}. stdout: {"ready": pid, "threads": n} once imported, then
+Protocol, one JSON object per line. stdin: {"preload": model_type, "adapter": bool}, {"spec": path, "result": path,
+"log": path} (a probe) or {"plan": path, "result": path, "log": path} (the run's device facts and model
+plans, child/plan.py, forked like a probe). stdout: {"ready": pid, "threads": n} once imported, then
 per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_pid, "returncode": n} (n < 0: killed by signal -n).
 """
 from __future__ import annotations
@@ -40,21 +42,23 @@ def thread_count() -> int | None:
         return None
 
 
-def preload(model_type: str | None = None) -> None:
-    """Import what every probe needs (and the modeling module of model_type), running no torch op.
-    The optional packages are not among them: a child whose cell needs one imports it (optional.py)."""
+def preload(model_type: str | None = None, adapter: bool = False) -> None:
+    """Import what every probe needs (and the modeling module of model_type, and peft for an adapter),
+    running no torch op. The optional packages are not among them: a child whose cell needs one
+    imports it (optional.py)."""
     with hidden(PACKAGES):
-        _preload(model_type)
+        _preload(model_type, adapter)
 
 
-def _preload(model_type: str | None) -> None:
-    import peft  # noqa: F401
+def _preload(model_type: str | None, adapter: bool) -> None:
+    if adapter:
+        import peft  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
 
     from .. import env  # noqa: F401
-    from . import build, entry, hooks, train  # noqa: F401
+    from . import build, entry, hooks, plan, train  # noqa: F401
     if model_type:
         from transformers.models.auto.configuration_auto import model_type_to_module_name
         name = model_type_to_module_name(model_type)
@@ -77,8 +81,12 @@ def run_child(command: dict) -> None:
         os.dup2(log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         faulthandler.enable()
-        from .entry import main
-        code = main([command["spec"], command["result"]])
+        if "plan" in command:
+            from .plan import main as plan
+            code = plan(command["plan"], command["result"])
+        else:
+            from .entry import main
+            code = main([command["spec"], command["result"]])
     except BaseException:
         traceback.print_exc()
     finally:
@@ -101,7 +109,7 @@ def main() -> int:
     for line in sys.stdin:
         command = jsonio.loads(line)
         if "preload" in command:
-            preload(command["preload"])
+            preload(command["preload"], command.get("adapter", False))
             continue
         sys.stderr.flush()
         threads = thread_count()

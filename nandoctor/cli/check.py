@@ -23,13 +23,14 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..report.diff import render_diff_terminal  # the report package loads pandas: not for --help
     cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}")
     recipe = recipe_from_args(args)
     analysis, checks = run_check(recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None), baseline=args.baseline)
     for name, passed, detail in checks:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
     if analysis.comparison:
+        # the report package (pandas) is loaded by now; imported here, not before the run starts its worker
+        from ..report.diff import render_diff_terminal
         print(render_diff_terminal(analysis.comparison))
     ok = all(passed for _, passed, _ in checks) and not (analysis.comparison and analysis.comparison.regressions)
     print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta['run_dir']})")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
 from ..config import THRESHOLDS, Recipe
-from ..data import batches
+from ..data import all_masked_batches, batches  # noqa: F401 -- all_masked_batches: the rules' fact, computed with the data
 from ..errors import NandoctorError
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
@@ -84,12 +84,6 @@ def recipe_pad_facts(recipe: Recipe) -> dict:
     """The pad facts of nandoctor's own data stream (pad_token.policy)."""
     policy = recipe.pad_token.policy
     return {"tokenizer_has_pad": True, "pad_id0_is_content": policy == "id0", "pad_is_eos": policy == "eos"}
-
-
-def all_masked_batches(recipe: Recipe, config) -> int:
-    """How many of the recipe's distinct batches have every label -100 (their mean loss is 0/0)."""
-    stream = batches(recipe, config, recipe.seed)
-    return sum(bool((next(stream)["labels"] == -100).all()) for _ in range(recipe.data.batches))
 
 
 def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dict | None = None,

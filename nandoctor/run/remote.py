@@ -68,7 +68,7 @@ class RemoteRunner:
     def open(self, slots: int = 1) -> "RemoteRunner":
         return self
 
-    def preload(self, model_type: str) -> None:
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
         pass  # each placed probe is a fresh process: nothing is imported ahead
 
     def __enter__(self) -> "RemoteRunner":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +29,7 @@ LOG_TAIL_CHARS = 4000
 # that line alone filled the tail (issue 10), so it is left out of it.
 NOISE_PREFIXES = ("Extension modules:",)
 MAX_WAIT_S = 0.5  # the longest the runner sleeps between timeout checks
+PLAN_TIMEOUT_S = 300.0  # a worker's import and the planning child together; past it the parent plans itself
 
 
 @dataclass
@@ -42,6 +45,12 @@ class ProbeTask:
 
 def probe_dir(run_dir: Path, probe_id: str, under: str = "probes") -> Path:
     return run_dir / under / probe_id.replace("/", "__").replace("=", "-").replace(",", "+").replace(" ", "_")
+
+
+def plan_request(device: dict | None, recipes: list[dict], steps: int) -> dict:
+    """What a warm worker's planning child reads (child/plan.py): the device facts (None: gather them),
+    the recipes (as dicts) to plan, the steps --scale auto weighs, and the GPUs this process sees."""
+    return {"device": device, "recipes": recipes, "steps": steps, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
@@ -154,14 +163,59 @@ class ProbeRunner:
         self.opened = max(self.opened, most)
         return self
 
-    def preload(self, model_type: str) -> None:
-        """Have the workers import this model type's modeling code before their first probe."""
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
+        """Have the workers import this model type's modeling code (and peft, for an adapter) before their first probe."""
         for slot in self.slots:
-            slot.preload(model_type)
+            slot.preload(model_type, adapter)
 
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
+
+    def plan(self, request: dict, timeout_s: float = PLAN_TIMEOUT_S) -> dict | None:
+        """Have the first warm worker fork a child that plans the run (child/plan.py) once it has
+        imported torch and transformers; returns that child's answer, or None when there is no warm
+        worker or it gave none (then the caller plans itself). Events of the other slots wait their turn."""
+        slot = self.slots[0]
+        if slot.kind != "warm" or not self.opened:
+            return None
+        folder = Path(tempfile.mkdtemp(prefix="nandoctor-plan-"))
+        request_path, result_path = folder / "request.json", folder / "result.json"
+        request_path.write_text(json.dumps(request, default=str))
+        others, launched, killed, deadline = [], False, False, time.monotonic() + timeout_s
+        try:
+            while True:
+                if not killed and time.monotonic() > deadline:
+                    if not launched:
+                        return None
+                    killed = True  # then wait for its exit, so that run() does not hear of it
+                    slot.kill_probe()
+                if slot.ready and not launched:
+                    slot.launch(request_path, result_path, folder / "log.txt", kind="plan")
+                    launched = True
+                try:
+                    event = self.events.get(timeout=MAX_WAIT_S)
+                except queue.Empty:
+                    continue
+                index, generation, message = event
+                if index != slot.index or generation != slot.generation:
+                    others.append(event)
+                elif "ready" in message:
+                    slot.ready, slot.threads = True, message.get("threads")
+                elif "started" in message:
+                    slot.pid = message["started"]
+                    if killed:
+                        slot.kill_probe()
+                elif "exited" in message:
+                    slot.pid = None
+                    return None if killed else _read_result(result_path) or None
+                elif "died" in message:
+                    others.append(event)  # run() reports a worker that could not import, or replaces it
+                    return None
+        finally:
+            for event in others:
+                self.events.put(event)
+            shutil.rmtree(folder, ignore_errors=True)
 
     def __enter__(self) -> "ProbeRunner":
         return self.open()

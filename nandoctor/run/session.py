@@ -14,13 +14,13 @@ from ..capabilities import input_support, parallel_support
 from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_doctor, get_cpu_count, get_gpu_count_guess
 from ..errors import NandoctorError
-from ..models import plan_model, plan_warnings, training_bytes
+from ..models import model_type_hint, plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .remote import RemoteRunner
-from .runner import ProbeRunner, ProbeTask, threads_per_probe
+from .runner import ProbeRunner, ProbeTask, plan_request, threads_per_probe
 from .slots import most_jobs, packed_jobs
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 
@@ -178,6 +178,7 @@ class Session:
         guess = {"gpus": [{}] * get_gpu_count_guess(), "cpu_count": get_cpu_count()}
         self.runner = self._open_runner(device or guess)
         self.plan = plan
+        self.model_facts: dict | None = None  # models.config_facts of the recipe, when the worker's planning gathered them
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.heartbeat = Heartbeat(on_alive) if on_alive else None
@@ -196,18 +197,31 @@ class Session:
         return ProbeRunner(self.dir, self.store, self.most, self.gpus, self.warm).open()
 
     def prepare(self) -> None:
-        """Gather the device facts (unless given) and plan the model: the imports and the work that
-        overlap the first worker's own imports. Until this returns, only `dir` is known."""
+        """Gather the device facts (unless given) and plan the model. With a warm local worker, its
+        forked child does both once the worker has imported torch and transformers (child/plan.py), so
+        that this process imports neither; otherwise this process does. Until this returns, only `dir`
+        is known."""
         try:
+            hint, adapter = model_type_hint(self.recipe), self.recipe.adapter.type != "none"
+            if hint or adapter:
+                self.runner.preload(hint, adapter)  # the worker imports its modeling code before it plans
+            if self.device is None or self.plan is None:
+                answer = self._worker_plans([self.recipe], self.device)
+                if answer:
+                    self.device = self.device or answer[0]
+                    self.plan = self.plan or answer[1][0]
+                    self.model_facts = answer[2]
             self.device = self.device or collect_doctor()
             if not self.executor.remote and len(self.device.get("gpus") or []) != self.gpus:
                 self.runner.close()  # the guess was wrong: slots are pinned to GPUs
                 self.runner = self._open_runner(self.device)
+                if hint or adapter:
+                    self.runner.preload(hint, adapter)
             self.plan = self.plan or plan_model(self.recipe, self.device, self.steps)
         except BaseException:
             self.runner.close()
             raise
-        self.runner.preload(self.plan.model_type)
+        self.runner.preload(self.plan.model_type, adapter)
         self.packed = self.asked_jobs is None and not self.executor.remote
         self.warnings = plan_warnings(self.recipe, self.plan, self.device) + ([self.short] if self.short else [])
         self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
@@ -224,8 +238,24 @@ class Session:
         """The model plan of a recipe variant (an adapter or model.* override changes it)."""
         key = self._key(recipe)
         if key not in self.plans:
-            self.plans[key] = plan_model(recipe, self.device, self.steps)
+            answer = self._worker_plans([recipe], self.device)
+            self.plans[key] = answer[1][0] if answer else plan_model(recipe, self.device, self.steps)
+            self.runner.preload(self.plans[key].model_type, recipe.adapter.type != "none")
         return self.plans[key]
+
+    def _worker_plans(self, recipes: list[Recipe], device: dict | None) -> tuple[dict, list[ModelPlan], dict] | None:
+        """(device facts, a plan per recipe, the first recipe's models.config_facts) from the first warm
+        worker's planning child, or None when
+        there is none (--cold, an executor) or it did not answer: then this process plans. The user's
+        own error in a model config or adapter is raised here, as plan_model raises it."""
+        if self.executor.remote or not self.warm:
+            return None
+        answer = self.runner.plan(plan_request(device, [recipe_to_dict(r) for r in recipes], self.steps))
+        if not answer:
+            return None
+        if "error" in answer:
+            raise NandoctorError(answer["error"])
+        return answer["device"], [ModelPlan.from_dict(p) for p in answer["plans"]], answer["facts"]
 
     def __enter__(self) -> "Session":
         return self

@@ -101,7 +101,7 @@ class ColdSlot:
     def open(self) -> None:
         pass
 
-    def preload(self, model_type: str) -> None:
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
         pass
 
     def launch(self, spec: Path, result: Path, log: Path) -> None:
@@ -134,7 +134,7 @@ class WarmSlot:
         self.pid: int | None = None  # the running probe's pid
         self.generation = 0
         self.worker: subprocess.Popen | None = None
-        self.preloads: list[str] = []
+        self.preloads: list[dict] = []  # the preload commands every worker of this slot is sent
         self.threads: int | None = None  # the worker's threads when it last reported (ready, or at a fork)
 
     def open(self) -> None:
@@ -145,8 +145,8 @@ class WarmSlot:
         self.worker = subprocess.Popen([sys.executable, "-m", "nandoctor.child.worker"], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, env=probe_env(self.gpu), text=True, bufsize=1)
         threading.Thread(target=self._read, args=(self.worker, self.generation), daemon=True).start()
-        for model_type in self.preloads:
-            self._send({"preload": model_type})
+        for command in self.preloads:
+            self._send(command)
 
     def _read(self, worker: subprocess.Popen, generation: int) -> None:
         for line in worker.stdout:
@@ -160,14 +160,18 @@ class WarmSlot:
         except (BrokenPipeError, OSError):
             pass  # the worker died: its reader thread reports it
 
-    def preload(self, model_type: str) -> None:
-        self.preloads.append(model_type)
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
+        command = {"preload": model_type, "adapter": adapter}
+        if command in self.preloads:
+            return
+        self.preloads.append(command)
         if self.worker:  # else open() sends it
-            self._send({"preload": model_type})
+            self._send(command)
 
-    def launch(self, spec: Path, result: Path, log: Path) -> None:
+    def launch(self, spec: Path, result: Path, log: Path, kind: str = "spec") -> None:
+        """Fork a child that runs a probe (kind "spec") or plans the run (kind "plan": child/plan.py)."""
         self.pid = None  # known when the worker says {"started": pid}
-        self._send({"spec": str(spec), "result": str(result), "log": str(log)})
+        self._send({kind: str(spec), "result": str(result), "log": str(log)})
 
     def kill_probe(self) -> None:
         if self.pid:
@@ -177,12 +181,11 @@ class WarmSlot:
         self.kill_probe()
         if not self.worker or self.worker.poll() is not None:
             return
-        if not self.ready:
-            self.worker.kill()  # still importing: nothing to finish
-        else:
-            self.worker.stdin.close()  # the worker's loop ends at EOF
+        # no probe runs now (killed above), and the worker holds nothing to finish: killing it spares
+        # the wait for its interpreter's teardown (a second or more of unloading torch)
+        self.worker.kill()
+        self.worker.wait()
         try:
-            self.worker.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.worker.kill()
-            self.worker.wait()
+            self.worker.stdin.close()
+        except OSError:
+            pass
