@@ -187,5 +187,5 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path,
     assert 2.5 <= time.monotonic() - start < 5
     assert placement.cancelled == ["second"]
     assert records["second"].status == "lost"
-    assert records["second"].reason == ("the scheduler lost this probe on all 1 attempts "
+    assert records["second"].reason == ("the scheduler lost this probe on its one attempt (retries=0) "
                                         "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)")

@@ -174,7 +174,8 @@ class RemoteRunner:
         probe.lost.append(f"{ending.state}{': ' + ending.detail if ending.detail else ''}")
         if probe.attempt <= self.retries:
             return None
-        why = (f"the scheduler lost this probe on all {probe.attempt} attempts ({'; '.join(probe.lost)[:600]})")
+        attempts = f"all {probe.attempt} attempts" if probe.attempt > 1 else "its one attempt (retries=0)"
+        why = f"the scheduler lost this probe on {attempts} ({'; '.join(probe.lost)[:600]})"
         return ProbeRecord.lost(probe.task.spec, why, probe.elapsed, probe.task.timeout_s, **probe.task.run_facts, **facts)
 
     def _say_queue(self, pending: int) -> None:
