@@ -34,7 +34,7 @@ class Listener:
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
-    queue(queued, running, done, job_ids): a scheduler's queue as it changes (--executor slurm / ray);
+    queue(queued, running, done, job_ids, queue_wait): a scheduler's queue as it changes (--executor slurm / ray);
     retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
     opened: Callable | None = None

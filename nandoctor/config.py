@@ -352,18 +352,23 @@ def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> st
 EXECUTOR_OPTIONS = {
     "local": {},
     "slurm": {"partition": str, "account": str, "qos": str, "constraint": str, "time": int, "gpus": int,
-              "cpus": int, "mem": str, "parallel": int, "retries": int},
-    "ray": {"address": str, "resources": str, "gpus": float, "cpus": int, "parallel": int, "retries": int},
+              "cpus": int, "mem": str, "parallel": int, "retries": int, "queue_wait": int},
+    "ray": {"address": str, "resources": str, "gpus": float, "cpus": int, "parallel": int, "retries": int,
+            "queue_wait": int},
 }
-EXECUTOR_DEFAULTS = {"cpus": 1, "parallel": 64, "retries": 2}
+# queue_wait: seconds a placed probe may wait for the scheduler to start it. Past it the job is cancelled
+# and placed again (an hour: a busy partition's queue is normal, a held job or resources no node has
+# is not, and either way the wait is bounded by (retries + 1) hours, never a verdict).
+EXECUTOR_DEFAULTS = {"cpus": 1, "parallel": 64, "retries": 2, "queue_wait": 3600}
 
 
 @dataclass(frozen=True)
 class ExecutorConfig:
     """Which engine places the probes: `local` (this machine's slots), `slurm` (submitit job arrays) or
     `ray` (one task per probe). options: the scheduler's settings, typed by EXECUTOR_OPTIONS.
-    cpus: cores per probe (its threads); parallel: probes in flight at most; retries: how many times a
-    probe the scheduler lost (node failure, preemption, never started) is placed again."""
+    cpus: cores per probe (its threads); gpus: GPUs per probe; both per rank for a parallel probe (size);
+    parallel: probes in flight at most; retries: how many times a probe the scheduler lost (node failure,
+    preemption, never started) is placed again; queue_wait: seconds a probe may wait to be started."""
     kind: str = "local"
     options: dict = field(default_factory=dict)
     hardware: tuple = ()  # the kinds of machine the grid probes on (its hardware axis): partitions, Ray resources
@@ -374,6 +379,12 @@ class ExecutorConfig:
     @property
     def remote(self) -> bool:
         return self.kind != "local"
+
+    def size(self, ranks: int = 1) -> tuple:
+        """(cpus, gpus) one probe of `ranks` ranks asks the scheduler for: the per-probe options times
+        its ranks, since a parallel probe's launcher (child/launch.py) forks all W ranks in its one job
+        or task. gpus is 0 where no GPUs were asked for."""
+        return self.option("cpus") * ranks, (self.option("gpus") or 0) * ranks
 
 
 def executor_config(kind: str | None, items: list[str] | tuple = ()) -> ExecutorConfig:

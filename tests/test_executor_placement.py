@@ -91,3 +91,101 @@ def test_a_recipe_files_executor_section_is_the_default_and_not_part_of_the_reci
     assert load_recipe(path).steps == 3  # the recipe (and so every probe's fingerprint) is the same without it
     kind, options = executor_section(path)
     assert executor_config(kind, options + ["gpus=2"]).options == {"partition": "h100", "gpus": 2}
+
+
+# --- a parallel probe is sized from its world size (issue 18) ---------------------------------------
+
+def test_a_slurm_job_of_a_w_rank_probe_asks_for_w_times_the_cores_and_gpus_per_probe():
+    from nandoctor.run.on_slurm import job_size
+    assert job_size(executor_config("slurm", ["cpus=4", "gpus=1"]), 1) == {"cpus_per_task": 4, "gpus_per_node": 1}
+    assert job_size(executor_config("slurm", ["cpus=4", "gpus=1"]), 8) == {"cpus_per_task": 32, "gpus_per_node": 8}
+    assert job_size(executor_config("slurm", ["cpus=2"]), 4) == {"cpus_per_task": 8}  # no GPUs asked: none asked for
+
+
+def test_a_ray_task_of_a_w_rank_probe_asks_for_w_times_the_cpus_and_gpus_per_probe():
+    from nandoctor.run.on_ray import task_size
+    assert task_size(executor_config("ray", ["cpus=2", "gpus=0.5"]), 1) == {"num_cpus": 2, "num_gpus": 0.5}
+    assert task_size(executor_config("ray", ["cpus=2", "gpus=0.5"]), 4) == {"num_cpus": 8, "num_gpus": 2.0}
+    assert task_size(executor_config("ray", []), 2) == {"num_cpus": 2, "num_gpus": 0}
+
+
+def planned_spec(cell, world_size: int = 2):
+    from dataclasses import replace
+    from nandoctor.models import plan_model
+    from nandoctor.plan import PlannedProbe
+    from nandoctor.recipes import resolve_model
+    from nandoctor.run.session import probe_spec
+    recipe = replace(resolve_model(None), world_size=world_size)
+    device = {"device": "cpu", "cpu_count": 2, "gpus": []}
+    return probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, 2, 1)
+
+
+def test_a_placed_probe_runs_as_world_size_ranks_only_on_the_parallel_axis():
+    from nandoctor.cells import Cell
+    from nandoctor.run.placement import PlacedProbe
+    from nandoctor.run.runner import ProbeTask
+    ranks = {c: PlacedProbe(ProbeTask(planned_spec(Cell("fp32", "eager", "off", parallel=c), 4), 60.0), None).ranks
+             for c in ("none", "ddp")}
+    assert ranks == {"none": 1, "ddp": 4}
+
+
+# --- a probe the scheduler never starts waits a bounded time (issue 18) ------------------------------
+
+class OneRunsOneWaits:
+    """A scheduler that runs the first probe for `runs_s` seconds and never starts the second."""
+    batches, grace_s, capacity = True, 60.0, 4
+
+    def __init__(self, runs_s: float):
+        self.runs_s, self.cancelled, self.jobs = runs_s, [], 0
+
+    def ready(self):
+        pass
+
+    def submit(self, probes):
+        import time
+        for probe in probes:
+            self.jobs += 1
+            probe.job_id = str(self.jobs)
+            probe.submitted = time.monotonic()
+
+    def poll(self, probes):
+        import time
+        from nandoctor.run.placement import Ending
+        ended = []
+        for p in probes:
+            if p.task.probe_id != "first":
+                p.waiting = "Priority"
+            elif p.state == "queued":
+                p.state, p.started = "running", time.monotonic()
+            elif time.monotonic() - p.started > self.runs_s:
+                ended.append((p, Ending("NODE_FAIL")))  # its end is no matter here: it is lost too
+        return ended
+
+    def cancel(self, probes, wait_s):
+        self.cancelled += [p.task.probe_id for p in probes]
+
+    def close(self):
+        pass
+
+
+def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path, monkeypatch):
+    import time
+    from dataclasses import replace
+    from nandoctor.cells import Cell
+    from nandoctor.run import remote
+    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.store import ResultsStore
+    placement = OneRunsOneWaits(runs_s=1.5)
+    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir: placement)
+    monkeypatch.setattr(remote, "POLL_S", 0.05)
+    spec = planned_spec(Cell("fp32", "eager", "off"))
+    tasks = [ProbeTask(replace(spec, probe_id=name), 60.0) for name in ("first", "second")]
+    runner = remote.RemoteRunner(tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=0", "queue_wait=1"]))
+    start = time.monotonic()
+    records = {r.probe_id: r for r in runner.run(tasks)}
+    # "second" waited behind "first" (1.5 s, longer than its queue wait), then 1 s more with nothing running
+    assert 2.5 <= time.monotonic() - start < 5
+    assert placement.cancelled == ["second"]
+    assert records["second"].status == "lost"
+    assert records["second"].reason == ("the scheduler lost this probe on its one attempt (retries=0) "
+                                        "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)")

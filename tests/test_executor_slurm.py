@@ -3,7 +3,9 @@ arrays give the verdicts and losses the local executor gives, crashes, hangs and
 Ctrl-C leaves the queue empty and --resume finishes the run."""
 import json
 import os
+import re
 import subprocess
+import sys
 
 import pytest
 from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
@@ -134,3 +136,82 @@ def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(
                       "sbatch: error: Batch job submission failed: Invalid partition name specified"]
     after = {line.split()[0] for line in active_slurm_jobs(slurm_env)}
     assert after - before == set()  # the canary already placed on `main` was cancelled
+
+
+# --- a job the scheduler never starts (issue 18: bounded queue wait) --------------------------------
+
+@pytest.fixture
+def one_cpu_taken(slurm_env):
+    """A job of someone else's holding one of the node's two CPUs: a probe asking for both pends on
+    Resources while it runs (the canary, asking for one, still runs)."""
+    env = {**os.environ, **slurm_env}
+    job = subprocess.run(["sbatch", "--parsable", "-J", "someone-else", "-c", "1", "-o", "/dev/null", "--wrap", "sleep 300"],
+                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    yield job
+    subprocess.run(["scancel", job], env=env)
+
+
+def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_lost_not_judged(slurm_env, one_cpu_taken, tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
+                   "--executor", "slurm", "--executor-opt", "cpus=2", "--executor-opt", "queue_wait=2",
+                   "--executor-opt", "retries=1", "--out", out, env=slurm_env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
+    assert "1 queued, 0 running, 0 done (job " in proc.stdout and "within 2 s while none runs is placed again (queue_wait)" in proc.stdout
+    record = records(out)["fp32/eager/off"]
+    assert record["status"] == "lost" and record["launch"] == "slurm" and record["steps"] == []
+    # squeue's pending reason, once the scheduler has looked at the job (a fresh one says None: not shown)
+    attempt = r"NOT_STARTED: still queued after 2 s \(queue_wait\)(: (Resources|Priority))?"
+    assert re.fullmatch(rf"the scheduler lost this probe on all 2 attempts \({attempt}; {attempt}\)", record["reason"]), record["reason"]
+    [probe] = summary(out)["probes"]
+    assert probe["verdict"] == "killed" and "this says nothing about the configuration" in probe["reason"]
+    ours = {folder.name for folder in (out / "slurm").iterdir() if folder.is_dir()}  # submitit's folder per job
+    assert len(ours) == 3  # the canary and the two attempts
+    assert [line for line in active_slurm_jobs(slurm_env) if line.split()[0].split("_")[0] in ours] == []  # all cancelled
+
+
+# --- a run directory the nodes do not see (issue 18: the shared-filesystem canary) -------------------
+
+def private_mount_skip_reason() -> str | None:
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs none /mnt"],
+                           capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"cannot mount in a private namespace here: {probe.stderr.strip()}"
+
+
+def test_a_run_directory_the_nodes_do_not_see_is_one_line_and_exit_2(slurm_env, tmp_path):
+    """nandoctor runs in a mount namespace of its own where a tmpfs covers the run directory's parent:
+    it writes there, slurmd's jobs see the real directory below, as a node without the shared
+    filesystem would; the canary's file never appears."""
+    if private_mount_skip_reason():
+        pytest.skip(private_mount_skip_reason())
+    hidden = tmp_path / "not-shared"
+    hidden.mkdir()
+    grid = [sys.executable, "-m", "nandoctor", "grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2",
+            "--executor", "slurm", "--out", str(hidden / "run")]
+    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$@"',
+                           str(hidden), *grid], capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and re.fullmatch(
+        rf"nandoctor: error: --executor slurm: the run directory {hidden}/run is not on a filesystem the nodes share "
+        r"\(canary job \d+ ended [A-Z_]+ and its file never appeared\); pass --out on a shared filesystem", errors[0]), errors
+    assert not (hidden / "run").exists()  # what it wrote stayed in its own namespace
+
+
+# --- a parallel probe of W ranks is one job with W x the cores (issue 18) ----------------------------
+
+def test_a_two_rank_parallel_probe_is_one_job_with_twice_the_cores_and_runs_both_ranks(slurm_env, tmp_path):
+    # pure fp16 (NaN at step 1, under DDP too): the fp32 reference is the one stable cell, so no
+    # re-timing rounds lengthen the test
+    out = tmp_path / "run"
+    proc = run_cli("grid", "--axis", "dtype=fp16-pure", "--axis", "attn=eager", "--axis", "compile=off", "--axis", "parallel=ddp",
+                   "--world-size", "2", "--steps", "2", "--set", "forensics_steps=0", *SLURM, "--out", out, env=slurm_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert verdicts(out) == {"fp32/eager/off": "stable", "fp16-pure/eager/off/ddp": "nonfinite"}  # the fp32 reference, one process
+    jobs = {probe_id: r["job_id"] for probe_id, r in records(out).items()}
+    cpus = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(j.split("_")[0] for j in jobs.values()),
+                           "-o", "%i %C"], capture_output=True, text=True, env={**os.environ, **slurm_env}).stdout
+    asked = dict(line.split() for line in cpus.splitlines() if line.strip())
+    assert {probe_id: asked[job] for probe_id, job in jobs.items()} == {"fp32/eager/off": "1", "fp16-pure/eager/off/ddp": "2"}
+    [ranks] = [p["parallel"] for p in summary(out)["probes"] if p["probe_id"] == "fp16-pure/eager/off/ddp"]
+    assert ranks["world_size"] == 2 and [r["exit"] for r in ranks["ranks"]] == [0, 0]

@@ -73,22 +73,32 @@ class RunAnalysis:
 
     @property
     def speed_ties(self) -> list[ProbeOutcome]:
-        """The ranked probes that are as fast as the recommended one within their measured noise, in
-        its fidelity bucket and flag status (the recommendation among them is the fixed tie order's)."""
-        rec = self.recommended
+        """speed_ties_on the recommendation's kind of hardware (the whole run without a hardware axis)."""
+        return self.speed_ties_on(self.recommended.record.cell.hardware) if self.recommended else []
+
+    def speed_ties_on(self, hardware: str) -> list[ProbeOutcome]:
+        """The ranked probes on this kind of hardware ("" without a hardware axis) that are as fast as its
+        recommendation within their measured noise, in its fidelity bucket and flag status (the
+        recommendation among them is the fixed tie order's). Speeds of two kinds are never compared."""
+        rec = self.recommended_on(hardware)
         if rec is None:
             return []
-        return [o for o in self.ranking[1:] if o.speed_class == rec.speed_class and o.speed_class is not None
-                and o.record.cell.hardware == rec.record.cell.hardware
+        return [o for o in self.ranking if o is not rec and o.record.cell.hardware == hardware
+                and o.speed_class == rec.speed_class and o.speed_class is not None
                 and bool(o.flags) == bool(rec.flags) and same_bucket(o, rec)]
 
     @property
     def fastest(self) -> ProbeOutcome | None:
-        """The stable probe with the highest median tokens/s; the recommended one unless that is
-        clearly faster (beyond both measured spreads: ranking.clearly_faster)."""
-        if not self.ranking:
+        """fastest_on the recommendation's kind of hardware (the whole run without a hardware axis)."""
+        return self.fastest_on(self.recommended.record.cell.hardware) if self.recommended else None
+
+    def fastest_on(self, hardware: str) -> ProbeOutcome | None:
+        """The stable probe on this kind of hardware with the highest median tokens/s; its recommended
+        one unless that is clearly faster (beyond both measured spreads: ranking.clearly_faster)."""
+        rec = self.recommended_on(hardware)
+        if rec is None:
             return None
-        best, rec = max(self.ranking, key=lambda o: o.tokens_per_s or 0.0), self.recommended
+        best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: o.tokens_per_s or 0.0)
         return best if clearly_faster(speed(best), speed(rec)) else rec
 
     @property

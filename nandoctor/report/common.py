@@ -142,7 +142,13 @@ def headline(a: RunAnalysis) -> list[str]:
         from .bisection import headline_lines
         lines += headline_lines(a.bisection)
     elif a.hardware:
-        lines += [hardware_line(a, h) for h in a.hardware]
+        for h in a.hardware:
+            lines.append(hardware_line(a, h))
+            fast_here = a.fastest_on(h)
+            if fast_here is not a.recommended_on(h):
+                lines.append(f"Fastest stable on {h}: {label(fast_here)} ({fmt_rate(fast_here.tokens_per_s)} tokens/s, "
+                             f"fidelity {fmt_fidelity(fast_here.fidelity)})")
+        lines += timing.speed_lines(a)
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "

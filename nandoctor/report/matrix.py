@@ -48,7 +48,16 @@ def recommended_ids(a: RunAnalysis) -> set[str]:
     return {a.recommended.probe_id} if a.recommended else set()
 
 
-def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str]) -> dict:
+def fastest_ids(a: RunAnalysis) -> set[str]:
+    """The probes marked fastest: on each kind of hardware (the whole grid without a hardware axis), the
+    stable one clearly faster than that kind's recommendation, if any; none in a bisect run."""
+    if a.meta.get("kind") == "bisect":
+        return set()
+    kinds = a.hardware or [""]
+    return {fast.probe_id for fast, rec in ((a.fastest_on(h), a.recommended_on(h)) for h in kinds) if fast is not rec}
+
+
+def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str], fastest: set[str]) -> dict:
     o = _representative(probes)
     v = o.verdict
     if v.name == STABLE:
@@ -64,7 +73,7 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str]) -> 
         title.append(tightest_line(o))
     return {"probe_id": o.probe_id, "verdict": v.name, "lines": lines, "title": "\n".join(title),
             "recommended": o.probe_id in recommended,
-            "fastest": a.meta.get("kind") != "bisect" and o is a.fastest and o is not a.recommended}
+            "fastest": o.probe_id in fastest}
 
 
 def matrix_panels(a: RunAnalysis) -> list[dict]:
@@ -79,7 +88,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
     cells = list(by_cell) + planned
     if not by_cell:
         return []
-    recommended = recommended_ids(a)
+    recommended, fastest = recommended_ids(a), fastest_ids(a)
     values = {axis: [v for v in AXES[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
     kinds = list(dict.fromkeys(c.hardware for c in cells))
     pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
@@ -91,7 +100,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
             row = []
             for attn in values["attn"]:
                 cell = Cell(dtype, attn, comp, opt, par, hw)
-                row.append(_cell(a, by_cell[cell], recommended) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
+                row.append(_cell(a, by_cell[cell], recommended, fastest) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
         caption = ((f"{hardware_name(a)}={hw}{ran_on(a, hw)}, " if hw else "") + f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")

@@ -30,6 +30,7 @@ def render_summary(a: RunAnalysis) -> dict:
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
             "recommended_by_hardware": {h: (o.probe_id if o else None) for h, o in ((h, a.recommended_on(h)) for h in a.hardware)},
+            "fastest_by_hardware": {h: (o.probe_id if o else None) for h, o in ((h, a.fastest_on(h)) for h in a.hardware)},
             "ranking": [o.probe_id for o in a.ranking], "timing": timing_summary(a), "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),
             "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),

@@ -53,21 +53,24 @@ def load_line(a: RunAnalysis) -> str | None:
 
 
 def speed_lines(a: RunAnalysis) -> list[str]:
-    """Beside the recommendation: whether speed decided it, the cells re-timed for that, and the load."""
+    """Beside the recommendation: whether speed decided it, the cells re-timed for that, the speed ties
+    (per kind of hardware: speeds on two kinds are never compared), and the load."""
     rec = a.recommended
     lines = []
     if rec is None or a.meta.get("kind") != "grid":
         return lines
-    ties = a.speed_ties
     if a.timing:
         shown = "; ".join(f"{o.probe_id} {_rate(o.tokens_per_s)} tokens/s (IQR {spread_text(o.throughput)})"
                           for o in a.ranking if o.retimed)
         lines.append(f"{len(a.timing['cells'])} configurations share the top fidelity bucket, so speed decides between them: "
                      f"they were re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
                      f"({a.timing['wall_s']:.0f} s): {shown}.")
-    if ties:
-        lines.append(f"As fast as {', '.join(o.probe_id for o in ties)} within their measured spread: "
-                     f"{rec.probe_id} comes first in the fixed tie order (the plainest, most robust configuration).")
+    for hardware in a.hardware or [""]:
+        ties = a.speed_ties_on(hardware)
+        if ties:
+            lead = f"On {hardware}, as fast as" if hardware else "As fast as"
+            lines.append(f"{lead} {', '.join(o.probe_id for o in ties)} within their measured spread: "
+                         f"{a.recommended_on(hardware).probe_id} comes first in the fixed tie order (the plainest, most robust configuration).")
     load = load_line(a)
     if load:
         lines.append(load)
@@ -95,10 +98,11 @@ def retime_rows(a: RunAnalysis) -> list[dict]:
 
 def timing_summary(a: RunAnalysis) -> dict:
     """summary.json's `timing`: the re-timing (retime.json without the per-step curves), the speed ties
-    of the recommendation and the host load."""
+    of the recommendation (and of each kind's, with a hardware axis) and the host load."""
     retime = None
     if a.timing:
         retime = {**{k: v for k, v in a.timing.items() if k != "probes"},
                   "probes": [{k: v for k, v in p.items() if k != "steps"} for p in a.timing["probes"]]}
-    return {"retimed": retime, "speed_ties": [o.probe_id for o in a.speed_ties], "host_load": a.load,
+    return {"retimed": retime, "speed_ties": [o.probe_id for o in a.speed_ties],
+            "speed_ties_by_hardware": {h: [o.probe_id for o in a.speed_ties_on(h)] for h in a.hardware}, "host_load": a.load,
             "loaded": bool(a.load and a.load["significant"])}

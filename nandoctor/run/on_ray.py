@@ -1,6 +1,7 @@
 """Place probes on a Ray cluster: each probe one task with the CPUs / GPUs / custom resources the
 options give it, and a share of its hardware kind's custom resource (--axis node_type=, Cell.hardware). The task runs the probe in a scratch folder of its node and returns its files
-(placed.run_carried), so no shared filesystem is needed.
+(placed.run_carried), so no shared filesystem is needed. It first yields its node's name (a streaming
+generator task): until then the probe is queued, waiting for resources, and its time budget has not begun.
 
 A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
 worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the parent's backstop
@@ -9,6 +10,7 @@ cancels with force=True. Without an `address` a local Ray is started on the loop
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 from ..config import ExecutorConfig
@@ -36,6 +38,19 @@ def parse_resources(text: str | None) -> dict:
     return resources
 
 
+def task_size(executor: ExecutorConfig, ranks: int) -> dict:
+    """Ray's num_cpus / num_gpus for one probe task: the per-probe options times its ranks (a parallel
+    probe's launcher forks its W ranks inside the one task)."""
+    cpus, gpus = executor.size(ranks)
+    return {"num_cpus": cpus, "num_gpus": gpus}
+
+
+def run_announced(spec: dict, timeout_s: float):
+    """The task: yields this node's name as it starts, then run_carried's {"placed", "files"}."""
+    yield socket.gethostname()
+    yield run_carried(spec, timeout_s)
+
+
 class RayPlacement:
     batches = False  # one task per probe, `parallel` in flight
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
@@ -59,8 +74,8 @@ class RayPlacement:
                 self.started_ray = True
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
-        # tasks beyond what the cluster runs at once would wait in Ray's queue, where their time would
-        # count against their budget: the runner keeps at most `capacity` out
+        # tasks beyond what the cluster runs at once would wait in Ray's queue, against their queue_wait:
+        # the runner keeps at most `capacity` out
         have = ray.cluster_resources()
         fits = [have.get("CPU", 1) // executor.option("cpus")]
         if executor.option("gpus"):
@@ -73,9 +88,9 @@ class RayPlacement:
             raise NandoctorError(f"--axis node_type={','.join(missing)}: no node of this Ray cluster has the custom resource"
                                  f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; its custom resources: {', '.join(known) or 'none'}")
         self.resources = parse_resources(executor.option("resources"))
-        self.remote = ray.remote(run_carried)
-        self.task_options = {"max_retries": 0, "num_cpus": executor.option("cpus"), "num_gpus": executor.option("gpus") or 0,
-                             "name": "nandoctor-probe"}
+        self.executor = executor
+        self.remote = ray.remote(run_announced)
+        self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
 
     def ready(self) -> None:
         pass
@@ -84,26 +99,32 @@ class RayPlacement:
         for probe in probes:
             kind = probe.task.spec.cell.hardware  # the hardware axis: a node that has this custom resource
             resources = {**self.resources, kind: HARDWARE_SHARE} if kind else self.resources
-            probe.handle = self.remote.options(**self.task_options, resources=resources).remote(probe.task.spec.to_dict(), probe.task.timeout_s)
-            probe.job_id = probe.handle.task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
-            # at most `parallel` tasks are out, sized to the cluster: Ray starts them at once
-            probe.state, probe.started = "running", time.monotonic()
+            size = task_size(self.executor, probe.ranks)
+            probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
+                probe.task.spec.to_dict(), probe.task.timeout_s)
+            probe.job_id = probe.handle.completed().task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
+            asked = {"CPU": size["num_cpus"], **({"GPU": size["num_gpus"]} if size["num_gpus"] else {}), **resources}
+            probe.waiting = "no node has started it; it asks for " + ", ".join(f"{k}: {v:g}" for k, v in asked.items())
 
     def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
-        by_ref = {p.handle: p for p in probes}
-        if not by_ref:
-            return []
-        ready, _ = self.ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        """Each task's next item, where one is ready: its node's name (it started) or its outcome."""
         ended = []
-        for ref in ready:
-            probe = by_ref[ref]
+        for probe in probes:
+            ready, _ = self.ray.wait([probe.handle], timeout=0)
+            if not ready:
+                continue
             try:
-                out = self.ray.get(ref)
-                ended.append((probe, Ending("COMPLETED", out["placed"], out["files"])))
+                out = self.ray.get(next(probe.handle))
             except self.ray.exceptions.TaskCancelledError:
                 ended.append((probe, Ending("CANCELLED")))
+                continue
             except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
                 ended.append((probe, Ending(type(e).__name__, detail=str(e).strip().splitlines()[0][:300] if str(e).strip() else "")))
+                continue
+            if probe.state == "queued":
+                probe.state, probe.started, probe.waiting = "running", time.monotonic(), ""
+            else:
+                ended.append((probe, Ending("COMPLETED", out["placed"], out["files"])))
         return ended
 
     def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:

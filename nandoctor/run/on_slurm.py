@@ -31,6 +31,13 @@ PARAMETERS = {"partition": "partition", "account": "account", "qos": "qos", "con
 CANARY_PARAMETERS = {k: PARAMETERS[k] for k in ("partition", "account", "qos", "constraint")}
 
 
+def job_size(executor: ExecutorConfig, ranks: int) -> dict:
+    """submitit's parameters for the size of one probe's job: one task (a parallel probe's launcher forks
+    its W ranks itself) with cpus x W cores, and gpus x W GPUs on its node where GPUs are asked for."""
+    cpus, gpus = executor.size(ranks)
+    return {"cpus_per_task": cpus, **({"gpus_per_node": gpus} if gpus else {})}
+
+
 def write_canary(path: str) -> str:
     import socket
     Path(path).write_text(socket.gethostname())
@@ -112,10 +119,10 @@ class SlurmPlacement:
         """Wait for the canary jobs submitted at start; refuse the run if one's file did not appear here."""
         while self.canaries:
             canary_file, canary = next(iter(self.canaries.items()))
-            self._await_canary(canary_file, canary.job_id)
+            self._await_canary(canary_file, canary.job_id, Path(canary.paths.stdout))
             del self.canaries[canary_file]  # it ended: nothing left to cancel
 
-    def _await_canary(self, canary_file: Path, job: str) -> None:
+    def _await_canary(self, canary_file: Path, job: str, log: Path) -> None:
         deadline = time.monotonic() + CANARY_WAIT_S
         while time.monotonic() < deadline:
             states = squeue([job])
@@ -125,24 +132,30 @@ class SlurmPlacement:
         else:
             raise NandoctorError(f"--executor slurm: the canary job {job} did not run within {CANARY_WAIT_S:.0f} s; "
                                  "is the partition up (sinfo)?")
-        seen = time.monotonic() + SHARED_FS_WAIT_S
+        ended = states.get(job, ("GONE",))[0]
+        # a canary that wrote its file may show it here late (NFS attribute caching); one that failed never
+        # will: on a node that does not see the run directory it cannot even read its own job
+        seen = time.monotonic() + (SHARED_FS_WAIT_S if ended in ("COMPLETED", "GONE") else 0)
         while not canary_file.exists() and time.monotonic() < seen:
             time.sleep(0.2)
+        if not canary_file.exists() and log.exists():  # the node wrote here: the filesystem is shared, the job failed
+            said = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            raise NandoctorError(f"--executor slurm: the canary job {job} ended {ended} without writing its file "
+                                 f"(its log, {log}: {said[-1][:300] if said else 'empty'})")
         if not canary_file.exists():
             raise NandoctorError(f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
-                                 f"(canary job {job} ended {states.get(job, ('GONE',))[0]} and its file never appeared); "
+                                 f"(canary job {job} ended {ended} and its file never appeared); "
                                  "pass --out on a shared filesystem")
         canary_file.unlink()
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         budget = max(p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
         self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
-        by_partition: dict[str, list[PlacedProbe]] = {}
-        for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware)
-            by_partition.setdefault(probe.task.spec.cell.hardware, []).append(probe)
-        for partition, batch in by_partition.items():
-            if partition:
-                self.executor.update_parameters(partition=partition)
+        arrays: dict[tuple, list[PlacedProbe]] = {}
+        for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware) and size
+            arrays.setdefault((probe.task.spec.cell.hardware, probe.ranks), []).append(probe)
+        for (partition, ranks), batch in arrays.items():
+            self.executor.update_parameters(**job_size(self.options, ranks), **({"partition": partition} if partition else {}))
             with self.executor.batch():
                 jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in batch]
             for probe, job in zip(batch, jobs):
@@ -156,6 +169,7 @@ class SlurmPlacement:
         for probe in probes:
             state, reason = states.get(probe.job_id, ("GONE", "no longer in squeue"))
             if state in ACTIVE:
+                probe.waiting = reason if state == "PENDING" and reason not in ("None", "") else ""
                 if state == "RUNNING" and probe.state != "running":
                     probe.state, probe.started = "running", time.monotonic()
                 continue

@@ -29,10 +29,18 @@ class PlacedProbe:
     handle: Any = None  # the placement's own handle (a submitit job, a Ray ObjectRef)
     job_id: str | None = None
     state: str = "queued"  # queued | running
+    queued_at: float = 0.0  # when it was placed, or when its own array's throttle last held it back
+    waiting: str = ""  # why the scheduler has not started it (SLURM's pending reason, Ray's resources)
     started: float | None = None  # when the scheduler first reported it running
     cancelled: bool = False  # by us, on its timeout
     seen_done: float | None = None  # when the scheduler first said it ended (its files may lag on a shared filesystem)
     lost: list[str] = field(default_factory=list)  # why earlier attempts failed
+
+    @property
+    def ranks(self) -> int:
+        """The processes this probe runs as: world_size for a parallel cell, else 1."""
+        spec = self.task.spec
+        return spec.recipe.world_size if spec.cell.parallel_row.wrapper else 1
 
     @property
     def elapsed(self) -> float:

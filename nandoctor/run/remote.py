@@ -9,7 +9,10 @@ exit facts as a local probe's, so a segfault, a hang or an OOM gets the same ver
 What the scheduler reports is data (SCHEDULER_ENDS): its time limit is a timeout, its memory limit an
 OOM. Anything else that ended a job without the probe's own outcome (a lost node, a preemption, a job
 never started) is the infrastructure's failure: the probe is placed again, at most `retries` times, then
-recorded as `lost`, which is no verdict about the configuration.
+recorded as `lost`, which is no verdict about the configuration. A job the scheduler does not start
+within the `queue_wait` option (held, pending on resources no node has, a partition that never frees)
+is cancelled and counts as such a loss; the wait counts only while none of this run's probes runs, so
+a run larger than the cluster, queued behind its own probes, is not cut short.
 """
 from __future__ import annotations
 
@@ -51,19 +54,20 @@ def open_placement(executor: ExecutorConfig, run_dir: Path):
 
 class RemoteRunner:
     """Runs tasks through a scheduler. `limit` probes are in flight at most (the `parallel` option; a
-    SLURM submission is one job array throttled to it). on_queue(queued, running, done, job_ids) hears
-    the queue whenever it changes (at most every QUEUE_LINE_S)."""
+    SLURM submission is one job array throttled to it). on_queue(queued, running, done, job_ids,
+    queue_wait) hears the queue whenever it changes (at most every QUEUE_LINE_S)."""
 
     def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None):
         self.run_dir, self.store, self.executor = Path(run_dir), store, executor
         self.placement = open_placement(executor, self.run_dir)
         self.jobs = self.limit = min(executor.option("parallel"), self.placement.capacity)
-        self.retries = executor.option("retries")
+        self.retries, self.queue_wait = executor.option("retries"), executor.option("queue_wait")
         self.on_queue = on_queue
         self.in_flight: dict[str, PlacedProbe] = {}
         self.done = 0
         self.said: tuple | None = None
         self.said_at = 0.0
+        self.moved_at = 0.0  # when one of this run's probes last ran or ended: its queue was moving
 
     def open(self, slots: int = 1) -> "RemoteRunner":
         return self
@@ -90,6 +94,7 @@ class RemoteRunner:
             (probe.folder / stale).unlink(missing_ok=True)
         (probe.folder / "spec.json").write_text(jsonio.dumps(probe.task.spec.to_dict()))
         probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
+        probe.queued_at, probe.waiting = time.monotonic(), ""
 
     def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:
         """Place every task, each in its folder under run_dir/`under`; each record is appended to the store
@@ -108,7 +113,11 @@ class RemoteRunner:
                     self._prepare(probe)
                 self.placement.submit(batch)
                 self.in_flight.update((p.task.probe_id, p) for p in batch)
-            for probe, ending in self.placement.poll(list(self.in_flight.values())):
+            ended = self.placement.poll(list(self.in_flight.values()))
+            if ended or any(p.state == "running" for p in self.in_flight.values()):
+                self.moved_at = time.monotonic()
+            ended += self._never_started({p.task.probe_id for p, _ in ended})
+            for probe, ending in ended:
                 del self.in_flight[probe.task.probe_id]
                 record = self._record(probe, ending)
                 if record is None:
@@ -128,6 +137,17 @@ class RemoteRunner:
             self._say_queue(len(pending))
             time.sleep(POLL_S)
         return records
+
+    def _never_started(self, ended: set) -> list[tuple[PlacedProbe, Ending]]:
+        """The probes still queued `queue_wait` seconds after they were placed and after this run's last
+        probe ran, cancelled: each ends as NOT_STARTED, a loss of the infrastructure (placed again, at
+        most `retries` times)."""
+        since = [(p, max(p.queued_at, self.moved_at)) for p in self.in_flight.values() if p.task.probe_id not in ended]
+        stuck = [p for p, t in since if p.state == "queued" and time.monotonic() - t > self.queue_wait]
+        if stuck:
+            self.placement.cancel(stuck, wait_s=0)
+        return [(p, Ending("NOT_STARTED", detail=f"still queued after {self.queue_wait} s (queue_wait)"
+                                                  + (f": {p.waiting}" if p.waiting else ""))) for p in stuck]
 
     def _backstop(self) -> None:
         """The node kills a probe past its budget; a job that outlives it by the placement's grace (a
@@ -154,7 +174,8 @@ class RemoteRunner:
         probe.lost.append(f"{ending.state}{': ' + ending.detail if ending.detail else ''}")
         if probe.attempt <= self.retries:
             return None
-        why = (f"the scheduler lost this probe on all {probe.attempt} attempts ({'; '.join(probe.lost)[:600]})")
+        attempts = f"all {probe.attempt} attempts" if probe.attempt > 1 else "its one attempt (retries=0)"
+        why = f"the scheduler lost this probe on {attempts} ({'; '.join(probe.lost)[:600]})"
         return ProbeRecord.lost(probe.task.spec, why, probe.elapsed, probe.task.timeout_s, **probe.task.run_facts, **facts)
 
     def _say_queue(self, pending: int) -> None:
@@ -164,4 +185,4 @@ class RemoteRunner:
         now = (pending + states.count("queued"), states.count("running"), self.done)
         if now != self.said and time.monotonic() - self.said_at >= QUEUE_LINE_S:
             self.said, self.said_at = now, time.monotonic()
-            self.on_queue(*now, sorted({p.job_id.split("_")[0] for p in self.in_flight.values() if p.job_id}))
+            self.on_queue(*now, sorted({p.job_id.split("_")[0] for p in self.in_flight.values() if p.job_id}), self.queue_wait)

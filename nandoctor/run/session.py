@@ -156,7 +156,7 @@ class Session:
     corrected by the peaks measured as probes finish; one at a time on a CPU.
 
     executor (an ExecutorConfig other than local) places the probes with a scheduler (remote.RemoteRunner):
-    `parallel` of them at once, each with `cpus` threads; on_queue(queued, running, done, job_ids)
+    `parallel` of them at once, each with `cpus` threads per rank; on_queue(queued, running, done, job_ids, queue_wait)
     hears its queue."""
 
     def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
@@ -191,9 +191,9 @@ class Session:
         self.gpus = len(device.get("gpus") or [])
         if self.executor.remote:
             runner = RemoteRunner(self.dir, self.store, self.executor, self.on_queue)  # its canary runs while we plan
-            self.most, self.threads = runner.jobs, self.executor.option("cpus")
+            self.most = runner.jobs
             return runner
-        self.most, self.threads = self.asked_jobs or most_jobs(device), None
+        self.most = self.asked_jobs or most_jobs(device)
         return ProbeRunner(self.dir, self.store, self.most, self.gpus, self.warm).open()
 
     def prepare(self) -> None:
@@ -245,9 +245,9 @@ class Session:
 
     def _worker_plans(self, recipes: list[Recipe], device: dict | None) -> tuple[dict, list[ModelPlan], dict] | None:
         """(device facts, a plan per recipe, the first recipe's models.config_facts) from the first warm
-        worker's planning child, or None when
-        there is none (--cold, an executor) or it did not answer: then this process plans. The user's
-        own error in a model config or adapter is raised here, as plan_model raises it."""
+        worker's planning child, or None when there is none (--cold, an executor) or it did not answer:
+        then this process plans. The user's own error in a model config or adapter is raised here, as
+        plan_model raises it."""
         if self.executor.remote or not self.warm:
             return None
         answer = self.runner.plan(plan_request(device, [recipe_to_dict(r) for r in recipes], self.steps))
@@ -256,6 +256,13 @@ class Session:
         if "error" in answer:
             raise NandoctorError(answer["error"])
         return answer["device"], [ModelPlan.from_dict(p) for p in answer["plans"]], answer["facts"]
+
+    def threads(self, recipe: Recipe, probe: PlannedProbe) -> int | None:
+        """A placed probe's CPU threads: the cores its job or task asks for (all its ranks' cores for a
+        parallel probe, which splits them over its ranks); None on this machine (its slots decide)."""
+        if not self.executor.remote:
+            return None
+        return self.executor.size(recipe.world_size if probe.cell.parallel_row.wrapper else 1)[0]
 
     def __enter__(self) -> "Session":
         return self
@@ -292,7 +299,7 @@ class Session:
             if p.probe_id in records:
                 continue
             own = p.recipe or recipe
-            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads,
+            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads(own, p),
                               self.replay_failed_only)
             unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
                            or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
@@ -307,7 +314,7 @@ class Session:
                 records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
-        if self.device.get("device") == "cuda" and any(t.spec.cell.parallel_row.wrapper for t in tasks):
+        if not self.executor.remote and self.device.get("device") == "cuda" and any(t.spec.cell.parallel_row.wrapper for t in tasks):
             self.runner.limit = 1  # a parallel probe takes GPUs 0..W-1 (child/launch.py): one at a time
         for r in self.runner.run(tasks, on_record=self._measured, on_wait=self.heartbeat):
             records[r.probe_id] = r
@@ -319,7 +326,7 @@ class Session:
         """Run probes for their timing alone, in the given order, one at a time on the first slot (so that
         none competes with another), `steps` steps each: never cached, never in results.jsonl; the
         caller keeps what it needs. Their folders sit under retime/, apart from the run's probes."""
-        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device, steps, self.most, self.threads), recipe.timeout_s)
+        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device, steps, self.most, self.threads(recipe, p)), recipe.timeout_s)
                  for p in probes]
         limit, self.runner.limit = self.runner.limit, 1
         try:
