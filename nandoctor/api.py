@@ -18,7 +18,7 @@ from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
-from .run.session import Session
+from .run.session import Session, kept_device
 from .run.store import RUN_FILE, ResultsStore
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
@@ -142,7 +142,7 @@ def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None,
     session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
                                   device=device, warm=warm, cache=cache, executor=executor)
     with session:
-        probes = plan_grid(recipe, session.device, axes)
+        probes = plan_grid(recipe, session.device, axes, session.devices)
         runnable = [p.cell for p in probes if not p.unsupported]
         doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
                                 known=session.model_facts)
@@ -163,7 +163,7 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
                 executor: ExecutorConfig | None = None) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
     only the cells missing from DIR/results.jsonl are probed, on any executor."""
-    device = device or collect_doctor()
+    device = device or kept_device(run_dir, executor) or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
     if meta.get("baseline"):
         baseline_analysis(meta["baseline"])
@@ -171,7 +171,7 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
     session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
                                   device=device, warm=warm, cache=cache, plan=plan, resume=True, executor=executor)
     with session:
-        probes = plan_grid(recipe, device, meta.get("axes") or None)
+        probes = plan_grid(recipe, session.device, meta.get("axes") or None, session.devices)
         judge.planned = len(probes)
         for record in session.resume(len(probes)):
             judge(record, quiet=True)

@@ -49,10 +49,14 @@ def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
     return next((list(v) for k, v in axes.items() if k in HARDWARE_AXES), [""])
 
 
-def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None) -> list[PlannedProbe]:
+def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None,
+              devices: dict[str, dict] | None = None) -> list[PlannedProbe]:
     """Cross product of the axes (defaults filled in from the recipe and device), on each hardware kind:
     the references first (one per kind: fidelity is judged against the fp32 of the same hardware),
-    then by cost_rank, keeping the axes' order among equals."""
+    then by cost_rank, keeping the axes' order among equals. devices: the facts of each kind of hardware
+    (an executor gathers them where its probes run; "" without a hardware axis): a cell is supported or
+    not by its own kind's facts, by `device` where none are given."""
+    devices = devices or {}
     chosen = default_axes(recipe, device)
     for name, values in (axes or {}).items():
         chosen[name] = parse_axis_values(name, values)
@@ -60,4 +64,5 @@ def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = 
     kinds = hardware_kinds(chosen)
     references = [replace(REFERENCE_CELL, hardware=h) for h in kinds]
     others = sorted((replace(c, hardware=h) for c in cells if c != REFERENCE_CELL for h in kinds), key=lambda c: cost_rank(c, device))
-    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, device)) for c in references + others]
+    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, devices.get(c.hardware) or device))
+            for c in references + others]

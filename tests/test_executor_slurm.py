@@ -28,12 +28,13 @@ def interrupted(slurm_env, tmp_path_factory):
     code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env)
     queue_after = active_slurm_jobs(slurm_env)
     children_after = child_processes(str(out))
+    gathered = (out / "hardware.json").read_text()
     resumed = run_cli("grid", "--resume", out, *SLURM, env=slurm_env)
-    return out, code, printed, queue_after, children_after, resumed
+    return out, code, printed, queue_after, children_after, resumed, gathered
 
 
 def test_ctrl_c_cancels_every_job_and_prints_the_resume_command(interrupted):
-    out, code, printed, queue_after, children_after, _ = interrupted
+    out, code, printed, queue_after, children_after, _, _ = interrupted
     assert code == 130, printed
     assert f"nandoctor grid --resume {out}" in printed
     assert "job" in printed and "queue:" in printed  # the queue line named the array
@@ -41,9 +42,17 @@ def test_ctrl_c_cancels_every_job_and_prints_the_resume_command(interrupted):
 
 
 def test_resume_on_slurm_finishes_with_the_local_verdicts_and_losses(interrupted):
-    out, _, _, _, _, resumed = interrupted
+    out, _, _, _, _, resumed, _ = interrupted
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
     assert_like_local(out, "slurm")
+
+
+def test_resume_plans_with_the_device_facts_the_first_run_gathered_on_the_cluster(interrupted):
+    out, _, _, _, _, _, gathered = interrupted
+    assert (out / "hardware.json").read_text() == gathered  # not gathered again
+    facts = json.loads(gathered)[""]  # no hardware axis: one kind, the executor's partition
+    assert facts["gathered"]["partition"] == "main" and facts["device"] == "cpu"
+    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == json.loads(gathered)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +135,23 @@ def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partition
         assert f"<caption>partition={partition} (ran on {node}), compile=off</caption>" in (out / "report.html").read_text()
 
 
+def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm_env, two_partitions):
+    out, _, _ = two_partitions
+    facts = json.loads((out / "hardware.json").read_text())
+    assert set(facts) == {"main", "spare"}
+    jobs = {kind: f["gathered"]["job"] for kind, f in facts.items()}
+    assert len(set(jobs.values())) == 2  # one job per partition, each run in it (squeue agrees)
+    assert job_partitions(slurm_env, list(jobs.values())) == {j: k for k, j in jobs.items()}
+    node = records(out)["fp32/eager/off@main"]["node"]
+    for kind, f in facts.items():
+        where = f["gathered"]
+        assert where["partition"] == kind and where["host"] == node and where["pid"] != os.getpid()
+        assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read on the node
+        assert f"| planned on {kind} | CPU, " in (out / "report.md").read_text()
+        assert f"read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}" in (out / "report.md").read_text()
+    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
+
+
 def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
     before = {line.split()[0] for line in active_slurm_jobs(slurm_env)}  # an earlier test's jobs may still be ending
     proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
@@ -168,6 +194,27 @@ def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_los
     ours = {folder.name for folder in (out / "slurm").iterdir() if folder.is_dir()}  # submitit's folder per job
     assert len(ours) == 3  # the canary and the two attempts
     assert [line for line in active_slurm_jobs(slurm_env) if line.split()[0].split("_")[0] in ours] == []  # all cancelled
+
+
+@pytest.fixture
+def spare_down(slurm_env):
+    """Partition `spare` set DOWN (its jobs stay PENDING), set UP again after the test."""
+    env = {**os.environ, **slurm_env}
+    subprocess.run(["scontrol", "update", "PartitionName=spare", "State=DOWN"], env=env, check=True)
+    yield
+    subprocess.run(["scontrol", "update", "PartitionName=spare", "State=UP"], env=env, check=True)
+
+
+def test_a_canary_the_cluster_never_starts_is_one_line_and_exit_2_after_queue_wait(slurm_env, spare_down, tmp_path):
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2", *SLURM,
+                   "--executor-opt", "partition=spare", "--executor-opt", "queue_wait=3", "--out", tmp_path / "run", env=slurm_env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and re.fullmatch(
+        r"nandoctor: error: --executor slurm: the cluster did not start the canary job (\d+) within 3 s "
+        r"\(queue_wait(, pending: \w+)?\); is the partition up \(sinfo\)\?", errors[0]), errors
+    job = re.search(r"canary job (\d+)", errors[0]).group(1)
+    assert [line for line in active_slurm_jobs(slurm_env) if line.split()[0] == job] == []  # cancelled
 
 
 # --- a run directory the nodes do not see (issue 18: the shared-filesystem canary) -------------------

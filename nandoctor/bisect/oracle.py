@@ -16,7 +16,7 @@ from ..errors import NandoctorError
 from ..plan import PlannedProbe
 from ..recommend import recommendation
 from ..record import ProbeRecord
-from ..run.session import Session
+from ..run.session import Session, kept_device
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
 from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
@@ -112,7 +112,7 @@ def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = 
                   device: dict | None = None, executor: ExecutorConfig | None = None) -> tuple[RunAnalysis, BisectResult]:
     """Continue an interrupted bisect with the settings of DIR/run.json. The probes DIR/results.jsonl
     holds are replayed, not rerun: the search retraces its path from them and goes on where it stopped."""
-    device = device or collect_summary()
+    device = device or kept_device(run_dir, executor) or collect_summary()
     meta, recipe, plan = resumable(run_dir, "bisect", device)
     if "request" not in meta:
         raise NandoctorError(f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect")

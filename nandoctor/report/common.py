@@ -113,14 +113,28 @@ def model_line(a: RunAnalysis) -> tuple[str, str]:
     return plan.describe(), plan.why
 
 
-def environment_rows(a: RunAnalysis) -> list[dict]:
-    env = a.meta.get("env", {})
+def device_text(env: dict) -> str:
     gpus = env.get("gpus") or []
-    device = ", ".join(f"{g['name']} (cc {g['capability']}, {fmt_bytes(g['memory_bytes'])})" for g in gpus) or \
+    return ", ".join(f"{g['name']} (cc {g['capability']}, {fmt_bytes(g['memory_bytes'])})" for g in gpus) or \
         f"CPU, {env.get('cpu_count')} cores, {fmt_bytes(env.get('ram_bytes'))} RAM"
-    rows = [("device", device), ("python", env.get("python")), ("torch", env.get("torch")),
+
+
+def gathered_text(env: dict) -> str:
+    """Where an executor's device facts were gathered: the job, host and process that read them."""
+    g = env.get("gathered") or {}
+    job = f"job {g['job']}" + (f" (partition {g['partition']})" if g.get("partition") else "") if g.get("job") else "a task"
+    return f"{device_text(env)}; read by {job} on {g.get('host')}, pid {g.get('pid')}"
+
+
+def environment_rows(a: RunAnalysis) -> list[dict]:
+    """The run's environment; a run placed by an executor adds, per kind of hardware, the facts its
+    cells were planned with and which job on which node read them."""
+    env = a.meta.get("env", {})
+    rows = [("device", device_text(env)), ("python", env.get("python")), ("torch", env.get("torch")),
             ("transformers", env.get("transformers")), ("peft", env.get("peft")), ("CUDA", env.get("cuda") or "-"),
             ("cuDNN", env.get("cudnn") or "-"), ("platform", env.get("platform"))]
+    rows += [(f"planned on {kind}" if kind else "planned on the cluster", gathered_text(facts))
+             for kind, facts in (a.meta.get("env_by_hardware") or {}).items()]
     return [{"fact": k, "value": v} for k, v in rows]
 
 

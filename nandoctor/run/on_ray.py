@@ -15,7 +15,7 @@ import time
 
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
-from .placed import run_carried
+from .placed import node_facts, run_carried
 from .placement import Ending, PlacedProbe, missing_extra
 
 # How much of a node_type resource one probe asks for: any node that has the resource at all can take
@@ -55,7 +55,7 @@ class RayPlacement:
     batches = False  # one task per probe, `parallel` in flight
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
 
-    def __init__(self, executor: ExecutorConfig):
+    def __init__(self, executor: ExecutorConfig, gather: bool = True):
         address = executor.option("address")
         if address is None:
             # a Ray of our own, for this run: every server and every connection on 127.0.0.1 (by default
@@ -91,14 +91,35 @@ class RayPlacement:
         self.executor = executor
         self.remote = ray.remote(run_announced)
         self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
+        self.gather, self.facts = gather, {}
 
-    def ready(self) -> None:
-        pass
+    def _resources(self, kind: str) -> dict:
+        """The custom resources a task on this kind of hardware asks for (a share of its node_type)."""
+        return {**self.resources, kind: HARDWARE_SHARE} if kind else self.resources
+
+    def ready(self) -> dict[str, dict]:
+        """The device facts of each kind of hardware ("" without a hardware axis), gathered by one task
+        per kind sized like one probe (placed.node_facts); {} when they were not asked for. A task the
+        cluster does not start within queue_wait stops the run."""
+        if not self.gather or self.facts:
+            return self.facts
+        gather = self.ray.remote(node_facts)
+        wait = self.executor.option("queue_wait")
+        for kind in self.executor.hardware or ("",):
+            ref = gather.options(max_retries=0, name="nandoctor-facts", resources=self._resources(kind),
+                                 **task_size(self.executor, 1)).remote()
+            done, _ = self.ray.wait([ref], timeout=wait)
+            if not done:
+                self.ray.cancel(ref, force=True)
+                where = f" on node_type {kind!r}" if kind else ""
+                raise NandoctorError(f"--executor ray: the cluster did not start the task that gathers the device facts{where} "
+                                     f"within {wait} s (queue_wait); does a node have its resources (ray status)?")
+            self.facts[kind] = self.ray.get(ref)
+        return self.facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         for probe in probes:
-            kind = probe.task.spec.cell.hardware  # the hardware axis: a node that has this custom resource
-            resources = {**self.resources, kind: HARDWARE_SHARE} if kind else self.resources
+            resources = self._resources(probe.task.spec.cell.hardware)  # the hardware axis: a node that has this custom resource
             size = task_size(self.executor, probe.ranks)
             probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
                 probe.task.spec.to_dict(), probe.task.timeout_s)

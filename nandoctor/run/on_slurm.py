@@ -2,7 +2,8 @@
 bisection round's candidates) go out as one job array, throttled to the `parallel` option.
 
 The nodes write into the run directory, so it must be on a filesystem they share: a canary job checks
-that at start. State comes from squeue (`--states=all`, which also lists jobs that ended within the
+that at start, one per partition the probes go to, sized like one probe; it also gathers that
+partition's device facts (placed.node_facts), which the run plans its cells with. State comes from squeue (`--states=all`, which also lists jobs that ended within the
 cluster's MinJobAge), so no accounting database is needed.
 """
 from __future__ import annotations
@@ -19,10 +20,10 @@ from pathlib import Path
 from .. import jsonio
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
-from .placed import PLACED_FILE, run_placed
+from .placed import PLACED_FILE, node_facts, run_placed
 from .placement import Ending, PlacedProbe, missing_extra
 
-CANARY_WAIT_S = 300.0  # a canary still queued after this long: the cluster is too busy to start the run
+CANARY_MINUTES = 3  # the canary's time limit: its import of torch to gather the device facts
 SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT")
 # submitit's parameter for each --executor-opt of the slurm kind
@@ -38,9 +39,13 @@ def job_size(executor: ExecutorConfig, ranks: int) -> dict:
     return {"cpus_per_task": cpus, **({"gpus_per_node": gpus} if gpus else {})}
 
 
-def write_canary(path: str) -> str:
-    import socket
-    Path(path).write_text(socket.gethostname())
+def write_canary(path: str, gather: bool) -> str:
+    """The canary job: writes this node's device facts (gather) or its name into the run directory."""
+    if gather:
+        Path(path).write_text(jsonio.dumps(node_facts()))
+    else:
+        import socket
+        Path(path).write_text(jsonio.dumps({"gathered": {"host": socket.gethostname()}}))
     return path
 
 
@@ -79,19 +84,22 @@ class SlurmPlacement:
     batches = True  # all pending probes of a submission go out as one array
     grace_s = 120.0  # beyond the probe's budget before the parent cancels a job (the node enforces it first)
 
-    def __init__(self, executor: ExecutorConfig, run_dir: Path):
+    def __init__(self, executor: ExecutorConfig, run_dir: Path, gather: bool = True):
         try:
             import submitit
         except ImportError:
             raise missing_extra("slurm", "submitit") from None
-        self.options, self.run_dir = executor, Path(run_dir).resolve()
+        self.options, self.run_dir, self.gather = executor, Path(run_dir).resolve(), gather
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
         self.executor = self._executor(submitit, executor, PARAMETERS)
         # one canary per partition the probes go to (the hardware axis, else the executor's partition),
-        # asking for that partition and account but not the probes' GPUs, so that it waits for none:
-        # sbatch refuses a partition it does not know at once, and each canary checks the shared filesystem
-        self.canaries = {}
+        # with that partition and account and the size of one probe (its GPUs: the device facts it gathers
+        # are what a probe there sees): sbatch refuses a partition it does not know at once, and each
+        # canary checks the shared filesystem
+        self.canaries = {}  # canary file -> (hardware kind, its job)
+        self.facts: dict[str, dict] = {}
         canary = self._executor(submitit, executor, CANARY_PARAMETERS)
+        canary.update_parameters(time=CANARY_MINUTES, **job_size(executor, 1))
         for partition in executor.hardware or (None,):
             self._submit_canary(canary, partition)
 
@@ -104,10 +112,11 @@ class SlurmPlacement:
     def _submit_canary(self, slurm, partition: str | None) -> None:
         canary_file = self.run_dir / "slurm" / f"canary-{uuid.uuid4().hex[:8]}"
         canary_file.parent.mkdir(parents=True, exist_ok=True)
-        slurm.update_parameters(time=2, cpus_per_task=1, **({"partition": partition} if partition else {}))
+        if partition:
+            slurm.update_parameters(partition=partition)
         with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
             try:
-                self.canaries[canary_file] = slurm.submit(write_canary, str(canary_file))
+                self.canaries[canary_file] = (partition or "", slurm.submit(write_canary, str(canary_file), self.gather))
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
@@ -115,23 +124,36 @@ class SlurmPlacement:
         first = f"a job on partition {partition!r} (--axis partition)" if partition else "the first job"
         raise NandoctorError(f"--executor slurm: sbatch refused {first}: {why[:300]}")
 
-    def ready(self) -> None:
-        """Wait for the canary jobs submitted at start; refuse the run if one's file did not appear here."""
+    def ready(self) -> dict[str, dict]:
+        """Wait for the canary jobs submitted at start; refuse the run if one was not started within
+        queue_wait or its file did not appear here. Returns the device facts each gathered, by hardware
+        kind ("" without a hardware axis), or {} when they were not asked for."""
         while self.canaries:
-            canary_file, canary = next(iter(self.canaries.items()))
-            self._await_canary(canary_file, canary.job_id, Path(canary.paths.stdout))
+            canary_file, (kind, canary) = next(iter(self.canaries.items()))
+            facts = self._await_canary(canary_file, kind, canary.job_id, Path(canary.paths.stdout))
+            if self.gather:
+                self.facts[kind] = facts
             del self.canaries[canary_file]  # it ended: nothing left to cancel
+        return self.facts
 
-    def _await_canary(self, canary_file: Path, job: str, log: Path) -> None:
-        deadline = time.monotonic() + CANARY_WAIT_S
+    def _await_canary(self, canary_file: Path, kind: str, job: str, log: Path) -> dict:
+        # queue_wait bounds the wait for the canary to start, as for a probe; once it runs, its own
+        # time limit (CANARY_MINUTES) bounds it
+        wait = self.options.option("queue_wait")
+        deadline, reason = time.monotonic() + wait, ""
         while time.monotonic() < deadline:
             states = squeue([job])
-            if states is not None and states.get(job, ("GONE",))[0] not in ACTIVE:
+            state, reason = (states or {}).get(job, ("GONE", ""))
+            if states is not None and state not in ACTIVE:
                 break
+            if state != "PENDING" and states is not None:
+                deadline = time.monotonic() + 60 * (CANARY_MINUTES + 1)
             time.sleep(0.2)
         else:
-            raise NandoctorError(f"--executor slurm: the canary job {job} did not run within {CANARY_WAIT_S:.0f} s; "
-                                 "is the partition up (sinfo)?")
+            where = f" on partition {kind!r}" if kind else ""
+            pending = f", pending: {reason}" if reason not in ("", "None") else ""
+            raise NandoctorError(f"--executor slurm: the cluster did not start the canary job {job}{where} within "
+                                 f"{wait} s (queue_wait{pending}); is the partition up (sinfo)?")
         ended = states.get(job, ("GONE",))[0]
         # a canary that wrote its file may show it here late (NFS attribute caching); one that failed never
         # will: on a node that does not see the run directory it cannot even read its own job
@@ -146,7 +168,9 @@ class SlurmPlacement:
             raise NandoctorError(f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
                                  f"(canary job {job} ended {ended} and its file never appeared); "
                                  "pass --out on a shared filesystem")
+        facts = jsonio.loads(canary_file.read_text())
         canary_file.unlink()
+        return facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         budget = max(p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
@@ -198,5 +222,5 @@ class SlurmPlacement:
 
     def close(self) -> None:
         if self.canaries:
-            subprocess.run(["scancel", *(c.job_id for c in self.canaries.values())], capture_output=True)
+            subprocess.run(["scancel", *(c.job_id for _, c in self.canaries.values())], capture_output=True)
             self.canaries.clear()

@@ -42,6 +42,16 @@ def gpu_names(visible: str | None) -> str | None:
     return ", ".join(d["name"] for d in devices) or None
 
 
+def node_facts() -> dict:
+    """This node's device facts (env.collect_doctor, which imports torch), as a job sized like one probe
+    sees them, and where they were gathered: `gathered` names the host, the process and the scheduler's
+    job and partition (SLURM's environment; None under Ray)."""
+    from ..env import collect_doctor
+    where = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID"),
+             "partition": os.environ.get("SLURM_JOB_PARTITION")}
+    return {**collect_doctor(), "gathered": where}
+
+
 def run_placed(folder: str, timeout_s: float) -> dict:
     """Run the probe whose spec.json is in `folder` within its budget; returns {returncode, timed_out,
     replay_overran, wall_s, node, gpus, gpu} and writes it to folder/placed.json."""

@@ -42,24 +42,25 @@ SCHEDULER_ENDS = {
 }
 
 
-def open_placement(executor: ExecutorConfig, run_dir: Path):
+def open_placement(executor: ExecutorConfig, run_dir: Path, gather: bool = True):
     if executor.kind == "slurm":
         from .on_slurm import SlurmPlacement
-        return SlurmPlacement(executor, run_dir)
+        return SlurmPlacement(executor, run_dir, gather)
     if executor.kind == "ray":
         from .on_ray import RayPlacement
-        return RayPlacement(executor)
+        return RayPlacement(executor, gather)
     raise NandoctorError(f"--executor {executor.kind!r} does not place probes remotely")
 
 
 class RemoteRunner:
     """Runs tasks through a scheduler. `limit` probes are in flight at most (the `parallel` option; a
     SLURM submission is one job array throttled to it). on_queue(queued, running, done, job_ids,
-    queue_wait) hears the queue whenever it changes (at most every QUEUE_LINE_S)."""
+    queue_wait) hears the queue whenever it changes (at most every QUEUE_LINE_S). gather: have the
+    start-up jobs gather each hardware kind's device facts (hardware_facts)."""
 
-    def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None):
+    def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None, gather: bool = True):
         self.run_dir, self.store, self.executor = Path(run_dir), store, executor
-        self.placement = open_placement(executor, self.run_dir)
+        self.placement = open_placement(executor, self.run_dir, gather)
         self.jobs = self.limit = min(executor.option("parallel"), self.placement.capacity)
         self.retries, self.queue_wait = executor.option("retries"), executor.option("queue_wait")
         self.on_queue = on_queue
@@ -87,6 +88,11 @@ class RemoteRunner:
             self.placement.cancel(list(self.in_flight.values()), wait_s=CANCEL_WAIT_S)
             self.in_flight.clear()
         self.placement.close()
+
+    def hardware_facts(self) -> dict[str, dict]:
+        """{hardware kind ("" without a hardware axis): the device facts a job sized like one probe
+        gathered there}, once the start-up jobs ended ({} when they were not asked to gather)."""
+        return self.placement.ready()
 
     def _prepare(self, probe: PlacedProbe) -> None:
         probe.folder.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from ..capabilities import input_support, parallel_support
 from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
 from ..env import collect_doctor, get_cpu_count, get_gpu_count_guess
 from ..errors import NandoctorError
-from ..models import model_type_hint, plan_model, plan_warnings, training_bytes
+from ..models import memory_budget, model_type_hint, plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from .cache import ProbeCache
@@ -22,11 +22,27 @@ from .fingerprint import probe_fingerprint
 from .remote import RemoteRunner
 from .runner import ProbeRunner, ProbeTask, plan_request, threads_per_probe
 from .slots import most_jobs, packed_jobs
-from .store import RESULTS_FILE, RUN_FILE, ResultsStore
+from .store import RESULTS_FILE, RUN_FILE, ResultsStore, write_atomic
 
 REPORTS_DIR = Path("reports")
 HEARTBEAT_S = 15.0  # how often a running probe says it is alive
+FACTS_FILE = "hardware.json"  # an executor's device facts per kind of hardware, kept for --resume
 RESUME_COMMANDS = {"grid": "nandoctor grid --resume {dir}", "bisect": "nandoctor bisect --resume {dir}"}
+
+
+def planning_device(devices: dict[str, dict]) -> dict:
+    """The facts the model is planned with when probes run on several kinds of hardware: those of the
+    kind with the least memory, so that every kind trains the same model and it fits on each."""
+    return min(devices.values(), key=memory_budget)
+
+
+def kept_device(run_dir, executor: ExecutorConfig | None) -> dict | None:
+    """The facts a run placed by an executor was planned with (FACTS_FILE), for resuming it with them
+    on the same kind of executor; None otherwise."""
+    if executor is None or not executor.remote:
+        return None
+    kept = ResultsStore(run_dir).read_json(FACTS_FILE)
+    return planning_device(kept) if kept else None
 
 
 def resume_command(kind: str, run_dir: str | Path) -> str | None:
@@ -172,6 +188,9 @@ class Session:
         self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
         self.device = device
+        # an executor's facts per kind of hardware: gathered on the cluster by the start-up jobs, or read
+        # back from the run directory when resuming
+        self.devices: dict[str, dict] = (self.store.read_json(FACTS_FILE) or {}) if resume and self.executor.remote else {}
         # the first warm worker (or a scheduler's canary) starts now, while this process gathers the
         # device facts and plans the model (prepare), which import torch / transformers too; until then
         # the slots go by the facts that need no torch
@@ -190,7 +209,7 @@ class Session:
         at once (packing keeps some idle), pinned to its GPUs."""
         self.gpus = len(device.get("gpus") or [])
         if self.executor.remote:
-            runner = RemoteRunner(self.dir, self.store, self.executor, self.on_queue)  # its canary runs while we plan
+            runner = RemoteRunner(self.dir, self.store, self.executor, self.on_queue, gather=not self.devices)
             self.most = runner.jobs
             return runner
         self.most = self.asked_jobs or most_jobs(device)
@@ -205,6 +224,9 @@ class Session:
             hint, adapter = model_type_hint(self.recipe), self.recipe.adapter.type != "none"
             if hint or adapter:
                 self.runner.preload(hint, adapter)  # the worker imports its modeling code before it plans
+            if self.executor.remote:
+                self.devices = self.devices or self._cluster_facts()
+                self.device = planning_device(self.devices)
             if self.device is None or self.plan is None:
                 answer = self._worker_plans([self.recipe], self.device)
                 if answer:
@@ -229,6 +251,26 @@ class Session:
         self.jobs = self.runner.jobs if self.executor.remote else self.asked_jobs or packed_jobs(self.device, self.estimate)
         self.runner.limit = self.jobs
         self.plans = {self._key(self.recipe): self.plan}
+
+    def _cluster_facts(self) -> dict[str, dict]:
+        """Each hardware kind's device facts, from a job that ran there (the runner's start-up jobs),
+        kept in the run directory so that --resume plans with the same facts without asking again."""
+        facts = self.runner.hardware_facts()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / FACTS_FILE, jsonio.dumps(facts))
+        return facts
+
+    def device_of(self, hardware: str) -> dict:
+        """The device facts a probe on this kind of hardware is planned with: that kind's, gathered where
+        it runs (an executor), or this run's own."""
+        return self.devices.get(hardware) or self.device
+
+    def _job_device(self, device: dict, ranks: int) -> dict:
+        """What a placed probe of `ranks` ranks will see: its job asks for the per-probe GPUs times its
+        ranks (ExecutorConfig.size) of the kind the facts job saw one probe's share of."""
+        if not self.executor.remote or not device.get("gpus"):
+            return device
+        return {**device, "gpus": device["gpus"][:1] * self.executor.size(ranks)[1]}
 
     @staticmethod
     def _key(recipe: Recipe) -> str:
@@ -278,7 +320,8 @@ class Session:
                            "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
                            "recipe": recipe_to_dict(self.recipe), "model_plan": self.plan.to_dict(),
                            "steps": self.steps, "seed": self.recipe.seed, "jobs": self.jobs,
-                           "env": self.device, "planned": planned, "executor": self.executor.kind, **(extra or {})})
+                           "env": self.device, "planned": planned, "executor": self.executor.kind,
+                           **({"env_by_hardware": self.devices} if self.devices else {}), **(extra or {})})
 
     def resume(self, planned: int) -> list[ProbeRecord]:
         """Continue a run directory: the probes its store holds count as done and are not rerun.
@@ -298,16 +341,17 @@ class Session:
         for p in probes:
             if p.probe_id in records:
                 continue
-            own = p.recipe or recipe
-            spec = probe_spec(own, p, self.plan_for(own), self.device, self.steps, self.most, self.threads(own, p),
+            own, device = p.recipe or recipe, self.device_of(p.cell.hardware)
+            spec = probe_spec(own, p, self.plan_for(own), device, self.steps, self.most, self.threads(own, p),
                               self.replay_failed_only)
+            ranks = own.world_size if p.cell.parallel_row.wrapper else 1
             unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
-                           or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, self.device)
-                           or parallel_support(p.cell, own.world_size, own.batch_size, self.device))
+                           or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
+                           or parallel_support(p.cell, own.world_size, own.batch_size, self._job_device(device, ranks)))
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
                 continue
-            fingerprint = probe_fingerprint(spec.to_dict(), p.overrides, self.device)
+            fingerprint = probe_fingerprint(spec.to_dict(), p.overrides, device)
             hit = self.cache.lookup(fingerprint) if self.cache else None
             if hit:
                 cached, run_dir = hit
@@ -326,7 +370,8 @@ class Session:
         """Run probes for their timing alone, in the given order, one at a time on the first slot (so that
         none competes with another), `steps` steps each: never cached, never in results.jsonl; the
         caller keeps what it needs. Their folders sit under retime/, apart from the run's probes."""
-        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device, steps, self.most, self.threads(recipe, p)), recipe.timeout_s)
+        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device_of(p.cell.hardware), steps, self.most, self.threads(recipe, p)),
+                           recipe.timeout_s)
                  for p in probes]
         limit, self.runner.limit = self.runner.limit, 1
         try:
