@@ -3,7 +3,8 @@ the local clusters: K one-step tiny-llama probes, one at a time, through the loc
 slots, the baseline), SLURM (tests/cluster/slurm_up.sh; export SLURM_CONF) and a Ray started here on
 127.0.0.1. Per probe: the parent's time from handing the probe over to holding its record, minus the
 probe process's own wall time on the node (wall_s). Start-up is reported apart: SLURM's canary job
-(the shared-filesystem check), Ray's start. Goal: <= 3 s per probe for SLURM, <= 1 s for Ray.
+(the shared-filesystem check, which gathers the device facts on the node), Ray's start and its
+facts task. Goal: <= 3 s per probe for SLURM, <= 1 s for Ray.
 Usage: python bench/executor_overhead.py [K] [local,slurm,ray]"""
 from __future__ import annotations
 
@@ -44,8 +45,7 @@ def measure(kind: str, k: int) -> dict:
     else:
         options = ["parallel=1", "cpus=1"]
         runner = RemoteRunner(run_dir, store, executor_config(kind, options))
-        if kind == "slurm":
-            runner.placement.ready()  # the canary job
+        runner.hardware_facts()  # the start-up job that gathers the device facts (SLURM: the canary)
     startup = time.perf_counter() - t0
     overheads, walls = [], []
     with runner:

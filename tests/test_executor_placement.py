@@ -41,7 +41,7 @@ class LosingPlacement:
         self.submitted = 0
 
     def ready(self):
-        pass
+        return {}  # no start-up job, no device facts
 
     def submit(self, probes):
         for probe in probes:
@@ -69,7 +69,7 @@ def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_pa
     from nandoctor.run.session import probe_spec
     from nandoctor.run.store import ResultsStore
     placement = LosingPlacement()
-    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir: placement)
+    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
     monkeypatch.setattr(remote, "POLL_S", 0.0)
     recipe = resolve_model(None)
     device = {"device": "cpu", "cpu_count": 2, "gpus": []}
@@ -139,7 +139,7 @@ class OneRunsOneWaits:
         self.runs_s, self.cancelled, self.jobs = runs_s, [], 0
 
     def ready(self):
-        pass
+        return {}  # no start-up job, no device facts
 
     def submit(self, probes):
         import time
@@ -176,7 +176,7 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path,
     from nandoctor.run.runner import ProbeTask
     from nandoctor.run.store import ResultsStore
     placement = OneRunsOneWaits(runs_s=1.5)
-    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir: placement)
+    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
     monkeypatch.setattr(remote, "POLL_S", 0.05)
     spec = planned_spec(Cell("fp32", "eager", "off"))
     tasks = [ProbeTask(replace(spec, probe_id=name), 60.0) for name in ("first", "second")]

@@ -1,6 +1,8 @@
 """The Ray executor on a real local Ray bound to 127.0.0.1: one task per probe, its files carried
 back, the verdicts and losses the local executor gives, crashes, hangs and OOMs included; Ctrl-C
 leaves no task running and --resume finishes the run."""
+import json
+import os
 
 import pytest
 from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
@@ -92,6 +94,20 @@ def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_reco
     assert "node_type=node_big (ran on " in (out / "report.md").read_text()
 
 
+def test_each_node_types_cells_are_planned_with_facts_a_task_there_gathered(two_node_types):
+    out = two_node_types
+    facts = json.loads((out / "hardware.json").read_text())
+    assert set(facts) == {"node_small", "node_big"}
+    node = records(out)["fp32/eager/off@node_big"]["node"]
+    for kind, f in facts.items():
+        where = f["gathered"]
+        assert where["resources"][kind] > 0 and where["resources"]["CPU"] == 1  # Ray gave it this kind's share, as a probe
+        assert where["host"] == node and where["ray_node"] and where["pid"] != os.getpid() and where["job"] is None
+        assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read in the task
+        assert f"| planned on {kind}" in (out / "report.md").read_text()
+    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
+
+
 def test_a_node_type_no_node_declares_is_one_line_and_exit_2(local_ray, tmp_path):
     proc = run_cli("grid", *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_huge", "--out", tmp_path / "run",
                    env=local_ray.env)
@@ -106,14 +122,26 @@ def test_a_node_type_no_node_declares_is_one_line_and_exit_2(local_ray, tmp_path
 def test_a_task_no_node_can_start_is_cancelled_after_its_queue_wait_and_recorded_lost_not_judged(local_ray, tmp_path):
     out = tmp_path / "run"
     proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                   *on_ray(local_ray), "--executor-opt", "resources=node_gone:1", "--executor-opt", "queue_wait=2",
+                   *on_ray(local_ray), "--executor-opt", "cpus=3", "--executor-opt", "queue_wait=2",
                    "--executor-opt", "retries=1", "--out", out, env=local_ray.env)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
     assert "1 queued, 0 running, 0 done" in proc.stdout and "within 2 s while none runs is placed again (queue_wait)" in proc.stdout
     record = records(out)["fp32/eager/off"]
     assert record["status"] == "lost" and record["launch"] == "ray" and record["steps"] == []
-    attempt = "NOT_STARTED: still queued after 2 s (queue_wait): no node has started it; it asks for CPU: 1, node_gone: 1"
+    # the task that gathered the device facts, with one CPU, ran; a probe asking for 3 of the 2 never starts
+    attempt = "NOT_STARTED: still queued after 2 s (queue_wait): no node has started it; it asks for CPU: 3"
     assert record["reason"] == f"the scheduler lost this probe on all 2 attempts ({attempt}; {attempt})"
     [probe] = summary(out)["probes"]
     assert probe["verdict"] == "killed" and "this says nothing about the configuration" in probe["reason"]
     assert local_ray.free_cpus() == 2.0  # the cancelled tasks hold nothing
+
+
+def test_a_facts_task_the_cluster_never_starts_is_one_line_and_exit_2_after_queue_wait(local_ray, tmp_path):
+    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
+                   *on_ray(local_ray), "--executor-opt", "resources=node_gone:1", "--executor-opt", "queue_wait=2",
+                   "--out", tmp_path / "run", env=local_ray.env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
+        "nandoctor: error: --executor ray: the cluster did not start the task that gathers the device facts within 2 s "
+        "(queue_wait); does a node have its resources (ray status)?"]
+    assert local_ray.free_cpus() == 2.0  # cancelled: it holds nothing

@@ -6,6 +6,9 @@ generator task): until then the probe is queued, waiting for resources, and its 
 A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
 worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the parent's backstop
 cancels with force=True. Without an `address` a local Ray is started on the loopback address only.
+
+Before the first probe, one task per kind of hardware gathers that kind's device facts (task_facts),
+which the run plans its cells with.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from .placement import Ending, PlacedProbe, missing_extra
 # it, and the probe's CPUs and GPUs decide how many fit there (a cluster declares node_type_a100: 1 or
 # 100 alike).
 HARDWARE_SHARE = 0.001
+FACTS_TIMEOUT_S = 300.0  # a started facts task's import of torch and its facts
 
 
 def parse_resources(text: str | None) -> dict:
@@ -43,6 +47,18 @@ def task_size(executor: ExecutorConfig, ranks: int) -> dict:
     probe's launcher forks its W ranks inside the one task)."""
     cpus, gpus = executor.size(ranks)
     return {"num_cpus": cpus, "num_gpus": gpus}
+
+
+def task_facts():
+    """The task that gathers a kind of hardware's device facts: yields its node's name as it starts,
+    then placed.node_facts with, in `gathered`, the Ray node it ran on and the resources Ray gave it
+    (its node_type share among them)."""
+    import ray
+    yield socket.gethostname()
+    facts = node_facts()
+    context = ray.get_runtime_context()
+    facts["gathered"].update(ray_node=context.get_node_id(), resources=context.get_assigned_resources())
+    yield facts
 
 
 def run_announced(spec: dict, timeout_s: float):
@@ -99,22 +115,23 @@ class RayPlacement:
 
     def ready(self) -> dict[str, dict]:
         """The device facts of each kind of hardware ("" without a hardware axis), gathered by one task
-        per kind sized like one probe (placed.node_facts); {} when they were not asked for. A task the
-        cluster does not start within queue_wait stops the run."""
+        per kind with a probe's GPUs and custom resources and one CPU (task_facts); {} when they were
+        not asked for. A task the cluster does not start within queue_wait stops the run."""
         if not self.gather or self.facts:
             return self.facts
-        gather = self.ray.remote(node_facts)
+        gather = self.ray.remote(task_facts)
         wait = self.executor.option("queue_wait")
         for kind in self.executor.hardware or ("",):
-            ref = gather.options(max_retries=0, name="nandoctor-facts", resources=self._resources(kind),
-                                 **task_size(self.executor, 1)).remote()
-            done, _ = self.ray.wait([ref], timeout=wait)
-            if not done:
-                self.ray.cancel(ref, force=True)
+            task = gather.options(max_retries=0, num_returns="streaming", name="nandoctor-facts", resources=self._resources(kind),
+                                  **{**task_size(self.executor, 1), "num_cpus": 1}).remote()
+            started, _ = self.ray.wait([task], timeout=wait)  # its first item: it started (queue_wait bounds only that)
+            if not started:
+                self.ray.cancel(task, force=True)
                 where = f" on node_type {kind!r}" if kind else ""
                 raise NandoctorError(f"--executor ray: the cluster did not start the task that gathers the device facts{where} "
                                      f"within {wait} s (queue_wait); does a node have its resources (ray status)?")
-            self.facts[kind] = self.ray.get(ref)
+            next(task)
+            self.facts[kind] = self.ray.get(next(task), timeout=FACTS_TIMEOUT_S)
         return self.facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:

@@ -2,9 +2,10 @@
 bisection round's candidates) go out as one job array, throttled to the `parallel` option.
 
 The nodes write into the run directory, so it must be on a filesystem they share: a canary job checks
-that at start, one per partition the probes go to, sized like one probe; it also gathers that
-partition's device facts (placed.node_facts), which the run plans its cells with. State comes from squeue (`--states=all`, which also lists jobs that ended within the
-cluster's MinJobAge), so no accounting database is needed.
+that at start, one per partition the probes go to, with one core and a probe's GPUs; it also gathers
+that partition's device facts (placed.node_facts), which the run plans its cells with. State comes
+from squeue (`--states=all`, which also lists jobs that ended within the cluster's MinJobAge), so no
+accounting database is needed.
 """
 from __future__ import annotations
 
@@ -93,13 +94,13 @@ class SlurmPlacement:
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
         self.executor = self._executor(submitit, executor, PARAMETERS)
         # one canary per partition the probes go to (the hardware axis, else the executor's partition),
-        # with that partition and account and the size of one probe (its GPUs: the device facts it gathers
-        # are what a probe there sees): sbatch refuses a partition it does not know at once, and each
-        # canary checks the shared filesystem
+        # with that partition and account, one core and a probe's GPUs (the device facts it gathers are
+        # what a probe there sees; its cores are the executor's option, not a fact): sbatch refuses a
+        # partition it does not know at once, and each canary checks the shared filesystem
         self.canaries = {}  # canary file -> (hardware kind, its job)
         self.facts: dict[str, dict] = {}
         canary = self._executor(submitit, executor, CANARY_PARAMETERS)
-        canary.update_parameters(time=CANARY_MINUTES, **job_size(executor, 1))
+        canary.update_parameters(time=CANARY_MINUTES, **{**job_size(executor, 1), "cpus_per_task": 1})
         for partition in executor.hardware or (None,):
             self._submit_canary(canary, partition)
 

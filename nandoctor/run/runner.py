@@ -11,6 +11,7 @@ a replay that overruns (or dies) is noted in the record's `forensics`: the timed
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shutil
