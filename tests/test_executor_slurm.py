@@ -85,6 +85,8 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
     # ddmin's round over the two single-factor subsets tried both at once: one array of two probes
     assert array["fp32/sdpa/off"] == array["fp16-pure/eager/off"]
     assert len(set(array.values())) < len(array)
+    facts = json.loads((out / "hardware.json").read_text())[""]  # --good / --bad judged by the partition's own facts
+    assert facts["gathered"]["partition"] == "main" and json.loads((out / "run.json").read_text())["env"] == facts
 
 
 def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):

@@ -95,16 +95,22 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     unknown = [v for v in fail_on if v not in FAIL_ON]
     if unknown:
         raise NandoctorError(f"--fail-on: unknown verdict {unknown[0]!r}; valid: {', '.join(FAIL_ON)}")
-    device = device or collect_summary()
     request = {"good": good, "bad": bad, "factors": factors or []}  # as given: resume parses it again
-    good_cfg, bad_cfg = parse_configurations(recipe, device, **request)  # before any model work
+    # placed by an executor, the configurations are judged by the facts of the hardware the probes run
+    # on, which its start-up job gathers there; locally before any model work
+    placed = executor is not None and executor.remote
+    if not placed:
+        device = device or collect_summary()
+        good_cfg, bad_cfg = parse_configurations(recipe, device, **request)
     session, _ = open_session("bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device, executor=executor)
     with session:
+        if placed:
+            good_cfg, bad_cfg = parse_configurations(recipe, session.device, **request)
         session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
                           "fail_on": list(fail_on), "request": request, "model_flags": model_flags or []})
         oracle = ProbeOracle(session, recipe, tuple(fail_on))
         result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step,
-                           precision_ladder(good_cfg, bad_cfg, device)).run()
+                           precision_ladder(good_cfg, bad_cfg, session.device)).run()
     return _finish(session, recipe, oracle, result, model_flags or [])
 
 
@@ -124,7 +130,7 @@ def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = 
             judge(record, quiet=True)
         oracle = ProbeOracle(session, recipe, tuple(meta["fail_on"]))
         result = Bisection(good_cfg, bad_cfg, oracle, meta["reruns"], meta["data_seeds"], session.jobs, on_step,
-                           precision_ladder(good_cfg, bad_cfg, device)).run()
+                           precision_ladder(good_cfg, bad_cfg, session.device)).run()
     return _finish(session, recipe, oracle, result, meta["model_flags"])
 
 
