@@ -14,7 +14,6 @@ hung step is caught after timeout_s, not after the build's allowance too.
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import shutil
