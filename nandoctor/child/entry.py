@@ -20,10 +20,10 @@ from ..capabilities import cell_packages
 from ..cells import PACKAGES
 from ..env import get_host_sample, host_load
 from ..optional import hidden
-from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
+from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
 from .memory import split_after_first_step
-from .outcome import WarningLog, error_of, write
+from .outcome import WarningLog, built, error_of, write
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
 
@@ -46,6 +46,8 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     backend = spec.cell.compilation.backend
     forward = s.model if backend is None else torch.compile(s.model, backend=backend)
     record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
+    if steps_path is not None:
+        built(steps_path.with_name(BUILT_FILE))
     record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
     log = StepLog(steps_path, spec.steps)

@@ -19,10 +19,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from .. import jsonio
-from ..record import ProbeRecord, ProbeSpec, Step
+from ..record import BUILT_FILE, ProbeRecord, ProbeSpec, Step
 from .build import restart, setup
 from .memory import split_after_first_step
-from .outcome import WarningLog, error_of, write
+from .outcome import WarningLog, built, error_of, write
 from .train import StepLog, peak_memory, step_times, train
 
 
@@ -230,7 +230,9 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
         record.env = collect_summary()
     backend = "nccl" if spec.device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{rendezvous_file(result)}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=spec.recipe.timeout_s))
+                            # past every budget the runner holds: a rank stuck in a collective is the runner's
+                            # timeout (the probe's verdict), never a collective's own error on its peer
+                            timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60))
     t0 = time.perf_counter()
     s = setup(spec)
     record.build_s = s.build_s
@@ -253,6 +255,8 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     }
     log = StepLog(result.with_name("steps.jsonl") if rank == 0 else None, spec.steps)
     record.steps = log.steps
+    if rank == 0:
+        built(result.with_name(BUILT_FILE))
     split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
     try:
