@@ -181,7 +181,7 @@ class ProbeRunner:
             return None
         folder = Path(tempfile.mkdtemp(prefix="nandoctor-plan-"))
         request_path, result_path = folder / "request.json", folder / "result.json"
-        request_path.write_text(json.dumps(request, default=str))
+        request_path.write_text(jsonio.dumps(request, default=str))
         others, launched, killed, deadline = [], False, False, time.monotonic() + timeout_s
         try:
             while True:
