@@ -149,7 +149,7 @@ def main() -> None:
     for name, flags, tree in runs:
         out = base / re.sub(r"[^\w.-]+", "-", name.replace(", --jobs ", "-jobs")).strip("-")
         if not a.base:
-            loads.append(f"before {name}: {load()}")
+            loads.append(f"load before {name}: {load()}")
             measured["imports"][name] = cold_import_s()
             measured["marks"][name] = run_grid(grid + flags, out, tree)
             measured["walls"][name] = measured["marks"][name]["wall"]
