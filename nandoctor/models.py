@@ -16,7 +16,7 @@ from pathlib import Path
 from .cells import PACKAGES
 from .config import Recipe
 from .errors import NandoctorError
-from .optional import UNUSED_BY_PROBES, hidden
+from .optional import hidden
 from .recipes import cached_snapshot
 from .record import ModelPlan
 
@@ -116,7 +116,7 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
     import warnings
 
     import torch
-    with hidden([*PACKAGES, *UNUSED_BY_PROBES]), torch.device("meta"), warnings.catch_warnings():
+    with hidden(PACKAGES), torch.device("meta"), warnings.catch_warnings():
         from transformers import AutoModelForCausalLM
         warnings.simplefilter("ignore", FutureWarning)  # peft calls transformers APIs deprecated in v5
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)

@@ -21,7 +21,7 @@ from .. import jsonio
 from ..capabilities import cell_packages
 from ..cells import PACKAGES
 from ..env import get_host_sample, host_load
-from ..optional import UNUSED_BY_PROBES, hidden
+from ..optional import hidden
 from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
 from .hooks import StepZeroWatch, eager_forensics, measured_in_run, replay
@@ -43,7 +43,7 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     torch.set_num_threads(spec.threads)
     record.env = collect_summary()
     t0 = time.perf_counter()
-    with hidden([*(p for p in PACKAGES if p not in cell_packages(spec.cell)), *UNUSED_BY_PROBES]):  # and not their import noise
+    with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
     snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None
