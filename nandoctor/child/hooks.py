@@ -15,10 +15,20 @@ steps eagerly with instrumentation hung off the unchanged training loop (`train.
   non-zero in fp32 but round to zero in the compute dtype (after loss scaling).
 
 The timed steps run without any of this, so throughput stays honest; the replay measures its own cost.
+
+A probe whose steps all stay finite has no offender to find, and replaying it only re-measures its
+margin. So when the cell runs eagerly (no torch.compile, no fp8 casts to watch) the same ModuleWatch
+and update-loss hooks hang off its timed step 0 instead (StepZeroWatch), and come off after it; the
+fp32 shadow backward runs after the timed steps on the restored initial weights, as in the replay.
+Every one of these hooks only reads: none returns a tensor, none keeps an input alive, none draws a
+random number, so the step's loss and grad-norm are those of an unhooked step, bit for bit. Step 0 is
+a warm-up step that no throughput figure uses (record.warmup_steps). A probe that went non-finite is
+replayed as above, hooks on every step up to its failure.
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import statistics
 import time
@@ -73,8 +83,9 @@ class ModuleWatch:
     """Forward hooks on every module and gradient hooks on their outputs. Reductions are queued as
     tensors and read once per step (one device sync), in the order the hooks fired."""
 
-    def __init__(self, model):
+    def __init__(self, model, keep_inputs: bool = True):
         self.names = {m: (n or ROOT) for n, m in model.named_modules()}
+        self.keep_inputs = keep_inputs  # the offender's input stats; off in a timed step (memory)
         self.forward_calls: list[tuple] = []  # (module name, output stats, primary input tensor or None)
         self.backward_calls: list[tuple] = []  # (module name, output-gradient stats)
         self.activation_absmax: dict[str, float] = {}
@@ -87,7 +98,7 @@ class ModuleWatch:
         stats = _stats(outs)
         if stats is None:
             return
-        first = _floating(list(args[:1]) or list(kwargs.values())[:1], [])[:1]
+        first = _floating(list(args[:1]) or list(kwargs.values())[:1], [])[:1] if self.keep_inputs else []
         # the input is kept by reference and reduced only for an offender: autograd holds most inputs anyway
         self.forward_calls.append((name, stats, first[0].detach() if first else None))
         for t in outs if name != ROOT else []:  # the root's output gradient is the loss scale itself
@@ -153,26 +164,40 @@ class OptimizerWatch:
     """Step pre/post hooks: the first parameter an optimizer step turns non-finite, and the fraction of
     elements whose update was meant to move them but rounded away in the stored dtype."""
 
-    def __init__(self, model, optimizer):
+    def __init__(self, model, optimizer, initial: dict | None = None, deferred: bool = False):
         self.optimizer = optimizer
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.before = None
+        self.initial = initial  # name -> the weights before the first step (a Snapshot's): that step clones nothing
+        # deferred: the post-hook only notes that the step ran, and `take` (after the step's timing) measures;
+        # the weights and AdamW's state stay as the step left them until the next one
+        self.deferred, self.stepped = deferred, False
         self.update_loss: float | None = None
         self.event: dict | None = None
         self.handles = [optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post)]
 
     def _pre(self, optimizer, args, kwargs):
-        self.before = [p.detach().clone() for _, p in self.named]
+        if self.initial is not None:
+            self.before, self.initial = [self.initial[n] for n, _ in self.named], None
+        else:
+            self.before = [p.detach().clone() for _, p in self.named]
 
     def _post(self, optimizer, args, kwargs):
+        if self.deferred:
+            self.stepped = True
+        else:
+            self._measure()
+
+    def _measure(self):
         import torch
-        lost = torch.zeros((), dtype=torch.float64, device=self.before[0].device)
+        lost = torch.zeros((), dtype=torch.float64, device=self.named[0][1].device)
         meant = torch.zeros_like(lost)
-        decay = optimizer.param_groups[0].get("weight_decay", 0.0)
+        decay = self.optimizer.param_groups[0].get("weight_decay", 0.0)
         bad = []
         for (name, p), old in zip(self.named, self.before):
+            old = old.to(p.device)  # a snapshot in pinned host memory: one parameter at a time
             bad.append(~torch.isfinite(p.detach()).all())
-            state = optimizer.state.get(p, {})
+            state = self.optimizer.state.get(p, {})
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
             moving = dense(state["exp_avg"]) != 0  # an element with a non-zero first moment is meant to move
@@ -191,6 +216,9 @@ class OptimizerWatch:
         return update_event(name, p, self.optimizer, _stats([self.before[i]]).cpu().tolist())
 
     def take(self) -> tuple[float | None, dict | None]:
+        if self.stepped:
+            self._measure()
+            self.stepped = False
         out = (self.update_loss, self.event)
         self.update_loss, self.event, self.before = None, None, None
         return out
@@ -252,6 +280,23 @@ def hooked_steps(model, s: Setup, grad_clip: float, n_steps: int, first_step: in
     return out
 
 
+def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -> dict:
+    """What every forensics record starts with: the dtypes, and for a half-precision cell the gradient
+    underflow of the initial weights (restored from the snapshot) on the first batch, at the timed
+    run's last loss scale."""
+    cell, recipe = spec.cell, spec.recipe
+    dtype = cell.precision.compute
+    out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load),
+           "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)}}
+    if dtype != "float32":
+        t1 = time.perf_counter()
+        scales = [st.scale for st in timed.steps if st.scale]
+        first = {k: v.to(spec.device) for k, v in next(batches(recipe, s.model.config, spec.seed)).items()}
+        out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
+        out["underflow"]["seconds"] = time.perf_counter() - t1
+    return out
+
+
 def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
     """Restore the probe's model to its state before the timed steps, replay its first steps with hooks
     on a fresh optimizer, GradScaler and data stream, and return the forensics record. `timed` is the
@@ -260,19 +305,11 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) ->
     cell, recipe = spec.cell, spec.recipe
     first_bad = timed.first_nonfinite
     n_steps = first_bad["step"] + 1 if first_bad else min(len(timed.steps), recipe.forensics_steps)
-    restored_s = snapshot.restore(s.model)
+    out = _header(spec, s, timed, snapshot)
     s = restart(spec, s)
-    dtype = cell.precision.compute
-    out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load), "replayed_steps": n_steps,
-           "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": restored_s}}
+    out.update({"replayed_steps": n_steps, "compile": "off"})
     if cell.compile != "off":
         out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
-    if dtype != "float32":
-        t1 = time.perf_counter()
-        scales = [st.scale for st in timed.steps if st.scale]
-        first = {k: v.to(spec.device) for k, v in next(batches(recipe, s.model.config, spec.seed)).items()}
-        out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
-        out["underflow"]["seconds"] = time.perf_counter() - t1
     casts = fp8_watch(s.model, cell, recipe)
     try:
         out.update(hooked_steps(s.model, s, recipe.grad_clip, n_steps))
@@ -287,6 +324,55 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) ->
         import torch
         out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     out["steps"] = [st.to_dict() for st in out["steps"]]
+    return out
+
+
+MEASURED_ON = "timed step 0"  # forensics["measured_on"] of a probe measured without a replay
+
+
+class StepZeroWatch:
+    """ModuleWatch and the update loss hung off a probe's timed step 0 (see the module docstring): wrap
+    the step log with `on_step`, and the hooks come off once step 0 is done (or with `remove`)."""
+
+    def __init__(self, model, optimizer, snapshot: Snapshot):
+        self.modules = ModuleWatch(model, keep_inputs=False)
+        self.updates = OptimizerWatch(model, optimizer, initial=snapshot.saved, deferred=True)
+        self.events: list[dict] = []
+        self.step: Step | None = None  # step 0 as measured, with its update loss
+
+    def on_step(self, log):
+        """`log` (a train() on_step) with step 0's measurements folded in before it sees the step."""
+        def measured(step: Step) -> bool:
+            if self.step is None:
+                update_loss, opt_event = self.updates.take()
+                self.events = self.modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else [])
+                self.step = dataclasses.replace(step, update_loss=update_loss)
+                self.remove()
+            return log(step)
+        return measured
+
+    def remove(self):
+        self.modules.remove()
+        self.updates.remove()
+
+
+def eager_forensics(spec: ProbeSpec) -> bool:
+    """Whether a stable probe of this spec is measured on its timed step 0 rather than replayed: the
+    cell runs eagerly without fp8 casts to watch, and step 0 is a warm-up step (at least 2 steps)."""
+    cell = spec.cell
+    return (spec.recipe.forensics_steps > 0 and not spec.replay_failed_only and cell.compilation.backend is None
+            and not cell.precision.fp8 and spec.steps >= 2)
+
+
+def measured_in_run(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch) -> dict:
+    """The forensics record of a probe whose timed steps stayed finite, from its hooked step 0: the
+    same fields as a replay's (a one-step 'steps'), with measured_on saying where they came from."""
+    t0 = time.perf_counter()
+    out = _header(spec, s, timed, snapshot)
+    out.update({"measured_on": MEASURED_ON, "replayed_steps": 0, "compile": "off", "events": watch.events,
+                "steps": [watch.step.to_dict()], "activation_absmax": watch.modules.activation_absmax,
+                "gradient_absmax": watch.modules.gradient_absmax, "reproduced": None})
+    out["cost"] = {"seconds": time.perf_counter() - t0, "hooked_step_overhead": None}
     return out
 
 

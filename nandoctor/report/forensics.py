@@ -155,6 +155,8 @@ def _replay_note(o: ProbeOutcome) -> str:
         return "not run"
     if "error" in f:
         return f"failed: {f['error']}"
+    if f.get("measured_on"):  # a stable eager probe: read-only hooks on its timed step 0, no replay
+        return f"none; measured on {f['measured_on']} by read-only hooks"
     cost = f.get("cost") or {}
     over = cost.get("hooked_step_overhead")
     # The median hooked / timed step time; below 1 it is timing noise (hooks never make a step faster),
@@ -186,8 +188,9 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
     if not probes:
         return []
     parts = ["## Numerics forensics", "",
-             "Each probe replayed its first steps with hooks after the timed run (same seed; timings above "
-             "are from the unhooked run). Headroom = the compute dtype's largest finite value / the largest "
+             "A probe that went non-finite (or ran compiled, or in fp8) replayed its first steps with hooks after "
+             "the timed run (same seed); a stable eager probe was measured by hooks that only read, on its timed "
+             "step 0 (a warm-up step: the throughput above leaves it out). Headroom = the compute dtype's largest finite value / the largest "
              "|value| seen; grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
              "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.", "",
              table([summary_row(o) for o in probes]), ""]
@@ -259,4 +262,4 @@ def forensics_summary(o: ProbeOutcome) -> dict | None:
     rows = headroom(f)
     return {"compute_dtype": f["compute_dtype"], "origin": origin(f), "first_offenders": first_offenders(f),
             "tightest": rows[:TIGHTEST], "underflow": f.get("underflow"), "update_loss": update_loss(f),
-            "reproduced": f.get("reproduced"), "cost": f.get("cost")}
+            "reproduced": f.get("reproduced"), "measured_on": f.get("measured_on", "replay"), "cost": f.get("cost")}
