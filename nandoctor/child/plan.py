@@ -14,10 +14,10 @@ error (a model config that does not load, a bad adapter), which the parent raise
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from .. import jsonio
 from ..config import recipe_from_dict
 from ..errors import NandoctorError
 
@@ -42,6 +42,6 @@ def answer(request: dict) -> dict:
 
 
 def main(request_path: str, result_path: str) -> int:
-    result = answer(json.loads(Path(request_path).read_text()))
-    Path(result_path).write_text(json.dumps(result, default=str))
+    result = answer(jsonio.loads(Path(request_path).read_text()))
+    Path(result_path).write_text(jsonio.dumps(result, default=str))
     return 0

@@ -5,9 +5,12 @@ record and goes on. Each probe gets its own folder under <run>/probes/ with spec
 result.json and log.txt. By default a probe is forked from a warm worker (slots.WarmSlot); with
 warm=False it is a fresh Python process (slots.ColdSlot). Either way the child runs child.entry.main.
 
-A probe has timeout_s for its build and timed steps. Its child writes result.json once the timed steps
-are done, before the forensics replay; from then on the replay has forensics_timeout_s of its own, and
-a replay that overruns (or dies) is noted in the record's `forensics`: the timed verdict stands.
+A probe has three budgets, one after the other. build_timeout_s covers its imports and model build,
+until the child writes BUILT_FILE; timeout_s then covers the timed steps, until the child writes
+result.json (before the forensics replay); from then on the replay has forensics_timeout_s of its own,
+and a replay that overruns (or dies) is noted in the record's `forensics`: the timed verdict stands.
+A slow import on a busy machine or a long checkpoint load thus never eats the steps' budget, and a
+hung step is caught after timeout_s, not after the build's allowance too.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import jsonio
-from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec
+from ..record import BUILT_FILE, REPLAY_RUNNING, STALE_FILES, ProbeRecord, ProbeSpec
 from .slots import ColdSlot, WarmSlot
 from .store import ResultsStore, cannot_write, write_atomic
 
@@ -108,6 +111,8 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
         result["forensics"] = {"error": why}
     if replay_cut or (replay_overran and result):
         returncode, worker_died = 0, None  # the timed steps ended with a result: the verdict is theirs
+    if timed_out:
+        run_facts["timed_out_in"] = "steps" if (folder / BUILT_FILE).exists() else "build"
     record = ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
                                   task.timeout_s, _tail(folder / "log.txt"), worker_died, ended_by, **task.run_facts, **run_facts)
     record.exit_code = exit_code
@@ -121,6 +126,7 @@ class RunningProbe:
     started: float
     timed_out: bool = False
     pid: int | None = None  # set when the probe process exists
+    built_at: float | None = None  # when its model was built: the timed steps' budget starts then
     timed_at: float | None = None  # when its timed result appeared: the replay's budget starts then
     replay_overran: bool = False
 
@@ -129,12 +135,18 @@ class RunningProbe:
         return time.monotonic() - self.started
 
     def left_s(self) -> float:
-        """Seconds before this probe is killed: timeout_s from its start, then the replay's budget."""
+        """Seconds before this probe is killed: build_timeout_s from its start, then timeout_s from the
+        end of its build, then the replay's budget from its timed result."""
+        now = time.monotonic()
         if self.timed_at is None and (self.folder / "result.json").exists():
-            self.timed_at = time.monotonic()
+            self.timed_at = now
         if self.timed_at is not None:
-            return self.task.spec.recipe.forensics_timeout_s - (time.monotonic() - self.timed_at)
-        return self.task.timeout_s - self.elapsed
+            return self.task.spec.recipe.forensics_timeout_s - (now - self.timed_at)
+        if self.built_at is None and (self.folder / BUILT_FILE).exists():
+            self.built_at = now
+        if self.built_at is not None:
+            return self.task.timeout_s - (now - self.built_at)
+        return self.task.spec.recipe.build_timeout_s - self.elapsed
 
 
 class ProbeRunner:
@@ -181,7 +193,7 @@ class ProbeRunner:
             return None
         folder = Path(tempfile.mkdtemp(prefix="nandoctor-plan-"))
         request_path, result_path = folder / "request.json", folder / "result.json"
-        request_path.write_text(json.dumps(request, default=str))
+        request_path.write_text(jsonio.dumps(request, default=str))
         others, launched, killed, deadline = [], False, False, time.monotonic() + timeout_s
         try:
             while True:
@@ -227,7 +239,7 @@ class ProbeRunner:
         folder = probe_dir(self.run_dir, task.probe_id, under)
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            for stale in ("result.json", "steps.jsonl"):
+            for stale in STALE_FILES:
                 (folder / stale).unlink(missing_ok=True)
             write_atomic(folder / "spec.json", jsonio.dumps(task.spec.to_dict()))
         except OSError as e:
