@@ -145,6 +145,6 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
     assert crashed["ranks"][0]["exit"] != 0  # killed by the launcher, or ended by its lost peer first
     assert "rank 1 ended (SIGSEGV)" in crashed["log_tail"]
     hung = recs["fp32/sdpa/off/ddp"]
-    assert got["fp32/sdpa/off/ddp"]["verdict"] == "timeout"
+    assert got["fp32/sdpa/off/ddp"]["verdict"] == "timeout" and hung["timed_out_in"] == "steps"
     for probe_id in ("fp32/eager/off/ddp", "fp32/sdpa/off/ddp"):
         assert all(_gone(pid) for pid in _pids(out, probe_id)), probe_id

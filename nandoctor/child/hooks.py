@@ -70,6 +70,12 @@ def _stats(tensors):
     return torch.stack([mm[:, 0].min(), mm[:, 1].max()])
 
 
+def local(t):
+    """A tensor as this process holds it: a DTensor's local shard (FSDP2's parameters, gradients and
+    optimizer state), anything else as it is."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def _absmax(lo: float, hi: float) -> float:
     return math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
 
@@ -147,11 +153,11 @@ def update_event(name: str, p, optimizer, before: list[float]) -> dict:
     group = optimizer.param_groups[0]
     eps = group.get("eps")
     event = {"phase": "optimizer", "module": name.rsplit(".", 1)[0] if "." in name else name, "parameter": name,
-             "tensor": "parameter after the update", "stats": _as_dict(_stats([p]).cpu().tolist()),
+             "tensor": "parameter after the update", "stats": _as_dict(_stats([local(p)]).cpu().tolist()),
              "before": {"what": "the parameter before the update", "module": name, **_as_dict(before)},
-             "nonfinite_elements": int((~torch.isfinite(p.detach())).sum())}
+             "nonfinite_elements": int((~torch.isfinite(local(p).detach())).sum())}
     if "exp_avg_sq" in state:
-        v = dense(state["exp_avg_sq"])
+        v = dense(local(state["exp_avg_sq"]))
         event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
         event["state_dtype"] = str(v.dtype).replace("torch.", "")
     if eps is not None:
@@ -180,7 +186,7 @@ class OptimizerWatch:
         if self.initial is not None:
             self.before, self.initial = [self.initial[n] for n, _ in self.named], None
         else:
-            self.before = [p.detach().clone() for _, p in self.named]
+            self.before = [local(p).detach().clone() for _, p in self.named]
 
     def _post(self, optimizer, args, kwargs):
         if self.deferred:
@@ -190,20 +196,21 @@ class OptimizerWatch:
 
     def _measure(self):
         import torch
-        lost = torch.zeros((), dtype=torch.float64, device=self.named[0][1].device)
+        lost = torch.zeros((), dtype=torch.float64, device=local(self.named[0][1]).device)
         meant = torch.zeros_like(lost)
         decay = self.optimizer.param_groups[0].get("weight_decay", 0.0)
         bad = []
         for (name, p), old in zip(self.named, self.before):
-            old = old.to(p.device)  # a snapshot in pinned host memory: one parameter at a time
-            bad.append(~torch.isfinite(p.detach()).all())
+            now = local(p).detach()
+            old = old.to(now.device)  # a snapshot in pinned host memory: one parameter at a time
+            bad.append(~torch.isfinite(now).all())
             state = self.optimizer.state.get(p, {})
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
-            moving = dense(state["exp_avg"]) != 0  # an element with a non-zero first moment is meant to move
+            moving = dense(local(state["exp_avg"])) != 0  # an element with a non-zero first moment is meant to move
             if decay:
                 moving = moving | (old != 0)
-            lost += (moving & (p.detach() == old)).sum()
+            lost += (moving & (now == old)).sum()
             meant += moving.sum()
         self.update_loss = float(lost / meant) if float(meant) else None
         flags = torch.stack(bad).cpu().tolist()
@@ -254,46 +261,76 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
             "nonzero_elements": total, "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]]}
 
 
-def hooked_steps(model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0) -> dict:
+def hooked_steps(model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0, watched=None,
+                 more=(), agree=None) -> dict:
     """Train n_steps through `train.train` with ModuleWatch and OptimizerWatch hung off it; stops after
-    the first unrecoverable step. `model` is what the loop calls (s.model, or a live run's training
-    step). Returns the events, the Steps (numbered from first_step) and the largest |activation| and
-    |gradient| per module."""
+    the first unrecoverable step. `model` is what the loop calls (s.model, a live run's training step,
+    or a rank's DDP/FSDP2 wrapper); `watched` the module whose modules and parameters the watches name
+    (default: `model`). A parallel rank adds its own watches (`more`: each with end_step(step) ->
+    events, and remove()) and `agree`, which makes its Step the probe's (the loss averaged over the
+    ranks) so that every rank stops at the same step. Returns the events, the Steps (numbered from
+    first_step) and the largest |activation| and |gradient| per module."""
+    watched = model if watched is None else watched
     out = {"events": [], "steps": []}
-    modules, opt = ModuleWatch(model), OptimizerWatch(model, s.optimizer)
+    modules, opt = ModuleWatch(watched), OptimizerWatch(watched, s.optimizer)
 
     def on_step(step: Step) -> bool:
         step.step += first_step
+        if agree is not None:
+            agree(step)
         step.update_loss, opt_event = opt.take()
-        for e in modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else []):
-            out["events"].append(e)
+        events = modules.end_step(step.step) + [e for w in more for e in w.end_step(step.step)]
+        out["events"] += events + ([{"step": step.step, **opt_event}] if opt_event else [])
         out["steps"].append(step)
         return step.unrecoverable() is None
 
     try:
         train(model, s, grad_clip, n_steps, on_step)
     finally:
-        modules.remove()
-        opt.remove()
+        for w in (modules, opt, *more):
+            w.remove()
     out["activation_absmax"] = modules.activation_absmax
     out["gradient_absmax"] = modules.gradient_absmax
     return out
 
 
-def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -> dict:
-    """What every forensics record starts with: the dtypes, and for a half-precision cell the gradient
-    underflow of the initial weights (restored from the snapshot) on the first batch, at the timed
-    run's last loss scale."""
-    cell, recipe = spec.cell, spec.recipe
-    dtype = cell.precision.compute
-    out = {"compute_dtype": dtype, "weight_dtype": weight_dtype(cell, recipe.model.dtype_on_load),
-           "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)}}
-    if dtype != "float32":
-        t1 = time.perf_counter()
-        scales = [st.scale for st in timed.steps if st.scale]
-        first = {k: v.to(spec.device) for k, v in next(batches(recipe, s.model.config, spec.seed)).items()}
-        out["underflow"] = gradient_underflow(s.model, first, dtype, scales[-1] if scales else 1.0)
-        out["underflow"]["seconds"] = time.perf_counter() - t1
+def replayed_steps(spec: ProbeSpec, timed: ProbeRecord) -> int:
+    """How many steps the replay runs: up to the timed run's first non-finite step, else forensics_steps."""
+    first_bad = timed.first_nonfinite
+    return first_bad["step"] + 1 if first_bad else min(len(timed.steps), spec.recipe.forensics_steps)
+
+
+def restored(spec: ProbeSpec, s: Setup, snapshot: Snapshot, n_steps: int) -> tuple[Setup, dict]:
+    """The model back at its state before the timed steps, with a fresh optimizer, GradScaler and data
+    stream; and the head of the forensics record."""
+    seconds = snapshot.restore(s.model)
+    s = restart(spec, s)
+    cell = spec.cell
+    out = {"compute_dtype": cell.precision.compute, "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+           "replayed_steps": n_steps, "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": seconds}}
+    if cell.compile != "off":
+        out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
+    return s, out
+
+
+def underflow(spec: ProbeSpec, timed: ProbeRecord, s: Setup) -> dict:
+    """gradient_underflow on the first batch of the probe's stream, at the timed run's last loss scale."""
+    t1 = time.perf_counter()
+    scales = [st.scale for st in timed.steps if st.scale]
+    first = {k: v.to(spec.device) for k, v in next(batches(spec.recipe, s.model.config, spec.seed)).items()}
+    out = gradient_underflow(s.model, first, spec.cell.precision.compute, scales[-1] if scales else 1.0)
+    out["seconds"] = time.perf_counter() - t1
+    return out
+
+
+def finished(spec: ProbeSpec, timed: ProbeRecord, out: dict, t0: float) -> dict:
+    """The forensics record completed: reproduced, cost, peak memory, steps as dicts."""
+    out["reproduced"] = reproduced(timed.steps, out["steps"])
+    out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
+    if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for
+        import torch
+        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    out["steps"] = [st.to_dict() for st in out["steps"]]
     return out
 
 
@@ -302,29 +339,19 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) ->
     on a fresh optimizer, GradScaler and data stream, and return the forensics record. `timed` is the
     record of the timed run (steps, first_nonfinite)."""
     t0 = time.perf_counter()
-    cell, recipe = spec.cell, spec.recipe
-    first_bad = timed.first_nonfinite
-    n_steps = first_bad["step"] + 1 if first_bad else min(len(timed.steps), recipe.forensics_steps)
-    out = _header(spec, s, timed, snapshot)
-    s = restart(spec, s)
-    out.update({"replayed_steps": n_steps, "compile": "off"})
-    if cell.compile != "off":
-        out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
-    casts = fp8_watch(s.model, cell, recipe)
+    n_steps = replayed_steps(spec, timed)
+    s, out = restored(spec, s, snapshot, n_steps)
+    if spec.cell.precision.compute != "float32":
+        out["underflow"] = underflow(spec, timed, s)
+    casts = fp8_watch(s.model, spec.cell, spec.recipe)
     try:
-        out.update(hooked_steps(s.model, s, recipe.grad_clip, n_steps))
+        out.update(hooked_steps(s.model, s, spec.recipe.grad_clip, n_steps))
     finally:
         if casts:
             casts.remove()
     if casts:
-        out["fp8"] = {"recipe": cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
-    out["reproduced"] = reproduced(timed.steps, out["steps"])
-    out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
-    if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for
-        import torch
-        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-    out["steps"] = [st.to_dict() for st in out["steps"]]
-    return out
+        out["fp8"] = {"recipe": spec.cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
+    return finished(spec, timed, out, t0)
 
 
 MEASURED_ON = "timed step 0"  # forensics["measured_on"] of a probe measured without a replay
@@ -362,6 +389,17 @@ def eager_forensics(spec: ProbeSpec) -> bool:
     cell = spec.cell
     return (spec.recipe.forensics_steps > 0 and not spec.replay_failed_only and cell.compilation.backend is None
             and not cell.precision.fp8 and spec.steps >= 2)
+
+
+def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -> dict:
+    """The head of a forensics record measured in the timed run: the dtypes, the snapshot restored, and
+    for a half-precision cell the gradient underflow of the initial weights on the first batch."""
+    cell = spec.cell
+    out = {"compute_dtype": cell.precision.compute, "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+           "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)}}
+    if cell.precision.compute != "float32":
+        out["underflow"] = underflow(spec, timed, s)
+    return out
 
 
 def measured_in_run(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch) -> dict:
