@@ -6,7 +6,9 @@ and prints a Markdown table:
   build, optimizer, result writing), median over the grid's probes, warm against cold; shown with and
   without the forensics replay (issue 5), which runs after the timed steps in both modes alike and
   states its own cost in each record (forensics.cost.seconds): the launch overhead is what warm
-  workers remove, the replay is measurement the user asked for;
+  workers remove, the replay is measurement the user asked for (a stable eager probe has no replay
+  since issue 20: its forensics cost is then the fp32 shadow backward of the underflow figure, and
+  the read-only hooks on its step 0, a few ms, are inside that step's time);
 - whole-grid wall time (the CLI command, start to exit) against the sum of the probes' step times
   (issue 20's figure: <= 1.25x on a quiet machine for the 8-cell grid below);
 - where the fixed cost goes (issue 20): when the first line ("run directory") and the model line
@@ -25,6 +27,13 @@ transformers` of it (measured here too, before each mode), and the 8-cell grid <
     PYTHONPATH=. python bench/probe_speed.py --from /tmp/nandoctor-bench-XXXX   # re-tabulate a finished run
     PYTHONPATH=. python bench/probe_speed.py --mode warm,--jobs1 --axis dtype=fp32,bf16-amp,fp16-amp,bf16-pure \
         --axis attn=eager,sdpa --axis compile=off                   # issue 20's grid, warm workers only
+    ... --before /tmp/main-tree --rounds 2                         # and another source tree's, ABAB
+
+With --before DIR each round runs the chosen modes with this source tree and with DIR, alternating
+which goes first (this, before; before, this; ...), so that both see the same machine load, and says
+whether each round's two runs agree bit for bit (losses and grad-norms). Every grid runs from a
+neutral working directory with PYTHONPATH set to its tree (`python -m` would import the package in
+the working directory first).
 """
 from __future__ import annotations
 
@@ -44,12 +53,17 @@ MODES = {"warm, --jobs 1": ["--jobs", "1"], "cold, --jobs 1": ["--jobs", "1", "-
 PROGRESS = re.compile(r"^\[\s*\d+/\d+\]")  # a finished probe's line
 
 
-def run_grid(args: list[str], out: Path) -> dict:
-    """Run the grid through the CLI, reading its output as it comes: the wall time, and when (seconds
-    from the start) the first line, the model line and the first and last probe result lines appeared."""
+HERE = str(Path(__file__).resolve().parents[1])  # the source tree this bench belongs to
+
+
+def run_grid(args: list[str], out: Path, tree: str = HERE) -> dict:
+    """Run the grid through the CLI of source tree `tree`, reading its output as it comes: the wall
+    time, and when (seconds from the start) the first line, the model line and the first and last
+    probe result lines appeared."""
     marks, t0, start = {}, time.perf_counter(), time.time()
     proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
+                            env=dict(os.environ, PYTHONPATH=tree), cwd=tempfile.gettempdir())
     for line in proc.stdout:
         now = time.perf_counter() - t0
         marks.setdefault("first line", now)
@@ -116,20 +130,28 @@ def main() -> None:
     p.add_argument("--mode", action="append", choices=[m.replace(" ", "") for m in MODES],
                    help="run only this mode (repeatable; default: all three)")
     p.add_argument("--same-as", metavar="DIR", help="a run directory of the same grid (another commit): are the losses bit-identical?")
+    p.add_argument("--before", metavar="DIR", help="another nandoctor source tree, run alternately with this one (ABAB)")
+    p.add_argument("--rounds", type=int, default=1, help="with --before: rounds of (this, before) runs")
     a = p.parse_args()
     grid = ["--model", a.model] + [x for axis in a.axis for x in ("--axis", axis)] + (["--steps", str(a.steps)] if a.steps else [])
     base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="nandoctor-bench-"))
     measured = json.loads((base / "bench.json").read_text()) if a.base else {"walls": {}, "loads": []}
     rows, outs, loads = {}, {}, measured["loads"]
     modes = {name: flags for name, flags in MODES.items() if not a.mode or name.replace(" ", "") in a.mode}
+    if a.before:  # each round: both trees, alternating which goes first; a row per (round, tree, mode)
+        trees = [("this", HERE), ("before", str(Path(a.before).resolve()))]
+        runs = [(f"r{i + 1} {tree}: {name}", flags, path) for i in range(a.rounds)
+                for tree, path in (trees if i % 2 == 0 else trees[::-1]) for name, flags in modes.items()]
+    else:
+        runs = [(name, flags, HERE) for name, flags in modes.items()]
     measured.setdefault("marks", {})
     measured.setdefault("imports", {})
-    for name, flags in modes.items():
-        out = base / name.replace(", --jobs ", "-jobs")
+    for name, flags, tree in runs:
+        out = base / re.sub(r"[^\w.-]+", "-", name.replace(", --jobs ", "-jobs")).strip("-")
         if not a.base:
-            loads.append(f"before {name}: {load()}")
+            loads.append(f"load before {name}: {load()}")
             measured["imports"][name] = cold_import_s()
-            measured["marks"][name] = run_grid(grid + flags, out)
+            measured["marks"][name] = run_grid(grid + flags, out, tree)
             measured["walls"][name] = measured["marks"][name]["wall"]
         if name not in measured["walls"]:
             continue
@@ -145,13 +167,24 @@ def main() -> None:
     print(f"# probe speed: nandoctor grid {' '.join(grid)}\n")
     print(f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("\n".join(f"- {line}" for line in loads) + "\n")
-    print("| mode | probes | grid wall s | sum of step times s | wall / steps | median probe overhead s | of which forensics replay s | median launch overhead s |")
+    print("| mode | probes | grid wall s | sum of step times s | wall / steps | median probe overhead s | of which forensics s | median launch overhead s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         print(f"| {name} | {r['probes']} | {r['grid wall s']:.1f} | {r['sum of step times s']:.1f} | "
               f"{r['grid wall s'] / r['sum of step times s']:.2f} | {r['median probe overhead s']:.2f} | "
               f"{r['median replay s']:.2f} | {r['median launch overhead s']:.2f} |")
     print_fixed_cost(rows, outs, measured)
+    if a.before:
+        for i in range(a.rounds):
+            for name in modes:
+                this, before = outs.get(f"r{i + 1} this: {name}"), outs.get(f"r{i + 1} before: {name}")
+                if this and before:
+                    print(f"- round {i + 1}, {name}: losses and grad-norms bit-identical between the trees: "
+                          f"{'yes' if losses(this) == losses(before) else 'NO'}")
+        for tree in ("this", "before"):
+            ratios = [r["grid wall s"] / r["sum of step times s"] for n, r in rows.items() if f" {tree}: " in n]
+            if ratios:
+                print(f"- {tree}: wall / steps median {statistics.median(ratios):.2f} (runs: {', '.join(f'{x:.2f}' for x in ratios)})")
     if a.same_as:
         first = next(iter(outs.values()))
         print(f"- losses and grad-norms of {first.name} bit-identical to {a.same_as}: "
@@ -177,7 +210,7 @@ def main() -> None:
 def print_fixed_cost(rows: dict, outs: dict, measured: dict) -> None:
     """Issue 20's breakdown of each mode's wall time, in seconds from the command's start."""
     print("\n| mode | cold import torch, transformers s | first line s | model line s | first probe launched s | "
-          "first probe done s | probes: build s | steps s | forensics replay s | rest s | last probe done -> exit s | wall / steps |")
+          "first probe done s | probes: build s | steps s | forensics s | rest s | last probe done -> exit s | wall / steps |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         m, recs = measured["marks"].get(name), records(outs[name])

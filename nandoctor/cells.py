@@ -218,6 +218,8 @@ PARALLELS = {p.name: p for p in (
              code=FSDP2_CODE.replace("{reduce}", "None").replace("# torch.distributed.fsdp", "# gradients reduced in param_dtype"),
              accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}") + "  # what `mixed_precision: bf16` alone does"),
 )}
+# the autocast dtype -> accelerate's `mixed_precision` (its config files and Accelerator(mixed_precision=...))
+ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
 
 DEFAULT_OPTIMIZER = "adamw"

@@ -86,10 +86,11 @@ class Recipe:
     seq_len: int = 64
     steps: int = 24
     seed: int = 0
-    timeout_s: float = 600.0
+    timeout_s: float = 600.0  # the timed steps' budget, counted from the end of the build
+    build_timeout_s: float = 600.0  # the build's: imports, model load or build, wrapping; until the probe writes BUILT_FILE
     forensics_steps: int = 4  # steps replayed with hooks after the timed ones (a failing probe: up to its failure); 0: off
     # The replay's own budget, counted from the timed result: an overrun is noted on the record, and the
-    # verdict stays the timed steps' (timeout_s covers the build and the timed steps only).
+    # verdict stays the timed steps' (timeout_s covers the timed steps only).
     forensics_timeout_s: float = 300.0
     axes: dict = field(default_factory=dict)  # default axis values for this recipe, e.g. {"compile": ["off"]}
     # Parallel cells (the `parallel` axis): W ranks, each training its batch_size / W rows of the same
@@ -111,7 +112,7 @@ class Recipe:
             if value not in valid:
                 raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
         positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
-                    "timeout_s": self.timeout_s, "forensics_timeout_s": self.forensics_timeout_s,
+                    "timeout_s": self.timeout_s, "build_timeout_s": self.build_timeout_s, "forensics_timeout_s": self.forensics_timeout_s,
                     "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches,
                     "fp8.amax_history_len": self.fp8.amax_history_len, "world_size": self.world_size}
         for key, value in positive.items():

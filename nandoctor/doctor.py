@@ -12,6 +12,7 @@ from .config import Recipe
 from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
+from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
 from .knowledge.facts import (env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
                               setup_facts, trainer_cell)
 from .models import config_facts
@@ -56,27 +57,36 @@ def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | 
 
 
 def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = None, tokenizer_path: str | None = None,
-               attn: str = "sdpa", axes: dict | None = None, env: dict | None = None) -> dict:
-    """The doctor report as data: environment, capabilities and, when a recipe or TrainingArguments
-    is given, the findings for that planned setup. A TrainingArguments JSON plans one cell (its
-    precision and torch_compile, with `attn`); a recipe alone plans the cells `grid` would run."""
+               attn: str = "sdpa", axes: dict | None = None, env: dict | None = None,
+               accelerate_config_path: str | None = None) -> dict:
+    """The doctor report as data: environment, capabilities and, when a recipe, a TrainingArguments
+    JSON or an accelerate config file is given, the findings for that planned setup. Either file plans
+    one cell (precision, compile and, from the accelerate config or TrainingArguments `fsdp`, the
+    parallel setup; with `attn`); a recipe alone plans the cells `grid` would run."""
     env = env or collect_doctor()
     trainer_args = read_trainer_args(trainer_args_path) if trainer_args_path else None
-    if recipe is None and trainer_args is None:
+    accelerate = read_accelerate_config(accelerate_config_path) if accelerate_config_path else None
+    if recipe is None and trainer_args is None and accelerate is None:
         if tokenizer_path:
-            raise NandoctorError("--tokenizer is checked as part of a planned setup; add --model, --recipe or --trainer-args")
+            raise NandoctorError("--tokenizer is checked as part of a planned setup; add --model, --recipe, --trainer-args or --accelerate-config")
         return {"environment": env, **doctor_section(env)}
     recipe = recipe or Recipe()
     if tokenizer_path is None and has_tokenizer(recipe.model.path):
         tokenizer_path = recipe.model.path
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if trainer_args is not None:
-        cells = [trainer_cell(trainer_args, attn)]
+        cells = [trainer_cell(trainer_args, attn, accelerate)]
+    elif accelerate is not None:
+        cells = [accelerate_cell(accelerate, attn)]
     else:
         cells = [p.cell for p in plan_grid(recipe, env, axes) if not p.unsupported]
+    if accelerate is not None and cells[0].parallel != "none":
+        recipe = dataclasses.replace(recipe, world_size=accelerate["num_processes"])
     reasons = {c.id: cell_support(c, env) for c in cells}
     setup = {"recipe": recipe.name, "cells": [c.id for c in cells], "unsupported": {cell: why for cell, why in reasons.items() if why},
              "trainer_args": str(Path(trainer_args_path)) if trainer_args_path else None,
+             "accelerate_config": str(Path(accelerate_config_path)) if accelerate_config_path else None,
+             "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
              "tokenizer": str(tokenizer_path) if tokenizer_path else None}
     return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from .cells import AXES, DEFAULT_OPTIMIZER, Cell, weight_dtype
+from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, Cell, weight_dtype
 from .config import Recipe, get_field
 
 
@@ -67,9 +67,6 @@ def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
     args = {"precision": cell.precision.lightning, "gradient_clip_val": recipe.grad_clip}
     row = cell.parallel_row
     return {**args, "strategy": row.lightning_strategy, "devices": recipe.world_size} if row.wrapper else args
-
-
-ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 
 
 def accelerate_config(cell: Cell, recipe: Recipe) -> dict | None:

@@ -23,6 +23,10 @@ from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 # `forensics` of a result written after the timed steps, while the replay still runs. A record that
 # still says so when its process ended had its replay cut short (the runner notes why).
 REPLAY_RUNNING = {"status": "running"}
+# The file a probe writes once its model is built (imports, load, wrapping done): from then on its
+# timed steps have timeout_s; before it, the build has build_timeout_s.
+BUILT_FILE = "built"
+STALE_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a rerun of a probe in the same folder clears first
 
 
 def _as_float(value: int) -> float:
@@ -223,6 +227,7 @@ class ProbeRecord:
     device: str | None = None
     steps_planned: int | None = None
     timeout_s: float | None = None
+    timed_out_in: str | None = None  # a timeout's phase: "build" (build_timeout_s ran out) or "steps" (timeout_s)
     wall_s: float | None = None
     fingerprint: str | None = None
     launch: str | None = None  # "warm" (forked from a worker), "cold" (a fresh interpreter), "slurm" or "ray"

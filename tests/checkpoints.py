@@ -179,7 +179,8 @@ class SlowReplayLlamaConfig(LlamaConfig):
 
 class SlowReplayLlamaForCausalLM(LlamaForCausalLM):
     """Modeling code that trains normally, but sleeps once forward hooks watch it: the forensics
-    replay (which hooks every module) hangs, the timed steps (which hook nothing) do not."""
+    replay (which hooks every module) hangs, the timed step of a one-step probe (which hooks nothing)
+    does not."""
     config_class = SlowReplayLlamaConfig
 
     def forward(self, *args, **kwargs):

@@ -71,7 +71,7 @@ class MisbehavingLlamaForCausalLM(LlamaForCausalLM):
         return super().forward(*args, **kwargs)
 '''
 MISBEHAVING_CELLS = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa:math,sdpa:flash,sdpa", "--axis", "compile=off",
-                     "--steps", "2", "--set", "timeout_s=60", "--set", "forensics_steps=0", "--trust-remote-code")
+                     "--steps", "2", "--set", "timeout_s=8", "--set", "forensics_steps=0", "--trust-remote-code")
 MISBEHAVING_VERDICTS = {"fp32/eager/off": "crash", "fp32/sdpa:math/off": "timeout", "fp32/sdpa:flash/off": "oom",
                         "fp32/sdpa/off": "stable"}
 

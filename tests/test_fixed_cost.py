@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,22 @@ def test_a_grid_without_lowp_cells_prints_nothing_on_stderr(small_grid):
     assert small_grid.stderr == ""
     assert small_grid.stdout.splitlines()[0].startswith("run directory: ")
     assert small_grid.stdout.splitlines()[1].startswith("model: ")
+
+
+@pytest.mark.slow
+def test_a_grids_stable_probes_are_not_replayed_and_still_get_their_headroom(small_grid):
+    run_dir = small_grid.stdout.splitlines()[0].removeprefix("run directory: ").strip()
+    probes = json.loads((Path(run_dir) / "summary.json").read_text())["probes"]
+    assert {p["verdict"] for p in probes} == {"stable"} and len(probes) == 2
+    for p in probes:  # forked from a warm worker: the hooks watched the timed step 0
+        f = p["forensics"]
+        assert f["measured_on"] == "timed step 0" and f["reproduced"] is None
+        assert f["tightest"] and all(r["activation_absmax"] > 0 for r in f["tightest"])
+    assert "none; measured on timed step 0 by read-only hooks" in (Path(run_dir) / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_warm_workers_import_leaves_out_scipy_which_no_probe_uses():
+    code = "import sys; from nandoctor.child.worker import preload; preload(); preload('llama'); print('scipy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"  # transformers imports scipy.optimize for its object-detection losses only

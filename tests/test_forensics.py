@@ -78,6 +78,7 @@ def test_fp16_pure_adamw_eps_origin_is_the_optimizer_step(precision):
     p = probe_summary(precision, "fp16-pure/eager/off")
     assert p["verdict"] == "nonfinite" and p["step"] == 1
     origin = p["forensics"]["origin"]
+    assert p["forensics"]["measured_on"] == "replay"  # a failing probe keeps its replay
     assert (origin["phase"], origin["step"]) == ("optimizer", 0)
     assert origin["eps"] == 1e-8 and origin["eps_in_dtype"] == 0.0  # eps rounds to 0 in fp16
 
@@ -94,6 +95,8 @@ def test_bf16_pure_update_loss_is_large_and_bf16_amp_small(precision):
 @pytest.mark.slow
 def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
     assert probe_summary(precision, "fp16-amp/eager/off")["verdict"] == "stable"
+    f = forensics_record(precision, "fp16-amp/eager/off")
+    assert (f["measured_on"], f["replayed_steps"]) == ("timed step 0", 0)  # no replay: hooks on its timed step 0
     md = (precision / "report.md").read_text()
     html = (precision / "report.html").read_text()
     section = md.split("### fp16-amp/eager/off: tightest modules", 1)[1]
@@ -101,6 +104,7 @@ def test_stable_fp16_probe_headroom_is_in_report_md_and_html(precision):
     assert ratio and float(ratio.group(1)) > 1
     assert "fp16 activation headroom" in section
     assert f"fp16 headroom {ratio.group(1)}x at {ratio.group(2)}" in html and "fp16 activation headroom" in html
+    assert "none; measured on timed step 0 by read-only hooks" in md
 
 
 @pytest.mark.slow

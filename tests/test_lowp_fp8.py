@@ -141,11 +141,11 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     cell = Cell(dtype)
     spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 2, 0, "cpu", 1)
     record = ProbeRecord(spec.probe_id, cell)
-    s, snapshot = run_probe(spec, record, None)
+    s, snapshot, _ = run_probe(spec, record, None)
     assert len(record.steps) == 2 and all(torch.isfinite(torch.tensor(s.loss)) for s in record.steps)
     assert set(record.fp8_excluded) == {"lm_head"}
     assert record.optimizer_state_bytes >= 2 * record.weights_bytes > 0  # AdamW's two fp32 moments over fp32 master weights
-    f = forensics_of(spec, record, s, snapshot)
+    f = forensics_of(spec, record, s, snapshot, None)
     assert "error" not in f, f.get("traceback")
     assert f["reproduced"]  # the replay restored the converted model from its snapshot
     casts = f["fp8"]["casts"]

@@ -89,7 +89,7 @@ def test_usage_error_is_prefixed_once():
 def test_tokenizer_without_a_planned_setup_is_an_error(tmp_path):
     proc = run_main("doctor", "--tokenizer", tmp_path)
     assert proc.returncode == 2
-    assert error_lines(proc) == ["nandoctor: error: --tokenizer is checked as part of a planned setup; add --model, --recipe or --trainer-args"]
+    assert error_lines(proc) == ["nandoctor: error: --tokenizer is checked as part of a planned setup; add --model, --recipe, --trainer-args or --accelerate-config"]
 
 
 def test_missing_tokenizer_directory_says_so_without_the_hub(tmp_path):

@@ -134,7 +134,7 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
     ckpt = save_custom_llama(tmp_path / "ckpt", "rank_crashing_llama", "RankCrashing", RANK_CRASHING_CODE)
     out = tmp_path / "run"
     proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-                   "--axis", "parallel=ddp", "--steps", "2", "--set", "timeout_s=25", "--set", "forensics_steps=0", "--out", out)
+                   "--axis", "parallel=ddp", "--steps", "2", "--set", "timeout_s=10", "--set", "forensics_steps=0", "--out", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     recs, got = records(out), probes(out)
     assert len(recs) == 3  # the fp32/eager reference, and one record per parallel probe
@@ -145,6 +145,6 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
     assert crashed["ranks"][0]["exit"] != 0  # killed by the launcher, or ended by its lost peer first
     assert "rank 1 ended (SIGSEGV)" in crashed["log_tail"]
     hung = recs["fp32/sdpa/off/ddp"]
-    assert got["fp32/sdpa/off/ddp"]["verdict"] == "timeout"
+    assert got["fp32/sdpa/off/ddp"]["verdict"] == "timeout" and hung["timed_out_in"] == "steps"
     for probe_id in ("fp32/eager/off/ddp", "fp32/sdpa/off/ddp"):
         assert all(_gone(pid) for pid in _pids(out, probe_id)), probe_id

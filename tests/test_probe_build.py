@@ -44,8 +44,8 @@ def test_the_replay_builds_no_second_model_and_retraces_the_timed_losses(monkeyp
     monkeypatch.setattr(build, "build_model", lambda *a: built.append(a) or real(*a))
     spec = spec_for(resolve_model("tiny-llama"), Cell("bf16-amp", "sdpa", "off"))
     record = ProbeRecord(spec.probe_id, spec.cell)
-    s, snapshot = entry.run_probe(spec, record, None)
-    forensics = entry.forensics_of(spec, record, s, snapshot)
+    s, snapshot, _ = entry.run_probe(spec, record, None)
+    forensics = entry.forensics_of(spec, record, s, snapshot, None)  # the replay: what compiled and fp8 cells, and failing probes, get
     assert len(built) == 1
     assert forensics["reproduced"] is True, forensics.get("error")
     assert forensics["snapshot"]["where"] == "cpu" and forensics["snapshot"]["bytes"] > 0

@@ -24,7 +24,7 @@ def crashing_run(tmp_path_factory):
     # cells that run on a CPU and on a GPU alike
     proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32",
                    "--axis", "attn=eager,sdpa:math,sdpa", "--axis", "compile=off", "--steps", "2",
-                   "--set", "timeout_s=15", "--out", out)
+                   "--set", "timeout_s=6", "--out", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     return out
 
@@ -41,10 +41,10 @@ def test_a_segfault_in_a_warm_child_is_classified_as_crash(crashing_run):
 def test_a_hang_in_a_warm_child_times_out(crashing_run):
     hung = records(crashing_run)["fp32/sdpa:math/off"]
     assert verdicts(crashing_run)["fp32/sdpa:math/off"] == "timeout"
-    # the runner's SIGKILL ended it: after its whole 15 s budget, and before its sleep of 3600 s could end
-    # on its own (an upper bound of a few seconds past 15 would measure the host's load, not the runner)
+    # the runner's SIGKILL ended it: after its whole 6 s budget (counted from its build), and before its sleep
+    # of 3600 s could end on its own (an upper bound of a few seconds past 6 would measure the host's load)
     assert hung["exit_code"] == -signal.SIGKILL
-    assert hung["timeout_s"] == 15 <= hung["wall_s"] < 3600
+    assert hung["timeout_s"] == 6 <= hung["wall_s"] < 3600 and hung["timed_out_in"] == "steps"
 
 
 def test_the_worker_survives_its_childrens_crash_and_hang(crashing_run):

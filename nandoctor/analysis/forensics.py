@@ -6,15 +6,16 @@ import math
 
 from ..record import Step
 
-PHASES = ("forward", "backward", "optimizer")  # the order they happen in within one step
+PHASES = ("forward", "backward", "reduction", "optimizer")  # the order they happen in within one step (reduction: parallel probes)
 FINFO_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}  # torch.finfo(dtype).max
 # torch.finfo(dtype).eps: the gap between 1.0 and the next value. TF32 matmuls keep fp16's 10-bit mantissa.
 FINFO_EPS = {"float16": 2.0 ** -10, "bfloat16": 2.0 ** -7, "float32": 2.0 ** -23, "tf32": 2.0 ** -10}
 
 
 def origin(forensics: dict | None) -> dict | None:
-    """The first event that made the run unrecoverable: the earliest by (step, phase), leaving out
-    backward overflows at steps the GradScaler skipped and recovered from (its calibration)."""
+    """The first event that made the run unrecoverable: the earliest by (step, phase, rank), leaving
+    out backward and reduction overflows at steps the GradScaler skipped and recovered from (its
+    calibration). A parallel probe's events carry the rank that saw them."""
     if not forensics:
         return None
     steps = {s["step"]: Step.from_dict(s) for s in forensics.get("steps", [])}
@@ -22,10 +23,18 @@ def origin(forensics: dict | None) -> dict | None:
     def harmful(e):
         s = steps.get(e["step"])
         calibration = s is not None and s.skipped and s.unrecoverable() is None
-        return not (e["phase"] == "backward" and calibration)
+        return not (e["phase"] in ("backward", "reduction") and calibration)
 
-    events = sorted((e for e in forensics.get("events", []) if harmful(e)), key=lambda e: (e["step"], PHASES.index(e["phase"])))
+    events = sorted((e for e in forensics.get("events", []) if harmful(e)),
+                    key=lambda e: (e["step"], PHASES.index(e["phase"]), e.get("rank", 0)))
     return events[0] if events else None
+
+
+def ranks_alike(forensics: dict | None, event: dict) -> list[int]:
+    """The other ranks that saw the same event (step, phase, module and parameter) as `event`'s rank."""
+    same = ("step", "phase", "module", "parameter")
+    return sorted({e["rank"] for e in (forensics or {}).get("events", []) if "rank" in e and e.get("rank") != event.get("rank")
+                   and all(e.get(k) == event.get(k) for k in same)})
 
 
 def headroom(forensics: dict | None) -> list[dict]:

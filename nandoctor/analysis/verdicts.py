@@ -60,7 +60,13 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     if status == "lost":
         return Verdict(KILLED, f"{record.reason}; this says nothing about the configuration")
     if status == "timeout":
-        return Verdict(TIMEOUT, f"no result within {record.timeout_s if record.timeout_s is not None else '?'} s, {done}", max(last, 0))
+        if record.timed_out_in == "build":
+            budget = (record.recipe or {}).get("build_timeout_s")
+            budget = f"{budget:g}" if isinstance(budget, (int, float)) else "?"
+            return Verdict(TIMEOUT, f"model not built within build_timeout_s={budget} s (imports, load, wrapping)", 0)
+        since = " of its build" if record.timed_out_in == "steps" else ""
+        budget = f"{record.timeout_s:g}" if isinstance(record.timeout_s, (int, float)) else "?"
+        return Verdict(TIMEOUT, f"no result within {budget} s{since}, {done}", max(last, 0))
     if status == "signal":
         sig = record.signal
         if sig in CRASH_SIGNALS:

@@ -7,7 +7,9 @@ measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When th
 forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
 written before the replay, with `forensics` set to REPLAY_RUNNING, and again once the replay is done,
 so that the timed steps alone decide the verdict (the runner gives the replay a budget of its own).
-A spec with replay_failed_only (`nandoctor check`) replays only a probe that hit a non-finite step.
+A probe of an eager cell whose steps stay finite is not replayed: read-only hooks on its timed step 0
+measured the same figures (hooks.StepZeroWatch). A spec with replay_failed_only (`nandoctor check`)
+replays only a probe that hit a non-finite step.
 """
 from __future__ import annotations
 
@@ -20,17 +22,19 @@ from ..capabilities import cell_packages
 from ..cells import PACKAGES
 from ..env import get_host_sample, host_load
 from ..optional import hidden
-from ..record import REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
+from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Throughput
 from .build import Setup, setup
+from .hooks import StepZeroWatch, eager_forensics, measured_in_run, replay
 from .memory import split_after_first_step
-from .outcome import WarningLog, error_of, write
+from .outcome import WarningLog, built, error_of, write
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
 
 
-def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> tuple[Setup, Snapshot | None]:
+def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> tuple[Setup, Snapshot | None, StepZeroWatch | None]:
     """Build what the spec names and train; fills `record` as it goes. Returns the setup and, when the
-    recipe asks for forensics, the snapshot of the model's state before the timed steps."""
+    recipe asks for forensics, the snapshot of the model's state before the timed steps and the watch
+    that measured step 0 (None where a stable probe is replayed instead)."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -46,16 +50,22 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     backend = spec.cell.compilation.backend
     forward = s.model if backend is None else torch.compile(s.model, backend=backend)
     record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
+    if steps_path is not None:
+        built(steps_path.with_name(BUILT_FILE))
     record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
     log = StepLog(steps_path, spec.steps)
     record.steps = log.steps
+    watch = StepZeroWatch(s.model, s.optimizer, snapshot) if snapshot and eager_forensics(spec) else None
+    # after the watch: this step post-hook removes itself while torch iterates the hooks, so it must be the last
     split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
     before = get_host_sample()
     try:
-        train(forward, s, spec.recipe.grad_clip, spec.steps, log)
+        train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(log) if watch else log)
     finally:
+        if watch:
+            watch.remove()
         record.train_s = time.perf_counter() - t1
         record.host_load = host_load(before)
         record.throughput = Throughput.of(log.steps)
@@ -69,14 +79,15 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
         record.optimizer_state_bytes = split.get("optimizer_state_bytes")
         if snapshot and snapshot.where == "cuda":
             record.peak_memory_bytes -= snapshot.bytes  # allocated before training and held through it: not training's
-    return s, snapshot
+    return s, snapshot, watch
 
 
-def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
-    """The replay with hooks, on the timed run's model restored from its snapshot. Its failure is
-    recorded, never turned into the probe's."""
-    from .hooks import replay
+def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch | None) -> dict:
+    """Step 0's measurements when the timed steps stayed finite, else the replay with hooks, on the
+    timed run's model restored from its snapshot. Its failure is recorded, never turned into the probe's."""
     try:
+        if watch and watch.step is not None and not record.first_nonfinite:
+            return measured_in_run(spec, record, s, snapshot, watch)
         return replay(spec, record, s, snapshot)
     except Exception as e:
         return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
@@ -92,13 +103,13 @@ def main(argv: list[str]) -> int:
     emitted = WarningLog()
     code = 0
     try:
-        s, snapshot = run_probe(spec, record, result_path.with_name("steps.jsonl"))
+        s, snapshot, watch = run_probe(spec, record, result_path.with_name("steps.jsonl"))
     except BaseException as e:  # everything the probe raises becomes data for the verdict
         record.error = error_of(e, emitted)
         code = 1
     if code == 0 and snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only):
         record.forensics = REPLAY_RUNNING
         write(record, result_path)  # the timed result: the verdict stands whatever the replay does
-        record.forensics = forensics_of(spec, record, s, snapshot)
+        record.forensics = forensics_of(spec, record, s, snapshot, watch)
     write(record, result_path)
     return code

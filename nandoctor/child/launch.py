@@ -27,7 +27,7 @@ import traceback
 from pathlib import Path
 
 from .. import jsonio
-from ..record import ProbeSpec
+from ..record import REPLAY_RUNNING, ProbeSpec
 from .lifetime import die_with_parent
 from .parallel import rank_file, rendezvous_file
 
@@ -85,10 +85,12 @@ class Rank:
             pass
 
 
-def watch(ranks: list[Rank]) -> tuple[list[int | None], int | None]:
+def watch(ranks: list[Rank], tick=lambda: None) -> tuple[list[int | None], int | None]:
     """Wait until every rank has exited 0, or until one fails; then kill the ranks still running.
-    Returns every rank's exit status (None: killed here because another rank failed) and the failed rank."""
+    `tick` runs at every poll. Returns every rank's exit status (None: killed here because another
+    rank failed) and the failed rank."""
     while True:
+        tick()
         codes = [r.poll() for r in ranks]
         failed = first_failure(codes)
         if failed is not None or all(c == 0 for c in codes):
@@ -112,11 +114,66 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def merge(result: Path, codes: list[int | None], failed: int | None) -> dict:
+def _ended(code: int) -> str:
+    return _signal_name(code) if code < 0 else f"exit {code}"
+
+
+def merge_forensics(own: list[dict], codes: list[int | None], failed: int | None) -> dict | None:
+    """The probe's forensics from its ranks' replays: rank 0's record with every rank's events (each
+    carries its rank) and each rank's replay in brief; a replay that raised or died on any rank is
+    the probe's forensics error, naming the rank."""
+    replays = [mine.get("forensics") for mine in own]
+    if not any(replays):
+        return None
+    for r, f in enumerate(replays):
+        if f and "error" in f:
+            return {**f, "error": f"rank {r}: {f['error']}"}
+    if failed is not None or any(f == REPLAY_RUNNING for f in replays):
+        who = failed if failed is not None else next(r for r, f in enumerate(replays) if f == REPLAY_RUNNING)
+        how = _ended(codes[who]) if codes[who] is not None else "stopped"
+        return {"error": f"rank {who} ended ({how}) during the replay"}
+    merged = dict(replays[0])
+    merged["events"] = [e for f in replays for e in f.get("events", [])]
+    merged["ranks"] = [{"rank": r, "reproduced": f.get("reproduced"), "events": len(f.get("events", [])),
+                        "seconds": (f.get("cost") or {}).get("seconds")} for r, f in enumerate(replays)]
+    return merged
+
+
+class TimedResult:
+    """Publishes the probe's timed result (forensics REPLAY_RUNNING) once every rank has written its
+    own before replaying, so that the runner gives the replay its own budget, as for one process."""
+
+    def __init__(self, result: Path, world_size: int):
+        self.result, self.world_size = result, world_size
+        self.ready: set[int] = set()
+        self.written = False
+
+    def __call__(self) -> None:
+        if self.written:
+            return
+        for r in set(range(self.world_size)) - self.ready:
+            path = rank_file(self.result, r)
+            if path.exists() and _read(path).get("forensics") == REPLAY_RUNNING:
+                self.ready.add(r)
+        if len(self.ready) == self.world_size:
+            codes = [0] * self.world_size
+            _publish(self.result, merge(self.result, codes, None, forensics=False) | {"forensics": REPLAY_RUNNING})
+            self.written = True
+
+
+def _publish(result: Path, record: dict) -> None:
+    tmp = result.with_suffix(".tmp")
+    tmp.write_text(jsonio.dumps(record))
+    os.replace(tmp, result)  # the runner never reads half a file
+
+
+def merge(result: Path, codes: list[int | None], failed: int | None, forensics: bool = True) -> dict:
     """The probe's record from its ranks' own: rank 0's measurements, every rank's end and memory,
-    and the failed rank's error under its rank's name."""
+    the failed rank's error under its rank's name, and (with `forensics`) the ranks' replays merged."""
     own = [_read(rank_file(result, r)) for r in range(len(codes))]
     record = dict(own[0])
+    if forensics:
+        record["forensics"] = merge_forensics(own, codes, failed)
     record["ranks"] = [{"rank": r, "exit": code, "signal": _signal_name(code) if code is not None and code < 0 else None,
                         "killed": code is None, "peak_memory_bytes": mine.get("peak_memory_bytes"),
                         "peak_memory_kind": mine.get("peak_memory_kind")}
@@ -128,8 +185,7 @@ def merge(result: Path, codes: list[int | None], failed: int | None) -> dict:
             record["error"] = {**error, "message": f"rank {failed}: {error.get('message', '')}"}
         else:
             record.pop("error", None)
-        ended = _signal_name(codes[failed]) if codes[failed] < 0 else f"exit {codes[failed]}"
-        print(f"nandoctor launch: rank {failed} ended ({ended}); the other ranks were stopped", flush=True)
+        print(f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}); the other ranks were stopped", flush=True)
     return record
 
 
@@ -179,10 +235,16 @@ def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
     relays = [threading.Thread(target=_relay, args=(r.rank, r.output), daemon=True) for r in ranks]
     for t in relays:
         t.start()
-    codes, failed = watch(ranks)
+    timed = TimedResult(result, world_size)
+    codes, failed = watch(ranks, tick=timed)
     for t in relays:
         t.join(timeout=2)
-    tmp = result.with_suffix(".tmp")
-    tmp.write_text(jsonio.dumps(merge(result, codes, failed)))
-    os.replace(tmp, result)  # the runner never reads half a file
+    if timed.written and failed is not None:  # the timed steps ended on every rank: their verdict stands
+        record = merge(result, codes, None, forensics=False)
+        record["forensics"] = merge_forensics([_read(rank_file(result, r)) for r in range(world_size)], codes, failed)
+        print(f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}) during the forensics replay; "
+              "the other ranks were stopped", flush=True)
+        _publish(result, record)
+        return 0
+    _publish(result, merge(result, codes, failed))
     return 0 if failed is None else end_like(codes[failed])

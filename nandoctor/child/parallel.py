@@ -15,14 +15,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
 from .. import jsonio
-from ..record import ProbeRecord, ProbeSpec, Step
+from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step
 from .build import restart, setup
 from .memory import split_after_first_step
-from .outcome import WarningLog, error_of, write
+from .outcome import WarningLog, built, error_of, write
+from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
 
 
@@ -197,28 +199,34 @@ def agreement(reduced: dict, reference: dict) -> dict:
             "params": len(reference)}
 
 
+def agree(step: Step, world_size: int) -> None:
+    """Make a rank's step the probe's: the loss averaged and the tokens summed over the ranks, so that
+    every rank decides to stop on the same numbers."""
+    import torch
+    import torch.distributed as dist
+    both = torch.tensor([step.loss, float(step.tokens or 0)], dtype=torch.float64)
+    dist.all_reduce(both)
+    step.loss = both[0].item() / world_size
+    if step.tokens is not None:
+        step.tokens = int(both[1].item())
+        step.tokens_per_s = step.tokens / step.time_s if step.time_s else None
+
+
 class RankSteps:
-    """Each rank's step, made the probe's: the loss averaged and the tokens summed over the ranks
-    (every rank then decides to stop on the same numbers); rank 0's log streams them to steps.jsonl."""
+    """Each rank's step, made the probe's (agree); rank 0's log streams them to steps.jsonl."""
 
     def __init__(self, log: StepLog, world_size: int):
         self.log, self.world_size = log, world_size
 
     def __call__(self, step: Step) -> bool:
-        import torch
-        import torch.distributed as dist
-        both = torch.tensor([step.loss, float(step.tokens or 0)], dtype=torch.float64)
-        dist.all_reduce(both)
-        step.loss = both[0].item() / self.world_size
-        if step.tokens is not None:
-            step.tokens = int(both[1].item())
-            step.tokens_per_s = step.tokens / step.time_s if step.time_s else None
+        agree(step, self.world_size)
         return self.log(step)
 
 
 def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, result: Path) -> tuple:
     """Build, wrap, measure the step-0 agreement and train this rank; fills `record`. Returns the live
-    wrapper and setup: the caller ends the process without freeing them (see main)."""
+    wrapper, the setup and, when the recipe asks for forensics, the snapshot of the wrapped model's
+    state before the timed steps: the caller ends the process without freeing them (see main)."""
     import torch
     import torch.distributed as dist
     from transformers.utils import logging as hf_logging
@@ -230,7 +238,9 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
         record.env = collect_summary()
     backend = "nccl" if spec.device == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{rendezvous_file(result)}", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=spec.recipe.timeout_s))
+                            # past every budget the runner holds: a rank stuck in a collective is the runner's
+                            # timeout (the probe's verdict), never a collective's own error on its peer
+                            timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60))
     t0 = time.perf_counter()
     s = setup(spec)
     record.build_s = s.build_s
@@ -240,9 +250,10 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     reduced = reduced_gradient(wrapped, s.model, shard(first, rank, world_size), s, rank)
     s = restart(spec, s)  # an optimizer over the wrapped parameters (FSDP2 replaced them), the stream from its start
     s.data = shards(s.data, rank, world_size)
+    snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None  # FSDP2: this rank's shards
     backend_name = spec.cell.compilation.backend
     forward = wrapped if backend_name is None else torch.compile(wrapped, backend=backend_name)
-    record.load_s = time.perf_counter() - t0
+    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
     record.parallel = {
         "world_size": world_size, "backend": backend, "wrapper": spec.cell.parallel_row.wrapper,
         "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None, "grad_reduce": spec.recipe.grad_reduce,
@@ -253,6 +264,8 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     }
     log = StepLog(result.with_name("steps.jsonl") if rank == 0 else None, spec.steps)
     record.steps = log.steps
+    if rank == 0:
+        built(result.with_name(BUILT_FILE))
     split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
     try:
@@ -265,13 +278,27 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
         record.weights_bytes = split.get("weights_bytes")  # this rank's: FSDP2 holds a shard
         record.grads_bytes = split.get("grads_bytes")
         record.optimizer_state_bytes = split.get("optimizer_state_bytes")
-    return wrapped, s
+    return wrapped, s, snapshot
+
+
+def forensics_on_rank(spec: ProbeSpec, record: ProbeRecord, s, wrapped, snapshot: Snapshot, rank: int, world_size: int) -> dict:
+    """This rank's replay with hooks (rank_forensics.py); a failure is recorded, never the probe's."""
+    from .rank_forensics import replay_on_rank
+    try:
+        return replay_on_rank(spec, record, s, wrapped, snapshot, rank, world_size,
+                              rows=lambda stream: shards(stream, rank, world_size), agree=lambda step: agree(step, world_size))
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
 
 
 def main(argv: list[str]) -> None:
-    """Run this rank, write its record and end the process with 0 (trained) or 1 (raised). It never
-    returns: freeing a DDP reducer or a gloo process group after training was seen to wait forever on
-    a futex (a rank of a DDP probe, torch 2.13), and nothing is left to free once the record is written."""
+    """Run this rank, write its record and end the process with 0 (trained) or 1 (raised). When the
+    recipe asks for forensics, a rank that trained writes its timed record with `forensics` set to
+    REPLAY_RUNNING (the launcher publishes the probe's timed result once every rank has), replays, and
+    writes it again; a replay that raised ends the rank with 1, so that the launcher stops its peers
+    at once instead of leaving them in a collective. It never returns: freeing a DDP reducer or a gloo
+    process group after training was seen to wait forever on a futex (a rank of a DDP probe, torch
+    2.13), and nothing is left to free once the record is written."""
     spec_path, result = Path(argv[0]), Path(argv[1])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec = ProbeSpec.from_dict(jsonio.loads(spec_path.read_text()))
@@ -279,10 +306,15 @@ def main(argv: list[str]) -> None:
     emitted = WarningLog()
     code = 0
     try:
-        alive = run_rank(spec, record, rank, world_size, result)  # noqa: F841 (held until the process ends)
+        wrapped, s, snapshot = run_rank(spec, record, rank, world_size, result)  # held until the process ends
     except BaseException as e:  # becomes data for the verdict, like a one-process probe's
         record.error = error_of(e, emitted)
-        code = 1
+        code, snapshot = 1, None
+    if code == 0 and snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only):
+        record.forensics = REPLAY_RUNNING
+        write(record, rank_file(result, rank))
+        record.forensics = forensics_on_rank(spec, record, s, wrapped, snapshot, rank, world_size)
+        code = 1 if "error" in record.forensics else 0
     write(record, rank_file(result, rank))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -30,7 +30,7 @@ import traceback
 
 from .. import jsonio
 from ..cells import PACKAGES
-from ..optional import hidden
+from ..optional import UNUSED_BY_PROBES, hidden
 from .lifetime import die_with_parent
 
 def thread_count() -> int | None:
@@ -46,7 +46,7 @@ def preload(model_type: str | None = None, adapter: bool = False) -> None:
     """Import what every probe needs (and the modeling module of model_type, and peft for an adapter),
     running no torch op. The optional packages are not among them: a child whose cell needs one
     imports it (optional.py)."""
-    with hidden(PACKAGES):
+    with hidden([*PACKAGES, *UNUSED_BY_PROBES]):
         _preload(model_type, adapter)
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, guarded, recipe_of
+from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, guarded, local, recipe_of
 
 
 def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: str | None = None) -> Cell:
@@ -120,7 +120,9 @@ class NandoctorCallback(Callback):
         # Lightning unscales before this hook, except for an optimizer that unscales inside its own step
         # (a fused AdamW): its gradients are still loss-scaled here (plugins/precision/amp.py)
         still_scaled = scale is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
-        grad_norm = torch.nn.utils.get_total_norm([p.grad for _, p in self.watch.named if p.grad is not None]) / (scale if still_scaled else 1.0)
+        # FSDP2: this rank's shards; the whole gradient's norm would be a collective a rank whose watch is off never joins
+        grads = [local(p.grad) for _, p in self.watch.named if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads) / (scale if still_scaled else 1.0)
         self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):

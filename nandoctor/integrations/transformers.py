@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, guarded, recipe_of, trainer_cell
+from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, guarded, local, recipe_of, trainer_cell
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
 # stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu"),
@@ -89,7 +89,8 @@ class NandoctorCallback(TrainerCallback):
     @guarded
     def _grad(self, p):
         if self.step is not None:
-            self.step.norms[p] = torch.linalg.vector_norm(p.grad, dtype=torch.float32)
+            # FSDP2: this rank's shard; a DTensor's whole norm would be a collective a rank whose watch is off never joins
+            self.step.norms[p] = torch.linalg.vector_norm(local(p.grad), dtype=torch.float32)
 
     @guarded
     def on_step_begin(self, args, state, control, **kwargs):

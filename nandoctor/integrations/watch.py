@@ -56,7 +56,7 @@ from ..report import write_reports
 from .ranks import Ranks
 
 __all__ = ["ALIASES", "PRECISIONS", "Cell", "CheckFailed", "LiveRun", "NandoctorError", "Watch", "autocast_of", "guarded",
-           "recipe_of", "trainer_cell"]
+           "local", "recipe_of", "trainer_cell"]
 REPORT_DIR = "nandoctor"  # under the run's output directory
 # config.json keys about the file, not the architecture; AutoConfig.for_model takes the rest
 ARCH_NOT_SETTINGS = ("architectures", "transformers_version", "dtype", "torch_dtype", "_name_or_path", "auto_map")

@@ -12,6 +12,7 @@ from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_t
 from ..config import THRESHOLDS, Recipe
 from ..data import all_masked_batches, batches  # noqa: F401 -- all_masked_batches: the rules' fact, computed with the data
 from ..errors import NandoctorError
+from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
 # GPT-2's <|endoftext|>. Id 0 spelled otherwise ("!" in Llama 3) is content.
@@ -38,10 +39,17 @@ def read_trainer_args(path: str | Path) -> dict:
     return data
 
 
-def trainer_cell(trainer_args: dict, attn: str = "sdpa") -> Cell:
+def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None = None) -> Cell:
     """The grid cell a TrainingArguments setup runs: bf16=True / fp16=True are autocast (-amp) with
-    fp32 master weights unless the model was loaded in half; torch_compile selects inductor."""
-    return Cell(precision_of_training_args(trainer_args), attn, compile_of_training_args(trainer_args))
+    fp32 master weights unless the model was loaded in half; torch_compile selects inductor; `fsdp`
+    set is FSDP as accelerate builds it for the Trainer (reducing in the autocast dtype). Launched
+    with an accelerate config (`accelerate`), that file decides the parallel setup, and the
+    precision and compile the TrainingArguments leave unset."""
+    precision, compile = precision_of_training_args(trainer_args), compile_of_training_args(trainer_args)
+    if accelerate is not None:
+        return accelerate_cell(accelerate, attn, None if precision == "fp32" else precision, None if compile == "off" else compile)
+    parallel = parallel_of_accelerate("FSDP", precision, 1) if trainer_args.get("fsdp") else "none"
+    return Cell(precision, attn, compile, parallel=parallel)
 
 
 def trainable_dtype(recipe: Recipe, cell: Cell) -> str:

@@ -83,6 +83,8 @@ def render_doctor_text(report: dict) -> str:
     if setup:
         out.append(f"Planned setup: {setup['recipe']}, cells {', '.join(setup['cells']) or '-'}"
                    + (f", trainer args {setup['trainer_args']}" if setup.get("trainer_args") else "")
+                   + (f", accelerate config {setup['accelerate_config']}" if setup.get("accelerate_config") else "")
+                   + (f", {setup['world_size']} ranks" if setup.get("world_size") else "")
                    + (f", tokenizer {setup['tokenizer']}" if setup.get("tokenizer") else ""))
         for cell, why in (setup.get("unsupported") or {}).items():
             out.append(f"  {cell} cannot run here: {why}")

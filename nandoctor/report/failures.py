@@ -8,7 +8,7 @@ from ..analysis.forensics import origin
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
 from .common import cells_text, label
-from .forensics import event_line, fmt_fraction, forensics_of
+from .forensics import event_line, fmt_fraction, forensics_of, on_rank
 
 SEVERITY_ORDER = ("error", "warning", "advice")
 KNOWN_CRASH = " -- known issue "  # verdicts.known_crash appends the signature's diagnosis and fix after this
@@ -18,16 +18,20 @@ def _origin(o: ProbeOutcome) -> dict | None:
     return origin(forensics_of(o))
 
 
-def where_it_broke(e: dict) -> str:
-    """A short sentence for the origin of a failure (event_line has the full statistics)."""
+def where_it_broke(e: dict, f: dict | None = None) -> str:
+    """A short sentence for the origin of a failure (event_line has the full statistics); `f`, the
+    forensics it comes from, names the ranks of a parallel probe."""
+    where = on_rank(e, f)
     if e["phase"] == "optimizer":
-        text = f"the AdamW step at step {e['step']} turned {e['parameter']} non-finite"
+        text = f"the AdamW step at step {e['step']}{where} turned {e['parameter']} non-finite"
         if e.get("eps") is not None and e.get("eps_in_dtype") == 0.0:
             text += f": eps={e['eps']:g} is 0.0 in {e.get('state_dtype', 'the weight dtype')}"
             if e.get("exp_avg_sq_zero_fraction"):
                 text += f" and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of it (update = m / 0)"
         return text
-    return f"first NaN/inf at step {e['step']} in the {e['phase']} pass, {e['tensor']} of {e['module']}"
+    if e["phase"] == "reduction":
+        return f"first NaN/inf at step {e['step']}{where} in the gradient reduction, {e['parameter']} (finite before it on that rank)"
+    return f"first NaN/inf at step {e['step']}{where} in the {e['phase']} pass, {e['tensor']} of {e.get('parameter') or e['module']}"
 
 
 def _cause_key(o: ProbeOutcome) -> tuple:
@@ -77,13 +81,13 @@ def failure_classes(a: RunAnalysis) -> list[dict]:
             groups.setdefault((o.verdict.name, o.verdict.step, _cause_key(o)), []).append(o)
     classes = []
     for probes in groups.values():
-        e = _origin(probes[0])
+        e, f = _origin(probes[0]), forensics_of(probes[0])
         fix = _fix(probes, a.findings)
         overrides = any(o.record.overrides for o in probes)
         subject = ", ".join(label(o) for o in probes) if overrides else cells_text([o.record.cell for o in probes], ran)
         classes.append({"subject": subject, "probes": [o.probe_id for o in probes], "verdict": probes[0].verdict.name,
-                        "what": _what(probes), "where": where_it_broke(e) if e else None,
-                        "where_detail": event_line(e) if e else None,
+                        "what": _what(probes), "where": where_it_broke(e, f) if e else None,
+                        "where_detail": event_line(e, f) if e else None,
                         "fix": fix[0] if fix else None, "fix_source": fix[1] if fix else None})
     return classes
 

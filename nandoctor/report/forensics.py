@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis.forensics import FINFO_MAX, headroom, origin, update_loss
+from ..analysis.forensics import FINFO_MAX, headroom, origin, ranks_alike, update_loss
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from ..cells import SHORT_DTYPES
@@ -48,17 +48,30 @@ def _stats(d: dict) -> str:
     return f"min {fmt_value(d['min'])}, max {fmt_value(d['max'])}, abs-max {fmt_value(d['absmax'])}"
 
 
-def event_line(e: dict) -> str:
-    """One sentence for a first-offender event."""
+def on_rank(e: dict, f: dict | None) -> str:
+    """' on rank 1 of 2 (rank 0 alike)' for an event of a parallel probe's replay; '' for one process."""
+    if "rank" not in e:
+        return ""
+    size = (f or {}).get("world_size")
+    alike = ranks_alike(f, e)
+    also = f" ({'rank' if len(alike) == 1 else 'ranks'} {', '.join(map(str, alike))} alike)" if alike else ""
+    return f" on rank {e['rank']}" + (f" of {size}" if size else "") + also
+
+
+def event_line(e: dict, f: dict | None = None) -> str:
+    """One sentence for a first-offender event; `f`, the forensics it comes from, names the ranks that
+    saw the same in a parallel probe."""
+    where = on_rank(e, f)
     if e["phase"] == "optimizer":
-        text = (f"step {e['step']}, optimizer step: the update turned {e['parameter']} non-finite "
+        text = (f"step {e['step']}{where}, optimizer step: the update turned {e['parameter']} non-finite "
                 f"({e['nonfinite_elements']} elements; before it: {_stats(e['before'])})")
         if e.get("eps") is not None and e.get("eps_in_dtype") == 0.0:
             text += f"; AdamW eps={e['eps']:g} is 0.0 in {e.get('state_dtype', 'the weight dtype')}"
         if e.get("exp_avg_sq_zero_fraction") is not None:
             text += f", and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of its elements: update = m / 0"
         return text
-    text = f"step {e['step']}, {e['module']}: {e['tensor']} holds NaN/inf ({_stats(e['stats'])})"
+    what = f"reduction of {e['parameter']}" if e["phase"] == "reduction" else e.get("parameter") or e["module"]
+    text = f"step {e['step']}{where}, {what}: {e['tensor']} holds NaN/inf ({_stats(e['stats'])})"
     if e.get("before"):
         b = e["before"]
         where = "" if b["module"] == e["module"] else f" ({b['module']})"
@@ -73,8 +86,9 @@ def first_offenders(f: dict) -> dict[str, dict]:
     if not root:
         return {}
     out = {f"origin ({root['phase']})": root}
-    for phase in ("forward", "backward"):
-        e = next((e for e in f.get("events", []) if e["phase"] == phase and e["step"] >= root["step"]), None)
+    later = sorted((e for e in f.get("events", []) if e["step"] >= root["step"]), key=lambda e: (e["step"], e.get("rank", 0)))
+    for phase in ("forward", "backward", "reduction"):
+        e = next((e for e in later if e["phase"] == phase), None)
         if e:
             out[f"first {phase} offender"] = e
     return out
@@ -125,7 +139,7 @@ def summary_row(o: ProbeOutcome) -> dict:
     return {"config": label(o), "compute": f["compute_dtype"] if f else "-", "headroom": headroom_text(o),
             "grad underflow": f"{fmt_fraction(uf['fraction'])} (scale {uf['loss_scale']:g})" if uf else "-",
             "update loss": f"{fmt_fraction(ul['mean'])} ({ul['weight_dtype']})" if ul else "-",
-            "origin": f"{root['phase']} step {root['step']}: {root.get('parameter') or root['module']}" if root else "-",
+            "origin": f"{root['phase']} step {root['step']}{on_rank(root, f)}: {root.get('parameter') or root['module']}" if root else "-",
             "replay": _replay_note(o)}
 
 
@@ -155,6 +169,8 @@ def _replay_note(o: ProbeOutcome) -> str:
         return "not run"
     if "error" in f:
         return f"failed: {f['error']}"
+    if f.get("measured_on"):  # a stable eager probe: read-only hooks on its timed step 0, no replay
+        return f"none; measured on {f['measured_on']} by read-only hooks"
     cost = f.get("cost") or {}
     over = cost.get("hooked_step_overhead")
     # The median hooked / timed step time; below 1 it is timing noise (hooks never make a step faster),
@@ -186,8 +202,9 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
     if not probes:
         return []
     parts = ["## Numerics forensics", "",
-             "Each probe replayed its first steps with hooks after the timed run (same seed; timings above "
-             "are from the unhooked run). Headroom = the compute dtype's largest finite value / the largest "
+             "A probe that went non-finite (or ran compiled, or in fp8) replayed its first steps with hooks after "
+             "the timed run (same seed); a stable eager probe was measured by hooks that only read, on its timed "
+             "step 0 (a warm-up step: the throughput above leaves it out). Headroom = the compute dtype's largest finite value / the largest "
              "|value| seen; grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
              "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.", "",
              table([summary_row(o) for o in probes]), ""]
@@ -198,7 +215,7 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
         if offenders:
             key = tuple((kind, e.get("step"), e.get("phase"), e.get("parameter") or e.get("module"), e.get("tensor"))
                         for kind, e in offenders.items())
-            lines = [f"- {kind}: {event_line(e)}" for kind, e in offenders.items()]
+            lines = [f"- {kind}: {event_line(e, f)}" for kind, e in offenders.items()]
             blocks.setdefault(key, (lines, []))[1].append(label(o))
     for lines, labels in blocks.values():  # one block per place of breaking, not one per probe that broke there
         who = labels[0] if len(labels) == 1 else f"{', '.join(labels)} ({len(labels)} probes; figures of {labels[0]})"
@@ -228,10 +245,11 @@ def explain_text(o: ProbeOutcome) -> str:
     limit = FINFO_MAX[f["compute_dtype"]]
     lines.append(f"  compute dtype {f['compute_dtype']} (largest finite {limit:.6g}), weights {f['weight_dtype']}; "
                  f"replay: {_replay_note(o)}")
-    if f.get("note"):
-        lines.append(f"  note: {f['note']}")
+    for note in ("note", "underflow_note"):
+        if f.get(note):
+            lines.append(f"  note: {f[note]}")
     for kind, e in first_offenders(f).items():
-        lines.append(f"  {kind}: {event_line(e)}")
+        lines.append(f"  {kind}: {event_line(e, f)}")
     if headroom_applies(f):
         lines.append(f"  {tightest_line(o)}")
         for r in tightest(headroom(f), TIGHTEST):
@@ -259,4 +277,4 @@ def forensics_summary(o: ProbeOutcome) -> dict | None:
     rows = headroom(f)
     return {"compute_dtype": f["compute_dtype"], "origin": origin(f), "first_offenders": first_offenders(f),
             "tightest": rows[:TIGHTEST], "underflow": f.get("underflow"), "update_loss": update_loss(f),
-            "reproduced": f.get("reproduced"), "cost": f.get("cost")}
+            "reproduced": f.get("reproduced"), "measured_on": f.get("measured_on", "replay"), "cost": f.get("cost")}

@@ -8,7 +8,8 @@ CPU model, and the version of every optional package the cell uses). What stays 
 location, the plan's prose (`why` quotes free memory), the recipe's fp8 section for a cell that is
 not fp8 and its parallel fields for a one-process cell (it reads none of them; runs written before they
 existed keep their fingerprints) and
-the forensics replay's time budget (it never changes a number, and runs before it had none).
+the forensics replay's and the build's time budgets (they never change a number, and runs before
+them had none).
 Pure apart from stat()ing weight files; imports only the cell table.
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ def weights_stamp(path: str | None) -> list:
 # Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
-NOT_NUMERICS = ("forensics_timeout_s",)  # recipe fields that decide no number of the probe
+NOT_NUMERICS = ("forensics_timeout_s", "build_timeout_s")  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 

@@ -174,7 +174,7 @@ class SlurmPlacement:
         return facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:
-        budget = max(p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
+        budget = max(p.task.spec.recipe.build_timeout_s + p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
         self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
         arrays: dict[tuple, list[PlacedProbe]] = {}
         for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware) and size

@@ -18,12 +18,12 @@ from pathlib import Path
 
 from .. import jsonio
 from ..env import get_nvml
-from ..record import ProbeSpec
+from ..record import BUILT_FILE, STALE_FILES, ProbeSpec
 from .runner import MAX_WAIT_S, LOG_TAIL_CHARS, ProbeTask, RunningProbe
 from .slots import child_command, kill_group, probe_env
 
 PLACED_FILE = "placed.json"
-CARRIED_FILES = ("result.json", "steps.jsonl")  # what a Ray task carries back whole; log.txt: its tail
+CARRIED_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a Ray task carries back whole; log.txt: its tail
 
 
 def node_gpus() -> str | None:
@@ -61,7 +61,7 @@ def run_placed(folder: str, timeout_s: float) -> dict:
     env = probe_env(None)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = gpus
-    for stale in ("result.json", "steps.jsonl", PLACED_FILE):
+    for stale in (*STALE_FILES, PLACED_FILE):
         (folder / stale).unlink(missing_ok=True)
     with open(folder / "log.txt", "wb") as out:
         proc = subprocess.Popen(child_command(folder / "spec.json", folder / "result.json"), stdout=out,

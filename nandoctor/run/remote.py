@@ -22,7 +22,7 @@ from pathlib import Path
 from .. import jsonio
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
-from ..record import ProbeRecord
+from ..record import STALE_FILES, ProbeRecord
 from .placement import Ending, PlacedProbe
 from .runner import ProbeTask, collect, probe_dir
 from .store import ResultsStore
@@ -96,7 +96,7 @@ class RemoteRunner:
 
     def _prepare(self, probe: PlacedProbe) -> None:
         probe.folder.mkdir(parents=True, exist_ok=True)
-        for stale in ("result.json", "steps.jsonl", "placed.json"):
+        for stale in (*STALE_FILES, "placed.json"):
             (probe.folder / stale).unlink(missing_ok=True)
         (probe.folder / "spec.json").write_text(jsonio.dumps(probe.task.spec.to_dict()))
         probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
@@ -159,7 +159,8 @@ class RemoteRunner:
         """The node kills a probe past its budget; a job that outlives it by the placement's grace (a
         hung node, a wedged task) is cancelled here and recorded as the timeout it is."""
         for probe in self.in_flight.values():
-            budget = probe.task.timeout_s + probe.task.spec.recipe.forensics_timeout_s + self.placement.grace_s
+            recipe = probe.task.spec.recipe
+            budget = recipe.build_timeout_s + probe.task.timeout_s + recipe.forensics_timeout_s + self.placement.grace_s
             if probe.state == "running" and not probe.cancelled and probe.elapsed > budget:
                 probe.cancelled = True
                 self.placement.cancel([probe], wait_s=0)

@@ -1,0 +1,127 @@
+"""Numerics forensics on the ranks of a parallel probe: each rank replays its first steps with the hooks
+of a one-process replay (hooks.py) on its own DDP or FSDP2 wrapper, and adds what only a parallel step
+has, the reduction between the backward and the optimizer step.
+
+Per rank, tensor hooks on the parameters autograd differentiates (DDP: the module's own; FSDP2: its
+unsharded parameters) read this rank's gradient before the reduction, and the loop's unscale (right
+after backward and reduction, before clipping and the step) reads what the reduction left in the
+parameters' gradients (FSDP2: this rank's shard). A parameter whose own gradient holds NaN/inf is a
+backward offender on that rank; one whose gradient is finite on this rank before the reduction and not
+after it is a reduction offender (an overflow in a 16-bit reduction, or a peer's NaN: then that peer
+has a backward offender at the same step, which comes first). Every event carries its rank; the
+launcher merges the ranks' records, and the analysis orders the events by step, phase and rank.
+
+All ranks replay the same steps: each step's loss is averaged over them before the stop decision.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from functools import partial
+
+from ..record import ProbeRecord, ProbeSpec
+from .build import Setup
+from .hooks import _as_dict, _stats, finished, hooked_steps, local, replayed_steps, restored, underflow
+from .snapshot import Snapshot
+
+
+def _module(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else name
+
+
+class ReductionWatch:
+    """Each parameter's gradient on this rank before the reduction, and after it."""
+
+    def __init__(self, differentiated: list[tuple], reduced: list[tuple]):
+        self.reduced = reduced  # (name, parameter whose .grad holds the reduced gradient)
+        self.before: dict = {}  # name -> [min, max] of this rank's own gradient, in the order backward made them
+        self.after: list[tuple] = []
+        self.handles = [t.register_hook(partial(self._own, name)) for name, t in differentiated]
+
+    def _own(self, name: str, grad) -> None:
+        self.before[name] = _stats([grad])
+
+    def observe(self) -> None:
+        """Read the reduced gradients (called where the loop unscales them)."""
+        self.after = [(n, _stats([local(p.grad)])) for n, p in self.reduced if p.grad is not None]
+
+    def end_step(self, step: int) -> list[dict]:
+        import torch
+        names = list(self.before)
+        after = dict(self.after)
+        queued = [self.before[n] for n in names] + [after[n] for n in names if n in after]
+        rows = torch.stack(queued).cpu().tolist() if queued else []
+        own = dict(zip(names, rows[:len(names)]))
+        reduced = dict(zip([n for n in names if n in after], rows[len(names):]))
+        self.before, self.after = {}, []
+        events = []
+        bad = next((n for n in names if not _finite(own[n])), None)
+        if bad is not None:
+            events.append({"step": step, "phase": "backward", "module": _module(bad), "parameter": bad,
+                           "tensor": "this rank's gradient of the parameter, before the reduction", "stats": _as_dict(own[bad])})
+        lost = next((n for n in names if n in reduced and _finite(own[n]) and not _finite(reduced[n])), None)
+        if lost is not None:
+            events.append({"step": step, "phase": "reduction", "module": _module(lost), "parameter": lost,
+                           "tensor": "gradient after the reduction", "stats": _as_dict(reduced[lost]),
+                           "before": {"what": "this rank's gradient of it before the reduction", "module": lost,
+                                      **_as_dict(own[lost])}})
+        return events
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _finite(row: list[float]) -> bool:
+    return all(abs(x) < float("inf") for x in row)  # False for NaN too
+
+
+class ObservedScaler:
+    """The replay's GradScaler: before it unscales, the watch reads the gradients the reduction left."""
+
+    def __init__(self, scaler, watch: ReductionWatch):
+        self.scaler, self.watch = scaler, watch
+
+    def unscale_(self, optimizer):
+        self.watch.observe()
+        return self.scaler.unscale_(optimizer)
+
+    def __getattr__(self, name):
+        return getattr(self.scaler, name)
+
+
+def differentiated(wrapped, inner) -> list[tuple]:
+    """(name, tensor) of what autograd differentiates on this rank: FSDP2's unsharded parameters (they
+    exist once the first all-gather has run), or the module's own parameters under DDP."""
+    from torch.distributed.fsdp import FSDPModule
+    out = []
+    for module in inner.modules():
+        if isinstance(module, FSDPModule):
+            for group in getattr(module._get_fsdp_state(), "_fsdp_param_groups", []):
+                out += [(p._param_fqn, p._unsharded_param) for p in group.fsdp_params if p.sharded_param.requires_grad]
+    if out:
+        return out
+    return [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
+
+
+def replay_on_rank(spec: ProbeSpec, timed: ProbeRecord, s: Setup, wrapped, snapshot: Snapshot, rank: int,
+                   world_size: int, rows, agree) -> dict:
+    """This rank's forensics record: its model restored to the state before the timed steps, its first
+    steps replayed with hooks on its wrapper. `rows` turns a data stream into this rank's rows, `agree`
+    makes a rank's Step the probe's (both from parallel.py)."""
+    t0 = time.perf_counter()
+    n_steps = replayed_steps(spec, timed)
+    s, out = restored(spec, s, snapshot, n_steps)
+    sharded = spec.cell.parallel_row.wrapper == "fsdp2"
+    if spec.cell.precision.compute != "float32":
+        if sharded:
+            out["underflow_note"] = "gradient underflow not measured under FSDP2: its parameters are sharded"
+        else:
+            out["underflow"] = underflow(spec, timed, s)  # on the whole first global batch, as one process
+    watch = ReductionWatch(differentiated(wrapped, s.model), [(n, p) for n, p in s.model.named_parameters() if p.requires_grad])
+    s = replace(s, data=rows(s.data), scaler=ObservedScaler(s.scaler, watch))
+    out.update(hooked_steps(wrapped, s, spec.recipe.grad_clip, n_steps, watched=s.model, more=[watch], agree=agree))
+    out["rank"], out["world_size"] = rank, world_size
+    for e in out["events"]:
+        e["rank"] = rank
+    return finished(spec, timed, out, t0)
