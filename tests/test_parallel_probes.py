@@ -134,7 +134,7 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
     ckpt = save_custom_llama(tmp_path / "ckpt", "rank_crashing_llama", "RankCrashing", RANK_CRASHING_CODE)
     out = tmp_path / "run"
     proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-                   "--axis", "parallel=ddp", "--steps", "2", "--set", "timeout_s=10", "--set", "forensics_steps=0", "--out", out)
+                   "--axis", "parallel=ddp", "--steps", "2", "--set", "timeout_s=10", "--set", "build_timeout_s=120", "--set", "forensics_steps=0", "--out", out)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     recs, got = records(out), probes(out)
     assert len(recs) == 3  # the fp32/eager reference, and one record per parallel probe

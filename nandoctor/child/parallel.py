@@ -247,6 +247,8 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     first = next(s.data)
     reference = one_process_gradient(s.model, first, s) if rank == 0 else {}
     wrapped = wrap(s.model, spec)
+    if rank == 0:  # built and wrapped: the first collective (the gradient check) is on the steps' budget
+        built(result.with_name(BUILT_FILE))
     reduced = reduced_gradient(wrapped, s.model, shard(first, rank, world_size), s, rank)
     s = restart(spec, s)  # an optimizer over the wrapped parameters (FSDP2 replaced them), the stream from its start
     s.data = shards(s.data, rank, world_size)
@@ -264,8 +266,6 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     }
     log = StepLog(result.with_name("steps.jsonl") if rank == 0 else None, spec.steps)
     record.steps = log.steps
-    if rank == 0:
-        built(result.with_name(BUILT_FILE))
     split = split_after_first_step(s.model, s.optimizer)
     t1 = time.perf_counter()
     try:
