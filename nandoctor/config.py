@@ -92,6 +92,10 @@ class Recipe:
     # The replay's own budget, counted from the timed result: an overrun is noted on the record, and the
     # verdict stays the timed steps' (timeout_s covers the timed steps only).
     forensics_timeout_s: float = 300.0
+    # A grid re-times the cells speed decides between, back to back and interleaved (retime.py), in this
+    # many rounds; 0: off (a CI run where speed is not the question), speed then comes from each cell's
+    # own grid probe, and the report says so.
+    retime_rounds: int = 2
     axes: dict = field(default_factory=dict)  # default axis values for this recipe, e.g. {"compile": ["off"]}
     # Parallel cells (the `parallel` axis): W ranks, each training its batch_size / W rows of the same
     # global batch of batch_size, so that the parallel=none probe is their exact reference.
@@ -118,6 +122,8 @@ class Recipe:
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")
+        if self.retime_rounds < 0:
+            raise NandoctorError(f"recipe {self.name!r}: retime_rounds must be >= 0 (0: off), got {self.retime_rounds!r}")
         if self.forensics_steps < 0:
             raise NandoctorError(f"recipe {self.name!r}: forensics_steps must be >= 0, got {self.forensics_steps!r}")
         if not 0.0 <= self.data.pad_fraction < 1.0:

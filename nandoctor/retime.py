@@ -19,7 +19,8 @@ from .plan import PlannedProbe
 from .run.session import Session
 from .run.store import RETIME_FILE
 
-RETIME_ROUNDS = 2  # A B then B A: a load that rises or falls across the rounds weighs on each cell alike
+# Rounds: the recipe's retime_rounds, default 2: A B then B A, so a load that rises or falls across the
+# rounds weighs on each cell alike. 0 turns the re-timing off.
 RETIME_STEPS = 5  # per round: the warm-up step and 4 steady ones, ~0.3 s of a tiny model on a quiet CPU
 RETIME_MOST_CELLS = 3  # bounds the cost: 6 short probes at most
 
@@ -32,24 +33,26 @@ def interleaved(cells: list[str], rounds: int) -> list[tuple[str, int]]:
 
 def retime_leaders(session: Session, recipe: Recipe, on_start=None) -> dict | None:
     """Re-time the grid's leading cells (see the module docstring) and write retime.json; returns what
-    it wrote, or None when speed decides nothing (one cell in the top bucket) or it was done already.
+    it wrote, or None when speed decides nothing (one cell in the top bucket), the recipe turned it off
+    (retime_rounds=0) or it was done already.
     on_start(cells, rounds, steps) is called before the first probe."""
-    if session.store.read_json(RETIME_FILE) is not None:
+    rounds = recipe.retime_rounds
+    if not rounds or session.store.read_json(RETIME_FILE) is not None:
         return None
     leaders = speed_decides(analyze(session.dir), RETIME_MOST_CELLS)
     if not leaders:
         return None
     cells = [o.probe_id for o in leaders]
     if on_start:
-        on_start(cells, RETIME_ROUNDS, RETIME_STEPS)
+        on_start(cells, rounds, RETIME_STEPS)
     of = {o.probe_id: o for o in leaders}
     timing_recipe = dataclasses.replace(recipe, forensics_steps=0)  # the replay times nothing
-    order = interleaved(cells, RETIME_ROUNDS)
+    order = interleaved(cells, rounds)
     probes = [PlannedProbe(f"{cell} retime{r}", of[cell].record.cell, seed_offset=of[cell].record.seed - recipe.seed)
               for cell, r in order]
     t0 = time.monotonic()
     records = session.time_only(timing_recipe, probes, RETIME_STEPS)
-    timing = {"cells": cells, "rounds": RETIME_ROUNDS, "steps": RETIME_STEPS, "order": [p.probe_id for p in probes],
+    timing = {"cells": cells, "rounds": rounds, "steps": RETIME_STEPS, "order": [p.probe_id for p in probes],
               "wall_s": time.monotonic() - t0,
               "probes": [{"probe_id": r.probe_id, "of": cell, "round": n, "status": r.status,
                           "steps": [s.to_dict() for s in r.steps],

@@ -20,6 +20,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nandoctor"))
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+
+def _one_core_per_worker() -> None:
+    """Under pytest-xdist (the README's `-n 2`), worker gwN keeps to core N (of those this process may
+    use) and so does everything it starts: nandoctor then sizes its probes for one core (one torch
+    thread each), as it would on a one-core machine, instead of two workers each running probes sized
+    for the whole machine and spinning their threads against each other."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker.startswith("gw") and worker[2:].isdigit() and len(cores) > 1:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+_one_core_per_worker()
+
 pytest_plugins = ("runs",)  # the shared session runs (tests/runs.py)
 
 
@@ -70,8 +84,32 @@ def cli():
     return run_cli
 
 
+# Test modules that must run in one process, one after another: those sharing a session run of runs.py
+# (made once per process), and the executor tests, which share one SLURM node and the local reference
+# runs of clusters.py. Every other module is its own group. Under pytest-xdist (`-n 2 --dist loadgroup`,
+# the README's test command) a group never splits across workers, so module- and session-scoped runs
+# are still made once.
+SHARED_RUNS = {
+    "test_forensics": "large-mlp", "test_robustness": "large-mlp", "test_grid_numerics": "large-mlp",
+    "test_report_first_screen": "large-mlp",
+    "test_bisect_e2e": "fp16-pure-bisect", "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
+    "test_executor_slurm": "clusters", "test_executor_ray": "clusters",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests need CUDA: without it they are skipped, with the reason."""
+    """Each test gets its module's xdist group (SHARED_RUNS); the groups that take longest run first, so
+    that two workers end together. `gpu` tests need CUDA: without it they are skipped, with the reason."""
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(module, module)))
+    slow = {group: n for n, group in enumerate(("clusters", "large-mlp", "fp16-pure-bisect", "test_warm_workers"))}
+    items.sort(key=lambda item: slow.get(item.get_closest_marker("xdist_group").args[0], len(slow)))
+    _skip_gpu_tests(items)
+
+
+def _skip_gpu_tests(items):
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch

@@ -128,3 +128,13 @@ def test_github_step_summary_gets_the_markdown(fp32_check):
     _, proc, target = fp32_check
     assert proc.returncode == 0, proc.stderr
     assert "# nandoctor check: tiny-llama" in target.read_text()
+
+
+@pytest.mark.slow
+def test_check_with_more_steps_fails_on_a_later_non_finite_step(tmp_path):
+    """fp16-pure with AdamW eps 1e-8: step 0 is finite, the update at step 0 makes step 1's loss NaN. A
+    check asked for 3 steps judges all 3, not only step 0."""
+    proc = run_cli("check", "--dtype", "fp16-pure", "--attn", "eager", "--steps", "3", "--out", tmp_path / "run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ok   loss finite at step 0" in proc.stdout
+    assert "FAIL loss and grad-norm finite after step 0: non-finite at step 1: loss nan" in proc.stdout

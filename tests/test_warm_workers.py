@@ -86,9 +86,10 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     for mode in ("warm", "cold"):
         out = tmp_path / mode
         # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
-        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--out", out,
+        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--set", "retime_rounds=0", "--out", out,
                    *(["--cold"] if mode == "cold" else []))
         assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "not re-timed back to back (retime_rounds=0)" in proc.stdout and not (out / "retime.json").exists()
         runs[mode] = out
     warm, cold = records(runs["warm"]), records(runs["cold"])
     assert {r["launch"] for r in warm.values()} == {"warm"} and {r["launch"] for r in cold.values()} == {"cold"}

@@ -286,6 +286,11 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
         got = record.parallel.get("grad_agreement") or {}
         out.append(("step-0 gradients match one process", mismatch is None, mismatch.reason if mismatch else
                     f"largest relative error {_fmt(got.get('max_rel_error', math.nan))}, norm ratio {_fmt(got.get('norm_ratio') or math.nan)}"))
+    if len(record.steps) > 1:  # --steps N: the later steps must stay finite too, not only step 0
+        broke = next((s for s in record.steps[1:] if s.unrecoverable(t.min_scale) in ("loss", "grad")), None)
+        out.append(("loss and grad-norm finite after step 0", broke is None,
+                    f"non-finite at step {broke.step}: loss {_fmt(broke.loss)}, grad-norm {_fmt(broke.grad_norm)}" if broke
+                    else f"steps 1-{record.steps[-1].step} finite"))
     bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
     out.append(("no skipped step beyond GradScaler calibration", not bad,
                 f"scale fell below {t.min_scale:g} at step {bad[0].step}" if bad else

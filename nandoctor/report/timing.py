@@ -2,7 +2,7 @@
 decided the recommendation (and the cells re-timed for it), and how loaded the host was."""
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.run import ProbeOutcome, RunAnalysis, speed_decides
 from ..config import THRESHOLDS
 from ..record import Throughput
 
@@ -65,6 +65,12 @@ def speed_lines(a: RunAnalysis) -> list[str]:
         lines.append(f"{len(a.timing['cells'])} configurations share the top fidelity bucket, so speed decides between them: "
                      f"they were re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
                      f"({a.timing['wall_s']:.0f} s): {shown}.")
+    elif (a.meta.get("recipe") or {}).get("retime_rounds") == 0:
+        leaders = speed_decides(a, len(a.ranking))
+        if leaders:
+            lines.append(f"{len(leaders)} configurations share the top fidelity bucket, so speed decides between them; they were "
+                         "not re-timed back to back (retime_rounds=0): each speed is its own grid probe's, timed under whatever "
+                         "load there was then.")
     for hardware in a.hardware or [""]:
         ties = a.speed_ties_on(hardware)
         if ties:

@@ -40,7 +40,7 @@ def weights_stamp(path: str | None) -> list:
 # Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
-NOT_NUMERICS = ("forensics_timeout_s", "build_timeout_s")  # recipe fields that decide no number of the probe
+NOT_NUMERICS = ("forensics_timeout_s", "build_timeout_s", "retime_rounds")  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
