@@ -185,14 +185,14 @@ def one_cpu_taken(slurm_env):
 def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_lost_not_judged(slurm_env, one_cpu_taken, tmp_path):
     out = tmp_path / "run"
     proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                   "--executor", "slurm", "--executor-opt", "cpus=2", "--executor-opt", "queue_wait=2",
+                   "--executor", "slurm", "--executor-opt", "cpus=2", "--executor-opt", "queue_wait=5",
                    "--executor-opt", "retries=1", "--out", out, env=slurm_env)
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
-    assert "1 queued, 0 running, 0 done (job " in proc.stdout and "within 2 s while none runs is placed again (queue_wait)" in proc.stdout
+    assert "1 queued, 0 running, 0 done (job " in proc.stdout and "within 5 s while none runs is placed again (queue_wait)" in proc.stdout
     record = records(out)["fp32/eager/off"]
     assert record["status"] == "lost" and record["launch"] == "slurm" and record["steps"] == []
     # squeue's pending reason, once the scheduler has looked at the job (a fresh one says None: not shown)
-    attempt = r"NOT_STARTED: still queued after 2 s \(queue_wait\)(: (Resources|Priority))?"
+    attempt = r"NOT_STARTED: still queued after 5 s \(queue_wait\)(: (Resources|Priority))?"
     assert re.fullmatch(rf"the scheduler lost this probe on all 2 attempts \({attempt}; {attempt}\)", record["reason"]), record["reason"]
     [probe] = summary(out)["probes"]
     assert probe["verdict"] == "killed" and "this says nothing about the configuration" in probe["reason"]
