@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
@@ -174,8 +175,14 @@ def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(
 @pytest.fixture
 def one_cpu_taken(slurm_env):
     """A job of someone else's holding one of the node's two CPUs: a probe asking for both pends on
-    Resources while it runs (the canary, asking for one, still runs)."""
+    Resources while it runs (the canary, asking for one, still runs). It waits first for the jobs of
+    earlier tests to leave the node: one still ending would hold the canary's CPU too (seen once in a
+    clean-clone run: the canary pending on Resources past its queue wait)."""
     env = {**os.environ, **slurm_env}
+    deadline = time.monotonic() + 120
+    while active_slurm_jobs(slurm_env) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert active_slurm_jobs(slurm_env) == [], "earlier jobs still hold the node"
     job = subprocess.run(["sbatch", "--parsable", "-J", "someone-else", "-c", "1", "-o", "/dev/null", "--wrap", "sleep 300"],
                          capture_output=True, text=True, env=env, check=True).stdout.strip()
     yield job
