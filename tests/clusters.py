@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from checkpoints import save_custom_llama
-from conftest import run_cli, verdicts
+from conftest import run_cli, unpinned, verdicts
 
 SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
 SLURM_DIR = Path(tempfile.gettempdir()) / "nandoctor-slurm"
@@ -90,7 +90,8 @@ def slurm_skip_reason() -> str | None:
 
 def start_slurm() -> dict:
     """Start (or reuse) the one-node cluster; returns the environment its clients need."""
-    out = subprocess.run([str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120,
+                         preexec_fn=unpinned)  # slurmd's jobs see the node's cores, not one xdist worker's
     assert out.returncode == 0, out.stdout + out.stderr
     return {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
 
@@ -130,7 +131,7 @@ class LocalRay:
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
         self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
         self.proc = subprocess.Popen([sys.executable, "-c", f"RESOURCES = {RAY_NODE_TYPES!r}" + RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env, start_new_session=True)
+                                     text=True, env=env, start_new_session=True, preexec_fn=unpinned)
         self.address = self.proc.stdout.readline().strip()
         assert self.address.startswith("127.0.0.1:"), self.address
 

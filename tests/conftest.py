@@ -21,13 +21,24 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nandoctor"))
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# Every core this pytest process may use, read before an xdist worker keeps to one of them.
+ALL_CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+
+
+def unpinned() -> None:
+    """preexec_fn for a daemon a test starts (slurmd, slurmctld, a Ray head): it gets back every core,
+    as on a real node, instead of inheriting the one its xdist worker keeps to."""
+    if ALL_CORES:
+        os.sched_setaffinity(0, ALL_CORES)
+
+
 def _one_core_per_worker() -> None:
     """Under pytest-xdist (the README's `-n 2`), worker gwN keeps to core N (of those this process may
     use) and so does everything it starts: nandoctor then sizes its probes for one core (one torch
     thread each), as it would on a one-core machine, instead of two workers each running probes sized
     for the whole machine and spinning their threads against each other."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = sorted(ALL_CORES)
     if worker.startswith("gw") and worker[2:].isdigit() and len(cores) > 1:
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
 

@@ -11,7 +11,7 @@ import time
 import pytest
 from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
                       interrupt_when_running, local_run, misbehaving_checkpoint, slurm_skip_reason, start_slurm)
-from conftest import run_cli, summary, verdicts
+from conftest import ALL_CORES, run_cli, summary, verdicts
 from nandoctor.report.common import fmt_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_skip_reason() is not None, reason=str(slurm_skip_reason()))]
@@ -153,7 +153,7 @@ def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm
         where = f["gathered"]
         assert where["partition"] == kind and where["host"] == node and where["pid"] != os.getpid()
         assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read on the node
-        row = f"CPU, 2 cores, {fmt_bytes(f['ram_bytes'])} RAM; read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
+        row = f"CPU, {len(ALL_CORES)} cores, {fmt_bytes(f['ram_bytes'])} RAM; read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
         assert re.search(rf"\| planned on {kind} +\| {re.escape(row)} +\|", (out / "report.md").read_text())
     assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
 
