@@ -63,7 +63,7 @@ def misbehaving(local_ray, tmp_path_factory):
 
 
 def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
-    assert verdicts(misbehaving) == verdicts(local_run("misbehaving")) == MISBEHAVING_VERDICTS
+    assert verdicts(misbehaving) == MISBEHAVING_VERDICTS  # what each cell's misbehaviour gives locally (clusters.py)
     crashed = records(misbehaving)["fp32/eager/off"]
     assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]  # carried back from the node
     reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}

@@ -37,6 +37,18 @@ def cell_from_training_args(args, model=None, scaled: bool = False) -> Cell:
     return Cell(dtype, cell.attn, cell.compile)
 
 
+def ranks_sharing_tokens(args) -> int:
+    """Over how many processes' tokens the Trainer averages each micro-batch loss. With
+    average_tokens_across_devices (the default) and a model that takes num_items_in_batch, each rank's
+    model output is its summed token loss over the token count of every rank, and Trainer.compute_loss
+    multiplies it by the process count (n_gpu under DataParallel) before backward, which DDP's gradient
+    average then undoes. The callback reads the model's output, before that product: times this, it is
+    the loss this rank's step trains on, its own tokens' mean."""
+    if not getattr(args, "average_tokens_across_devices", False):
+        return 1
+    return args.n_gpu if args.n_gpu > 1 else max(1, int(args.world_size))
+
+
 class _Step:
     """What one optimizer step showed the hooks: the micro-batches' inputs and losses, and the
     norm of each parameter's accumulated gradient (scaled, when a GradScaler is on)."""
@@ -59,12 +71,14 @@ class NandoctorCallback(TrainerCallback):
         self.step = None  # what the hooks collect for a step being judged
         self.judged = False
         self.handles = []
+        self.share = 1  # ranks_sharing_tokens(args), read at train begin
 
     @guarded
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         scaled = getattr(optimizer, "scaler", None) is not None
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
         cell = cell_from_training_args(args, model, scaled)
+        self.share = ranks_sharing_tokens(args)
         recipe = recipe_of("transformers", model, optimizer, args.max_grad_norm, args.seed, cell)
         run = LiveRun("transformers", cell, recipe, model, optimizer, args.device.type, Path(self.output_dir or args.output_dir),
                       step_loss=model, autocast=autocast_of(cell, args.device.type), trainer_args=args.to_dict(),
@@ -104,7 +118,7 @@ class NandoctorCallback(TrainerCallback):
         scaler = getattr(optimizer, "scaler", None)
         scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
         losses = torch.stack(step.losses).float()
-        loss = losses.sum() if step.summed else losses.mean()
+        loss = losses.sum() * self.share if step.summed else losses.mean()
         grad_norm = torch.linalg.vector_norm(torch.stack(list(step.norms.values())).float()) / (scale or 1.0)
         self.judged = True
         self.watch.judge(state.global_step, loss.item(), grad_norm.item(), scale, step.inputs[0])
