@@ -1,5 +1,16 @@
+import os
 import sys
 
-from .entry import main
+from ..record import PARENT_ENV
+from .lifetime import die_with_parent, parent_gone
+
+# Tied to the process that started it before anything heavy is imported: a Ray task cancelled with
+# force, or a job step killed, ends that process without its cleanup, and this probe must not train on
+# as an orphan on the node. The variable is dropped here, so nothing this probe starts inherits it.
+die_with_parent()
+if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
+    sys.exit(1)  # it died while this process started: nobody waits for this probe's result
+
+from .entry import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))

@@ -15,3 +15,9 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
+
+
+def parent_gone(expected: str | None, ppid: int) -> bool:
+    """Whether the process that started this one (its pid `expected`, from PARENT_ENV) died before
+    die_with_parent could tie this process to it: then this process's parent is already someone else."""
+    return expected is not None and expected != str(ppid)

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from .. import jsonio
+from ..record import PARENT_ENV
 from .cache import default_cache_dir
 
 # What one more probe costs a GPU beyond its model's training memory: its own CUDA context (each probe
@@ -69,6 +70,7 @@ def probe_env(gpu: int | None) -> dict:
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault leaves its Python stack in log.txt
     env["TOKENIZERS_PARALLELISM"] = "false"
+    env[PARENT_ENV] = str(os.getpid())  # the probe process dies with this one (child/__main__.py)
     for name, value in inductor_cache_env().items():
         env.setdefault(name, value)  # a user's own inductor cache settings win
     return env
