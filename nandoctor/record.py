@@ -25,11 +25,11 @@ from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
 REPLAY_RUNNING = {"status": "running"}
 # The file a probe writes once its model is built (imports, load, wrapping done): from then on its
 # timed steps have timeout_s; before it, the build has build_timeout_s.
+BUILT_FILE = "built"
+STALE_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a rerun of a probe in the same folder clears first
 # The pid of the process that starts a probe process (`python -m nandoctor.child`): a cold slot's
 # runner, or run/placed.py inside an executor's job or task; the probe dies with it (child/__main__.py).
 PARENT_ENV = "NANDOCTOR_PARENT_PID"
-BUILT_FILE = "built"
-STALE_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a rerun of a probe in the same folder clears first
 
 
 def _as_float(value: int) -> float:

@@ -34,7 +34,7 @@ def records(run_dir: Path) -> dict:
 def assert_like_local(out: Path, launch: str) -> None:
     """The equal grid run at `out` through an executor has the local run's verdicts and bit-equal losses,
     and each record names the executor, its job and its node."""
-    local = local_run("equal")
+    local = local_run()
     assert verdicts(out) == verdicts(local) == EQUAL_VERDICTS
     here, there = records(out), records(local)
     for probe_id, record in here.items():
@@ -158,13 +158,12 @@ def child_processes(marker: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def local_run(name: str) -> Path:
+def local_run() -> Path:
     """A local run of the equal grid, made once per pytest process, as the reference its remote runs'
     losses are compared with bit for bit. (The misbehaving grid has no local run here: its verdicts are
     fixed by what each cell's forward does, MISBEHAVING_VERDICTS, and the local harness's crash, timeout
     and OOM verdicts are tested in test_harness_outcomes.py and test_robustness.py.)"""
-    assert name == "equal", name
-    base = Path(tempfile.mkdtemp(prefix=f"nandoctor-local-{name}-"))
+    base = Path(tempfile.mkdtemp(prefix="nandoctor-local-equal-"))
     proc = run_cli("grid", *EQUAL_GRID, "--jobs", "2", "--out", base / "run")
     assert proc.returncode == 0, proc.stdout + proc.stderr  # fp32 is stable, fp16-pure's NaN a verdict
     return base / "run"

@@ -86,7 +86,7 @@ def two_node_types(local_ray, tmp_path_factory):
 
 def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_recommendation(two_node_types):
     out = two_node_types
-    local = records(local_run("equal"))
+    local = records(local_run())
     assert verdicts(out) == {f"{cell}@{kind}": v for cell, v in EQUAL_VERDICTS.items() for kind in ("node_small", "node_big")}
     for probe_id, record in records(out).items():
         cell, _, kind = probe_id.partition("@")

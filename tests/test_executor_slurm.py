@@ -119,7 +119,7 @@ def two_partitions(slurm_env, tmp_path_factory):
 
 def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses(two_partitions):
     out, _, partitions = two_partitions
-    local = records(local_run("equal"))
+    local = records(local_run())
     expected = {f"{cell}@{p}": v for cell, v in EQUAL_VERDICTS.items() for p in ("main", "spare")}
     assert verdicts(out) == expected
     for probe_id, record in records(out).items():

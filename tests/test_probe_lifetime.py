@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from nandoctor.cells import Cell
-from nandoctor.config import Recipe
 from nandoctor.jsonio import dumps
 from nandoctor.models import plan_model
 from nandoctor.record import BUILT_FILE, PARENT_ENV, ProbeSpec
