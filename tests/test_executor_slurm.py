@@ -108,6 +108,13 @@ def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
     return dict(line.split() for line in out.stdout.splitlines() if line.strip())
 
 
+def job_states(env: dict) -> dict[str, str]:
+    """{job id: state} of every job SLURM still lists, ended ones included (MinJobAge)."""
+    out = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i %T"], capture_output=True, text=True,
+                         env={**os.environ, **env})
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
 @pytest.fixture(scope="module")
 def two_partitions(slurm_env, tmp_path_factory):
     """The small grid on both partitions of the test cluster (--axis partition=main,spare)."""
@@ -160,6 +167,7 @@ def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm
 
 def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
     before = {line.split()[0] for line in active_slurm_jobs(slurm_env)}  # an earlier test's jobs may still be ending
+    newest = max((int(j.split("_")[0]) for j in job_states(slurm_env)), default=0)
     proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
                    "--axis", "partition=main,nope", "--out", tmp_path / "run", env=slurm_env)
     assert proc.returncode == 2
@@ -167,7 +175,9 @@ def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(
     assert errors == ["nandoctor: error: --executor slurm: sbatch refused a job on partition 'nope' (--axis partition): "
                       "sbatch: error: Batch job submission failed: Invalid partition name specified"]
     after = {line.split()[0] for line in active_slurm_jobs(slurm_env)}
-    assert after - before == set()  # the canary already placed on `main` was cancelled
+    assert after - before == set()  # the canary already placed on `main` left the queue before the CLI returned...
+    canary = [j for j, state in job_states(slurm_env).items() if j not in before and int(j.split("_")[0]) > newest]
+    assert [job_states(slurm_env)[j] for j in canary] == ["CANCELLED"]  # ...cancelled, not run to its end
 
 
 # --- a job the scheduler never starts (issue 18: bounded queue wait) --------------------------------

@@ -27,6 +27,7 @@ from .placement import Ending, PlacedProbe, missing_extra
 CANARY_MINUTES = 3  # the canary's time limit: its import of torch to gather the device facts
 SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT")
+CANARY_CANCEL_WAIT_S = 15  # at most this long on close for cancelled canaries to leave the queue
 # submitit's parameter for each --executor-opt of the slurm kind
 PARAMETERS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
               "gpus": "gpus_per_node", "cpus": "cpus_per_task", "mem": "mem", "parallel": "array_parallelism"}
@@ -79,6 +80,20 @@ def squeue(job_ids: list[str]) -> dict[str, tuple[str, str]] | None:
         state, _, reason = rest.partition("|")
         states[job] = (state, reason)
     return states
+
+
+def scancel_and_wait(jobs: list[str], wait_s: float) -> None:
+    """Cancel these jobs, then wait up to wait_s for each to leave the active states (COMPLETING included)."""
+    try:
+        subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        states = squeue([j.split("_")[0] for j in jobs])
+        if states is not None and not any(states.get(j, ("GONE",))[0] in ACTIVE for j in jobs):
+            return
+        time.sleep(0.2)
 
 
 class SlurmPlacement:
@@ -213,15 +228,11 @@ class SlurmPlacement:
         jobs = [p.job_id for p in probes if p.job_id]
         if not jobs:
             return
-        subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            states = squeue([j.split("_")[0] for j in jobs])
-            if states is not None and not any(states.get(j, ("GONE",))[0] in ACTIVE for j in jobs):
-                return
-            time.sleep(0.2)
+        scancel_and_wait(jobs, wait_s)
 
     def close(self) -> None:
         if self.canaries:
-            subprocess.run(["scancel", *(c.job_id for _, c in self.canaries.values())], capture_output=True)
+            # a canary still queued or running when the run ends early (a refused partition, Ctrl-C):
+            # cancelled, and waited for past COMPLETING so that nothing of this run is left in the queue
+            scancel_and_wait([c.job_id for _, c in self.canaries.values()], CANARY_CANCEL_WAIT_S)
             self.canaries.clear()
