@@ -6,7 +6,9 @@ The order, best first:
 2. configurations no nandoctor rule flags before flagged ones;
 3. speed, but only where it is told apart from noise: two probes are equally fast unless the faster
    one's median tokens/s is above the other's by more than Thresholds.speed_margin AND its lower
-   quartile is above the other's upper quartile (their per-step spreads do not overlap). Starting
+   quartile is above the other's upper quartile (their per-step spreads do not overlap), and, for
+   cells re-timed in interleaved rounds, it won each round by the margin and by more than the
+   round-to-round change of that ratio (paired_ratios: a busy host moves it). Starting
    from the fastest probe left, every probe not clearly slower than it forms one speed class;
 4. inside a speed class, a fixed order of adoption (`adoption_key`): compile off before compiled
    ones (nothing to wait for, nothing to break), then precisions that keep fp32 master weights, no
@@ -88,9 +90,26 @@ def _speed(row) -> tuple[float, float, float]:
     return median, _number(row, "tokens_per_s_q1", median), _number(row, "tokens_per_s_q3", median)
 
 
-def clearly_faster(a: tuple[float, float, float], b: tuple[float, float, float], t: Thresholds = THRESHOLDS) -> bool:
-    """Whether speed a = (median, q1, q3) beats b by more than their measured noise (and the margin)."""
-    return a[0] > b[0] * (1 + t.speed_margin) and a[1] > b[2]
+def clearly_faster(a: tuple[float, float, float], b: tuple[float, float, float], t: Thresholds = THRESHOLDS,
+                   ratios: list[float] | None = None) -> bool:
+    """Whether speed a = (median, q1, q3) beats b by more than their measured noise (and the margin).
+    ratios: a's tokens/s over b's in each interleaved re-timing round both ran (paired_ratios), when
+    there are two or more; then a must also win every round by the margin, and by more than the ratio
+    itself moved between rounds (a gain that the host's load changes as much as that is not a gain)."""
+    if not (a[0] > b[0] * (1 + t.speed_margin) and a[1] > b[2]):
+        return False
+    if ratios is None or len(ratios) < 2:
+        return True
+    low, high = min(ratios), max(ratios)
+    return low > 1 + t.speed_margin and low - 1 > high - low
+
+
+def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) -> list[float] | None:
+    """Probe a's median tokens/s over probe b's, round by round, for the re-timing rounds both trained
+    through (rounds: probe id -> {round: median}, analysis.run.round_medians); None for fewer than two."""
+    ra, rb = (rounds or {}).get(a) or {}, (rounds or {}).get(b) or {}
+    ratios = [ra[n] / rb[n] for n in sorted(ra.keys() & rb.keys()) if rb[n] > 0]
+    return ratios if len(ratios) >= 2 else None
 
 
 def _tie_key(row) -> tuple:
@@ -102,11 +121,12 @@ def _tie_key(row) -> tuple:
         str(probe_id) if probe_id is not None else ""
 
 
-def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
+def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict[int, float]] | None = None) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
     fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
     tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, and the
-    cell's dtype / attn / compile / optimizer (the tie order)."""
+    cell's dtype / attn / compile / optimizer (the tie order). rounds: the re-timed probes' median
+    tokens/s per interleaved round (round_medians), compared round by round (clearly_faster)."""
     rows = {i: table.loc[i] for i in table.index}
     flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
     groups: dict[tuple, list] = {}
@@ -119,7 +139,8 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS) -> pd.DataFrame:
         speed_class = 0
         while left:
             lead = _speed(rows[left[0]])
-            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(lead, _speed(rows[i]), t)]
+            ratio = lambda i: paired_ratios(rounds, str(rows[left[0]].get("probe_id")), str(rows[i].get("probe_id")))  # noqa: E731
+            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(lead, _speed(rows[i]), t, ratio(i))]
             tied.sort(key=lambda i: _tie_key(rows[i]))
             order += tied
             classes.update({i: speed_class for i in tied})

@@ -12,7 +12,7 @@ from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
 from .load import load_summary
-from .ranking import clearly_faster, fidelity_bucket, rank
+from .ranking import clearly_faster, fidelity_bucket, paired_ratios, rank
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
@@ -99,7 +99,8 @@ class RunAnalysis:
         if rec is None:
             return None
         best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: o.tokens_per_s or 0.0)
-        return best if clearly_faster(speed(best), speed(rec)) else rec
+        ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id)
+        return best if clearly_faster(speed(best), speed(rec), ratios=ratios) else rec
 
     @property
     def complete(self) -> bool:
@@ -163,12 +164,13 @@ def rankable(outcomes: list[ProbeOutcome]) -> list[int]:
     return [ids[0] for ids in by_config.values() if all(outcomes[i].verdict.name == STABLE for i in ids)]
 
 
-def rank_per_hardware(table: pd.DataFrame, hardware: list[str]) -> pd.DataFrame:
+def rank_per_hardware(table: pd.DataFrame, hardware: list[str], rounds: dict[str, dict[int, float]] | None = None) -> pd.DataFrame:
     """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
     measured on the same kind), the kinds in the order they first appear; hardware: one per table row
     of the whole probe table, by position."""
     kinds = list(dict.fromkeys(hardware[i] for i in table.index))
-    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]]) for h in kinds]) if len(kinds) > 1 else rank(table)
+    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], rounds=rounds) for h in kinds]) \
+        if len(kinds) > 1 else rank(table, rounds=rounds)
 
 
 def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
@@ -179,6 +181,17 @@ def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
             runs.setdefault(p["of"], []).append([Step.from_dict(s) for s in p.get("steps") or []])
     pooled = {of: Throughput.pooled(steps) for of, steps in runs.items()}
     return {of: t for of, t in pooled.items() if t}
+
+
+def round_medians(timing: dict | None) -> dict[str, dict[int, float]]:
+    """Probe id -> {re-timing round: the median tokens/s of that round's steady steps}, for the rounds
+    that trained to the end (retime.json): what ranking.paired_ratios compares round by round."""
+    out: dict[str, dict[int, float]] = {}
+    for p in (timing or {}).get("probes", []):
+        t = Throughput.of([Step.from_dict(s) for s in p.get("steps") or []]) if p.get("status") == "ok" else None
+        if t and isinstance(p.get("round"), int):
+            out.setdefault(p["of"], {})[p["round"]] = t.median
+    return out
 
 
 def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None = None) -> RunAnalysis:
@@ -197,7 +210,7 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
                                      flags_of(r, findings), fidelity(r.steps, references.exact(r)),
                                      retimed=r.probe_id in retimed))
     table = probe_table(outcomes)
-    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes])
+    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], round_medians(timing))
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):
         outcomes[i].speed_class = int(speed_class)
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
