@@ -156,6 +156,39 @@ def test_a_gain_every_round_measures_alike_still_wins():
     assert analysis.ranking[1].speed_class == 1
 
 
+def timing_under(rounds: dict[str, list[list[float]]], other_cores: float) -> dict:
+    timed = timing_of(rounds)
+    for p in timed["probes"]:
+        p["host_load"] = {"wall_s": 1.0, "cpu_count": 1, "other_cpu_cores": other_cores, "loadavg": [2.0, 1.5, 1.0], "gpus": None}
+    return timed
+
+
+# The re-timing rounds of two runs of test_trust_ranking_e2e's grid in a clean-clone CI run (2026-11-25),
+# steady steps as recorded: the quiet one, and the one with a busy loop sharing the probes' core.
+QUIET_ROUNDS = {"fp32/eager/off": [[1993, 2625, 2696, 2863, 3568], [2215, 2987, 3199, 3425, 3308]],
+                "fp32/sdpa/off": [[2075, 2628, 2652, 2872, 2850], [2233, 3126, 3614, 3734, 3501]]}
+LOADED_ROUNDS = {"fp32/eager/off": [[1472, 1925, 2275, 2474, 2364], [1313, 1558, 2200, 2274, 2319]],
+                 "fp32/sdpa/off": [[1385, 1563, 1970, 2068, 2009], [1327, 1657, 1899, 1827, 1760]]}
+
+
+def test_on_a_loaded_host_only_a_gain_above_the_loaded_margin_counts_so_both_runs_recommend_alike():
+    records = [probe("fp32/eager/off", [2500] * 8), probe("fp32/sdpa/off", [2500] * 8)]
+    quiet = analyze_records(META, records, timing_under(QUIET_ROUNDS, 0.0))
+    loaded = analyze_records(META, records, timing_under(LOADED_ROUNDS, 1.27))
+    assert loaded.load["significant"] and not quiet.load["significant"]
+    assert quiet.recommended.probe_id == loaded.recommended.probe_id == "fp32/sdpa/off"
+    assert [o.probe_id for o in loaded.speed_ties] == ["fp32/eager/off"]  # 17% and 25% faster per round: under 25%
+    assert "faster only by more than 25% (not 5%)" in timing.speed_lines(loaded)[-1]
+
+
+def test_on_a_loaded_host_a_gain_well_above_the_loaded_margin_still_wins():
+    records = [probe("fp32/eager/off", [2500] * 8), probe("fp32/sdpa/off", [1500] * 8)]
+    doubled = {"fp32/eager/off": [[r * 2 for r in rates] for rates in LOADED_ROUNDS["fp32/sdpa/off"]],
+               "fp32/sdpa/off": LOADED_ROUNDS["fp32/sdpa/off"]}
+    loaded = analyze_records(META, records, timing_under(doubled, 1.27))
+    assert loaded.recommended.probe_id == "fp32/eager/off" and loaded.speed_ties == []
+
+
 def busy(other_cores: float, cpu_count: int = 2) -> dict:
     return {"wall_s": 1.0, "cpu_count": cpu_count, "other_cpu_cores": other_cores, "loadavg": [3.5, 2.0, 1.0], "gpus": None}
 

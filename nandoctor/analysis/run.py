@@ -3,10 +3,12 @@ the probe table, the ranking of the stable ones, the recommended and the fastest
 the exit code."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import pandas as pd
 
+from ..config import THRESHOLDS, Thresholds
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
@@ -100,7 +102,7 @@ class RunAnalysis:
             return None
         best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: o.tokens_per_s or 0.0)
         ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id)
-        return best if clearly_faster(speed(best), speed(rec), ratios=ratios) else rec
+        return best if clearly_faster(speed(best), speed(rec), speed_thresholds(self.load), ratios) else rec
 
     @property
     def complete(self) -> bool:
@@ -164,13 +166,14 @@ def rankable(outcomes: list[ProbeOutcome]) -> list[int]:
     return [ids[0] for ids in by_config.values() if all(outcomes[i].verdict.name == STABLE for i in ids)]
 
 
-def rank_per_hardware(table: pd.DataFrame, hardware: list[str], rounds: dict[str, dict[int, float]] | None = None) -> pd.DataFrame:
+def rank_per_hardware(table: pd.DataFrame, hardware: list[str], rounds: dict[str, dict[int, float]] | None = None,
+                      t: Thresholds = THRESHOLDS) -> pd.DataFrame:
     """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
     measured on the same kind), the kinds in the order they first appear; hardware: one per table row
     of the whole probe table, by position."""
     kinds = list(dict.fromkeys(hardware[i] for i in table.index))
-    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], rounds=rounds) for h in kinds]) \
-        if len(kinds) > 1 else rank(table, rounds=rounds)
+    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds) for h in kinds]) \
+        if len(kinds) > 1 else rank(table, t, rounds)
 
 
 def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
@@ -181,6 +184,14 @@ def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
             runs.setdefault(p["of"], []).append([Step.from_dict(s) for s in p.get("steps") or []])
     pooled = {of: Throughput.pooled(steps) for of, steps in runs.items()}
     return {of: t for of, t in pooled.items() if t}
+
+
+def speed_thresholds(load: dict | None) -> Thresholds:
+    """The thresholds speeds are compared with: the loaded margin (Thresholds.loaded_speed_margin) in
+    place of the quiet one when the host was loaded while probes were timed (load_summary)."""
+    if load and load.get("significant"):
+        return dataclasses.replace(THRESHOLDS, speed_margin=max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin))
+    return THRESHOLDS
 
 
 def round_medians(timing: dict | None) -> dict[str, dict[int, float]]:
@@ -210,12 +221,14 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
                                      flags_of(r, findings), fidelity(r.steps, references.exact(r)),
                                      retimed=r.probe_id in retimed))
     table = probe_table(outcomes)
-    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], round_medians(timing))
+    load = load_summary(records, timing)
+    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], round_medians(timing),
+                               speed_thresholds(load))
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):
         outcomes[i].speed_class = int(speed_class)
     return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
                        expected=meta.get("planned", len(records)), findings=findings, timing=timing,
-                       load=load_summary(records, timing))
+                       load=load)
 
 
 def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:

@@ -49,7 +49,8 @@ def load_line(a: RunAnalysis) -> str | None:
     if load["gpu_other_processes_max"]:
         parts.append(f"up to {load['gpu_other_processes_max']} other process(es) on a GPU")
     return ("The host was loaded while probes were timed: " + "; ".join(parts)
-            + ". Tokens/s are noisier for it; speeds within their measured spread count as equal.")
+            + f". Tokens/s are noisier for it: one configuration counts as faster only by more than "
+              f"{100 * THRESHOLDS.loaded_speed_margin:g}% (not {100 * THRESHOLDS.speed_margin:g}%) and beyond their measured spread.")
 
 
 def speed_lines(a: RunAnalysis) -> list[str]:
