@@ -138,9 +138,9 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict
         left = sorted(groups[key], key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
         speed_class = 0
         while left:
-            lead = _speed(rows[left[0]])
-            ratio = lambda i: paired_ratios(rounds, str(rows[left[0]].get("probe_id")), str(rows[i].get("probe_id")))  # noqa: E731
-            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(lead, _speed(rows[i]), t, ratio(i))]
+            lead, lead_id = _speed(rows[left[0]]), str(rows[left[0]].get("probe_id"))
+            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(
+                lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))))]
             tied.sort(key=lambda i: _tie_key(rows[i]))
             order += tied
             classes.update({i: speed_class for i in tied})

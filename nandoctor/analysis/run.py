@@ -176,12 +176,17 @@ def rank_per_hardware(table: pd.DataFrame, hardware: list[str], rounds: dict[str
         if len(kinds) > 1 else rank(table, t, rounds)
 
 
+def retimed_rounds(timing: dict | None) -> list[tuple[str, object, list[Step]]]:
+    """(probe id, round, steps) of each re-timing round that trained to the end (retime.json)."""
+    return [(p["of"], p.get("round"), [Step.from_dict(s) for s in p.get("steps") or []])
+            for p in (timing or {}).get("probes", []) if p.get("status") == "ok"]
+
+
 def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
     """Probe id -> its throughput over the re-timing rounds that trained to the end (retime.json)."""
     runs: dict[str, list[list[Step]]] = {}
-    for p in (timing or {}).get("probes", []):
-        if p.get("status") == "ok":
-            runs.setdefault(p["of"], []).append([Step.from_dict(s) for s in p.get("steps") or []])
+    for of, _, steps in retimed_rounds(timing):
+        runs.setdefault(of, []).append(steps)
     pooled = {of: Throughput.pooled(steps) for of, steps in runs.items()}
     return {of: t for of, t in pooled.items() if t}
 
@@ -198,10 +203,10 @@ def round_medians(timing: dict | None) -> dict[str, dict[int, float]]:
     """Probe id -> {re-timing round: the median tokens/s of that round's steady steps}, for the rounds
     that trained to the end (retime.json): what ranking.paired_ratios compares round by round."""
     out: dict[str, dict[int, float]] = {}
-    for p in (timing or {}).get("probes", []):
-        t = Throughput.of([Step.from_dict(s) for s in p.get("steps") or []]) if p.get("status") == "ok" else None
-        if t and isinstance(p.get("round"), int):
-            out.setdefault(p["of"], {})[p["round"]] = t.median
+    for of, n, steps in retimed_rounds(timing):
+        t = Throughput.of(steps)
+        if t and isinstance(n, int):
+            out.setdefault(of, {})[n] = t.median
     return out
 
 
