@@ -189,6 +189,41 @@ def test_on_a_loaded_host_a_gain_well_above_the_loaded_margin_still_wins():
     assert loaded.recommended.probe_id == "fp32/eager/off" and loaded.speed_ties == []
 
 
+# The Quickstart's default grid on a quiet 2-core VM (2026-11-25 21:12 UTC): four fp32 cells share the
+# top fidelity bucket, the re-timing takes the first three of the grid's ranking (sdpa clearly fastest,
+# then eager and sdpa:math ahead of sdpa:flash in the tie order), and 5-step re-timing probes measure
+# lower than 24-step grid probes. Steady steps as recorded (tokens/s).
+GRID_RATES = {
+    "fp32/eager/off": [2625, 7489, 8575, 9469, 8938, 8668, 9188, 8227, 8876, 8236, 9056, 8232, 8127, 7972, 8329, 8072,
+                       8292, 8439, 8405, 7852, 9141, 9019, 8718, 8561],
+    "fp32/sdpa/off": [3535, 7105, 8920, 9325, 8832, 9338, 9730, 9311, 9472, 9438, 9853, 9452, 9631, 9288, 9090, 9367,
+                      9795, 10085, 10265, 9963, 8625, 10019, 10148, 9583],
+    "fp32/sdpa:math/off": [3436, 7550, 8229, 6835, 8740, 9262, 9068, 9115, 7728, 7375, 8773, 8823, 8154, 9076, 9017, 8651,
+                           8348, 8811, 9175, 8832, 8185, 9184, 8647, 8391],
+    "fp32/sdpa:flash/off": [3211, 7818, 8682, 8378, 8279, 8322, 9031, 9033, 9348, 9042, 8723, 9080, 9438, 9065, 8496, 8501,
+                            7878, 9392, 9342, 8862, 7962, 8863, 9029, 8730]}
+GRID_RETIME = {"fp32/sdpa/off": [[3852, 7494, 8242, 8275, 8455], [3733, 7227, 8242, 8282, 8347]],
+               "fp32/eager/off": [[3752, 7265, 8269, 8212, 8629], [3669, 6871, 7674, 8314, 8422]],
+               "fp32/sdpa:math/off": [[3727, 7196, 7677, 7975, 8080], [3620, 6871, 6692, 7974, 8101]]}
+
+
+def test_a_cell_the_re_timing_left_out_never_outranks_the_re_timed_leaders_on_its_longer_probe():
+    losses = [8.0 - 0.1 * i for i in range(24)]
+    records = [probe(cell, rates, losses=losses) for cell, rates in GRID_RATES.items()]
+    first = analyze_records(META, records)
+    assert [o.probe_id for o in speed_decides(first, 3)] == list(GRID_RETIME)
+    analysis = analyze_records(META, records, timing_of(GRID_RETIME))
+    # sdpa:flash's 24-step figure (8,862 tokens/s) is above every re-timed one (7,825-8,259): compared
+    # with them, it took the recommendation although the re-timing never measured it
+    assert analysis.recommended.probe_id == "fp32/sdpa/off"
+    assert [o.probe_id for o in analysis.ranking][-1] == "fp32/sdpa:flash/off" and not analysis.ranking[-1].retimed
+    assert {o.probe_id for o in analysis.speed_ties} == {"fp32/eager/off", "fp32/sdpa:math/off"}
+    assert analysis.fastest is analysis.recommended  # sdpa:flash is not faster than sdpa in the grid's own probes
+    said = timing.speed_lines(analysis)[0]
+    assert said.startswith("4 configurations share the top fidelity bucket, so speed decides between them: the first 3 of")
+    assert said.endswith("the other 1 ranks after them, on its grid probe.")
+
+
 def busy(other_cores: float, cpu_count: int = 2) -> dict:
     return {"wall_s": 1.0, "cpu_count": cpu_count, "other_cpu_cores": other_cores, "loadavg": [3.5, 2.0, 1.0], "gpus": None}
 

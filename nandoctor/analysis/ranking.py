@@ -124,28 +124,34 @@ def _tie_key(row) -> tuple:
 def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict[int, float]] | None = None) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
     fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
-    tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, and the
-    cell's dtype / attn / compile / optimizer (the tie order). rounds: the re-timed probes' median
-    tokens/s per interleaved round (round_medians), compared round by round (clearly_faster)."""
+    tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, retimed (the
+    re-timed rows of a bucket rank ahead of the others) and the cell's dtype / attn / compile /
+    optimizer (the tie order). rounds: the re-timed probes' median tokens/s per interleaved round
+    (round_medians), compared round by round (clearly_faster)."""
     rows = {i: table.loc[i] for i in table.index}
     flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
+    retimed = table["retimed"].fillna(False).astype(bool) if "retimed" in table else pd.Series(False, index=table.index)
     groups: dict[tuple, list] = {}
     for i in table.index:
         fidelity = rows[i].get("fidelity") if hasattr(rows[i], "get") else None
         groups.setdefault((fidelity_bucket(fidelity, t), bool(flags[i])), []).append(i)
     order, classes = [], {}
     for key in sorted(groups):
-        left = sorted(groups[key], key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
+        # The re-timed rows of a bucket come first: they were its leaders when the re-timing chose them,
+        # and a row left out (beyond RETIME_MOST_CELLS) was behind each of them then. Its figure, from a
+        # longer probe at another time, is not compared with theirs.
         speed_class = 0
-        while left:
-            lead, lead_id = _speed(rows[left[0]]), str(rows[left[0]].get("probe_id"))
-            tied = [left[0]] + [i for i in left[1:] if not clearly_faster(
-                lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))))]
-            tied.sort(key=lambda i: _tie_key(rows[i]))
-            order += tied
-            classes.update({i: speed_class for i in tied})
-            left = [i for i in left if i not in tied]
-            speed_class += 1
+        for part in ([i for i in groups[key] if retimed[i]], [i for i in groups[key] if not retimed[i]]):
+            left = sorted(part, key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
+            while left:
+                lead, lead_id = _speed(rows[left[0]]), str(rows[left[0]].get("probe_id"))
+                tied = [left[0]] + [i for i in left[1:] if not clearly_faster(
+                    lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))))]
+                tied.sort(key=lambda i: _tie_key(rows[i]))
+                order += tied
+                classes.update({i: speed_class for i in tied})
+                left = [i for i in left if i not in tied]
+                speed_class += 1
     out = table.loc[order].copy()
     out["speed_class"] = [classes[i] for i in order]
     return out

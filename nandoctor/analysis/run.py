@@ -95,14 +95,18 @@ class RunAnalysis:
         return self.fastest_on(self.recommended.record.cell.hardware) if self.recommended else None
 
     def fastest_on(self, hardware: str) -> ProbeOutcome | None:
-        """The stable probe on this kind of hardware with the highest median tokens/s; its recommended
-        one unless that is clearly faster (beyond both measured spreads: ranking.clearly_faster)."""
+        """The stable probe on this kind of hardware with the highest median tokens/s in the grid; its
+        recommended one unless that is clearly faster (beyond both measured spreads: ranking.clearly_faster).
+        Two probes the re-timing measured are compared on its rounds; any other pair on the grid's own
+        probes, never a re-timed figure (short probes, another time) against a grid one."""
         rec = self.recommended_on(hardware)
         if rec is None:
             return None
-        best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: o.tokens_per_s or 0.0)
-        ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id)
-        return best if clearly_faster(speed(best), speed(rec), speed_thresholds(self.load), ratios) else rec
+        best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: grid_speed(o)[0])
+        if best.retimed and rec.retimed:
+            ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id)
+            return best if clearly_faster(speed(best), speed(rec), speed_thresholds(self.load), ratios) else rec
+        return best if clearly_faster(grid_speed(best), grid_speed(rec), speed_thresholds(self.load)) else rec
 
     @property
     def complete(self) -> bool:
@@ -125,8 +129,8 @@ class RunAnalysis:
 
 
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
-    """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s, peak memory,
-    optimizer-state bytes."""
+    """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s (and whether
+    the interleaved re-timing measured it), peak memory, optimizer-state bytes."""
     rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
              "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel,
              "hardware": o.record.cell.hardware, "node": o.record.node, "gpu": o.record.gpu, "overrides": o.record.overrides,
@@ -135,16 +139,23 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
              "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
              "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
              "peak_memory_bytes": o.peak_memory_bytes, "optimizer_state_bytes": o.record.optimizer_state_bytes,
-             "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags)} for o in outcomes]
+             "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags),
+             "retimed": o.retimed} for o in outcomes]
     columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "hardware", "node", "gpu", "overrides", "seed", "verdict", "step", "reason",
                "fidelity", "tokens_per_s", "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "optimizer_state_bytes",
-               "steps_run", "wall_s", "flags"]
+               "steps_run", "wall_s", "flags", "retimed"]
     return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
                                                        "optimizer_state_bytes": "Int64"})
 
 
 def speed(o: ProbeOutcome) -> tuple[float, float, float]:
     t = o.throughput
+    return (t.median, t.q1, t.q3) if t else (0.0, 0.0, 0.0)
+
+
+def grid_speed(o: ProbeOutcome) -> tuple[float, float, float]:
+    """speed() as the grid's own probe measured it, before any re-timing replaced it."""
+    t = o.record.throughput or Throughput.of(o.record.steps)
     return (t.median, t.q1, t.q3) if t else (0.0, 0.0, 0.0)
 
 
