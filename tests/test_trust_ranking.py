@@ -221,7 +221,7 @@ def test_a_cell_the_re_timing_left_out_never_outranks_the_re_timed_leaders_on_it
     assert analysis.fastest is analysis.recommended  # sdpa:flash is not faster than sdpa in the grid's own probes
     said = timing.speed_lines(analysis)[0]
     assert said.startswith("4 configurations share the top fidelity bucket, so speed decides between them: the first 3 of")
-    assert said.endswith("the other 1 ranks after them, on its grid probe.")
+    assert said.endswith("the other one ranks after them, on its grid probe.")
 
 
 def busy(other_cores: float, cpu_count: int = 2) -> dict:

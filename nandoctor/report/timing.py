@@ -64,16 +64,16 @@ def speed_lines(a: RunAnalysis) -> list[str]:
         shown = "; ".join(f"{o.probe_id} {_rate(o.tokens_per_s)} tokens/s (IQR {spread_text(o.throughput)})"
                           for o in a.ranking if o.retimed)
         timed, sharing = len(a.timing["cells"]), len(speed_decides(a, len(a.ranking)))
+        how = (f"re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
+               f"({a.timing['wall_s']:.0f} s): {shown}")
         if sharing > timed:  # more than RETIME_MOST_CELLS: the rest rank after the re-timed ones (ranking.rank)
             rest = sharing - timed
-            lines.append(f"{sharing} configurations share the top fidelity bucket, so speed decides between them: the first "
-                         f"{timed} of the grid's ranking were re-timed back to back, interleaved, {a.timing['rounds']} rounds of "
-                         f"{a.timing['steps']} steps each ({a.timing['wall_s']:.0f} s): {shown}; the other {rest} "
-                         f"{'ranks' if rest == 1 else 'rank'} after them, on {'its' if rest == 1 else 'their'} grid probe{'' if rest == 1 else 's'}.")
+            after = "the other one ranks after them, on its grid probe" if rest == 1 else \
+                f"the other {rest} rank after them, on their grid probes"
+            lines.append(f"{sharing} configurations share the top fidelity bucket, so speed decides between them: "
+                         f"the first {timed} of the grid's ranking were {how}; {after}.")
         else:
-            lines.append(f"{timed} configurations share the top fidelity bucket, so speed decides between them: "
-                         f"they were re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
-                         f"({a.timing['wall_s']:.0f} s): {shown}.")
+            lines.append(f"{timed} configurations share the top fidelity bucket, so speed decides between them: they were {how}.")
     elif (a.meta.get("recipe") or {}).get("retime_rounds") == 0:
         leaders = speed_decides(a, len(a.ranking))
         if leaders:
