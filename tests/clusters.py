@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -152,8 +153,9 @@ class LocalRay:
 
 def child_processes(marker: str) -> list[str]:
     """Probe processes alive on this machine (`python -m nandoctor.child ...`) whose spec path holds
-    `marker` (a run directory; a Ray task's scratch folder prefix)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
+    `marker` (a run directory; a Ray task's scratch folder prefix). `-ww`: without a terminal ps cuts
+    each line at 80 columns, and the marker, after the interpreter's path, was cut off with it."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True)
     return [line for line in out.stdout.splitlines() if "-m nandoctor.child " in line and marker in line]
 
 
@@ -175,18 +177,23 @@ def misbehaving_checkpoint() -> Path:
                              "Misbehaving", MISBEHAVING_CODE)
 
 
-def interrupt_when_running(args: list, env: dict, timeout: float = 300) -> tuple[int, str]:
-    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) once the queue line says a probe runs;
-    returns its exit code and everything it printed."""
+def interrupt_when_running(args: list, env: dict, marker: str, timeout: float = 300) -> tuple[int, str]:
+    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment a probe process runs on this
+    machine (child_processes(marker): the cluster's one node is this machine); returns its exit code and
+    everything it printed. Watching the processes, not the queue line (said at most every QUEUE_LINE_S),
+    so that on a fast machine the interrupt cannot come after the run's last probe (a clean-clone run
+    of 2026-11-25 sent it once both 4 s probes had ended: the run had finished and exited by SIGINT)."""
     proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
-    lines, deadline = [], time.monotonic() + timeout
-    for line in proc.stdout:
-        lines.append(line)
-        if "queue:" in line and " 0 running" not in line:
-            time.sleep(1.0)
-            proc.send_signal(signal.SIGINT)
-            break
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while not child_processes(marker):
+        assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
-    rest, _ = proc.communicate(timeout=120)
-    return proc.returncode, "".join(lines) + rest
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines)

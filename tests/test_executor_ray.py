@@ -3,6 +3,7 @@ back, the verdicts and losses the local executor gives, crashes, hangs and OOMs 
 leaves no task running and --resume finishes the run."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
@@ -26,10 +27,56 @@ def on_ray(local_ray):
 @pytest.fixture(scope="module")
 def interrupted(local_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env)
-    free_after, children_after = local_ray.free_cpus(), child_processes("nandoctor-probe-")
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-")
+    children_after = child_processes("nandoctor-probe-")  # at once: the run waits for its cancelled tasks to end
+    free_after = local_ray.free_cpus()
     resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
     return out, code, printed, free_after, children_after, resumed
+
+
+CANCEL_A_RUNNING_PROBE = """
+import json, sys, time
+from pathlib import Path
+from clusters import child_processes
+from nandoctor.cells import Cell
+from nandoctor.config import executor_config
+from nandoctor.models import plan_model
+from nandoctor.recipes import recipe_by_name
+from nandoctor.record import ProbeSpec
+from nandoctor.run.on_ray import RayPlacement
+from nandoctor.run.placement import PlacedProbe
+from nandoctor.run.runner import ProbeTask
+recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
+spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 100_000, 0, "cpu", 1)  # minutes of steps
+placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), gather=False)
+try:
+    probe = PlacedProbe(ProbeTask(spec, 600.0), Path(sys.argv[2]))
+    placement.submit([probe])
+    deadline = time.monotonic() + 120
+    while not (running := child_processes("nandoctor-probe-")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stat = Path("/proc/%s/stat" % running[0].split()[0]).read_text()
+    worker = stat.rsplit(")", 1)[1].split()[1]  # the probe's parent: the Ray worker running its task
+    placement.cancel([probe], wait_s=30)  # poll() never read the node's name: it waits in the generator
+    print(json.dumps({"worker_alive": Path("/proc/" + worker).exists(), "probes": child_processes("nandoctor-probe-")}))
+finally:
+    placement.close()
+"""
+
+
+def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, tmp_path):
+    """A probe's task is a streaming generator. Waiting on the generator itself returns as soon as an item
+    waits unread (its node's name), while the worker and the probe it started still run (measured here:
+    back after 1 ms, the worker alive), so a Ctrl-C could leave the CLI with a probe still training (a
+    clean-clone run of 2026-11-25 found one). cancel() waits on the task's completed() instead. Run as
+    its own driver process, as the CLI is."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-c", CANCEL_A_RUNNING_PROBE, local_ray.address, str(tmp_path / "probe")],
+                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
+                          env={**os.environ, **local_ray.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"worker_alive": False, "probes": []}
 
 
 def test_the_local_ray_listens_on_loopback_only(local_ray):

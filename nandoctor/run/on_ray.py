@@ -173,7 +173,9 @@ class RayPlacement:
             except self.ray.exceptions.RayError:
                 pass  # it ended meanwhile
         if refs and wait_s > 0:
-            self.ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+            # completed(), not the generator itself: the generator is "ready" as soon as an item is
+            # waiting (its node's name), while its worker, and the probe it started, still run
+            self.ray.wait([ref.completed() for ref in refs], num_returns=len(refs), timeout=wait_s)
 
     def close(self) -> None:
         if self.started_ray:
