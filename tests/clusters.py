@@ -177,19 +177,20 @@ def misbehaving_checkpoint() -> Path:
                              "Misbehaving", MISBEHAVING_CODE)
 
 
-def interrupt_when_running(args: list, env: dict, marker: str, timeout: float = 300) -> tuple[int, str]:
-    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment a probe process runs on this
-    machine (child_processes(marker): the cluster's one node is this machine); returns its exit code and
-    everything it printed. Watching the processes, not the queue line (said at most every QUEUE_LINE_S),
+def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
+    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment its run has begun (run_dir/run.json)
+    and a probe process that was not there before runs on this machine (child_processes(marker): the
+    cluster's one node is this machine); returns its exit code and everything it printed. Watching the processes, not the queue line (said at most every QUEUE_LINE_S),
     so that on a fast machine the interrupt cannot come after the run's last probe (a clean-clone run
     of 2026-11-25 sent it once both 4 s probes had ended: the run had finished and exited by SIGINT)."""
+    before = set(child_processes(marker))
     proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     deadline = time.monotonic() + timeout
-    while not child_processes(marker):
+    while not ((Path(run_dir) / "run.json").exists() and set(child_processes(marker)) - before):
         assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.1)

@@ -27,7 +27,7 @@ def on_ray(local_ray):
 @pytest.fixture(scope="module")
 def interrupted(local_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-")
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-", out)
     children_after = child_processes("nandoctor-probe-")  # at once: the run waits for its cancelled tasks to end
     free_after = local_ray.free_cpus()
     resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)

@@ -27,7 +27,7 @@ def slurm_env():
 def interrupted(slurm_env, tmp_path_factory):
     """The small grid on SLURM, interrupted with Ctrl-C once a probe runs, then resumed on SLURM."""
     out = tmp_path_factory.mktemp("slurm-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, str(out))
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, str(out), out)
     queue_after = active_slurm_jobs(slurm_env)
     children_after = child_processes(str(out))
     gathered = (out / "hardware.json").read_text()
