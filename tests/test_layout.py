@@ -1,6 +1,7 @@
 """The import rules that keep the stages and the two processes apart, read from the source with ast
 (every import counts, including the ones inside functions)."""
 import ast
+import os
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,13 @@ def test_importing_the_package_and_the_cli_stays_light(module, heavy):
     code = f"import sys, {module}; print(sorted(set('{heavy}'.split(',')) & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_under_loadgroup_each_test_runs_in_its_group(request):
+    """`-n 2 --dist loadgroup` keeps the tests that share a run on one worker (conftest.SHARED_RUNS) only
+    if xdist reads their group: it appends it to the node id. pytest 9.2.0 with pytest-xdist 3.8 drops
+    it without a word (pytest-dev/pytest-xdist#1386): a clean clone's suite then made every shared run
+    once per worker and ran the two cluster modules side by side."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(request.config.option, "loadgroup", False):  # set on the workers
+        pytest.skip("not run under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@test_layout"), request.node.nodeid
