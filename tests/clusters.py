@@ -180,9 +180,10 @@ def misbehaving_checkpoint() -> Path:
 def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
     """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment its run has begun (run_dir/run.json)
     and a probe process that was not there before runs on this machine (child_processes(marker): the
-    cluster's one node is this machine); returns its exit code and everything it printed. Watching the processes, not the queue line (said at most every QUEUE_LINE_S),
-    so that on a fast machine the interrupt cannot come after the run's last probe (a clean-clone run
-    of 2026-11-25 sent it once both 4 s probes had ended: the run had finished and exited by SIGINT)."""
+    cluster's one node is this machine); returns its exit code and everything it printed. Watching the
+    processes, not the queue line (said at most every QUEUE_LINE_S), so that on a fast machine the
+    interrupt cannot come after the run's last probe (a clean-clone run of 2026-11-25 sent it once both
+    4 s probes had ended: the run had finished and exited by SIGINT)."""
     before = set(child_processes(marker))
     proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})

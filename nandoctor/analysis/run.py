@@ -103,10 +103,10 @@ class RunAnalysis:
         if rec is None:
             return None
         best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: grid_speed(o)[0])
-        if best.retimed and rec.retimed:
-            ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id)
-            return best if clearly_faster(speed(best), speed(rec), speed_thresholds(self.load), ratios) else rec
-        return best if clearly_faster(grid_speed(best), grid_speed(rec), speed_thresholds(self.load)) else rec
+        both = best.retimed and rec.retimed
+        measured = speed if both else grid_speed
+        ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id) if both else None
+        return best if clearly_faster(measured(best), measured(rec), speed_thresholds(self.load), ratios) else rec
 
     @property
     def complete(self) -> bool:
