@@ -6,6 +6,7 @@ Step 0 (the step-0 check, with hooks on every module) is reported apart from the
 The watched runs also time every entry point of the callback (its hooks and framework events): that
 share of the step is its cost without the difference of two noisy step times, which on a loaded
 machine swamps a few percent. Usage: python bench/callback_overhead.py [ROUNDS] [STEPS] [EVERY]"""
+
 from __future__ import annotations
 
 import statistics
@@ -41,14 +42,19 @@ class Rows(torch.utils.data.Dataset):
 
 def timed(callback, names: tuple, inside: list) -> None:
     """Wrap the callback's entry points so that their wall time adds up in inside[-1] (the current step)."""
-    for name in names:
-        def wrapper(*args, _method=getattr(callback, name), **kwargs):
+
+    def timing(method):
+        def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return _method(*args, **kwargs)
+                return method(*args, **kwargs)
             finally:
                 inside[-1] += time.perf_counter() - t0
-        setattr(callback, name, wrapper)
+
+        return wrapper
+
+    for name in names:
+        setattr(callback, name, timing(getattr(callback, name)))
 
 
 def tiny_llama():
@@ -62,6 +68,7 @@ def hf_step_times(steps: int, watched: bool, every: int) -> tuple[list[float], l
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from nandoctor.integrations.transformers import NandoctorCallback
+
     times, started, inside = [], [], []
 
     class Start(TrainerCallback):
@@ -75,12 +82,25 @@ def hf_step_times(steps: int, watched: bool, every: int) -> tuple[list[float], l
 
     recipe, model = tiny_llama()
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(out, max_steps=steps, per_device_train_batch_size=recipe.batch_size, learning_rate=recipe.optimizer.lr,
-                                 report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=steps)
+        args = TrainingArguments(
+            out,
+            max_steps=steps,
+            per_device_train_batch_size=recipe.batch_size,
+            learning_rate=recipe.optimizer.lr,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+            disable_tqdm=True,
+            logging_steps=steps,
+        )
         middle = [NandoctorCallback(every=every)] if watched else []
         for callback in middle:
-            timed(callback, ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "_inputs", "_loss", "_grad"), inside)
-        Trainer(model=model, args=args, train_dataset=Rows(recipe, model.config), callbacks=[Start(), *middle, End()]).train()
+            timed(
+                callback, ("on_step_begin", "on_pre_optimizer_step", "on_step_end", "_inputs", "_loss", "_grad"), inside
+            )
+        Trainer(
+            model=model, args=args, train_dataset=Rows(recipe, model.config), callbacks=[Start(), *middle, End()]
+        ).train()
     return times, inside
 
 
@@ -89,6 +109,7 @@ def lightning_step_times(steps: int, watched: bool, every: int) -> tuple[list[fl
     import lightning as L
 
     from nandoctor.integrations.lightning import NandoctorCallback
+
     times, started, inside = [], [], []
 
     class Start(L.Callback):
@@ -116,19 +137,34 @@ def lightning_step_times(steps: int, watched: bool, every: int) -> tuple[list[fl
     with tempfile.TemporaryDirectory() as out:
         middle = [NandoctorCallback(every=every)] if watched else []
         for callback in middle:
-            timed(callback, ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end"), inside)
-        trainer = L.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                            enable_progress_bar=False, enable_model_summary=False, callbacks=[Start(), *middle, End()],
-                            default_root_dir=out)
+            timed(
+                callback,
+                ("on_train_batch_start", "on_before_backward", "on_before_optimizer_step", "on_train_batch_end"),
+                inside,
+            )
+        trainer = L.Trainer(
+            max_steps=steps,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[Start(), *middle, End()],
+            default_root_dir=out,
+        )
         trainer.fit(CausalLM(), torch.utils.data.DataLoader(Rows(recipe, model.config), batch_size=recipe.batch_size))
     return times, inside
 
 
 def main(rounds: int = 3, steps: int = 20, every: int = 1) -> None:
     import os
+
     warnings.simplefilter("ignore")
-    print(f"# callback overhead: tiny-llama, {rounds} alternating rounds of {steps} steps, every={every}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"# callback overhead: tiny-llama, {rounds} alternating rounds of {steps} steps, every={every}, "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     for name, step_times in (("transformers Trainer", hf_step_times), ("Lightning Trainer", lightning_step_times)):
         runs = {False: [], True: []}
         for _ in range(rounds):
@@ -137,9 +173,12 @@ def main(rounds: int = 3, steps: int = 20, every: int = 1) -> None:
         steady = {w: statistics.median(t for times, _ in runs[w] for t in times[1:]) for w in runs}
         first = {w: statistics.median(times[0] for times, _ in runs[w]) for w in runs}
         share = sum(sum(inside[1:]) for _, inside in runs[True]) / sum(sum(times[1:]) for times, _ in runs[True])
-        print(f"{name}: {steady[False] * 1e3:.2f} ms/step plain, {steady[True] * 1e3:.2f} ms/step watched: "
-              f"steady-state ratio {steady[True] / steady[False]:.3f}; time inside the callback {100 * share:.2f}% of the step time; "
-              f"step 0 (the step-0 check) ratio {first[True] / first[False]:.2f}")
+        print(
+            f"{name}: {steady[False] * 1e3:.2f} ms/step plain, {steady[True] * 1e3:.2f} ms/step watched: "
+            f"steady-state ratio {steady[True] / steady[False]:.3f}; "
+            f"time inside the callback {100 * share:.2f}% of the step time; "
+            f"step 0 (the step-0 check) ratio {first[True] / first[False]:.2f}"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 

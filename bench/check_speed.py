@@ -8,11 +8,12 @@ processes used (what it takes from other work on a shared machine), and the load
 
 Each check runs with PYTHONPATH set to its source tree, from a neutral working directory (`python -m`
 would import the package in the working directory first). --before DIR also runs the check of another
-nandoctor source tree (e.g. a `git archive` of main) in each round, alternating which goes first, and the rounds' check results must agree: the
-same step-0 loss and grad-norm, bit for bit.
+nandoctor source tree (e.g. a `git archive` of main) in each round, alternating which goes first, and the
+rounds' check results must agree: the same step-0 loss and grad-norm, bit for bit.
 
     PYTHONPATH=. python bench/check_speed.py [--rounds 3] [--model tiny-llama] [--before /tmp/main-tree]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,7 +38,9 @@ def timed(command: list[str], env: dict | None = None) -> tuple[float, float | N
     """(wall s, s until the model line or None, the finished process)."""
     t0 = time.perf_counter()
     # run from a neutral folder: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tempfile.gettempdir()
+    )
     model_line, out = None, []
     for line in proc.stdout:
         if model_line is None and line.startswith("model:"):
@@ -45,7 +48,11 @@ def timed(command: list[str], env: dict | None = None) -> tuple[float, float | N
         out.append(line)
     err = proc.stderr.read()
     proc.wait()
-    return time.perf_counter() - t0, model_line, subprocess.CompletedProcess(command, proc.returncode, "".join(out), err)
+    return (
+        time.perf_counter() - t0,
+        model_line,
+        subprocess.CompletedProcess(command, proc.returncode, "".join(out), err),
+    )
 
 
 def probe_times(run_dir: Path, t0: float) -> tuple[float | None, float | None]:
@@ -77,8 +84,10 @@ def main() -> None:
     here = str(Path(__file__).resolve().parents[1])  # the source tree this bench belongs to
     trees = [("this", here)] + ([("before", str(Path(a.before).resolve()))] if a.before else [])
     print(f"# check speed: nandoctor check --model {a.model}, against import torch, transformers\n")
-    print("| round | tree | load (1 min) | import torch, transformers s | nandoctor check s | model line s | probe launched s "
-          "| probe wall s | check CPU s | ratio | exit | stderr lines |")
+    print(
+        "| round | tree | load (1 min) | import torch, transformers s | nandoctor check s | model line s "
+        "| probe launched s | probe wall s | check CPU s | ratio | exit | stderr lines |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     ratios: dict[str, list[float]] = {name: [] for name, _ in trees}
     values: dict[str, set] = {name: set() for name, _ in trees}
@@ -90,21 +99,32 @@ def main() -> None:
             env = dict(os.environ, PYTHONPATH=path)
             out = base / f"r{i}-{name}"
             started, cpu = time.time(), cpu_s()
-            checked, model_line, proc = timed([sys.executable, "-m", "nandoctor", "check", "--model", a.model, "--out", str(out)], env)
+            checked, model_line, proc = timed(
+                [sys.executable, "-m", "nandoctor", "check", "--model", a.model, "--out", str(out)], env
+            )
             ratios[name].append(checked / imported)
             values[name].add(step0(out))
             cpu = cpu_s() - cpu
             launched, wall = probe_times(out, started)
             line, launched, wall = (f"{v:.2f}" if v is not None else "-" for v in (model_line, launched, wall))
-            print(f"| {i + 1} | {name} | {load:.1f} | {imported:.2f} | {checked:.2f} | {line} | {launched} | {wall} | {cpu:.2f} | {ratios[name][-1]:.2f} | "
-                  f"{proc.returncode} | {len(proc.stderr.splitlines())} |", flush=True)
+            print(
+                f"| {i + 1} | {name} | {load:.1f} | {imported:.2f} | {checked:.2f} | {line} | {launched} | {wall} | "
+                f"{cpu:.2f} | {ratios[name][-1]:.2f} | "
+                f"{proc.returncode} | {len(proc.stderr.splitlines())} |",
+                flush=True,
+            )
     print()
     for name, _ in trees:
         ratio = statistics.median(ratios[name])
-        print(f"- {name}: median check / import {ratio:.2f} (target <= 2: {'met' if ratio <= 2 else 'NOT met'}); "
-              f"step-0 (loss, grad-norm) over the rounds: {sorted(values[name], key=str)}")
+        print(
+            f"- {name}: median check / import {ratio:.2f} (target <= 2: {'met' if ratio <= 2 else 'NOT met'}); "
+            f"step-0 (loss, grad-norm) over the rounds: {sorted(values[name], key=str)}"
+        )
     if a.before:
-        print(f"- step-0 loss and grad-norm bit-identical between the trees: {'yes' if values['this'] == values['before'] else 'NO'}")
+        print(
+            "- step-0 loss and grad-norm bit-identical between the trees: "
+            f"{'yes' if values['this'] == values['before'] else 'NO'}"
+        )
     print(f"- load average after: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"- run directories: {base}")
 

@@ -6,6 +6,7 @@ probe process's own wall time on the node (wall_s). Start-up is reported apart: 
 (the shared-filesystem check, which gathers the device facts on the node), Ray's start and its
 facts task. Goal: <= 3 s per probe for SLURM, <= 1 s for Ray.
 Usage: python bench/executor_overhead.py [K] [local,slurm,ray]"""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ def tasks(k: int) -> list[ProbeTask]:
     device = collect_summary()
     plan = plan_model(recipe, device)
     cell = Cell("fp32", "eager", "off")
-    return [ProbeTask(probe_spec(recipe, PlannedProbe(f"{cell.id} #{i}", cell), plan, device, 1, 1, threads=1), 120.0)
-            for i in range(k)]
+    return [
+        ProbeTask(probe_spec(recipe, PlannedProbe(f"{cell.id} #{i}", cell), plan, device, 1, 1, threads=1), 120.0)
+        for i in range(k)
+    ]
 
 
 def measure(kind: str, k: int) -> dict:
@@ -69,8 +72,11 @@ def main() -> None:
     for kind in kinds:
         m = measure(kind, k)
         o = m["overhead_s"]
-        print(f"| {kind} | {m['startup_s']:.2f} | {statistics.median(m['wall_s']):.2f} | {statistics.median(o):.2f} "
-              f"| {min(o):.2f} | {max(o):.2f} |", flush=True)
+        print(
+            f"| {kind} | {m['startup_s']:.2f} | {statistics.median(m['wall_s']):.2f} | {statistics.median(o):.2f} "
+            f"| {min(o):.2f} | {max(o):.2f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Cost of the forensics hooks, as a ratio measured in one run: tiny-llama training steps with and
 without ModuleWatch + OptimizerWatch, in alternating blocks on the same model (the first block of
 each kind is warm-up and left out). Usage: python bench/forensics_overhead.py [DTYPE] [ROUNDS]"""
+
 from __future__ import annotations
 
 import statistics
@@ -13,8 +14,8 @@ from nandoctor.child.hooks import ModuleWatch, OptimizerWatch
 from nandoctor.child.train import train
 from nandoctor.env import collect_summary
 from nandoctor.models import plan_model
-from nandoctor.record import ProbeSpec
 from nandoctor.recipes import resolve_model
+from nandoctor.record import ProbeSpec
 
 STEPS_PER_BLOCK = 4
 
@@ -40,16 +41,26 @@ def block_seconds(s, grad_clip, hooked: bool) -> float:
 def main(dtype: str = "fp32", rounds: int = 6) -> None:
     recipe = resolve_model("tiny-llama")
     device = collect_summary()
-    spec = ProbeSpec("bench", recipe, Cell(dtype, "sdpa", "off"), plan_model(recipe, device), 0, recipe.seed,
-                     device["device"], device["cpu_count"])
+    spec = ProbeSpec(
+        "bench",
+        recipe,
+        Cell(dtype, "sdpa", "off"),
+        plan_model(recipe, device),
+        0,
+        recipe.seed,
+        device["device"],
+        device["cpu_count"],
+    )
     s = setup(spec)
     times = {False: [], True: []}
     for _ in range(rounds):
         for hooked in (False, True):
             times[hooked].append(block_seconds(s, recipe.grad_clip, hooked))
     plain, hooked = statistics.median(times[False][1:]), statistics.median(times[True][1:])
-    print(f"{dtype}: {plain * 1e3:.1f} ms/step plain, {hooked * 1e3:.1f} ms/step hooked: overhead {hooked / plain:.2f}x "
-          f"(median of {rounds - 1} blocks of {STEPS_PER_BLOCK} steps each)")
+    print(
+        f"{dtype}: {plain * 1e3:.1f} ms/step plain, {hooked * 1e3:.1f} ms/step hooked: overhead {hooked / plain:.2f}x "
+        f"(median of {rounds - 1} blocks of {STEPS_PER_BLOCK} steps each)"
+    )
 
 
 if __name__ == "__main__":

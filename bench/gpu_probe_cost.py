@@ -13,6 +13,7 @@ Runs the real CLI and prints Markdown tables:
 
 Each run directory stays under --out (results.jsonl, report.md); bench.md holds the tables.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,15 +25,29 @@ import sys
 import time
 from pathlib import Path
 
-PROBE_COLUMNS = ("wall_s", "build_s", "load_s", "train_s", "compile_s", "steady_step_s", "replay_s", "snapshot", "reproduced",
-                 "peak_GiB")
+PROBE_COLUMNS = (
+    "wall_s",
+    "build_s",
+    "load_s",
+    "train_s",
+    "compile_s",
+    "steady_step_s",
+    "replay_s",
+    "snapshot",
+    "reproduced",
+    "peak_GiB",
+)
 
 
 def grid(out: Path, args: list[str], env: dict | None = None) -> float:
     """Run `nandoctor grid ARGS --out OUT`; its wall time in seconds."""
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)], capture_output=True,
-                          text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     wall = time.perf_counter() - t0
     (out.parent / f"{out.name}.log").write_text(proc.stdout + proc.stderr)
     if not (out / "results.jsonl").exists():
@@ -41,16 +56,25 @@ def grid(out: Path, args: list[str], env: dict | None = None) -> float:
 
 
 def spawned(out: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["status"] != "unsupported"]
+    return [
+        r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["status"] != "unsupported"
+    ]
 
 
 def probe_row(r: dict) -> dict:
     f = r.get("forensics") or {}
-    return {"wall_s": r.get("wall_s"), "build_s": r.get("build_s"), "load_s": r.get("load_s"), "train_s": r.get("train_s"),
-            "compile_s": r.get("compile_s"), "steady_step_s": r.get("steady_step_s"),
-            "replay_s": (f.get("cost") or {}).get("seconds"), "snapshot": (f.get("snapshot") or {}).get("where"),
-            "reproduced": f.get("reproduced", f.get("error")),
-            "peak_GiB": r["peak_memory_bytes"] / 2**30 if r.get("peak_memory_bytes") else None}
+    return {
+        "wall_s": r.get("wall_s"),
+        "build_s": r.get("build_s"),
+        "load_s": r.get("load_s"),
+        "train_s": r.get("train_s"),
+        "compile_s": r.get("compile_s"),
+        "steady_step_s": r.get("steady_step_s"),
+        "replay_s": (f.get("cost") or {}).get("seconds"),
+        "snapshot": (f.get("snapshot") or {}).get("where"),
+        "reproduced": f.get("reproduced", f.get("error")),
+        "peak_GiB": r["peak_memory_bytes"] / 2**30 if r.get("peak_memory_bytes") else None,
+    }
 
 
 def cell(value) -> str:
@@ -70,8 +94,10 @@ def grid_summary(name: str, out: Path, wall: float) -> str:
     jobs = json.loads((out / "run.json").read_text()).get("jobs")
     train = sum(r.get("train_s") or 0 for r in recs)
     overhead = statistics.median((r["wall_s"] or 0) - (r.get("train_s") or 0) for r in recs) if recs else 0
-    return (f"| {name} | {jobs} | {len(recs)} | {wall:.1f} | {train:.1f} | {sum(r['wall_s'] or 0 for r in recs):.1f} | "
-            f"{overhead:.2f} |")
+    return (
+        f"| {name} | {jobs} | {len(recs)} | {wall:.1f} | {train:.1f} | {sum(r['wall_s'] or 0 for r in recs):.1f} | "
+        f"{overhead:.2f} |"
+    )
 
 
 def main() -> None:
@@ -89,10 +115,26 @@ def main() -> None:
 
     if "8b" not in a.skip:
         out = base / "llama-3.1-8b"
-        wall = grid(out, ["--model", "llama-3.1-8b", "--axis", "dtype=bf16-amp", "--axis", "attn=sdpa",
-                          "--axis", "compile=off", *steps])
-        report += [f"## 1. one llama-3.1-8b probe (CLI wall {wall:.1f} s, imports and planning included)", "",
-                   *probe_table(out), ""]
+        wall = grid(
+            out,
+            [
+                "--model",
+                "llama-3.1-8b",
+                "--axis",
+                "dtype=bf16-amp",
+                "--axis",
+                "attn=sdpa",
+                "--axis",
+                "compile=off",
+                *steps,
+            ],
+        )
+        report += [
+            f"## 1. one llama-3.1-8b probe (CLI wall {wall:.1f} s, imports and planning included)",
+            "",
+            *probe_table(out),
+            "",
+        ]
 
     if "jobs" not in a.skip:
         rows = []
@@ -100,13 +142,32 @@ def main() -> None:
             out = base / ("tiny-packed" if not flags else "tiny-jobs1")
             wall = grid(out, ["--axis", "compile=off", *narrow, *steps, *flags])
             rows.append(grid_summary(name, out, wall))
-        report += ["## 2. tiny-llama grid, compile off", "",
-                   "| mode | jobs | probes | grid wall s | sum of train_s | sum of probe wall s | median probe wall - train_s |",
-                   "|---|---|---|---|---|---|---|", *rows, "", "Per probe (packed):", "", *probe_table(base / "tiny-packed"), ""]
+        report += [
+            "## 2. tiny-llama grid, compile off",
+            "",
+            "| mode | jobs | probes | grid wall s | sum of train_s | sum of probe wall s "
+            "| median probe wall - train_s |",
+            "|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            "Per probe (packed):",
+            "",
+            *probe_table(base / "tiny-packed"),
+            "",
+        ]
 
     if "cache" not in a.skip:
         env = {"NANDOCTOR_CACHE_DIR": str(base / "cache")}
-        compiled = ["--axis", "dtype=bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=inductor,aot_eager", *narrow, *steps]
+        compiled = [
+            "--axis",
+            "dtype=bf16-amp",
+            "--axis",
+            "attn=sdpa",
+            "--axis",
+            "compile=inductor,aot_eager",
+            *narrow,
+            *steps,
+        ]
         walls = {run: grid(base / run, compiled, env) for run in ("compile-cold", "compile-cached")}
         report += ["## 3. compiled tiny-llama grid, run twice with one inductor cache", ""]
         for run, wall in walls.items():

@@ -10,6 +10,7 @@ Goal (issue 17): a 2-rank probe's wall <= 2x the none probe's wall on the CPU.
 
     PYTHONPATH=. python bench/parallel_probe.py [ROUNDS] [STEPS]
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,29 @@ MODES = {"warm": [], "cold": ["--cold"]}
 
 
 def measured(out: Path, extra: list[str], steps: int) -> dict[str, tuple[float, float]]:
-    proc = subprocess.run([sys.executable, "-m", "nandoctor", "grid", "--axis", "dtype=fp32", "--axis", "attn=eager",
-                           "--axis", "parallel=none,ddp,fsdp2", "--steps", str(steps), "--set", "forensics_steps=0",
-                           "--out", str(out), *extra], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nandoctor",
+            "grid",
+            "--axis",
+            "dtype=fp32",
+            "--axis",
+            "attn=eager",
+            "--axis",
+            "parallel=none,ddp,fsdp2",
+            "--steps",
+            str(steps),
+            "--set",
+            "forensics_steps=0",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.exit(f"grid failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
@@ -43,9 +64,14 @@ def main() -> None:
         for mode, extra in MODES.items():
             for name, got in measured(base / f"{mode}-{i}", extra, steps).items():
                 seen[mode][name].append(got)
-    print(f"tiny-llama, {steps} steps, 2 gloo ranks, CPU ({os.cpu_count()} cores), {rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.1f} at the end; runs in {base}\n")
-    print("| launch | none wall (s) | ddp wall (s) | fsdp2 wall (s) | ddp / none | fsdp2 / none | steady step none / ddp / fsdp2 (ms) |")
+    print(
+        f"tiny-llama, {steps} steps, 2 gloo ranks, CPU ({os.cpu_count()} cores), {rounds} rounds, "
+        f"load average {os.getloadavg()[0]:.1f} at the end; runs in {base}\n"
+    )
+    print(
+        "| launch | none wall (s) | ddp wall (s) | fsdp2 wall (s) | ddp / none | fsdp2 / none "
+        "| steady step none / ddp / fsdp2 (ms) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for mode, got in seen.items():
         none, ddp, fsdp2 = (statistics.median(w for w, _ in got[n]) for n in CELLS)

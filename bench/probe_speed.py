@@ -35,6 +35,7 @@ whether each round's two runs agree bit for bit (losses and grad-norms). Every g
 neutral working directory with PYTHONPATH set to its tree (`python -m` would import the package in
 the working directory first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,11 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = {"warm, --jobs 1": ["--jobs", "1"], "cold, --jobs 1": ["--jobs", "1", "--cold"], "warm, --jobs 2": ["--jobs", "2"]}
+MODES = {
+    "warm, --jobs 1": ["--jobs", "1"],
+    "cold, --jobs 1": ["--jobs", "1", "--cold"],
+    "warm, --jobs 2": ["--jobs", "2"],
+}
 PROGRESS = re.compile(r"^\[\s*\d+/\d+\]")  # a finished probe's line
 
 
@@ -61,9 +66,15 @@ def run_grid(args: list[str], out: Path, tree: str = HERE) -> dict:
     time, and when (seconds from the start) the first line, the model line and the first and last
     probe result lines appeared."""
     marks, t0, start = {}, time.perf_counter(), time.time()
-    proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                            env=dict(os.environ, PYTHONPATH=tree), cwd=tempfile.gettempdir())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "grid", *args, "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        env=dict(os.environ, PYTHONPATH=tree),
+        cwd=tempfile.gettempdir(),
+    )
     for line in proc.stdout:
         now = time.perf_counter() - t0
         marks.setdefault("first line", now)
@@ -90,8 +101,10 @@ def cold_import_s() -> float:
     return time.perf_counter() - t0
 
 
-PROBE_IMPORT = ("import os; os.environ['OPENBLAS_NUM_THREADS'] = '1'\n"
-                "from nandoctor.child.worker import preload\npreload(); preload('llama')")
+PROBE_IMPORT = (
+    "import os; os.environ['OPENBLAS_NUM_THREADS'] = '1'\n"
+    "from nandoctor.child.worker import preload\npreload(); preload('llama')"
+)
 
 
 def cold_probe_import_s(tree: str = HERE) -> float:
@@ -101,12 +114,19 @@ def cold_probe_import_s(tree: str = HERE) -> float:
     torch._dynamo and torch.distributed.tensor (transformers' masking_utils, core_model_loading), which
     no probe can start without."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", PROBE_IMPORT], check=True, cwd=tempfile.gettempdir(), env={**os.environ, "PYTHONPATH": tree})
+    subprocess.run(
+        [sys.executable, "-c", PROBE_IMPORT],
+        check=True,
+        cwd=tempfile.gettempdir(),
+        env={**os.environ, "PYTHONPATH": tree},
+    )
     return time.perf_counter() - t0
 
 
 def records(out: Path) -> list[dict]:
-    return [r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["status"] != "unsupported"]
+    return [
+        r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["status"] != "unsupported"
+    ]
 
 
 def step_time(record: dict) -> float:
@@ -128,7 +148,10 @@ def losses(out: Path) -> dict:
 
 def curves(out: Path) -> dict:
     verdicts = {p["probe_id"]: p["verdict"] for p in json.loads((out / "summary.json").read_text())["probes"]}
-    return {r["probe_id"]: (verdicts[r["probe_id"]], [(s["loss"], s["grad_norm"]) for s in r["steps"]]) for r in records(out)}
+    return {
+        r["probe_id"]: (verdicts[r["probe_id"]], [(s["loss"], s["grad_norm"]) for s in r["steps"]])
+        for r in records(out)
+    }
 
 
 def load() -> str:
@@ -142,21 +165,39 @@ def main() -> None:
     p.add_argument("--axis", action="append", default=[])
     p.add_argument("--steps", type=int)
     p.add_argument("--from", dest="base", help="re-tabulate the run directories of an earlier bench run")
-    p.add_argument("--mode", action="append", choices=[m.replace(" ", "") for m in MODES],
-                   help="run only this mode (repeatable; default: all three)")
-    p.add_argument("--same-as", metavar="DIR", help="a run directory of the same grid (another commit): are the losses bit-identical?")
-    p.add_argument("--before", metavar="DIR", help="another nandoctor source tree, run alternately with this one (ABAB)")
+    p.add_argument(
+        "--mode",
+        action="append",
+        choices=[m.replace(" ", "") for m in MODES],
+        help="run only this mode (repeatable; default: all three)",
+    )
+    p.add_argument(
+        "--same-as",
+        metavar="DIR",
+        help="a run directory of the same grid (another commit): are the losses bit-identical?",
+    )
+    p.add_argument(
+        "--before", metavar="DIR", help="another nandoctor source tree, run alternately with this one (ABAB)"
+    )
     p.add_argument("--rounds", type=int, default=1, help="with --before: rounds of (this, before) runs")
     a = p.parse_args()
-    grid = ["--model", a.model] + [x for axis in a.axis for x in ("--axis", axis)] + (["--steps", str(a.steps)] if a.steps else [])
+    grid = (
+        ["--model", a.model]
+        + [x for axis in a.axis for x in ("--axis", axis)]
+        + (["--steps", str(a.steps)] if a.steps else [])
+    )
     base = Path(a.base) if a.base else Path(tempfile.mkdtemp(prefix="nandoctor-bench-"))
     measured = json.loads((base / "bench.json").read_text()) if a.base else {"walls": {}, "loads": []}
     rows, outs, loads = {}, {}, measured["loads"]
     modes = {name: flags for name, flags in MODES.items() if not a.mode or name.replace(" ", "") in a.mode}
     if a.before:  # each round: both trees, alternating which goes first; a row per (round, tree, mode)
         trees = [("this", HERE), ("before", str(Path(a.before).resolve()))]
-        runs = [(f"r{i + 1} {tree}: {name}", flags, path) for i in range(a.rounds)
-                for tree, path in (trees if i % 2 == 0 else trees[::-1]) for name, flags in modes.items()]
+        runs = [
+            (f"r{i + 1} {tree}: {name}", flags, path)
+            for i in range(a.rounds)
+            for tree, path in (trees if i % 2 == 0 else trees[::-1])
+            for name, flags in modes.items()
+        ]
     else:
         runs = [(name, flags, HERE) for name, flags in modes.items()]
     measured.setdefault("marks", {})
@@ -173,38 +214,57 @@ def main() -> None:
             continue
         recs = records(out)
         outs[name] = out
-        rows[name] = {"probes": len(recs), "grid wall s": measured["walls"][name], "sum of step times s": sum(map(step_time, recs)),
-                      "median probe overhead s": statistics.median(r["wall_s"] - step_time(r) for r in recs),
-                      "median replay s": statistics.median(map(replay_time, recs)),
-                      "median launch overhead s": statistics.median(r["wall_s"] - step_time(r) - replay_time(r) for r in recs)}
+        rows[name] = {
+            "probes": len(recs),
+            "grid wall s": measured["walls"][name],
+            "sum of step times s": sum(map(step_time, recs)),
+            "median probe overhead s": statistics.median(r["wall_s"] - step_time(r) for r in recs),
+            "median replay s": statistics.median(map(replay_time, recs)),
+            "median launch overhead s": statistics.median(r["wall_s"] - step_time(r) - replay_time(r) for r in recs),
+        }
     if not a.base:
         loads.append(f"after: {load()}")
         (base / "bench.json").write_text(json.dumps(measured))
     print(f"# probe speed: nandoctor grid {' '.join(grid)}\n")
-    print(f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(
+        f"machine: {platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}"
+    )
     print("\n".join(f"- {line}" for line in loads) + "\n")
-    print("| mode | probes | grid wall s | sum of step times s | wall / steps | median probe overhead s | of which forensics s | median launch overhead s |")
+    print(
+        "| mode | probes | grid wall s | sum of step times s | wall / steps | median probe overhead s "
+        "| of which forensics s | median launch overhead s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"| {name} | {r['probes']} | {r['grid wall s']:.1f} | {r['sum of step times s']:.1f} | "
-              f"{r['grid wall s'] / r['sum of step times s']:.2f} | {r['median probe overhead s']:.2f} | "
-              f"{r['median replay s']:.2f} | {r['median launch overhead s']:.2f} |")
+        print(
+            f"| {name} | {r['probes']} | {r['grid wall s']:.1f} | {r['sum of step times s']:.1f} | "
+            f"{r['grid wall s'] / r['sum of step times s']:.2f} | {r['median probe overhead s']:.2f} | "
+            f"{r['median replay s']:.2f} | {r['median launch overhead s']:.2f} |"
+        )
     print_fixed_cost(rows, outs, measured)
     if a.before:
         for i in range(a.rounds):
             for name in modes:
                 this, before = outs.get(f"r{i + 1} this: {name}"), outs.get(f"r{i + 1} before: {name}")
                 if this and before:
-                    print(f"- round {i + 1}, {name}: losses and grad-norms bit-identical between the trees: "
-                          f"{'yes' if losses(this) == losses(before) else 'NO'}")
+                    print(
+                        f"- round {i + 1}, {name}: losses and grad-norms bit-identical between the trees: "
+                        f"{'yes' if losses(this) == losses(before) else 'NO'}"
+                    )
         for tree in ("this", "before"):
             ratios = [r["grid wall s"] / r["sum of step times s"] for n, r in rows.items() if f" {tree}: " in n]
             if ratios:
-                print(f"- {tree}: wall / steps median {statistics.median(ratios):.2f} (runs: {', '.join(f'{x:.2f}' for x in ratios)})")
+                print(
+                    f"- {tree}: wall / steps median {statistics.median(ratios):.2f} "
+                    f"(runs: {', '.join(f'{x:.2f}' for x in ratios)})"
+                )
     if a.same_as:
         first = next(iter(outs.values()))
-        print(f"- losses and grad-norms of {first.name} bit-identical to {a.same_as}: "
-              f"{'yes' if losses(first) == losses(Path(a.same_as)) else 'NO'}")
+        print(
+            f"- losses and grad-norms of {first.name} bit-identical to {a.same_as}: "
+            f"{'yes' if losses(first) == losses(Path(a.same_as)) else 'NO'}"
+        )
     if "warm, --jobs 1" not in rows or "cold, --jobs 1" not in rows or "warm, --jobs 2" not in rows:
         print(f"- run directories: {base}")
         return
@@ -215,18 +275,31 @@ def main() -> None:
     wall_ratio = warm["grid wall s"] / warm["sum of step times s"]
     jobs = rows["warm, --jobs 2"]["grid wall s"] / warm["grid wall s"]
     print()
-    print(f"- warm / cold per-probe launch overhead: {ratio:.3f} (target <= 0.2: {'met' if ratio <= 0.2 else 'NOT met'})")
-    print(f"- warm / cold per-probe overhead with the forensics replay counted in: {raw:.3f} ({'<=' if raw <= 0.2 else '>'} 0.2)")
-    print(f"- warm grid wall / sum of step times: {wall_ratio:.2f} (target <= 1.5: {'met' if wall_ratio <= 1.5 else 'NOT met'})")
+    print(
+        f"- warm / cold per-probe launch overhead: {ratio:.3f} (target <= 0.2: {'met' if ratio <= 0.2 else 'NOT met'})"
+    )
+    print(
+        f"- warm / cold per-probe overhead with the forensics replay counted in: {raw:.3f} "
+        f"({'<=' if raw <= 0.2 else '>'} 0.2)"
+    )
+    print(
+        f"- warm grid wall / sum of step times: {wall_ratio:.2f} "
+        f"(target <= 1.5: {'met' if wall_ratio <= 1.5 else 'NOT met'})"
+    )
     print(f"- grid wall --jobs 2 / --jobs 1: {jobs:.2f}")
-    print(f"- warm and cold results identical (verdicts, every loss and grad-norm bit for bit): {'yes' if same else 'NO'}")
+    print(
+        f"- warm and cold results identical (verdicts, every loss and grad-norm bit for bit): {'yes' if same else 'NO'}"
+    )
     print(f"- run directories: {base}")
 
 
 def print_fixed_cost(rows: dict, outs: dict, measured: dict) -> None:
     """Issue 20's breakdown of each mode's wall time, in seconds from the command's start."""
-    print("\n| mode | cold import torch, transformers s | cold import of a probe's code s | first line s | model line s | first probe launched s | "
-          "first probe done s | probes: build s | steps s | forensics s | rest s | last probe done -> exit s | wall / steps |")
+    print(
+        "\n| mode | cold import torch, transformers s | cold import of a probe's code s | first line s | model line s "
+        "| first probe launched s | first probe done s | probes: build s | steps s | forensics s | rest s "
+        "| last probe done -> exit s | wall / steps |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         m, recs = measured["marks"].get(name), records(outs[name])
@@ -234,10 +307,24 @@ def print_fixed_cost(rows: dict, outs: dict, measured: dict) -> None:
             continue
         build, steps, replay = sum(map(build_time, recs)), sum(map(step_time, recs)), sum(map(replay_time, recs))
         rest = sum(x["wall_s"] for x in recs) - build - steps - replay
-        cells = [measured["imports"][name], measured.get("probe_imports", {}).get(name), m.get("first line"), m.get("model line"), m.get("first probe launched"),
-                 m.get("first probe done"), build, steps, replay, rest, m["wall"] - m.get("last probe done", m["wall"])]
-        print(f"| {name} | " + " | ".join("-" if c is None else f"{c:.2f}" for c in cells) +
-              f" | {r['grid wall s'] / r['sum of step times s']:.2f} |")
+        cells = [
+            measured["imports"][name],
+            measured.get("probe_imports", {}).get(name),
+            m.get("first line"),
+            m.get("model line"),
+            m.get("first probe launched"),
+            m.get("first probe done"),
+            build,
+            steps,
+            replay,
+            rest,
+            m["wall"] - m.get("last probe done", m["wall"]),
+        ]
+        print(
+            f"| {name} | "
+            + " | ".join("-" if c is None else f"{c:.2f}" for c in cells)
+            + f" | {r['grid wall s'] / r['sum of step times s']:.2f} |"
+        )
     print()
 
 

@@ -1,11 +1,13 @@
 """The Python API the CLI is a thin layer over: run a grid, resume one, run a check, re-render a run,
 compare a run with a baseline."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
@@ -37,6 +39,7 @@ class Listener:
     queue(queued, running, done, job_ids, queue_wait): a scheduler's queue as it changes (--executor slurm / ray);
     retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
+
     opened: Callable | None = None
     started: Callable | None = None
     probe: Callable | None = None
@@ -72,6 +75,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         if listener.opened:
             listener.opened(session.dir)
         from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
+
         session.prepare()
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
@@ -86,11 +90,15 @@ def resumable(run_dir, kind: str, device: dict) -> tuple[dict, Recipe, ModelPlan
     run of another kind, and one made in another environment (its probes would not be comparable)."""
     meta = ResultsStore(run_dir).meta()
     if meta.get("kind") != kind:
-        raise NandoctorError(f"{run_dir} is a {meta.get('kind')!r} run; `nandoctor {kind} --resume` continues {kind} runs only")
+        raise NandoctorError(
+            f"{run_dir} is a {meta.get('kind')!r} run; `nandoctor {kind} --resume` continues {kind} runs only"
+        )
     then, now = environment_key(meta["env"]), environment_key(device)
     changed = [f"{k} {then[k]} -> {now[k]}" for k in then if then[k] != now.get(k)]
     if changed:
-        raise NandoctorError(f"{run_dir} was run in another environment ({'; '.join(changed)}); start a new run instead")
+        raise NandoctorError(
+            f"{run_dir} was run in another environment ({'; '.join(changed)}); start a new run instead"
+        )
     recipe = recipe_from_dict({k: v for k, v in meta["recipe"].items() if k != "name"}, meta["recipe"]["name"])
     return meta, recipe, ModelPlan.from_dict(meta["model_plan"])
 
@@ -102,12 +110,16 @@ def run_dir_of(path) -> Path:
 
 
 def baseline_analysis(path) -> RunAnalysis:
-    """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before any probe runs."""
+    """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before
+    any probe runs."""
     from .analysis.run import analyze
+
     run_dir = run_dir_of(path)
     analysis = analyze(run_dir)
     if not analysis.outcomes:
-        raise NandoctorError(f"baseline {str(path)!r} has no probe results; pass a finished run directory (or its summary.json)")
+        raise NandoctorError(
+            f"baseline {str(path)!r} has no probe results; pass a finished run directory (or its summary.json)"
+        )
     return analysis
 
 
@@ -118,6 +130,7 @@ def diff_runs(baseline, current, out=None) -> RunDiff:
     from .analysis.run import analyze
     from .report import write_diff
     from .report.diff import render_diff_markdown
+
     d = compare_runs(baseline_analysis(baseline), analyze(run_dir_of(current)))
     if out is not None:
         try:
@@ -130,26 +143,52 @@ def diff_runs(baseline, current, out=None) -> RunDiff:
     return d
 
 
-def run_grid(recipe: Recipe, axes: dict | None = None, steps: int | None = None, jobs: int | None = None,
-             out=None, listener: Listener | None = None, device: dict | None = None, warm: bool = True,
-             cache: ProbeCache | None = None, baseline=None, executor: ExecutorConfig | None = None) -> RunAnalysis:
+def run_grid(
+    recipe: Recipe,
+    axes: dict | None = None,
+    steps: int | None = None,
+    jobs: int | None = None,
+    out=None,
+    listener: Listener | None = None,
+    device: dict | None = None,
+    warm: bool = True,
+    cache: ProbeCache | None = None,
+    baseline=None,
+    executor: ExecutorConfig | None = None,
+) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written).
     baseline: a run directory to compare with (analysis.comparison, diff.* reports, exit code);
     executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster)."""
     if baseline is not None:
         baseline_analysis(baseline)
     executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(axes or {})})
-    session, judge = open_session("grid", recipe, listener, out=out, jobs=jobs, steps=steps,
-                                  device=device, warm=warm, cache=cache, executor=executor)
+    session, judge = open_session(
+        "grid",
+        recipe,
+        listener,
+        out=out,
+        jobs=jobs,
+        steps=steps,
+        device=device,
+        warm=warm,
+        cache=cache,
+        executor=executor,
+    )
     with session:
         probes = plan_grid(recipe, session.device, axes, session.devices)
         runnable = [p.cell for p in probes if not p.unsupported]
-        doctor = doctor_section(session.device, recipe, runnable, setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
-                                known=session.model_facts)
+        doctor = doctor_section(
+            session.device,
+            recipe,
+            runnable,
+            setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
+            known=session.model_facts,
+        )
         session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
         judge.planned = len(probes)
         session.run(recipe, probes)
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
+
         retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(session.dir, baseline)
 
@@ -158,9 +197,15 @@ def _path(baseline) -> str | None:
     return str(run_dir_of(baseline).resolve()) if baseline is not None else None
 
 
-def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = None, warm: bool = True,
-                cache: ProbeCache | None = None, device: dict | None = None,
-                executor: ExecutorConfig | None = None) -> RunAnalysis:
+def resume_grid(
+    run_dir,
+    jobs: int | None = None,
+    listener: Listener | None = None,
+    warm: bool = True,
+    cache: ProbeCache | None = None,
+    device: dict | None = None,
+    executor: ExecutorConfig | None = None,
+) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
     only the cells missing from DIR/results.jsonl are probed, on any executor."""
     device = device or kept_device(run_dir, executor) or collect_doctor()
@@ -168,8 +213,20 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
     if meta.get("baseline"):
         baseline_analysis(meta["baseline"])
     executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(meta.get("axes") or {})})
-    session, judge = open_session("grid", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
-                                  device=device, warm=warm, cache=cache, plan=plan, resume=True, executor=executor)
+    session, judge = open_session(
+        "grid",
+        recipe,
+        listener,
+        out=run_dir,
+        jobs=jobs or meta["jobs"],
+        steps=meta["steps"],
+        device=device,
+        warm=warm,
+        cache=cache,
+        plan=plan,
+        resume=True,
+        executor=executor,
+    )
     with session:
         probes = plan_grid(recipe, session.device, meta.get("axes") or None, session.devices)
         judge.planned = len(probes)
@@ -177,12 +234,21 @@ def resume_grid(run_dir, jobs: int | None = None, listener: Listener | None = No
             judge(record, quiet=True)
         session.run(recipe, probes)
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
+
         retime_leaders(session, recipe, (listener or Listener()).retiming)
     return render_run(run_dir, meta.get("baseline"))
 
 
-def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict | None = None, warm: bool = True,
-              listener: Listener | None = None, baseline=None):
+def run_check(
+    recipe: Recipe,
+    cell: Cell,
+    steps: int = 1,
+    out=None,
+    device: dict | None = None,
+    warm: bool = True,
+    listener: Listener | None = None,
+    baseline=None,
+):
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]). Quick:
     one warm worker, importing while this process plans, and the forensics replay only after a
     non-finite step. baseline: a run directory with a probe of the same cell; its step-0 loss and
@@ -190,12 +256,18 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
     ids = [o.probe_id for o in baseline_analysis(baseline).outcomes] if baseline is not None else [cell.id]
     if cell.id not in ids:
         raise NandoctorError(f"baseline {str(baseline)!r} has no probe of {cell.id}; it has {', '.join(ids)}")
-    session, _ = open_session("check", recipe, listener, out=out, jobs=1, steps=steps, device=device, warm=warm,
-                              replay_failed_only=True)
+    session, _ = open_session(
+        "check", recipe, listener, out=out, jobs=1, steps=steps, device=device, warm=warm, replay_failed_only=True
+    )
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
-        doctor = doctor_section(session.device, recipe, [] if probe.unsupported else [cell], setup={"recipe": recipe.name, "cells": [cell.id]},
-                                known=session.model_facts)
+        doctor = doctor_section(
+            session.device,
+            recipe,
+            [] if probe.unsupported else [cell],
+            setup={"recipe": recipe.name, "cells": [cell.id]},
+            known=session.model_facts,
+        )
         session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline)})
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)
@@ -208,9 +280,15 @@ def run_check(recipe: Recipe, cell: Cell, steps: int = 1, out=None, device: dict
 def golden_checks(d: RunDiff, probe_id: str) -> list[tuple[str, bool, str]]:
     """A check's step-0 values against its baseline's, as (check, passed, detail)."""
     change = next(c for c in d.cells if c.probe_id == probe_id)
-    return [(f"{g.name} matches the baseline", g.passed,
-             f"{g.after!r} vs {g.before!r}: relative change {g.change:.3g}, tolerance ±{g.tolerance:.3g} for {probe_id.split('/')[0]}")
-            for g in change.golden]
+    return [
+        (
+            f"{g.name} matches the baseline",
+            g.passed,
+            f"{g.after!r} vs {g.before!r}: relative change {g.change:.3g}, "
+            f"tolerance ±{g.tolerance:.3g} for {probe_id.split('/')[0]}",
+        )
+        for g in change.golden
+    ]
 
 
 def render_run(run_dir, baseline=None) -> RunAnalysis:
@@ -222,19 +300,24 @@ def render_run(run_dir, baseline=None) -> RunAnalysis:
     from .analysis.diff import compare_runs
     from .analysis.run import analyze
     from .report import write_reports
+
     analysis = analyze(run_dir)
     stored = analysis.meta.get("baseline")
     if baseline is None and stored and (Path(stored) / RUN_FILE).exists():
         baseline = stored
     if baseline is not None:
         analysis.comparison = compare_runs(baseline_analysis(baseline), analysis)
-    analysis.unwritten = [(f"{name} not written: {why}", output) for name, why, output in write_reports(analysis, Path(run_dir))]
+    analysis.unwritten = [
+        (f"{name} not written: {why}", output) for name, why, output in write_reports(analysis, Path(run_dir))
+    ]
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         from .report.markdown import render_markdown
+
         try:
             text = render_markdown(analysis)
             if analysis.comparison:
                 from .report.diff import render_diff_markdown
+
                 text = render_diff_markdown(analysis.comparison) + "\n" + text
         except Exception:  # already named in analysis.unwritten: report.md could not be rendered either
             return analysis

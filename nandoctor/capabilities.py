@@ -6,6 +6,7 @@ look a package up when `device` does not say). `device` is the dict `env.collect
 its `packages` say which optional packages are installed, found on the path but never imported, so
 planning a grid pays neither torchao's import (3 s on a 2-core CPU) nor bitsandbytes' device probing.
 """
+
 from __future__ import annotations
 
 from packaging.version import Version
@@ -18,23 +19,28 @@ from .env import get_package
 GPU_FEATURES = ("fp32", "tf32", "fp16", "bf16", "fp8", "sdpa:flash", "sdpa:cudnn", "flash_attention_2")
 CAPABILITY_TABLE = {
     #       arch         fp32  tf32   fp16  bf16   fp8    flash  cudnn  fa2
-    "7.0": ("Volta",     True, False, True, False, False, False, False, False),
-    "7.5": ("Turing",    True, False, True, False, False, False, False, False),
-    "8.0": ("Ampere",    True, True,  True, True,  False, True,  True,  True),
-    "8.9": ("Ada",       True, True,  True, True,  True,  True,  True,  True),
-    "9.0": ("Hopper",    True, True,  True, True,  True,  True,  True,  True),
-    "10.0": ("Blackwell", True, True, True, True,  True,  True,  True,  True),
+    "7.0": ("Volta", True, False, True, False, False, False, False, False),
+    "7.5": ("Turing", True, False, True, False, False, False, False, False),
+    "8.0": ("Ampere", True, True, True, True, False, True, True, True),
+    "8.9": ("Ada", True, True, True, True, True, True, True, True),
+    "9.0": ("Hopper", True, True, True, True, True, True, True, True),
+    "10.0": ("Blackwell", True, True, True, True, True, True, True, True),
 }
 FEATURE_SOURCES = {
     "fp32": "every CUDA GPU",
     "tf32": "TF32 is an Ampere (sm80) tensor-core mode; torch.backends.cuda.matmul.allow_tf32 docs",
     "fp16": "fp16 tensor cores since Volta (sm70); NVIDIA Volta architecture whitepaper",
-    "bf16": "bf16 tensor-core math arrived with Ampere (sm80); Turing and older only emulate it (torch.cuda.is_bf16_supported)",
-    "fp8": "fp8 (e4m3/e5m2) tensor cores since Ada (sm89) and Hopper (sm90); torch._scaled_mm and Transformer Engine require sm89+",
-    "sdpa:flash": "PyTorch's flash SDPA kernels need sm80+ (torch/nn/attention docs, sdp_utils.cpp check_flash_attention_hardware_support)",
+    "bf16": "bf16 tensor-core math arrived with Ampere (sm80); "
+    "Turing and older only emulate it (torch.cuda.is_bf16_supported)",
+    "fp8": "fp8 (e4m3/e5m2) tensor cores since Ada (sm89) and Hopper (sm90); "
+    "torch._scaled_mm and Transformer Engine require sm89+",
+    "sdpa:flash": "PyTorch's flash SDPA kernels need sm80+ "
+    "(torch/nn/attention docs, sdp_utils.cpp check_flash_attention_hardware_support)",
     "sdpa:cudnn": "cuDNN fused attention needs sm80+ and cuDNN 9 (torch sdp_utils.cpp check_cudnn_hardware_support)",
-    "flash_attention_2": "flash-attn 2 supports Ampere, Ada and Hopper (Dao-AILab/flash-attention README); sm100 runs its PTX",
+    "flash_attention_2": "flash-attn 2 supports Ampere, Ada and Hopper (Dao-AILab/flash-attention README); "
+    "sm100 runs its PTX",
 }
+
 
 def capability_row(capability: str | float) -> tuple[str, dict[str, bool]] | None:
     """(architecture, {feature: native}) for a compute capability like '8.6', or None below 7.0."""
@@ -55,8 +61,16 @@ def gpu_capabilities(env: dict) -> list[dict]:
     for g in gpus:
         row = capability_row(g["capability"])
         arch, native = row if row else ("pre-Volta", {f: f == "fp32" for f in GPU_FEATURES})
-        rows.append({"index": g["index"], "name": g["name"], "capability": g["capability"], "architecture": arch,
-                     "memory_bytes": g["memory_bytes"], "native": native})
+        rows.append(
+            {
+                "index": g["index"],
+                "name": g["name"],
+                "capability": g["capability"],
+                "architecture": arch,
+                "memory_bytes": g["memory_bytes"],
+                "native": native,
+            }
+        )
     return rows
 
 
@@ -87,7 +101,10 @@ def package_missing(module: str, device: dict) -> str | None:
     if not found["importable"]:
         return f"{module} is not installed: {pkg.install}"
     if pkg.min_version and found["version"] and Version(found["version"]) < Version(pkg.min_version):
-        return f"{module} {found['version']} is older than {pkg.min_version}, the oldest checked: pip install -U {pkg.dist}"
+        return (
+            f"{module} {found['version']} is older than {pkg.min_version}, "
+            f"the oldest checked: pip install -U {pkg.dist}"
+        )
     return None
 
 
@@ -109,7 +126,10 @@ def cell_support(cell: Cell, device: dict) -> str | None:
         native = row[1] if row else {}
         for feature in cell_features(cell):
             if not native.get(feature, False):
-                return f"{feature} needs compute capability {min_capability(feature)}, this GPU has {cc} ({FEATURE_SOURCES[feature]})"
+                return (
+                    f"{feature} needs compute capability {min_capability(feature)}, "
+                    f"this GPU has {cc} ({FEATURE_SOURCES[feature]})"
+                )
         if cell.attention.half_only_cuda and not computes_in_half(cell.dtype):
             return cell.attention.half_only_cuda
         if cell.attn == "sdpa:flash" and device.get("flash_sdpa") is False:
@@ -138,10 +158,15 @@ def parallel_support(cell: Cell, world_size: int, batch_size: int, device: dict)
         return None
     gpus = len(device.get("gpus") or [])
     if device.get("device") == "cuda" and gpus < world_size:
-        return f"{cell.parallel} with world_size={world_size} needs one GPU per rank, this host has {gpus}; set world_size={max(gpus, 1)} or fewer"
+        return (
+            f"{cell.parallel} with world_size={world_size} needs one GPU per rank, this host has {gpus}; "
+            f"set world_size={max(gpus, 1)} or fewer"
+        )
     if batch_size % world_size:
-        return (f"batch_size={batch_size} does not split over world_size={world_size} ranks; "
-                f"set batch_size to a multiple of {world_size}")
+        return (
+            f"batch_size={batch_size} does not split over world_size={world_size} ranks; "
+            f"set batch_size to a multiple of {world_size}"
+        )
     return None
 
 
@@ -162,17 +187,23 @@ def input_support(cell: Cell, shape: dict, padded: bool, device: dict) -> str | 
     # torch 2.14 (masking_utils._ignore_causal_mask_sdpa: no is_causal skip while tracing, pytorch#176499)
     masked = padded or (cell.compile != "off" and _torch_version(device) < (2, 14))
     if cell.attn == "sdpa:flash" and masked:
-        return ("the flash SDPA kernel takes no attention mask, and transformers passes a materialised bool mask "
-                + ("for padded batches" if padded else f"under torch.compile ({cell.compile})"))
+        return "the flash SDPA kernel takes no attention mask, and transformers passes a materialised bool mask " + (
+            "for padded batches" if padded else f"under torch.compile ({cell.compile})"
+        )
     if cell.attn == "sdpa:efficient" and shape.get("kv_heads", shape.get("heads")) != shape.get("heads") and not masked:
-        return (f"the memory-efficient SDPA kernel has no grouped-query attention: with no mask transformers calls "
-                f"SDPA with enable_gqa ({shape['heads']} query / {shape['kv_heads']} key-value heads), and both fused "
-                "kernels require query, key and value to have the same num_heads (sdp_utils.cpp)")
+        return (
+            f"the memory-efficient SDPA kernel has no grouped-query attention: with no mask transformers calls "
+            f"SDPA with enable_gqa ({shape['heads']} query / {shape['kv_heads']} key-value heads), and both fused "
+            "kernels require query, key and value to have the same num_heads (sdp_utils.cpp)"
+        )
     return None
 
 
 def sdpa_backends(device: dict) -> dict[str, bool]:
     """Which scaled_dot_product_attention backends this device runs (with half inputs): the sdpa:*
     rows of the cell table, judged by cell_support. On a CPU, math and a CPU flash kernel exist."""
-    return {name.split(":")[1]: cell_support(Cell("fp16-amp", name, "off"), device) is None
-            for name in ATTENTIONS if name.startswith("sdpa:")}
+    return {
+        name.split(":")[1]: cell_support(Cell("fp16-amp", name, "off"), device) is None
+        for name in ATTENTIONS
+        if name.startswith("sdpa:")
+    }

@@ -10,6 +10,7 @@ Foundation module: imports only errors, and no optional package (whether one is 
 environment fact, env.get_package). Dtypes are torch attribute names ("bfloat16"), so that nothing
 here imports torch.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,6 +22,7 @@ from .errors import NandoctorError
 @dataclass(frozen=True)
 class Package:
     """An optional package an axis value needs."""
+
     module: str  # import name, as env.get_package reports it
     dist: str  # distribution name, for `pip install -U`
     min_version: str | None  # the oldest release nandoctor was checked with; None: not checked on any
@@ -28,22 +30,31 @@ class Package:
 
 
 LOWP_EXTRA = "pip install 'nandoctor[lowp]'"
-PACKAGES = {p.module: p for p in (
-    # torchao 0.18 and bitsandbytes 0.50.2 trained a 4-layer Llama on an H100 (issue 11) and run their
-    # optimizers on this project's CPU CI; bitsandbytes got CPU optimizer kernels with
-    # bitsandbytes-foundation/bitsandbytes#1901 (merged 2026-03).
-    Package("torchao", "torchao", "0.18.0", LOWP_EXTRA),
-    Package("bitsandbytes", "bitsandbytes", "0.50.2", LOWP_EXTRA),
-    # No CPU wheel: it builds against the CUDA toolkit, so it is an optional install on GPU hosts only.
-    Package("transformer_engine", "transformer-engine", None,
-            "pip install --no-build-isolation 'transformer_engine[pytorch]' on a CUDA host (NVIDIA/TransformerEngine README)"),
-)}
+PACKAGES = {
+    p.module: p
+    for p in (
+        # torchao 0.18 and bitsandbytes 0.50.2 trained a 4-layer Llama on an H100 (issue 11) and run their
+        # optimizers on this project's CPU CI; bitsandbytes got CPU optimizer kernels with
+        # bitsandbytes-foundation/bitsandbytes#1901 (merged 2026-03).
+        Package("torchao", "torchao", "0.18.0", LOWP_EXTRA),
+        Package("bitsandbytes", "bitsandbytes", "0.50.2", LOWP_EXTRA),
+        # No CPU wheel: it builds against the CUDA toolkit, so it is an optional install on GPU hosts only.
+        Package(
+            "transformer_engine",
+            "transformer-engine",
+            None,
+            "pip install --no-build-isolation 'transformer_engine[pytorch]' on a CUDA host "
+            "(NVIDIA/TransformerEngine README)",
+        ),
+    )
+}
 
 
 @dataclass(frozen=True)
 class Fp8Recipe:
     """How an fp8 `dtype` value scales and casts. Only the linears fp8 can take run their matmuls in
     fp8, inside bf16 autocast with fp32 master weights."""
+
     package: str  # PACKAGES key
     scaling: str  # "tensorwise" / "rowwise": from the current tensor (torchao); "delayed": from an amax history (TE)
     forward_format: str  # "e4m3" or "e5m2", for activations and weights
@@ -55,6 +66,7 @@ class Fp8Recipe:
 @dataclass(frozen=True)
 class Precision:
     """A `dtype` axis value."""
+
     name: str
     autocast: str | None  # torch.autocast dtype; None: no autocast
     weights: str | None  # the dtype weights are hard-cast to; None: they keep the load dtype
@@ -73,6 +85,7 @@ class Precision:
 @dataclass(frozen=True)
 class Attention:
     """An `attn` axis value."""
+
     name: str
     implementation: str  # from_pretrained(attn_implementation=...)
     sdpa_backend: str | None = None  # torch.nn.attention.SDPBackend member pinned around the step
@@ -85,6 +98,7 @@ class Attention:
 @dataclass(frozen=True)
 class Compilation:
     """A `compile` axis value."""
+
     name: str
     backend: str | None  # torch.compile(backend=...); None: eager
     # Relative cost, to order cells (never used as a number): a first inductor step takes ~36 s on a
@@ -95,6 +109,7 @@ class Compilation:
 @dataclass(frozen=True)
 class Optimizer:
     """An `optimizer` axis value: how the probe builds it, with the recipe's lr / betas / eps / weight_decay."""
+
     name: str
     import_path: str  # "module:attribute"
     package: str | None = None  # PACKAGES key; None: torch itself
@@ -106,70 +121,164 @@ class Optimizer:
     default_grid: bool = True
 
 
-FP8_CUDA_ONLY = "fp8 matmuls need fp8 tensor cores (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell); this device is a CPU"
-TORCHAO_CODE = ('convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{recipe}"), '
-                'module_filter_fn=lambda m, fqn: fqn not in KEEP_HIGH_PRECISION)  # from torchao.float8; '
-                'KEEP_HIGH_PRECISION: the modules the report lists')
+FP8_CUDA_ONLY = (
+    "fp8 matmuls need fp8 tensor cores (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell); this device is a CPU"
+)
+TORCHAO_CODE = (
+    'convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{recipe}"), '
+    "module_filter_fn=lambda m, fqn: fqn not in KEEP_HIGH_PRECISION)  # from torchao.float8; "
+    "KEEP_HIGH_PRECISION: the modules the report lists"
+)
 # {{amax_history_len}} and {{amax_compute_algo}} are the recipe's fp8 section (config.Fp8Config)
-TE_CODE = ('swap the eligible nn.Linear layers for te.Linear, then train under te.autocast(recipe=DelayedScaling('
-           'fp8_format=Format.{format}, amax_history_len={{amax_history_len}}, amax_compute_algo="{{amax_compute_algo}}"))'
-           '  # transformer_engine')
+TE_CODE = (
+    "swap the eligible nn.Linear layers for te.Linear, then train under te.autocast(recipe=DelayedScaling("
+    'fp8_format=Format.{format}, amax_history_len={{amax_history_len}}, amax_compute_algo="{{amax_compute_algo}}"))'
+    "  # transformer_engine"
+)
 
-PRECISIONS = {p.name: p for p in (
-    Precision("fp32", None, None, "float32", False),
-    Precision("tf32", None, None, "float32", False, tf32=True, gpu_features=("tf32",),
-              cuda_only="tf32 is a CUDA matmul mode; this device is a CPU", training_args={"tf32": True}),
-    Precision("bf16-amp", "bfloat16", None, "bfloat16", False, gpu_features=("bf16",),
-              training_args={"bf16": True}, lightning="bf16-mixed"),
-    Precision("fp16-amp", "float16", None, "float16", True, training_args={"fp16": True}, lightning="16-mixed"),
-    Precision("bf16-pure", None, "bfloat16", "bfloat16", False, gpu_features=("bf16",), lightning="bf16-true"),
-    Precision("fp16-pure", None, "float16", "float16", False, lightning="16-true"),
-    # torchao float8 training: torchao's tensorwise recipe casts gradients to e5m2, rowwise keeps e4m3
-    # throughout (torchao/float8/config.py Float8LinearConfig.from_recipe_name). Opt-in: a GPU grid
-    # would grow from 126 cells, and fp8 pays off on large matmuls, not on a probe-scale model.
-    Precision("fp8-tensorwise", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
-              training_args={"bf16": True}, lightning="bf16-mixed", fp8=Fp8Recipe("torchao", "tensorwise", "e4m3", "e5m2", "tensorwise"),
-              code=TORCHAO_CODE.format(recipe="tensorwise"), default_grid=False),
-    Precision("fp8-rowwise", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
-              training_args={"bf16": True}, lightning="bf16-mixed", fp8=Fp8Recipe("torchao", "rowwise", "e4m3", "e4m3", "rowwise"),
-              code=TORCHAO_CODE.format(recipe="rowwise"), default_grid=False),
-    # Transformer Engine with DelayedScaling: Format.HYBRID is e4m3 forward, e5m2 backward; Format.E4M3
-    # is e4m3 both ways (TE docs, common API). Lightning's "transformer-engine" precision is HYBRID.
-    Precision("fp8-te-hybrid", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
-              training_args={"bf16": True}, lightning="transformer-engine",
-              fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e5m2", te_format="HYBRID"),
-              code=TE_CODE.format(format="HYBRID"), default_grid=False),
-    Precision("fp8-te-e4m3", "bfloat16", None, "bfloat16", False, gpu_features=("bf16", "fp8"), cuda_only=FP8_CUDA_ONLY,
-              training_args={"bf16": True}, lightning="transformer-engine",
-              fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e4m3", te_format="E4M3"),
-              code=TE_CODE.format(format="E4M3"), default_grid=False),
-)}
+PRECISIONS = {
+    p.name: p
+    for p in (
+        Precision("fp32", None, None, "float32", False),
+        Precision(
+            "tf32",
+            None,
+            None,
+            "float32",
+            False,
+            tf32=True,
+            gpu_features=("tf32",),
+            cuda_only="tf32 is a CUDA matmul mode; this device is a CPU",
+            training_args={"tf32": True},
+        ),
+        Precision(
+            "bf16-amp",
+            "bfloat16",
+            None,
+            "bfloat16",
+            False,
+            gpu_features=("bf16",),
+            training_args={"bf16": True},
+            lightning="bf16-mixed",
+        ),
+        Precision("fp16-amp", "float16", None, "float16", True, training_args={"fp16": True}, lightning="16-mixed"),
+        Precision("bf16-pure", None, "bfloat16", "bfloat16", False, gpu_features=("bf16",), lightning="bf16-true"),
+        Precision("fp16-pure", None, "float16", "float16", False, lightning="16-true"),
+        # torchao float8 training: torchao's tensorwise recipe casts gradients to e5m2, rowwise keeps e4m3
+        # throughout (torchao/float8/config.py Float8LinearConfig.from_recipe_name). Opt-in: a GPU grid
+        # would grow from 126 cells, and fp8 pays off on large matmuls, not on a probe-scale model.
+        Precision(
+            "fp8-tensorwise",
+            "bfloat16",
+            None,
+            "bfloat16",
+            False,
+            gpu_features=("bf16", "fp8"),
+            cuda_only=FP8_CUDA_ONLY,
+            training_args={"bf16": True},
+            lightning="bf16-mixed",
+            fp8=Fp8Recipe("torchao", "tensorwise", "e4m3", "e5m2", "tensorwise"),
+            code=TORCHAO_CODE.format(recipe="tensorwise"),
+            default_grid=False,
+        ),
+        Precision(
+            "fp8-rowwise",
+            "bfloat16",
+            None,
+            "bfloat16",
+            False,
+            gpu_features=("bf16", "fp8"),
+            cuda_only=FP8_CUDA_ONLY,
+            training_args={"bf16": True},
+            lightning="bf16-mixed",
+            fp8=Fp8Recipe("torchao", "rowwise", "e4m3", "e4m3", "rowwise"),
+            code=TORCHAO_CODE.format(recipe="rowwise"),
+            default_grid=False,
+        ),
+        # Transformer Engine with DelayedScaling: Format.HYBRID is e4m3 forward, e5m2 backward; Format.E4M3
+        # is e4m3 both ways (TE docs, common API). Lightning's "transformer-engine" precision is HYBRID.
+        Precision(
+            "fp8-te-hybrid",
+            "bfloat16",
+            None,
+            "bfloat16",
+            False,
+            gpu_features=("bf16", "fp8"),
+            cuda_only=FP8_CUDA_ONLY,
+            training_args={"bf16": True},
+            lightning="transformer-engine",
+            fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e5m2", te_format="HYBRID"),
+            code=TE_CODE.format(format="HYBRID"),
+            default_grid=False,
+        ),
+        Precision(
+            "fp8-te-e4m3",
+            "bfloat16",
+            None,
+            "bfloat16",
+            False,
+            gpu_features=("bf16", "fp8"),
+            cuda_only=FP8_CUDA_ONLY,
+            training_args={"bf16": True},
+            lightning="transformer-engine",
+            fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e4m3", te_format="E4M3"),
+            code=TE_CODE.format(format="E4M3"),
+            default_grid=False,
+        ),
+    )
+}
 
-ATTENTIONS = {a.name: a for a in (
-    Attention("eager", "eager"),
-    Attention("sdpa", "sdpa"),
-    Attention("sdpa:math", "sdpa", "MATH"),
-    Attention("sdpa:flash", "sdpa", "FLASH_ATTENTION", gpu_features=("sdpa:flash",),
-              half_only_cuda="the CUDA flash SDPA kernel takes fp16/bf16 inputs only"),
-    Attention("sdpa:efficient", "sdpa", "EFFICIENT_ATTENTION", cuda_only="the memory-efficient SDPA kernel is CUDA-only"),
-    Attention("sdpa:cudnn", "sdpa", "CUDNN_ATTENTION", gpu_features=("sdpa:cudnn",), cuda_only="cuDNN SDPA is CUDA-only",
-              half_only_cuda="the cuDNN SDPA kernel takes fp16/bf16 inputs only"),
-    Attention("flash_attention_2", "flash_attention_2", gpu_features=("flash_attention_2",),
-              cuda_only="flash-attn 2 is CUDA-only", half_only_cuda="flash-attn 2 takes fp16/bf16 inputs only",
-              package="flash_attn"),
-)}
+ATTENTIONS = {
+    a.name: a
+    for a in (
+        Attention("eager", "eager"),
+        Attention("sdpa", "sdpa"),
+        Attention("sdpa:math", "sdpa", "MATH"),
+        Attention(
+            "sdpa:flash",
+            "sdpa",
+            "FLASH_ATTENTION",
+            gpu_features=("sdpa:flash",),
+            half_only_cuda="the CUDA flash SDPA kernel takes fp16/bf16 inputs only",
+        ),
+        Attention(
+            "sdpa:efficient", "sdpa", "EFFICIENT_ATTENTION", cuda_only="the memory-efficient SDPA kernel is CUDA-only"
+        ),
+        Attention(
+            "sdpa:cudnn",
+            "sdpa",
+            "CUDNN_ATTENTION",
+            gpu_features=("sdpa:cudnn",),
+            cuda_only="cuDNN SDPA is CUDA-only",
+            half_only_cuda="the cuDNN SDPA kernel takes fp16/bf16 inputs only",
+        ),
+        Attention(
+            "flash_attention_2",
+            "flash_attention_2",
+            gpu_features=("flash_attention_2",),
+            cuda_only="flash-attn 2 is CUDA-only",
+            half_only_cuda="flash-attn 2 takes fp16/bf16 inputs only",
+            package="flash_attn",
+        ),
+    )
+}
 
-COMPILATIONS = {c.name: c for c in (
-    Compilation("off", None, 0),
-    Compilation("inductor", "inductor", 2),
-    Compilation("aot_eager", "aot_eager", 1),
-)}
+COMPILATIONS = {
+    c.name: c
+    for c in (
+        Compilation("off", None, 0),
+        Compilation("inductor", "inductor", 2),
+        Compilation("aot_eager", "aot_eager", 1),
+    )
+}
+
 
 @dataclass(frozen=True)
 class Parallel:
     """A `parallel` axis value: how W ranks share one probe's global batch, and in which dtype their
     gradients are reduced. The recommendation writes it as FSDP2 / accelerate / Lightning /
     TrainingArguments settings."""
+
     name: str
     wrapper: str | None  # "ddp" (DistributedDataParallel) or "fsdp2" (fully_shard); None: one process
     # the dtype gradients are reduced in: a torch dtype name, "compute" (the dtype row's compute dtype)
@@ -187,75 +296,160 @@ class Parallel:
     accelerate_code: str | None = None
 
 
-FSDP2_CODE = ("mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  # torch.distributed.fsdp\n"
-              "for layer in model.model.layers: fully_shard(layer, mp_policy=mp)\n"
-              "fully_shard(model, mp_policy=mp)  # then build the optimizer over model.parameters()")
-FSDP_ACCELERATE = {"distributed_type": "FSDP", "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-                                                                "fsdp_state_dict_type": "SHARDED_STATE_DICT"}}
+FSDP2_CODE = (
+    "mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  # torch.distributed.fsdp\n"
+    "for layer in model.model.layers: fully_shard(layer, mp_policy=mp)\n"
+    "fully_shard(model, mp_policy=mp)  # then build the optimizer over model.parameters()"
+)
+FSDP_ACCELERATE = {
+    "distributed_type": "FSDP",
+    "fsdp_config": {
+        "fsdp_version": 2,
+        "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+    },
+}
 FSDP_TRAINING_ARGS = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}
-ACCELERATE_FSDP2_CODE = ('accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy='
-                         '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))')
-PARALLELS = {p.name: p for p in (
-    Parallel("none", None, "none"),
-    Parallel("ddp", "ddp", "weights", lightning_strategy="ddp", accelerate={"distributed_type": "MULTI_GPU"},
-             code="model = DistributedDataParallel(model, device_ids=[local_rank])  # all-reduce in the gradients' dtype"),
-    # The hooks compress each gradient bucket to 16 bits for the all-reduce and decompress it after:
-    # they halve the traffic and round every reduced gradient (torch ddp_comm_hooks/default_hooks.py).
-    Parallel("ddp-bf16-hook", "ddp", "bfloat16", comm_hook="bf16_compress_hook",
-             needs_half="a bf16 compress hook rounds an fp32 cell's gradients to bf16 for the all-reduce: "
-                        "it probes the hook, not a precision this cell trains in; pair it with a bf16 dtype",
-             lightning_strategy="ddp", accelerate={"distributed_type": "MULTI_GPU"},
-             code="model = DistributedDataParallel(model, device_ids=[local_rank])\n"
-                  "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # a bf16 all-reduce"),
-    Parallel("fsdp2", "fsdp2", "float32", lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE,
-             training_args=FSDP_TRAINING_ARGS, code=FSDP2_CODE.replace("{reduce}", "torch.float32"),
-             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "float32") + "  # accelerate: an fp32 reduction"),
-    # MixedPrecisionPolicy(reduce_dtype=None) reduces in param_dtype: "bf16 params" then silently means
-    # a bf16 reduction (pytorch/pytorch#106395).
-    Parallel("fsdp2-reduce-low", "fsdp2", "compute",
-             needs_half="an fp32 cell reduces in fp32 whatever reduce_dtype says: fsdp2-reduce-low is fsdp2 there",
-             lightning_strategy="fsdp", accelerate=FSDP_ACCELERATE, training_args=FSDP_TRAINING_ARGS,
-             code=FSDP2_CODE.replace("{reduce}", "None").replace("# torch.distributed.fsdp", "# gradients reduced in param_dtype"),
-             accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}") + "  # what `mixed_precision: bf16` alone does"),
-)}
+ACCELERATE_FSDP2_CODE = (
+    "accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="
+    '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))'
+)
+PARALLELS = {
+    p.name: p
+    for p in (
+        Parallel("none", None, "none"),
+        Parallel(
+            "ddp",
+            "ddp",
+            "weights",
+            lightning_strategy="ddp",
+            accelerate={"distributed_type": "MULTI_GPU"},
+            code="model = DistributedDataParallel(model, device_ids=[local_rank])  "
+            "# all-reduce in the gradients' dtype",
+        ),
+        # The hooks compress each gradient bucket to 16 bits for the all-reduce and decompress it after:
+        # they halve the traffic and round every reduced gradient (torch ddp_comm_hooks/default_hooks.py).
+        Parallel(
+            "ddp-bf16-hook",
+            "ddp",
+            "bfloat16",
+            comm_hook="bf16_compress_hook",
+            needs_half="a bf16 compress hook rounds an fp32 cell's gradients to bf16 for the all-reduce: "
+            "it probes the hook, not a precision this cell trains in; pair it with a bf16 dtype",
+            lightning_strategy="ddp",
+            accelerate={"distributed_type": "MULTI_GPU"},
+            code="model = DistributedDataParallel(model, device_ids=[local_rank])\n"
+            "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # a bf16 all-reduce",
+        ),
+        Parallel(
+            "fsdp2",
+            "fsdp2",
+            "float32",
+            lightning_strategy="fsdp",
+            accelerate=FSDP_ACCELERATE,
+            training_args=FSDP_TRAINING_ARGS,
+            code=FSDP2_CODE.replace("{reduce}", "torch.float32"),
+            accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "float32") + "  # accelerate: an fp32 reduction",
+        ),
+        # MixedPrecisionPolicy(reduce_dtype=None) reduces in param_dtype: "bf16 params" then silently means
+        # a bf16 reduction (pytorch/pytorch#106395).
+        Parallel(
+            "fsdp2-reduce-low",
+            "fsdp2",
+            "compute",
+            needs_half="an fp32 cell reduces in fp32 whatever reduce_dtype says: fsdp2-reduce-low is fsdp2 there",
+            lightning_strategy="fsdp",
+            accelerate=FSDP_ACCELERATE,
+            training_args=FSDP_TRAINING_ARGS,
+            code=FSDP2_CODE.replace("{reduce}", "None").replace(
+                "# torch.distributed.fsdp", "# gradients reduced in param_dtype"
+            ),
+            accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}")
+            + "  # what `mixed_precision: bf16` alone does",
+        ),
+    )
+}
 # the autocast dtype -> accelerate's `mixed_precision` (its config files and Accelerator(mixed_precision=...))
 ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
 
 DEFAULT_OPTIMIZER = "adamw"
-OPTIMIZERS = {o.name: o for o in (
-    Optimizer("adamw", "torch.optim:AdamW"),
-    Optimizer("adamw-fused", "torch.optim:AdamW", kwargs=(("fused", True),), transformers_optim="adamw_torch_fused",
-              default_grid=False),
-    # bitsandbytes and torchao keep tensors under 4096 elements in fp32 state (bnb's min_8bit_size,
-    # which torchao follows), so the saving on a small model is below the 8-bit ideal.
-    Optimizer("bnb-adamw8bit", "bitsandbytes.optim:AdamW8bit", "bitsandbytes", state_bits=8,
-              transformers_optim="adamw_bnb_8bit", default_grid=False),
-    Optimizer("bnb-paged-adamw8bit", "bitsandbytes.optim:PagedAdamW8bit", "bitsandbytes", state_bits=8,
-              cuda_only="paging moves optimizer state between GPU and host memory (CUDA unified memory); "
-                        "on a CPU bitsandbytes falls back to the non-paged bnb-adamw8bit",
-              transformers_optim="paged_adamw_8bit", default_grid=False),
-    # torchao compiles its per-parameter step (torchao/optim/adam.py single_param_adam)
-    Optimizer("ao-adamw8bit", "torchao.optim:AdamW8bit", "torchao", state_bits=8, transformers_optim="adamw_torch_8bit",
-              compiles_step=True, default_grid=False),
-    Optimizer("ao-adamw4bit", "torchao.optim:AdamW4bit", "torchao", state_bits=4, transformers_optim="adamw_torch_4bit",
-              compiles_step=True, default_grid=False),
-)}
+OPTIMIZERS = {
+    o.name: o
+    for o in (
+        Optimizer("adamw", "torch.optim:AdamW"),
+        Optimizer(
+            "adamw-fused",
+            "torch.optim:AdamW",
+            kwargs=(("fused", True),),
+            transformers_optim="adamw_torch_fused",
+            default_grid=False,
+        ),
+        # bitsandbytes and torchao keep tensors under 4096 elements in fp32 state (bnb's min_8bit_size,
+        # which torchao follows), so the saving on a small model is below the 8-bit ideal.
+        Optimizer(
+            "bnb-adamw8bit",
+            "bitsandbytes.optim:AdamW8bit",
+            "bitsandbytes",
+            state_bits=8,
+            transformers_optim="adamw_bnb_8bit",
+            default_grid=False,
+        ),
+        Optimizer(
+            "bnb-paged-adamw8bit",
+            "bitsandbytes.optim:PagedAdamW8bit",
+            "bitsandbytes",
+            state_bits=8,
+            cuda_only="paging moves optimizer state between GPU and host memory (CUDA unified memory); "
+            "on a CPU bitsandbytes falls back to the non-paged bnb-adamw8bit",
+            transformers_optim="paged_adamw_8bit",
+            default_grid=False,
+        ),
+        # torchao compiles its per-parameter step (torchao/optim/adam.py single_param_adam)
+        Optimizer(
+            "ao-adamw8bit",
+            "torchao.optim:AdamW8bit",
+            "torchao",
+            state_bits=8,
+            transformers_optim="adamw_torch_8bit",
+            compiles_step=True,
+            default_grid=False,
+        ),
+        Optimizer(
+            "ao-adamw4bit",
+            "torchao.optim:AdamW4bit",
+            "torchao",
+            state_bits=4,
+            transformers_optim="adamw_torch_4bit",
+            compiles_step=True,
+            default_grid=False,
+        ),
+    )
+}
 
 # The weight dtypes a model can be loaded in (recipe field model.dtype_on_load) -> torch dtype name.
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()}  # "bfloat16" -> "bf16"
 
-AXES = {"dtype": tuple(PRECISIONS), "attn": tuple(ATTENTIONS), "compile": tuple(COMPILATIONS), "optimizer": tuple(OPTIMIZERS),
-        "parallel": tuple(PARALLELS)}
+AXES = {
+    "dtype": tuple(PRECISIONS),
+    "attn": tuple(ATTENTIONS),
+    "compile": tuple(COMPILATIONS),
+    "optimizer": tuple(OPTIMIZERS),
+    "parallel": tuple(PARALLELS),
+}
 # The hardware axes: a kind of machine, named as the executor that places probes on it names it
 # (Cell.hardware). Axis -> (the executor that knows it, what its values are).
 HARDWARE_AXES = {"partition": ("slurm", "SLURM partition"), "node_type": ("ray", "Ray custom resource")}
 HARDWARE_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 # The values a grid probes unless told otherwise: opt-in rows (default_grid=False) stay out, and every
 # probe is one process (a parallel probe is W of them).
-DEFAULT_AXES = {**AXES, "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
-                "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid), "parallel": ("none",)}
+DEFAULT_AXES = {
+    **AXES,
+    "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
+    "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid),
+    "parallel": ("none",),
+}
 
 
 def _lightning_aliases() -> dict[str, str]:
@@ -281,6 +475,7 @@ class Cell:
     part of the cell, not of the placement, because a configuration's verdict is a fact about the
     hardware: fp32/sdpa/off on two partitions is two probes, two verdicts, two fp32 references and a
     ranking per kind. Its values are names the scheduler knows, not rows of a table."""
+
     dtype: str = "fp32"
     attn: str = "sdpa"
     compile: str = "off"
@@ -316,12 +511,12 @@ class Cell:
         return PARALLELS[self.parallel]
 
     @property
-    def single(self) -> "Cell":
+    def single(self) -> Cell:
         """The same cell in one process: a parallel probe's exact reference (same global batch)."""
         return replace(self, parallel="none")
 
     @property
-    def anywhere(self) -> "Cell":
+    def anywhere(self) -> Cell:
         """The same configuration, whatever hardware it runs on."""
         return replace(self, hardware="")
 
@@ -332,18 +527,20 @@ class Cell:
         return {**out, "hardware": self.hardware} if self.hardware else out
 
     @classmethod
-    def of(cls, config: dict) -> "Cell":
+    def of(cls, config: dict) -> Cell:
         """The cell of a configuration (axis values, plus recipe fields it may carry); an axis it lacks
         (a configuration written before the optimizer axis) takes its default."""
         return cls(**{axis: config[axis] for axis in (*AXES, "hardware") if axis in config})
 
     @classmethod
-    def parse(cls, text: str) -> "Cell":
+    def parse(cls, text: str) -> Cell:
         """'bf16-amp/sdpa/off[/optimizer][/parallel][@hardware]': the optional parts are told apart by their values."""
         text, _, hardware = text.partition("@")
         parts = text.split("/")
         if not 3 <= len(parts) <= 5:
-            raise NandoctorError(f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel], e.g. bf16-amp/sdpa/off")
+            raise NandoctorError(
+                f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel], e.g. bf16-amp/sdpa/off"
+            )
         values = {axis: parse_axis_values(axis, [value])[0] for axis, value in zip(("dtype", "attn", "compile"), parts)}
         for value in parts[3:]:
             axis = "parallel" if value in PARALLELS and "parallel" not in values else "optimizer"
@@ -362,7 +559,9 @@ def weight_dtype(cell: Cell, dtype_on_load: str) -> str:
 def precision_of_training_args(args: dict) -> str:
     """The dtype value a TrainingArguments dict amounts to: the row whose flags it sets, autocast rows
     before tf32 (bf16=True with tf32=True is bf16 autocast), table order among autocast rows."""
-    matching = [p for p in PRECISIONS.values() if p.training_args and all(args.get(k) == v for k, v in p.training_args.items())]
+    matching = [
+        p for p in PRECISIONS.values() if p.training_args and all(args.get(k) == v for k, v in p.training_args.items())
+    ]
     return min(matching, key=lambda p: p.autocast is None).name if matching else "fp32"
 
 
@@ -392,8 +591,10 @@ def parse_axis_values(axis: str, values) -> list[str]:
     if axis in HARDWARE_AXES:
         bad = [v for v in values if not HARDWARE_NAME.fullmatch(str(v))]
         if bad or not values:
-            raise NandoctorError(f"bad --axis {axis}={','.join(map(str, values))}: expected the {HARDWARE_AXES[axis][1]} names, "
-                                 f"e.g. {axis}=h100,a100 (letters, digits, '_', '-', '.')")
+            raise NandoctorError(
+                f"bad --axis {axis}={','.join(map(str, values))}: expected the {HARDWARE_AXES[axis][1]} names, "
+                f"e.g. {axis}=h100,a100 (letters, digits, '_', '-', '.')"
+            )
         return list(dict.fromkeys(values))
     values = [ALIASES.get(axis, {}).get(v, v) for v in values]
     if not values:
@@ -409,6 +610,8 @@ def parse_axis_values(axis: str, values) -> list[str]:
 def parse_axis_flag(text: str) -> tuple[str, list[str]]:
     """'dtype=bf16-amp,fp16-amp' -> ('dtype', ['bf16-amp', 'fp16-amp'])."""
     if "=" not in text:
-        raise NandoctorError(f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join((*AXES, *HARDWARE_AXES))}")
+        raise NandoctorError(
+            f"bad --axis {text!r}: expected NAME=V1,V2 with NAME one of {', '.join((*AXES, *HARDWARE_AXES))}"
+        )
     name, values = text.split("=", 1)
     return name.strip(), parse_axis_values(name.strip(), values)

@@ -3,6 +3,7 @@
 Foundation module: imports only errors and cells (what the axis values mean). Every other stage reads
 these frozen dataclasses; YAML files and CLI flags are only ways to fill them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -67,6 +68,7 @@ class Fp8Config:
     the latest ('most_recent') amax of its last amax_history_len steps. The defaults are Transformer
     Engine's DelayedScaling defaults (transformer_engine.common.recipe); torchao's dynamic recipes
     scale from the current tensor and read neither."""
+
     amax_history_len: int = 1024
     amax_compute_algo: str = "max"
 
@@ -87,8 +89,10 @@ class Recipe:
     steps: int = 24
     seed: int = 0
     timeout_s: float = 600.0  # the timed steps' budget, counted from the end of the build
-    build_timeout_s: float = 600.0  # the build's: imports, model load or build, wrapping; until the probe writes BUILT_FILE
-    forensics_steps: int = 4  # steps replayed with hooks after the timed ones (a failing probe: up to its failure); 0: off
+    # the build's budget: imports, model load or build, wrapping; until the probe writes BUILT_FILE
+    build_timeout_s: float = 600.0
+    # steps replayed with hooks after the timed ones (a failing probe: up to its failure); 0: off
+    forensics_steps: int = 4
     # The replay's own budget, counted from the timed result: an overrun is noted on the record, and the
     # verdict stays the timed steps' (timeout_s covers the timed steps only).
     forensics_timeout_s: float = 300.0
@@ -100,9 +104,10 @@ class Recipe:
     # Parallel cells (the `parallel` axis): W ranks, each training its batch_size / W rows of the same
     # global batch of batch_size, so that the parallel=none probe is their exact reference.
     world_size: int = 2
-    grad_reduce: str = "avg"  # "sum": the ranks' gradients are summed, not averaged (a broken reduction, pytorch#162338)
+    # "sum": the ranks' gradients are summed, not averaged (a broken reduction, pytorch#162338)
+    grad_reduce: str = "avg"
 
-    def validate(self) -> "Recipe":
+    def validate(self) -> Recipe:
         checks = [
             ("adapter.type", self.adapter.type, ADAPTER_TYPES),
             ("data.source", self.data.source, DATA_SOURCES),
@@ -115,19 +120,31 @@ class Recipe:
         for key, value, valid in checks:
             if value not in valid:
                 raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
-        positive = {"batch_size": self.batch_size, "seq_len": self.seq_len, "steps": self.steps,
-                    "timeout_s": self.timeout_s, "build_timeout_s": self.build_timeout_s, "forensics_timeout_s": self.forensics_timeout_s,
-                    "optimizer.lr": self.optimizer.lr, "data.batches": self.data.batches,
-                    "fp8.amax_history_len": self.fp8.amax_history_len, "world_size": self.world_size}
+        positive = {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "steps": self.steps,
+            "timeout_s": self.timeout_s,
+            "build_timeout_s": self.build_timeout_s,
+            "forensics_timeout_s": self.forensics_timeout_s,
+            "optimizer.lr": self.optimizer.lr,
+            "data.batches": self.data.batches,
+            "fp8.amax_history_len": self.fp8.amax_history_len,
+            "world_size": self.world_size,
+        }
         for key, value in positive.items():
             if not value > 0:
                 raise NandoctorError(f"recipe {self.name!r}: {key} must be > 0, got {value!r}")
         if self.retime_rounds < 0:
-            raise NandoctorError(f"recipe {self.name!r}: retime_rounds must be >= 0 (0: off), got {self.retime_rounds!r}")
+            raise NandoctorError(
+                f"recipe {self.name!r}: retime_rounds must be >= 0 (0: off), got {self.retime_rounds!r}"
+            )
         if self.forensics_steps < 0:
             raise NandoctorError(f"recipe {self.name!r}: forensics_steps must be >= 0, got {self.forensics_steps!r}")
         if not 0.0 <= self.data.pad_fraction < 1.0:
-            raise NandoctorError(f"recipe {self.name!r}: data.pad_fraction must be in [0, 1), got {self.data.pad_fraction!r}")
+            raise NandoctorError(
+                f"recipe {self.name!r}: data.pad_fraction must be in [0, 1), got {self.data.pad_fraction!r}"
+            )
         if self.data.source == "file" and not self.data.path:
             raise NandoctorError(f"recipe {self.name!r}: data.source=file needs data.path")
         for axis, values in self.axes.items():
@@ -187,7 +204,9 @@ def set_field(recipe: Recipe, key: str, value) -> Recipe:
     """Return a copy of recipe with the dotted field set, typed like its current value."""
     current = get_field(recipe, key)
     if dataclasses.is_dataclass(current):
-        raise NandoctorError(f"{key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(current)[0].name}")
+        raise NandoctorError(
+            f"{key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(current)[0].name}"
+        )
     head, _, rest = key.partition(".")
     if not rest:
         return dataclasses.replace(recipe, **{head: _coerce(key, value, current)})
@@ -214,7 +233,9 @@ def _build(cls, data: dict, name: str, prefix: str):
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            raise NandoctorError(f"recipe {name!r}: unknown key {prefix + key!r}; valid: {', '.join(prefix + k for k in fields)}")
+            raise NandoctorError(
+                f"recipe {name!r}: unknown key {prefix + key!r}; valid: {', '.join(prefix + k for k in fields)}"
+            )
         default = getattr(defaults, key)
         if dataclasses.is_dataclass(default):
             if not isinstance(value, dict):
@@ -237,7 +258,11 @@ def _typed(name: str, key: str, value, default):
             return float(value)  # YAML reads 1e-8 as a string
         except ValueError:
             raise NandoctorError(f"recipe {name!r}: {key} must be a number, got {value!r}") from None
-    if default is not None and not isinstance(value, type(default)) and not (isinstance(default, dict) and value is None):
+    if (
+        default is not None
+        and not isinstance(value, type(default))
+        and not (isinstance(default, dict) and value is None)
+    ):
         raise NandoctorError(f"recipe {name!r}: {key} must be {type(default).__name__}, got {value!r}")
     return value
 
@@ -307,6 +332,7 @@ class Thresholds:
     - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
       RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
     """
+
     min_scale: float = 1.0
     spike_factor: float = 2.0
     spike_window: int = 10
@@ -347,14 +373,19 @@ def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> st
     """A grid or bisect of too few steps: refused (NandoctorError) below t.min_probe_steps, else a
     warning naming the rules it cannot apply, or None."""
     if steps < t.min_probe_steps:
-        raise NandoctorError(f"--steps {steps} is too few for {kind}: a {steps}-step probe never trains on its own "
-                             f"optimizer update, so a configuration that fails at step 1 would be called stable; pass "
-                             f"--steps {t.min_probe_steps} or more (every verdict rule: {max(t.spike_min_history + 1, t.rise_min_steps)}), "
-                             "or use `nandoctor check` for a step-0 check")
+        raise NandoctorError(
+            f"--steps {steps} is too few for {kind}: a {steps}-step probe never trains on its own "
+            f"optimizer update, so a configuration that fails at step 1 would be called stable; pass "
+            f"--steps {t.min_probe_steps} or more "
+            f"(every verdict rule: {max(t.spike_min_history + 1, t.rise_min_steps)}), "
+            "or use `nandoctor check` for a step-0 check"
+        )
     unjudged = t.unjudged(steps)
     if unjudged:
-        return (f"--steps {steps} is too short to judge {' or '.join(unjudged)}: those verdicts cannot be given; "
-                f"pass --steps {max(t.spike_min_history + 1, t.rise_min_steps)} or more to judge every rule")
+        return (
+            f"--steps {steps} is too short to judge {' or '.join(unjudged)}: those verdicts cannot be given; "
+            f"pass --steps {max(t.spike_min_history + 1, t.rise_min_steps)} or more to judge every rule"
+        )
     return None
 
 
@@ -363,10 +394,28 @@ def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> st
 # (and the cache, and --resume) stays the same across executors.
 EXECUTOR_OPTIONS = {
     "local": {},
-    "slurm": {"partition": str, "account": str, "qos": str, "constraint": str, "time": int, "gpus": int,
-              "cpus": int, "mem": str, "parallel": int, "retries": int, "queue_wait": int},
-    "ray": {"address": str, "resources": str, "gpus": float, "cpus": int, "parallel": int, "retries": int,
-            "queue_wait": int},
+    "slurm": {
+        "partition": str,
+        "account": str,
+        "qos": str,
+        "constraint": str,
+        "time": int,
+        "gpus": int,
+        "cpus": int,
+        "mem": str,
+        "parallel": int,
+        "retries": int,
+        "queue_wait": int,
+    },
+    "ray": {
+        "address": str,
+        "resources": str,
+        "gpus": float,
+        "cpus": int,
+        "parallel": int,
+        "retries": int,
+        "queue_wait": int,
+    },
 }
 # queue_wait: seconds a placed probe may wait for the scheduler to start it. Past it the job is cancelled
 # and placed again (an hour: a busy partition's queue is normal, a held job or resources no node has
@@ -381,6 +430,7 @@ class ExecutorConfig:
     cpus: cores per probe (its threads); gpus: GPUs per probe; both per rank for a parallel probe (size);
     parallel: probes in flight at most; retries: how many times a probe the scheduler lost (node failure,
     preemption, never started) is placed again; queue_wait: seconds a probe may wait to be started."""
+
     kind: str = "local"
     options: dict = field(default_factory=dict)
     hardware: tuple = ()  # the kinds of machine the grid probes on (its hardware axis): partitions, Ray resources
@@ -412,7 +462,9 @@ def executor_config(kind: str | None, items: list[str] | tuple = ()) -> Executor
         key = key.strip()
         if not sep or key not in valid:
             names = ", ".join(valid) or "none (it runs on this machine)"
-            raise NandoctorError(f"bad --executor-opt {item!r} for --executor {kind}: expected KEY=VALUE with KEY one of {names}")
+            raise NandoctorError(
+                f"bad --executor-opt {item!r} for --executor {kind}: expected KEY=VALUE with KEY one of {names}"
+            )
         try:
             options[key] = valid[key](value.strip())
         except ValueError:
@@ -438,5 +490,7 @@ def with_hardware(executor: ExecutorConfig, axes: dict | None) -> ExecutorConfig
         instead = f"; with --executor {executor.kind} the hardware axis is {other}" if other else ""
         raise NandoctorError(f"--axis {axis} names {noun}s: it needs --executor {kind}{instead}")
     if axis == "partition" and executor.option("partition") is not None:
-        raise NandoctorError("--axis partition and --executor-opt partition both choose the partition; pass one of them")
+        raise NandoctorError(
+            "--axis partition and --executor-opt partition both choose the partition; pass one of them"
+        )
     return replace(executor, hardware=tuple(parse_axis_values(axis, axes[axis])))

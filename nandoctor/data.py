@@ -3,6 +3,7 @@
 Runs in the probe child (training) and in the parent (the doctor counts fully masked batches).
 Imports only config; torch is imported where a batch is made.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,6 +30,7 @@ def batches(recipe: Recipe, config, seed: int):
     Synthetic rows repeat a random 8-token motif, so a model that learns to copy drives the loss down
     quickly: a probe that stops learning is visible within a few dozen steps."""
     import torch
+
     vocab = config.vocab_size
     pad = pad_id(recipe, config)
     B, T = recipe.batch_size, recipe.seq_len
@@ -42,7 +44,7 @@ def batches(recipe: Recipe, config, seed: int):
         g = torch.Generator().manual_seed(seed * 1000 + i)
         if recipe.data.source == "file":
             starts = torch.randint(0, len(tokens) - T, (B,), generator=g)
-            ids = torch.stack([tokens[s:s + T] for s in starts.tolist()])
+            ids = torch.stack([tokens[s : s + T] for s in starts.tolist()])
         else:
             motif = torch.randint(0, vocab - 1, (B, 8), generator=g)  # never the dedicated pad id
             ids = motif.repeat(1, math.ceil(T / 8))[:, :T]

@@ -1,6 +1,7 @@
 """The doctor: what this machine can run and which known issues the planned setup walks into,
 before any probe runs. `run_doctor` is what `nandoctor doctor` calls; `doctor_section` is what every
 grid run stores in run.json for its reports."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,14 +14,19 @@ from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
-from .knowledge.facts import (env_facts, has_tokenizer, load_tokenizer, read_trainer_args,
-                              setup_facts, trainer_cell)
+from .knowledge.facts import env_facts, has_tokenizer, load_tokenizer, read_trainer_args, setup_facts, trainer_cell
 from .models import config_facts
 from .plan import plan_grid
 
 
-def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args: dict | None = None,
-                     tokenizer=None, known: dict | None = None) -> list[dict]:
+def planned_findings(
+    env: dict,
+    recipe: Recipe,
+    cells: list[Cell],
+    trainer_args: dict | None = None,
+    tokenizer=None,
+    known: dict | None = None,
+) -> list[dict]:
     """Every rule that fires on some planned cell, once, with the cells it fires on. known: the
     recipe's models.config_facts when already gathered."""
     known = known or config_facts(recipe)
@@ -28,8 +34,11 @@ def planned_findings(env: dict, recipe: Recipe, cells: list[Cell], trainer_args:
     fired: dict[str, tuple] = {}
     for cell in cells:
         eager = dataclasses.replace(cell, compile="off") in cells
-        facts = {**recipe_facts, **setup_facts(recipe, cell, None, trainer_args, tokenizer, eager_baseline=eager),
-                 "attn_softcapping": known["attn_softcapping"]}
+        facts = {
+            **recipe_facts,
+            **setup_facts(recipe, cell, None, trainer_args, tokenizer, eager_baseline=eager),
+            "attn_softcapping": known["attn_softcapping"],
+        }
         for rule in evaluate(facts):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
     ordered = sorted(fired.values(), key=lambda pair: SEVERITIES.index(pair[0].severity))
@@ -44,21 +53,38 @@ def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
     return "setup" if chosen <= set(fired_on) else "grid"
 
 
-def doctor_section(env: dict, recipe: Recipe | None = None, cells: list[Cell] | None = None,
-                   trainer_args: dict | None = None, tokenizer=None, setup: dict | None = None,
-                   known: dict | None = None) -> dict:
+def doctor_section(
+    env: dict,
+    recipe: Recipe | None = None,
+    cells: list[Cell] | None = None,
+    trainer_args: dict | None = None,
+    tokenizer=None,
+    setup: dict | None = None,
+    known: dict | None = None,
+) -> dict:
     """Capabilities and findings: for the environment alone, or for a recipe's planned cells (known:
     the recipe's models.config_facts, when a Session's planning already gathered them)."""
     if recipe is None:
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
         findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer, known)
-    return {"capabilities": gpu_capabilities(env), "sdpa_backends": sdpa_backends(env), "setup": setup, "findings": findings}
+    return {
+        "capabilities": gpu_capabilities(env),
+        "sdpa_backends": sdpa_backends(env),
+        "setup": setup,
+        "findings": findings,
+    }
 
 
-def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = None, tokenizer_path: str | None = None,
-               attn: str = "sdpa", axes: dict | None = None, env: dict | None = None,
-               accelerate_config_path: str | None = None) -> dict:
+def run_doctor(
+    recipe: Recipe | None = None,
+    trainer_args_path: str | None = None,
+    tokenizer_path: str | None = None,
+    attn: str = "sdpa",
+    axes: dict | None = None,
+    env: dict | None = None,
+    accelerate_config_path: str | None = None,
+) -> dict:
     """The doctor report as data: environment, capabilities and, when a recipe, a TrainingArguments
     JSON or an accelerate config file is given, the findings for that planned setup. Either file plans
     one cell (precision, compile and, from the accelerate config or TrainingArguments `fsdp`, the
@@ -68,7 +94,10 @@ def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = Non
     accelerate = read_accelerate_config(accelerate_config_path) if accelerate_config_path else None
     if recipe is None and trainer_args is None and accelerate is None:
         if tokenizer_path:
-            raise NandoctorError("--tokenizer is checked as part of a planned setup; add --model, --recipe, --trainer-args or --accelerate-config")
+            raise NandoctorError(
+                "--tokenizer is checked as part of a planned setup; "
+                "add --model, --recipe, --trainer-args or --accelerate-config"
+            )
         return {"environment": env, **doctor_section(env)}
     recipe = recipe or Recipe()
     if tokenizer_path is None and has_tokenizer(recipe.model.path):
@@ -83,11 +112,15 @@ def run_doctor(recipe: Recipe | None = None, trainer_args_path: str | None = Non
     if accelerate is not None and cells[0].parallel != "none":
         recipe = dataclasses.replace(recipe, world_size=accelerate["num_processes"])
     reasons = {c.id: cell_support(c, env) for c in cells}
-    setup = {"recipe": recipe.name, "cells": [c.id for c in cells], "unsupported": {cell: why for cell, why in reasons.items() if why},
-             "trainer_args": str(Path(trainer_args_path)) if trainer_args_path else None,
-             "accelerate_config": str(Path(accelerate_config_path)) if accelerate_config_path else None,
-             "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
-             "tokenizer": str(tokenizer_path) if tokenizer_path else None}
+    setup = {
+        "recipe": recipe.name,
+        "cells": [c.id for c in cells],
+        "unsupported": {cell: why for cell, why in reasons.items() if why},
+        "trainer_args": str(Path(trainer_args_path)) if trainer_args_path else None,
+        "accelerate_config": str(Path(accelerate_config_path)) if accelerate_config_path else None,
+        "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
+        "tokenizer": str(tokenizer_path) if tokenizer_path else None,
+    }
     return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
 
 

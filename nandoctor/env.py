@@ -3,6 +3,7 @@
 Leaf module: imports nothing from nandoctor. torch is imported lazily so that `nandoctor --help`
 and the pure analysis stay fast. Gathering only; rendering lives in the report modules.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -78,6 +79,7 @@ def get_gpu_load() -> list[dict] | None:
     compute processes on it other than this one; None without NVML (nvidia-ml-py or the driver)."""
     try:
         import pynvml
+
         pynvml.nvmlInit()
     except Exception:  # ImportError, or NVMLError without a driver
         return None
@@ -86,9 +88,14 @@ def get_gpu_load() -> list[dict] | None:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             others = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid != os.getpid()]
-            out.append({"index": i, "util_percent": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
-                        "other_processes": len(others),
-                        "other_memory_bytes": sum(p.usedGpuMemory or 0 for p in others)})
+            out.append(
+                {
+                    "index": i,
+                    "util_percent": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                    "other_processes": len(others),
+                    "other_memory_bytes": sum(p.usedGpuMemory or 0 for p in others),
+                }
+            )
         return out
     except pynvml.NVMLError:
         return None
@@ -109,25 +116,39 @@ def host_load(before: dict) -> dict:
     other = None
     if before["busy_s"] is not None and after["busy_s"] is not None and wall > 0:
         other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"])) / wall)
-    return {"wall_s": wall, "cpu_count": get_cpu_count(), "other_cpu_cores": other,
-            "loadavg": get_load_average(), "gpus": get_gpu_load()}
+    return {
+        "wall_s": wall,
+        "cpu_count": get_cpu_count(),
+        "other_cpu_cores": other,
+        "loadavg": get_load_average(),
+        "gpus": get_gpu_load(),
+    }
 
 
 def get_cuda_devices() -> list[dict]:
     """One dict per visible CUDA device from torch; empty on a CPU-only build or machine."""
     import torch
+
     if not torch.cuda.is_available():
         return []
     out = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        out.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}",
-                    "memory_bytes": p.total_memory, "multiprocessors": p.multi_processor_count})
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "capability": f"{p.major}.{p.minor}",
+                "memory_bytes": p.total_memory,
+                "multiprocessors": p.multi_processor_count,
+            }
+        )
     return out
 
 
 def get_cudnn_version() -> int | None:
     import torch
+
     if not torch.backends.cudnn.is_available():
         return None
     return torch.backends.cudnn.version()
@@ -157,11 +178,21 @@ def get_nvml() -> dict:
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
-            devices.append({"index": i, "name": _text(pynvml.nvmlDeviceGetName(h)), "capability": f"{major}.{minor}",
-                            "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total})
+            devices.append(
+                {
+                    "index": i,
+                    "name": _text(pynvml.nvmlDeviceGetName(h)),
+                    "capability": f"{major}.{minor}",
+                    "memory_bytes": pynvml.nvmlDeviceGetMemoryInfo(h).total,
+                }
+            )
         cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-        return {"available": True, "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
-                "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}", "devices": devices}
+        return {
+            "available": True,
+            "driver": _text(pynvml.nvmlSystemGetDriverVersion()),
+            "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}",
+            "devices": devices,
+        }
     except pynvml.NVMLError as e:
         return {"available": False, "reason": f"NVML query failed: {e}"}
     finally:
@@ -188,6 +219,7 @@ def _text(value) -> str:
 
 def get_nccl_version() -> str | None:
     import torch
+
     if not torch.cuda.is_available() or not hasattr(torch.cuda, "nccl"):
         return None
     try:
@@ -201,6 +233,7 @@ def get_flash_sdpa_built() -> bool | None:
     """Whether this torch build has PyTorch's own CUDA flash-attention SDPA kernel; None without CUDA.
     (Which SDPA backends a device can run is decided in capabilities.sdpa_backends, from this fact.)"""
     import torch
+
     if not torch.cuda.is_available():
         return None
     return torch.backends.cuda.is_flash_attention_available()
@@ -209,14 +242,19 @@ def get_flash_sdpa_built() -> bool | None:
 def get_cpu_capability() -> str | None:
     """The SIMD level torch's CPU kernels use (AVX2, AVX512, ...)."""
     import torch
+
     try:
         return torch.backends.cpu.get_cpu_capability()
     except AttributeError:
         return None
 
 
-ACCELERATION_PACKAGES = {"flash_attn": ("flash-attn", "flash_attn"), "transformer_engine": ("transformer-engine", "transformer_engine"),
-                         "torchao": ("torchao",), "bitsandbytes": ("bitsandbytes",)}
+ACCELERATION_PACKAGES = {
+    "flash_attn": ("flash-attn", "flash_attn"),
+    "transformer_engine": ("transformer-engine", "transformer_engine"),
+    "torchao": ("torchao",),
+    "bitsandbytes": ("bitsandbytes",),
+}
 
 
 def get_package(module: str) -> dict:
@@ -230,14 +268,22 @@ def get_package(module: str) -> dict:
 def collect_doctor() -> dict:
     """Everything `nandoctor doctor` reports about this machine, as data."""
     import torch
+
     summary = collect_summary()
-    return {**summary, "nvml": get_nvml(), "nccl": get_nccl_version(),
-            "cpu_name": get_cpu_model(), "cpu_capability": get_cpu_capability(), "cuda_available": torch.cuda.is_available()}
+    return {
+        **summary,
+        "nvml": get_nvml(),
+        "nccl": get_nccl_version(),
+        "cpu_name": get_cpu_model(),
+        "cpu_capability": get_cpu_capability(),
+        "cuda_available": torch.cuda.is_available(),
+    }
 
 
 def collect_summary() -> dict:
     """The facts every probe record and report carries (enough to rerun and to compare)."""
     import torch
+
     devices = get_cuda_devices()
     ram = get_ram_bytes()
     return {

@@ -1,4 +1,5 @@
 """The one exception type for errors the user caused. Foundation module: imports nothing."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """The API behind `nandoctor explain`: one run directory's analysis and the probes asked about."""
+
 from __future__ import annotations
 
 from .analysis.run import ProbeOutcome, RunAnalysis, analyze

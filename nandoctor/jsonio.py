@@ -2,6 +2,7 @@
 reads back ("NaN", "Infinity", "-Infinity"), never as the bare NaN / Infinity that Python's json writes by
 default and strict parsers (jq, JavaScript, most JSON libraries) reject. Readers turn those strings back
 into floats; the bare constants of files written before this still read. Pure: no torch."""
+
 from __future__ import annotations
 
 import json

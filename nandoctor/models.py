@@ -6,6 +6,7 @@ scale, and says why. The child builds what the plan says
 (child/build.py) from the same `model_config`, `probe_scale` and `apply_adapter`. Nothing here
 downloads: hub ids are resolved from the local cache only (see recipes.py).
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,7 +30,14 @@ FIT_FRACTION = 0.6  # leave room for activations and the allocator
 PROBE_TIME_BUDGET_S = 120.0
 # Dense fp16/bf16 tensor-core peak of one GPU per architecture (NVIDIA datasheets: V100, T4, A100, L40S,
 # H100 SXM, B200), and the fraction of it a short, small-batch probe reaches. Used only to estimate.
-GPU_PEAK_FLOPS = {"Volta": 125e12, "Turing": 65e12, "Ampere": 312e12, "Ada": 362e12, "Hopper": 989e12, "Blackwell": 2250e12}
+GPU_PEAK_FLOPS = {
+    "Volta": 125e12,
+    "Turing": 65e12,
+    "Ampere": 312e12,
+    "Ada": 362e12,
+    "Hopper": 989e12,
+    "Blackwell": 2250e12,
+}
 GPU_PROBE_EFFICIENCY = 0.3
 CPU_FLOOR_FLOPS = 5e9  # a slow CPU core: a model that trains in budget even at this speed is not timed
 
@@ -46,6 +54,7 @@ def _weights_dir(recipe: Recipe) -> Path | None:
 def model_config(recipe: Recipe):
     """The full-size transformers config the recipe names."""
     from transformers import AutoConfig
+
     m = recipe.model
     try:
         if m.path:
@@ -116,8 +125,10 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
     import warnings
 
     import torch
+
     with hidden(PACKAGES), torch.device("meta"), warnings.catch_warnings():
         from transformers import AutoModelForCausalLM
+
         warnings.simplefilter("ignore", FutureWarning)  # peft calls transformers APIs deprecated in v5
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=recipe.model.trust_remote_code)
         model = apply_adapter(model, recipe)
@@ -137,24 +148,35 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
     the class flags without building the model. Empty for a model with its own (remote) code."""
     import transformers
     from transformers import AutoModelForCausalLM
+
     if recipe.model.trust_remote_code:
         return {}
     cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if cls is None:
         return {}
-    return {impl: f"{cls.__name__} does not support attn_implementation={impl!r}: transformers {transformers.__version__} "
-                  f"sets {cls.__name__}.{flag} = False" + (" (softcapped attention logits, which SDPA cannot apply)"
-                                                          if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None) else "")
-            for impl, flag in ATTENTION_FLAGS.items() if getattr(cls, flag, True) is False}
+    return {
+        impl: f"{cls.__name__} does not support attn_implementation={impl!r}: transformers {transformers.__version__} "
+        f"sets {cls.__name__}.{flag} = False"
+        + (
+            " (softcapped attention logits, which SDPA cannot apply)"
+            if impl == "sdpa" and getattr(config, "attn_logit_softcapping", None)
+            else ""
+        )
+        for impl, flag in ATTENTION_FLAGS.items()
+        if getattr(cls, flag, True) is False
+    }
 
 
 def config_facts(recipe: Recipe) -> dict:
     """What the doctor's rules read from the model's config and the recipe's data (transformers and
     torch load for them): a warm worker's planning child gathers them with the model plan (child/plan.py)."""
     from .data import all_masked_batches
+
     config = model_config(recipe)
-    return {"all_masked_batches": all_masked_batches(recipe, config),
-            "attn_softcapping": getattr(config, "attn_logit_softcapping", None)}
+    return {
+        "all_masked_batches": all_masked_batches(recipe, config),
+        "attn_softcapping": getattr(config, "attn_logit_softcapping", None),
+    }
 
 
 def training_bytes(params: int, trainable: int) -> int:
@@ -173,7 +195,10 @@ def training_fit(full: int, trainable: int, device: dict) -> tuple[bool, str]:
     """Whether training a model of `full` parameters (`trainable` of them trained) fits this device, and why."""
     need = training_bytes(full, trainable)
     budget = memory_budget(device)
-    text = f"{full / 1e6:.1f}M params need ~{need / 2**30:.1f} GiB to train; {FIT_FRACTION:.0%} of {budget / 2**30:.0f} GiB is available"
+    text = (
+        f"{full / 1e6:.1f}M params need ~{need / 2**30:.1f} GiB to train; "
+        f"{FIT_FRACTION:.0%} of {budget / 2**30:.0f} GiB is available"
+    )
     return need <= FIT_FRACTION * budget, text
 
 
@@ -192,6 +217,7 @@ def measured_cpu_flops() -> float:
     import time
 
     import torch
+
     n = 1024
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
@@ -200,7 +226,7 @@ def measured_cpu_flops() -> float:
         t0 = time.perf_counter()
         a @ b
         best = min(best, time.perf_counter() - t0)
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def device_flops(device: dict) -> tuple[float, str]:
@@ -210,6 +236,7 @@ def device_flops(device: dict) -> tuple[float, str]:
         return device["train_flops"], "given"
     if device.get("gpus"):
         from .capabilities import capability_row
+
         row = capability_row(min(float(g["capability"]) for g in device["gpus"]))
         peak = GPU_PEAK_FLOPS.get(row[0] if row else "", 10e12)
         return peak * GPU_PROBE_EFFICIENCY, f"{GPU_PROBE_EFFICIENCY:.0%} of the {row[0] if row else 'GPU'} tabled peak"
@@ -226,7 +253,13 @@ def probe_time(params: int, trainable: int, recipe: Recipe, steps: int, device: 
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds:.2g} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+    return (
+        f"{seconds:.2g} s"
+        if seconds < 120
+        else f"{seconds / 60:.0f} min"
+        if seconds < 7200
+        else f"{seconds / 3600:.1f} h"
+    )
 
 
 def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: dict) -> tuple[str, str, str | None]:
@@ -241,7 +274,11 @@ def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: 
         return "full", fit_text, None
     seconds, time_text = probe_time(full, trainable, recipe, steps, device)
     if seconds > PROBE_TIME_BUDGET_S:
-        return "probe", f"{fit_text}, but a full-scale probe would take {time_text}, over the {PROBE_TIME_BUDGET_S:.0f} s budget", time_text
+        return (
+            "probe",
+            f"{fit_text}, but a full-scale probe would take {time_text}, over the {PROBE_TIME_BUDGET_S:.0f} s budget",
+            time_text,
+        )
     return "full", fit_text, f"a full-scale probe takes {time_text}"
 
 
@@ -268,9 +305,18 @@ def plan_model(recipe: Recipe, device: dict, steps: int | None = None) -> ModelP
     params, trainable = count_params(probed, recipe) if scale == "probe" else (full, trainable)
     if scale == "probe" and timed:  # the user weighs the twin's time too: its vocab can dominate it
         why += f"; the probe-scale twin takes {probe_time(params, trainable, recipe, steps or recipe.steps, device)[1]}"
-    return ModelPlan(source=source, scale=scale, model_type=config.model_type, params=params, full_params=full,
-                     trainable_params=trainable, path=str(weights) if source == "local-weights" else None,
-                     why=why, shape=shape_of(probed), refuses=refused_attention(config, recipe))
+    return ModelPlan(
+        source=source,
+        scale=scale,
+        model_type=config.model_type,
+        params=params,
+        full_params=full,
+        trainable_params=trainable,
+        path=str(weights) if source == "local-weights" else None,
+        why=why,
+        shape=shape_of(probed),
+        refuses=refused_attention(config, recipe),
+    )
 
 
 def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
@@ -280,15 +326,21 @@ def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
     if plan.scale == "full":
         fits, fit_text = training_fit(plan.full_params, plan.trainable_params, device)
         if not fits:
-            warnings.append(f"--scale full will likely run out of memory ({fit_text}); --scale auto probes a smaller twin")
+            warnings.append(
+                f"--scale full will likely run out of memory ({fit_text}); --scale auto probes a smaller twin"
+            )
     if recipe.model.path and plan.source == "architecture-twin":
         if _weights_dir(recipe) is None:
-            warnings.append(f"{recipe.model.path} has a config.json but no weights (*.safetensors or *.bin): every probe "
-                            "trains a RANDOM-INIT twin built from that config, not your checkpoint")
+            warnings.append(
+                f"{recipe.model.path} has a config.json but no weights (*.safetensors or *.bin): every probe "
+                "trains a RANDOM-INIT twin built from that config, not your checkpoint"
+            )
         else:
             # the model line just above says why; the warning says only what it means, once
-            warnings.append(f"your checkpoint's weights are NOT what gets trained: every probe trains a random-init "
-                            f"twin at {plan.scale} scale (--scale full trains your weights)")
+            warnings.append(
+                f"your checkpoint's weights are NOT what gets trained: every probe trains a random-init "
+                f"twin at {plan.scale} scale (--scale full trains your weights)"
+            )
     return warnings
 
 
@@ -297,8 +349,14 @@ def apply_adapter(model, recipe: Recipe):
     if a.type == "none":
         return model
     from peft import LoraConfig, get_peft_model
-    lora = LoraConfig(r=a.r, lora_alpha=a.alpha, target_modules=list(a.target_modules),
-                      lora_dropout=a.dropout, use_dora=a.type == "dora")
+
+    lora = LoraConfig(
+        r=a.r,
+        lora_alpha=a.alpha,
+        target_modules=list(a.target_modules),
+        lora_dropout=a.dropout,
+        use_dora=a.type == "dora",
+    )
     try:
         return get_peft_model(model, lora)
     except ValueError as e:

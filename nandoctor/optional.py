@@ -6,6 +6,7 @@ bitsandbytes): seconds of import in every process, and the packages' own noise o
 
 Foundation module: imports nothing from nandoctor.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -1,6 +1,7 @@
 """Recipe + axes -> the list of probes to run. Cells the device cannot run are planned as
 `unsupported` with the reason and never spawned. The fp32 reference cell always comes first (the
 others' drift is judged against it), then the cheap cells, so a user sees most verdicts early."""
+
 from __future__ import annotations
 
 import itertools
@@ -49,8 +50,9 @@ def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
     return next((list(v) for k, v in axes.items() if k in HARDWARE_AXES), [""])
 
 
-def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None,
-              devices: dict[str, dict] | None = None) -> list[PlannedProbe]:
+def plan_grid(
+    recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None, devices: dict[str, dict] | None = None
+) -> list[PlannedProbe]:
     """Cross product of the axes (defaults filled in from the recipe and device), on each hardware kind:
     the references first (one per kind: fidelity is judged against the fp32 of the same hardware),
     then by cost_rank, keeping the axes' order among equals. devices: the facts of each kind of hardware
@@ -63,6 +65,11 @@ def plan_grid(recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = 
     cells = [Cell(**dict(zip(AXES, values))) for values in itertools.product(*(chosen[axis] for axis in AXES))]
     kinds = hardware_kinds(chosen)
     references = [replace(REFERENCE_CELL, hardware=h) for h in kinds]
-    others = sorted((replace(c, hardware=h) for c in cells if c != REFERENCE_CELL for h in kinds), key=lambda c: cost_rank(c, device))
-    return [PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, devices.get(c.hardware) or device))
-            for c in references + others]
+    others = sorted(
+        (replace(c, hardware=h) for c in cells if c != REFERENCE_CELL for h in kinds),
+        key=lambda c: cost_rank(c, device),
+    )
+    return [
+        PlannedProbe(probe_id=c.id, cell=c, unsupported=cell_support(c, devices.get(c.hardware) or device))
+        for c in references + others
+    ]

@@ -1,5 +1,6 @@
 """Load and validate recipes, and resolve `--model` (a recipe name, a local checkpoint directory, or a
 hub id already in the local Hugging Face cache). Nothing here downloads anything."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,10 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise NandoctorError(f"cannot read recipe {str(path)!r}: {e.strerror}") from None
     except UnicodeDecodeError as e:
-        raise NandoctorError(f"recipe {str(path)!r} is not UTF-8 text (byte {e.start}: {e.object[e.start:e.start + 1]!r}); "
-                             "a recipe is a YAML file, e.g. recipes/tiny-llama.yaml") from None
+        raise NandoctorError(
+            f"recipe {str(path)!r} is not UTF-8 text (byte {e.start}: {e.object[e.start : e.start + 1]!r}); "
+            "a recipe is a YAML file, e.g. recipes/tiny-llama.yaml"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -74,6 +77,7 @@ def cached_snapshot(hub_id: str) -> Path | None:
     """The local snapshot directory of a hub id if it is already cached with weights, else None."""
     try:
         from huggingface_hub import snapshot_download
+
         path = Path(snapshot_download(hub_id, local_files_only=True))
     except Exception:  # not cached, malformed id, or hub library absent: all mean "not local"
         return None
@@ -101,15 +105,22 @@ def _with_model(base: Recipe, model: str) -> Recipe:
     if is_checkpoint_dir(path):
         return _local(base, path.resolve(), hub_id=None)
     if path.exists():
-        raise NandoctorError(f"--model {model!r}: the directory has no config.json; a checkpoint directory needs config.json and *.safetensors")
+        raise NandoctorError(
+            f"--model {model!r}: the directory has no config.json; "
+            "a checkpoint directory needs config.json and *.safetensors"
+        )
     if "/" in model and not model.startswith((".", "/")):
         snapshot = cached_snapshot(model)
         if snapshot is not None:
             return _local(base, snapshot, hub_id=model)
-        raise NandoctorError(f"--model {model!r}: not in the local Hugging Face cache (nothing is downloaded); "
-                             f"use a recipe ({', '.join(recipe_names())}) or a local checkpoint directory")
-    raise NandoctorError(f"unknown model {model!r}; valid: a recipe name ({', '.join(recipe_names())}), "
-                         "a local checkpoint directory with config.json, or a hub id already in the local cache")
+        raise NandoctorError(
+            f"--model {model!r}: not in the local Hugging Face cache (nothing is downloaded); "
+            f"use a recipe ({', '.join(recipe_names())}) or a local checkpoint directory"
+        )
+    raise NandoctorError(
+        f"unknown model {model!r}; valid: a recipe name ({', '.join(recipe_names())}), "
+        "a local checkpoint directory with config.json, or a hub id already in the local cache"
+    )
 
 
 def _local(base: Recipe, path: Path, hub_id: str | None) -> Recipe:

@@ -8,6 +8,7 @@ torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, 
 per_device_train_batch_size, seed, optim), `from_pretrained(dtype=, attn_implementation=)`, peft's LoraConfig
 (r, lora_alpha, target_modules, lora_dropout, use_dora) and torch.nn.attention.sdpa_kernel.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,10 @@ from .config import Recipe, get_field
 
 def call_text(name: str, kwargs: dict) -> str:
     """kwargs whose value is a str starting with 'torch.' are written as code, the rest as literals."""
+
     def show(v):
         return v if isinstance(v, str) and v.startswith("torch.") else repr(v)
+
     return f"{name}(" + ", ".join(f"{k}={show(v)}" for k, v in kwargs.items()) + ")"
 
 
@@ -40,10 +43,18 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
 
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
-    args = {**cell.precision.training_args, "learning_rate": o.lr, "adam_beta1": o.betas[0], "adam_beta2": o.betas[1],
-            "adam_epsilon": o.eps, "weight_decay": o.weight_decay, "max_grad_norm": recipe.grad_clip,
-            "per_device_train_batch_size": recipe.batch_size, "seed": recipe.seed,
-            "optim": cell.optimizer_row.transformers_optim}
+    args = {
+        **cell.precision.training_args,
+        "learning_rate": o.lr,
+        "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1],
+        "adam_epsilon": o.eps,
+        "weight_decay": o.weight_decay,
+        "max_grad_norm": recipe.grad_clip,
+        "per_device_train_batch_size": recipe.batch_size,
+        "seed": recipe.seed,
+        "optim": cell.optimizer_row.transformers_optim,
+    }
     if cell.compilation.backend:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     if cell.parallel_row.wrapper:  # one rank's rows of the global batch; launched with torchrun / accelerate
@@ -59,8 +70,10 @@ def checkpoint_name(recipe: Recipe) -> str:
 
 def model_loading(cell: Cell, recipe: Recipe) -> dict:
     """Pure cells hold the weights themselves in half precision: load them so (autocast stays off)."""
-    return {"dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
-            "attn_implementation": cell.attention.implementation}
+    return {
+        "dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
+        "attn_implementation": cell.attention.implementation,
+    }
 
 
 def lightning_arguments(cell: Cell, recipe: Recipe) -> dict:
@@ -82,8 +95,12 @@ def parallel_code(cell: Cell) -> list[str]:
     """The lines a custom training loop writes for a parallel cell (DDP and its hook, or FSDP2's
     fully_shard with its MixedPrecisionPolicy)."""
     row = cell.parallel_row
-    return [line.format(dtype=cell.precision.compute) for text in (row.code, row.accelerate_code) if text
-            for line in text.splitlines()]
+    return [
+        line.format(dtype=cell.precision.compute)
+        for text in (row.code, row.accelerate_code)
+        if text
+        for line in text.splitlines()
+    ]
 
 
 def own_code(cell: Cell, recipe: Recipe) -> list[str]:
@@ -96,28 +113,52 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     if row.name != DEFAULT_OPTIMIZER:
         o = recipe.optimizer
         kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, **dict(row.kwargs)}
-        lines.append(call_text(row.import_path.replace(":", "."), kwargs).replace("(", "(model.parameters(), ", 1)
-                     + "  # Lightning's configure_optimizers, or a custom loop")
+        lines.append(
+            call_text(row.import_path.replace(":", "."), kwargs).replace("(", "(model.parameters(), ", 1)
+            + "  # Lightning's configure_optimizers, or a custom loop"
+        )
     return lines
 
 
 def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str]) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`)."""
     cell = Cell.of(config)
-    lines = [call_text("TrainingArguments", training_arguments(cell, recipe)),
-             call_text("AutoModelForCausalLM.from_pretrained", {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe)})]
+    lines = [
+        call_text("TrainingArguments", training_arguments(cell, recipe)),
+        call_text(
+            "AutoModelForCausalLM.from_pretrained",
+            {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe)},
+        ),
+    ]
     a = recipe.adapter
     if a.type != "none":
-        lines.append(call_text("LoraConfig", {"r": a.r, "lora_alpha": a.alpha, "target_modules": list(a.target_modules),
-                                              "lora_dropout": a.dropout, "use_dora": a.type == "dora"}))
+        lines.append(
+            call_text(
+                "LoraConfig",
+                {
+                    "r": a.r,
+                    "lora_alpha": a.alpha,
+                    "target_modules": list(a.target_modules),
+                    "lora_dropout": a.dropout,
+                    "use_dora": a.type == "dora",
+                },
+            )
+        )
     lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
     if cell.precision.tf32:
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
     if cell.attention.sdpa_backend:
-        lines.append(f"with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()")
+        lines.append(
+            "with torch.nn.attention.sdpa_kernel("
+            f"torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()"
+        )
     lines += own_code(cell, recipe) + parallel_code(cell)
-    return {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
-            "command": check_command(config, base, model_flags),
-            "training_arguments": training_arguments(cell, recipe), "model_loading": model_loading(cell, recipe),
-            "lightning": lightning_arguments(cell, recipe), "accelerate": accelerate_config(cell, recipe),
-            "python": lines}
+    return {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
+        "command": check_command(config, base, model_flags),
+        "training_arguments": training_arguments(cell, recipe),
+        "model_loading": model_loading(cell, recipe),
+        "lightning": lightning_arguments(cell, recipe),
+        "accelerate": accelerate_config(cell, recipe),
+        "python": lines,
+    }

@@ -8,6 +8,7 @@ probe cache (`ProbeRecord.reused`).
 
 Foundation module: imports only config and cells.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,6 @@ from dataclasses import dataclass, field
 
 from .cells import Cell
 from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
-
 
 # `forensics` of a result written after the timed steps, while the replay still runs. A record that
 # still says so when its process ended had its replay cut short (the runner notes why).
@@ -47,6 +47,7 @@ def _known(cls, data: dict) -> dict:
 @dataclass(frozen=True)
 class ModelPlan:
     """What a run probes, decided once per run (models.plan_model) and read by every child."""
+
     source: str  # "local-weights" or "architecture-twin"
     scale: str  # "full" or "probe"
     model_type: str
@@ -60,20 +61,24 @@ class ModelPlan:
 
     def describe(self) -> str:
         s = self.shape
-        return (f"{self.model_type} {self.source} at {self.scale} scale, {self.params / 1e6:.2f}M params "
-                f"(hidden {s['hidden']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} heads x {s['head_dim']}, vocab {s['vocab']})")
+        return (
+            f"{self.model_type} {self.source} at {self.scale} scale, {self.params / 1e6:.2f}M params "
+            f"(hidden {s['hidden']}, {s['layers']} layers, {s['heads']}/{s['kv_heads']} heads x {s['head_dim']}, "
+            f"vocab {s['vocab']})"
+        )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelPlan":
+    def from_dict(cls, data: dict) -> ModelPlan:
         return cls(**_known(cls, data))
 
 
 @dataclass(frozen=True)
 class ProbeSpec:
     """What one probe process is asked to do (its spec.json)."""
+
     probe_id: str
     recipe: Recipe
     cell: Cell
@@ -85,21 +90,38 @@ class ProbeSpec:
     replay_failed_only: bool = False  # the forensics replay only after a non-finite step (`check`: a quick pass)
 
     def to_dict(self) -> dict:
-        return {"probe_id": self.probe_id, "recipe": recipe_to_dict(self.recipe), "cell": self.cell.to_dict(),
-                "model_plan": self.plan.to_dict(), "steps": self.steps, "seed": self.seed, "device": self.device,
-                "threads": self.threads, "replay_failed_only": self.replay_failed_only}
+        return {
+            "probe_id": self.probe_id,
+            "recipe": recipe_to_dict(self.recipe),
+            "cell": self.cell.to_dict(),
+            "model_plan": self.plan.to_dict(),
+            "steps": self.steps,
+            "seed": self.seed,
+            "device": self.device,
+            "threads": self.threads,
+            "replay_failed_only": self.replay_failed_only,
+        }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ProbeSpec":
+    def from_dict(cls, data: dict) -> ProbeSpec:
         recipe = data["recipe"]
-        return cls(data["probe_id"], recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe["name"]),
-                   Cell(**data["cell"]), ModelPlan.from_dict(data["model_plan"]), data["steps"], data["seed"],
-                   data["device"], data.get("threads") or 1, data.get("replay_failed_only", False))
+        return cls(
+            data["probe_id"],
+            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe["name"]),
+            Cell(**data["cell"]),
+            ModelPlan.from_dict(data["model_plan"]),
+            data["steps"],
+            data["seed"],
+            data["device"],
+            data.get("threads") or 1,
+            data.get("replay_failed_only", False),
+        )
 
 
 @dataclass
 class Step:
     """One training step as measured: loss and grad-norm (before clipping), and the GradScaler's say."""
+
     step: int
     loss: float
     grad_norm: float
@@ -133,7 +155,7 @@ class Step:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Step":
+    def from_dict(cls, data: dict) -> Step:
         return cls(**_known(cls, data))
 
 
@@ -149,7 +171,7 @@ def warmup_steps(rates: list[float]) -> int:
     if len(rates) < 2:
         return 0
     n = 1
-    while n < len(rates) // 2 and rates[n] < WARMUP_RATE_SHARE * statistics.median(rates[n + 1:]):
+    while n < len(rates) // 2 and rates[n] < WARMUP_RATE_SHARE * statistics.median(rates[n + 1 :]):
         n += 1
     return n
 
@@ -158,6 +180,7 @@ def warmup_steps(rates: list[float]) -> int:
 class Throughput:
     """Tokens/s of a probe's steady steps: the median and the spread of the per-step rates (quartiles,
     min, max), warm-up steps left out. The spread is what the ranking calls noise."""
+
     median: float
     q1: float
     q3: float
@@ -167,7 +190,7 @@ class Throughput:
     warmup: int  # leading steps left out
 
     @classmethod
-    def of_rates(cls, rates: list[float], warmup: int = 0) -> "Throughput | None":
+    def of_rates(cls, rates: list[float], warmup: int = 0) -> Throughput | None:
         """From steady per-step rates (already without warm-up); None when there are none."""
         if not rates:
             return None
@@ -175,12 +198,12 @@ class Throughput:
         return cls(statistics.median(rates), q1, q3, min(rates), max(rates), len(rates), warmup)
 
     @classmethod
-    def of(cls, steps: list["Step"]) -> "Throughput | None":
+    def of(cls, steps: list[Step]) -> Throughput | None:
         rates = steady_rates(steps)
         return cls.of_rates(rates[0], rates[1])
 
     @classmethod
-    def pooled(cls, runs: list[list["Step"]]) -> "Throughput | None":
+    def pooled(cls, runs: list[list[Step]]) -> Throughput | None:
         """One figure from several probes of the same cell (re-timing rounds): their steady rates
         together, so that the spread covers the differences between rounds too."""
         steady = [steady_rates(steps) for steps in runs]
@@ -195,11 +218,11 @@ class Throughput:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict | None) -> "Throughput | None":
+    def from_dict(cls, data: dict | None) -> Throughput | None:
         return cls(**_known(cls, data)) if data else None
 
 
-def steady_rates(steps: list["Step"]) -> tuple[list[float], int]:
+def steady_rates(steps: list[Step]) -> tuple[list[float], int]:
     """(the steady steps' tokens/s, how many leading steps were warm-up); steps without a rate (a live
     run's batch without an attention mask) are left out."""
     rates = [s.tokens_per_s for s in steps if s.tokens_per_s]
@@ -214,6 +237,7 @@ class ProbeRecord:
     status: ok (trained to the end or stopped at an unrecoverable step), error (raised), timeout,
     signal (died of one), unsupported (never spawned: `reason` says why), lost (the scheduler lost it
     every time it was placed: `reason` says how; nothing is known about the configuration)."""
+
     probe_id: str
     cell: Cell
     status: str = "ok"
@@ -273,7 +297,7 @@ class ProbeRecord:
         return out
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ProbeRecord":
+    def from_dict(cls, data: dict) -> ProbeRecord:
         kwargs = _known(cls, data)
         kwargs["cell"] = Cell(**data["cell"])
         kwargs["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
@@ -281,20 +305,40 @@ class ProbeRecord:
         return cls(**kwargs)
 
     @classmethod
-    def unsupported(cls, spec: ProbeSpec, reason: str, overrides: dict) -> "ProbeRecord":
-        return cls(spec.probe_id, spec.cell, "unsupported", seed=spec.seed, recipe=recipe_to_dict(spec.recipe),
-                   model=spec.plan.to_dict(), overrides=overrides, reason=reason)
+    def unsupported(cls, spec: ProbeSpec, reason: str, overrides: dict) -> ProbeRecord:
+        return cls(
+            spec.probe_id,
+            spec.cell,
+            "unsupported",
+            seed=spec.seed,
+            recipe=recipe_to_dict(spec.recipe),
+            model=spec.plan.to_dict(),
+            overrides=overrides,
+            reason=reason,
+        )
 
     @classmethod
-    def finished(cls, spec: ProbeSpec, result: dict, steps: list[dict], returncode: int | None, timed_out: bool,
-                 wall_s: float, timeout_s: float, log_tail: str, worker_died: int | None = None,
-                 ended_by: dict | None = None, **run_facts) -> "ProbeRecord":
+    def finished(
+        cls,
+        spec: ProbeSpec,
+        result: dict,
+        steps: list[dict],
+        returncode: int | None,
+        timed_out: bool,
+        wall_s: float,
+        timeout_s: float,
+        log_tail: str,
+        worker_died: int | None = None,
+        ended_by: dict | None = None,
+        **run_facts,
+    ) -> ProbeRecord:
         """The record of a probe process from whatever it left behind: its result.json (`result`, empty
         when it wrote none), the steps it streamed, and how it exited. worker_died: the exit status of
         a warm worker that died while this probe ran (the probe died with it). ended_by: the error a
         scheduler reported for a probe it ended without a result (an error dict, e.g. its memory limit)."""
-        record = cls.from_dict({**result, "probe_id": spec.probe_id, "cell": spec.cell.to_dict(),
-                                "steps": result.get("steps") or steps})
+        record = cls.from_dict(
+            {**result, "probe_id": spec.probe_id, "cell": spec.cell.to_dict(), "steps": result.get("steps") or steps}
+        )
         record.seed, record.device, record.steps_planned = spec.seed, spec.device, spec.steps
         record.recipe, record.model = recipe_to_dict(spec.recipe), spec.plan.to_dict()
         record.wall_s, record.timeout_s, record.exit_code = wall_s, timeout_s, returncode
@@ -312,12 +356,20 @@ class ProbeRecord:
             record.status, record.error = "error", ended_by
         elif worker_died is not None:
             record.status = "error"
-            record.error = {"type": "WorkerDied", "message": f"the warm worker running this probe exited {worker_died}; "
-                            "the probe was killed with it", "traceback": "", "oom": False}
+            record.error = {
+                "type": "WorkerDied",
+                "message": f"the warm worker running this probe exited {worker_died}; the probe was killed with it",
+                "traceback": "",
+                "oom": False,
+            }
         else:
             record.status = "error"
-            record.error = {"type": "ProbeExit", "message": f"probe process exited {returncode} without a result",
-                            "traceback": "", "oom": False}
+            record.error = {
+                "type": "ProbeExit",
+                "message": f"probe process exited {returncode} without a result",
+                "traceback": "",
+                "oom": False,
+            }
         if record.status != "error":
             record.error = None
         if record.status != "ok":
@@ -325,15 +377,25 @@ class ProbeRecord:
         return record
 
     @classmethod
-    def lost(cls, spec: ProbeSpec, why: str, wall_s: float, timeout_s: float, **run_facts) -> "ProbeRecord":
+    def lost(cls, spec: ProbeSpec, why: str, wall_s: float, timeout_s: float, **run_facts) -> ProbeRecord:
         """A probe the scheduler lost on every attempt (node failure, preemption, never started)."""
-        record = cls(spec.probe_id, spec.cell, "lost", seed=spec.seed, recipe=recipe_to_dict(spec.recipe),
-                     model=spec.plan.to_dict(), reason=why, device=spec.device, steps_planned=spec.steps,
-                     wall_s=wall_s, timeout_s=timeout_s)
+        record = cls(
+            spec.probe_id,
+            spec.cell,
+            "lost",
+            seed=spec.seed,
+            recipe=recipe_to_dict(spec.recipe),
+            model=spec.plan.to_dict(),
+            reason=why,
+            device=spec.device,
+            steps_planned=spec.steps,
+            wall_s=wall_s,
+            timeout_s=timeout_s,
+        )
         for name, value in run_facts.items():
             setattr(record, name, value)
         return record
 
-    def reused(self, probe_id: str, cached_from: str, **run_facts) -> "ProbeRecord":
+    def reused(self, probe_id: str, cached_from: str, **run_facts) -> ProbeRecord:
         """This cached record under another run's probe id."""
         return dataclasses.replace(self, probe_id=probe_id, cached_from=cached_from, **run_facts)

@@ -4,10 +4,11 @@ rounds A B C, then C B A, on one slot, so that whatever else the host does in th
 on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
 Which cells: analysis.run.speed_decides (the recommended one's fidelity bucket, at most
-RETIME_MOST_CELLS). What is kept: retime.json beside results.jsonl (the probes' folders under retime/), every round's steps, throughput and
-host load; the analysis then ranks those cells on their pooled rounds (analysis.run.retimed_throughput).
-Runs probes, so it sits with the API, not in the analysis.
+RETIME_MOST_CELLS). What is kept: retime.json beside results.jsonl (the probes' folders under retime/),
+every round's steps, throughput and host load; the analysis then ranks those cells on their pooled
+rounds (analysis.run.retimed_throughput). Runs probes, so it sits with the API, not in the analysis.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,16 +49,31 @@ def retime_leaders(session: Session, recipe: Recipe, on_start=None) -> dict | No
     of = {o.probe_id: o for o in leaders}
     timing_recipe = dataclasses.replace(recipe, forensics_steps=0)  # the replay times nothing
     order = interleaved(cells, rounds)
-    probes = [PlannedProbe(f"{cell} retime{r}", of[cell].record.cell, seed_offset=of[cell].record.seed - recipe.seed)
-              for cell, r in order]
+    probes = [
+        PlannedProbe(f"{cell} retime{r}", of[cell].record.cell, seed_offset=of[cell].record.seed - recipe.seed)
+        for cell, r in order
+    ]
     t0 = time.monotonic()
     records = session.time_only(timing_recipe, probes, RETIME_STEPS)
-    timing = {"cells": cells, "rounds": rounds, "steps": RETIME_STEPS, "order": [p.probe_id for p in probes],
-              "wall_s": time.monotonic() - t0,
-              "probes": [{"probe_id": r.probe_id, "of": cell, "round": n, "status": r.status,
-                          "steps": [s.to_dict() for s in r.steps],
-                          "throughput": r.throughput.to_dict() if r.throughput else None,
-                          "host_load": r.host_load, "wall_s": r.wall_s}
-                         for r, (cell, n) in zip(records, order)]}
+    timing = {
+        "cells": cells,
+        "rounds": rounds,
+        "steps": RETIME_STEPS,
+        "order": [p.probe_id for p in probes],
+        "wall_s": time.monotonic() - t0,
+        "probes": [
+            {
+                "probe_id": r.probe_id,
+                "of": cell,
+                "round": n,
+                "status": r.status,
+                "steps": [s.to_dict() for s in r.steps],
+                "throughput": r.throughput.to_dict() if r.throughput else None,
+                "host_load": r.host_load,
+                "wall_s": r.wall_s,
+            }
+            for r, (cell, n) in zip(records, order)
+        ],
+    }
     session.store.write_json(RETIME_FILE, timing)
     return timing

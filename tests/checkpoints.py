@@ -1,11 +1,20 @@
 """Real tiny checkpoints on disk (config.json + safetensors), made the way a user's would be."""
+
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-TINY = dict(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=1024, max_position_embeddings=256, tie_word_embeddings=False)
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=176,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=1024,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
 
 
 def save_llama(path: Path, mlp_scale: dict | None = None, seed: int = 0, **overrides) -> Path:
@@ -13,6 +22,7 @@ def save_llama(path: Path, mlp_scale: dict | None = None, seed: int = 0, **overr
     multiplies that layer's MLP weights, so its activations get large in magnitude."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**TINY, **overrides}))
     with torch.no_grad():
@@ -32,6 +42,7 @@ def save_dead_llama(path: Path) -> Path:
     exactly 0, so no optimizer step changes a weight."""
     import torch
     from transformers import AutoModelForCausalLM
+
     save_llama(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     with torch.no_grad():
@@ -80,8 +91,10 @@ def save_custom_llama(path: Path, module: str, prefix: str, code: str, **config_
     (path / f"{module}.py").write_text(code)
     config = json.loads((path / "config.json").read_text())
     config.update(model_type=f"{prefix.lower()}-llama", architectures=[f"{prefix}LlamaForCausalLM"], **config_extra)
-    config["auto_map"] = {"AutoConfig": f"{module}.{prefix}LlamaConfig",
-                          "AutoModelForCausalLM": f"{module}.{prefix}LlamaForCausalLM"}
+    config["auto_map"] = {
+        "AutoConfig": f"{module}.{prefix}LlamaConfig",
+        "AutoModelForCausalLM": f"{module}.{prefix}LlamaForCausalLM",
+    }
     (path / "config.json").write_text(json.dumps(config))
     return path
 
@@ -100,10 +113,12 @@ def save_tokenizer(path: Path, **special) -> Path:
     transformers saves one. Id 0 is "!", an ordinary token, as in Llama 3's vocabulary."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     core = Tokenizer(models.WordLevel({t: i for i, t in enumerate(LLAMA3_STYLE_VOCAB)}, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>",
-                                   unk_token="<unk>", **special)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", unk_token="<unk>", **special
+    )
     fast.save_pretrained(path)
     return path
 

@@ -1,6 +1,7 @@
 """Real clusters on this machine for the executor tests: a one-node SLURM (tests/cluster/slurm_up.sh)
 and a local Ray bound to 127.0.0.1, each started once per test module; and the local runs their
 results are compared with, made once per pytest process."""
+
 from __future__ import annotations
 
 import functools
@@ -46,6 +47,7 @@ def assert_like_local(out: Path, launch: str) -> None:
 def losses(record: dict) -> list[str]:
     return [repr(s["loss"]) for s in record["steps"]]  # repr: NaN equals NaN
 
+
 MISBEHAVING_CODE = '''
 import ctypes, time
 import torch
@@ -71,10 +73,27 @@ class MisbehavingLlamaForCausalLM(LlamaForCausalLM):
             torch.empty(1 << 48, dtype=torch.uint8)
         return super().forward(*args, **kwargs)
 '''
-MISBEHAVING_CELLS = ("--axis", "dtype=fp32", "--axis", "attn=eager,sdpa:math,sdpa:flash,sdpa", "--axis", "compile=off",
-                     "--steps", "2", "--set", "timeout_s=8", "--set", "forensics_steps=0", "--trust-remote-code")
-MISBEHAVING_VERDICTS = {"fp32/eager/off": "crash", "fp32/sdpa:math/off": "timeout", "fp32/sdpa:flash/off": "oom",
-                        "fp32/sdpa/off": "stable"}
+MISBEHAVING_CELLS = (
+    "--axis",
+    "dtype=fp32",
+    "--axis",
+    "attn=eager,sdpa:math,sdpa:flash,sdpa",
+    "--axis",
+    "compile=off",
+    "--steps",
+    "2",
+    "--set",
+    "timeout_s=8",
+    "--set",
+    "forensics_steps=0",
+    "--trust-remote-code",
+)
+MISBEHAVING_VERDICTS = {
+    "fp32/eager/off": "crash",
+    "fp32/sdpa:math/off": "timeout",
+    "fp32/sdpa:flash/off": "oom",
+    "fp32/sdpa/off": "stable",
+}
 
 
 def slurm_skip_reason() -> str | None:
@@ -91,8 +110,9 @@ def slurm_skip_reason() -> str | None:
 
 def start_slurm() -> dict:
     """Start (or reuse) the one-node cluster; returns the environment its clients need."""
-    out = subprocess.run([str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120,
-                         preexec_fn=unpinned)  # slurmd's jobs see the node's cores, not one xdist worker's
+    out = subprocess.run(
+        [str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120, preexec_fn=unpinned
+    )  # slurmd's jobs see the node's cores, not one xdist worker's
     assert out.returncode == 0, out.stdout + out.stderr
     return {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
 
@@ -110,13 +130,13 @@ def ray_skip_reason() -> str | None:
     return None
 
 
-RAY_HEAD = '''
+RAY_HEAD = """
 import os, sys, time, ray
 ctx = ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False,
                resources=RESOURCES)
 print(ctx.address_info["gcs_address"], flush=True)
 sys.stdin.read()  # until the test closes it; then ray's exit handler stops the cluster this process started
-'''
+"""
 
 
 # The custom resources the local Ray's one node declares: two kinds of node for --axis node_type=.
@@ -131,15 +151,26 @@ class LocalRay:
     def __init__(self):
         env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
         self.env = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
-        self.proc = subprocess.Popen([sys.executable, "-c", f"RESOURCES = {RAY_NODE_TYPES!r}" + RAY_HEAD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env, start_new_session=True, preexec_fn=unpinned)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", f"RESOURCES = {RAY_NODE_TYPES!r}" + RAY_HEAD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+            start_new_session=True,
+            preexec_fn=unpinned,
+        )
         self.address = self.proc.stdout.readline().strip()
         assert self.address.startswith("127.0.0.1:"), self.address
 
     def free_cpus(self) -> float:
-        code = ("import ray; ray.init(address=%r, log_to_driver=False); import time; time.sleep(1); "
-                "print(ray.available_resources().get('CPU', 0))" % self.address)
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, timeout=120)
+        code = (
+            f"import ray; ray.init(address={self.address!r}, log_to_driver=False); import time; time.sleep(1); "
+            "print(ray.available_resources().get('CPU', 0))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, timeout=120
+        )
         return float(out.stdout.strip().splitlines()[-1])
 
     def stop(self) -> None:
@@ -159,7 +190,7 @@ def child_processes(marker: str) -> list[str]:
     return [line for line in out.stdout.splitlines() if "-m nandoctor.child " in line and marker in line]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def local_run() -> Path:
     """A local run of the equal grid, made once per pytest process, as the reference its remote runs'
     losses are compared with bit for bit. (The misbehaving grid has no local run here: its verdicts are
@@ -171,10 +202,14 @@ def local_run() -> Path:
     return base / "run"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def misbehaving_checkpoint() -> Path:
-    return save_custom_llama(Path(tempfile.mkdtemp(prefix="nandoctor-misbehaving-")) / "ckpt", "misbehaving_llama",
-                             "Misbehaving", MISBEHAVING_CODE)
+    return save_custom_llama(
+        Path(tempfile.mkdtemp(prefix="nandoctor-misbehaving-")) / "ckpt",
+        "misbehaving_llama",
+        "Misbehaving",
+        MISBEHAVING_CODE,
+    )
 
 
 def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
@@ -185,8 +220,13 @@ def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, ti
     interrupt cannot come after the run's last probe (a clean-clone run of 2026-11-25 sent it once both
     4 s probes had ended: the run had finished and exited by SIGINT)."""
     before = set(child_processes(marker))
-    proc = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, **env})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "grid", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()

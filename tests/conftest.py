@@ -13,9 +13,16 @@ from hypothesis import HealthCheck, Phase, settings
 # (derandomize), few enough to keep the property tests to seconds, no example database or patch file
 # written under the worktree (no explain phase), no reproduction blobs printed.
 # HYPOTHESIS_PROFILE=<name> picks another registered one.
-settings.register_profile("nandoctor", derandomize=True, max_examples=40, deadline=None, database=None, print_blob=False,
-                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "nandoctor",
+    derandomize=True,
+    max_examples=40,
+    deadline=None,
+    database=None,
+    print_blob=False,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "nandoctor"))
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -52,8 +59,14 @@ def run_cli(*args, cwd=None, env=None, timeout=900):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
-    return subprocess.run([sys.executable, "-m", "nandoctor", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "nandoctor", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=full_env,
+        timeout=timeout,
+    )
 
 
 def run_main(*args, env=None):
@@ -62,9 +75,13 @@ def run_main(*args, env=None):
     errors, doctor): a fresh interpreter costs seconds of `import torch` each, this costs milliseconds.
     Spawning commands and exit codes as the shell sees them stay with run_cli."""
     from nandoctor.cli import main
+
     stdout, stderr = io.StringIO(), io.StringIO()
-    with _environ({"GITHUB_STEP_SUMMARY": None, **(env or {})}), \
-            contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+    with (
+        _environ({"GITHUB_STEP_SUMMARY": None, **(env or {})}),
+        contextlib.redirect_stdout(stdout),
+        contextlib.redirect_stderr(stderr),
+    ):
         code = main([str(a) for a in args])
     return subprocess.CompletedProcess(["nandoctor", *map(str, args)], code, stdout.getvalue(), stderr.getvalue())
 
@@ -101,10 +118,14 @@ def cli():
 # the README's test command) a group never splits across workers, so module- and session-scoped runs
 # are still made once.
 SHARED_RUNS = {
-    "test_forensics": "large-mlp", "test_robustness": "large-mlp", "test_grid_numerics": "large-mlp",
+    "test_forensics": "large-mlp",
+    "test_robustness": "large-mlp",
+    "test_grid_numerics": "large-mlp",
     "test_report_first_screen": "large-mlp",
-    "test_bisect_e2e": "fp16-pure-bisect", "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
-    "test_executor_slurm": "clusters", "test_executor_ray": "clusters",
+    "test_bisect_e2e": "fp16-pure-bisect",
+    "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
+    "test_executor_slurm": "clusters",
+    "test_executor_ray": "clusters",
 }
 
 
@@ -124,6 +145,7 @@ def _skip_gpu_tests(items):
     if not any(item.get_closest_marker("gpu") for item in items):
         return
     import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA; torch sees no GPU on this machine")

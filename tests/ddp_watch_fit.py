@@ -5,6 +5,7 @@
 Each rank writes OUT/rank<r>.json: the steps it trained and judged, and what its watch said. On
 OFF_RANK the watch is switched off before training, as an internal error inside nandoctor does.
 """
+
 import json
 import os
 import sys
@@ -33,15 +34,35 @@ def main(out: Path, lr: float, steps: int, off_rank: int | None) -> None:
     callback = NandoctorCallback()
     if int(os.environ["RANK"]) == off_rank:
         callback.watch.switch_off("the test", RuntimeError("this rank's watch is off"))
-    trainer = L.Trainer(max_steps=steps, precision="32-true", accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[callback], default_root_dir=str(out))
+    trainer = L.Trainer(
+        max_steps=steps,
+        precision="32-true",
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=str(out),
+    )
     trainer.fit(CausalLM(tiny_llama(), lr), torch.utils.data.DataLoader(MotifRows(rows=256), batch_size=4))
     w = callback.watch
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
-        "global_step": trainer.global_step, "judged": [s.step for s in w.steps], "losses": [s.loss for s in w.steps],
-        "failure": w.failure.verdict.name if w.failure else None, "failed_at": w.failure.verdict.step if w.failure else None,
-        "stopped_by": w.stopped_by, "report_dir": str(w.report_dir) if w.report_dir else None, "off": w.off}))
+    (out / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(
+            {
+                "global_step": trainer.global_step,
+                "judged": [s.step for s in w.steps],
+                "losses": [s.loss for s in w.steps],
+                "failure": w.failure.verdict.name if w.failure else None,
+                "failed_at": w.failure.verdict.step if w.failure else None,
+                "stopped_by": w.stopped_by,
+                "report_dir": str(w.report_dir) if w.report_dir else None,
+                "off": w.off,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ configure_model applies fully_shard to every decoder layer and to the model, as 
 hand. Each rank writes OUT/rank<r>.json: the steps it judged and what its watch said. On OFF_RANK
 the watch is switched off before training, as an internal error inside nandoctor does.
 """
+
 import json
 import os
 import sys
@@ -43,18 +44,38 @@ def main(out: Path, lr: float, steps: int, off_rank: int | None) -> None:
     callback = NandoctorCallback()
     if int(os.environ["RANK"]) == off_rank:
         callback.watch.switch_off("the test", RuntimeError("this rank's watch is off"))
-    trainer = L.Trainer(max_steps=steps, precision="32-true", accelerator="cpu", devices=2,
-                        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1), logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[callback], default_root_dir=str(out))
+    trainer = L.Trainer(
+        max_steps=steps,
+        precision="32-true",
+        accelerator="cpu",
+        devices=2,
+        strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1),
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        default_root_dir=str(out),
+    )
     trainer.fit(ShardedCausalLM(tiny_llama(), lr), torch.utils.data.DataLoader(MotifRows(rows=256), batch_size=4))
     w = callback.watch
     sharded = [type(p).__name__ for _, p in w.named]
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
-        "global_step": trainer.global_step, "judged": [s.step for s in w.steps], "losses": [s.loss for s in w.steps],
-        "grad_norms": [s.grad_norm for s in w.steps], "sharded": sorted(set(sharded)),
-        "failure": w.failure.verdict.name if w.failure else None, "failed_at": w.failure.verdict.step if w.failure else None,
-        "stopped_by": w.stopped_by, "report_dir": str(w.report_dir) if w.report_dir else None, "off": w.off}))
+    (out / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(
+            {
+                "global_step": trainer.global_step,
+                "judged": [s.step for s in w.steps],
+                "losses": [s.loss for s in w.steps],
+                "grad_norms": [s.grad_norm for s in w.steps],
+                "sharded": sorted(set(sharded)),
+                "failure": w.failure.verdict.name if w.failure else None,
+                "failed_at": w.failure.verdict.step if w.failure else None,
+                "stopped_by": w.stopped_by,
+                "report_dir": str(w.report_dir) if w.report_dir else None,
+                "off": w.off,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 plugin from conftest.py). A run costs a fresh interpreter, a warm worker and real probes: tests that
 need the same run share it instead of repeating it. Readers never change a run directory in place;
 a test that cuts or resumes a run works on its own copy."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,8 +21,21 @@ def large_mlp_grid(large_mlp_checkpoint, tmp_path_factory):
     """The large-MLP checkpoint in fp32, bf16-amp and fp16-amp with sdpa, 8 steps (plus the fp32/eager
     reference): fp16-amp overflows in step 0's forward and is replayed with hooks, the others train."""
     out = tmp_path_factory.mktemp("large-mlp-grid") / "run"
-    proc = run_cli("grid", "--model", large_mlp_checkpoint, "--axis", "dtype=fp32,bf16-amp,fp16-amp", "--axis", "attn=sdpa",
-                   "--axis", "compile=off", "--steps", "8", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--model",
+        large_mlp_checkpoint,
+        "--axis",
+        "dtype=fp32,bf16-amp,fp16-amp",
+        "--axis",
+        "attn=sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "8",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -32,8 +46,16 @@ def fp32_check(tmp_path_factory):
     $GITHUB_STEP_SUMMARY set); returns (run directory, CompletedProcess, the step summary file)."""
     base = tmp_path_factory.mktemp("fp32-check")
     step_summary = base / "step_summary.md"
-    proc = run_cli("check", "--dtype", "fp32", "--attn", "eager", "--out", base / "run",
-                   env={"GITHUB_STEP_SUMMARY": str(step_summary)})
+    proc = run_cli(
+        "check",
+        "--dtype",
+        "fp32",
+        "--attn",
+        "eager",
+        "--out",
+        base / "run",
+        env={"GITHUB_STEP_SUMMARY": str(step_summary)},
+    )
     return base / "run", proc, step_summary
 
 
@@ -42,6 +64,8 @@ def fp16_pure_bisect(tmp_path_factory):
     """`nandoctor bisect --bad attn=sdpa,dtype=fp16-pure` on tiny-llama, 3 steps, no reruns: fp16-pure's
     AdamW eps (0 in fp16) is the single culprit. Returns (run directory, CompletedProcess)."""
     out = tmp_path_factory.mktemp("fp16-pure-bisect") / "run"
-    proc = run_cli("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "3", "--reruns", "0", "--jobs", "2", "--out", out)
+    proc = run_cli(
+        "bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "3", "--reruns", "0", "--jobs", "2", "--out", out
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc

@@ -1,7 +1,8 @@
 """The bisection engine against small fake oracles: pure logic, no torch, no processes."""
+
 import math
 
-from nandoctor.bisect.engine import FLAKY, Bisection, Run, ddmin, judge, split, Trial
+from nandoctor.bisect.engine import FLAKY, Bisection, Run, Trial, ddmin, judge, split
 
 FACTORS = [f"f{i}" for i in range(16)]
 GOOD = {f: "good" for f in FACTORS}
@@ -21,8 +22,14 @@ class FakeOracle:
             self.trials.append(t)
             applied = {k for k, v in t.config.items() if v == "bad"}
             failed = self.breaks(applied) != self.flip(applied, t)
-            runs.append(Run(f"p{len(self.trials)}", self.verdict if failed else "stable", failed,
-                            tokens_per_s=100.0 * len(applied)))
+            runs.append(
+                Run(
+                    f"p{len(self.trials)}",
+                    self.verdict if failed else "stable",
+                    failed,
+                    tokens_per_s=100.0 * len(applied),
+                )
+            )
         return runs
 
 
@@ -79,8 +86,9 @@ def test_failing_baseline_is_reported_and_nothing_is_recommended():
 
 
 def test_target_whose_rerun_disagrees_is_flaky_and_not_bisected():
-    result, _ = bisect(lambda applied: bool(applied), reruns=1,
-                       flip=lambda applied, trial: bool(applied) and trial.attempt == 1)
+    result, _ = bisect(
+        lambda applied: bool(applied), reruns=1, flip=lambda applied, trial: bool(applied) and trial.attempt == 1
+    )
     assert result.status == "flaky-target" and not result.culprits
     assert result.path[0].outcome == FLAKY and result.path[0].verdicts == ["nonfinite", "stable"]
     assert result.recommended == GOOD  # the baseline held up on its rerun
@@ -91,14 +99,20 @@ def test_flaky_factor_is_not_used_as_a_culprit():
     def flip(applied, trial):
         return applied == {"f0"} and trial.attempt == 1
 
-    result, _ = bisect(lambda applied: "f12" in applied or applied == {"f0"}, factors=["f0", "f12"], reruns=1, flip=flip)
+    result, _ = bisect(
+        lambda applied: "f12" in applied or applied == {"f0"}, factors=["f0", "f12"], reruns=1, flip=flip
+    )
     assert [c.factors for c in result.culprits] == [["f12"]]
     assert any(s.outcome == FLAKY and s.factors == ["f0"] for s in result.path)
 
 
 def test_failure_on_some_seeds_only_is_data_dependent():
-    result, _ = bisect(lambda applied: "f3" in applied, reruns=0, data_seeds=2,
-                       flip=lambda applied, trial: "f3" in applied and trial.seed == 1)
+    result, _ = bisect(
+        lambda applied: "f3" in applied,
+        reruns=0,
+        data_seeds=2,
+        flip=lambda applied, trial: "f3" in applied and trial.seed == 1,
+    )
     assert [c.factors for c in result.culprits] == [["f3"]]
     assert result.culprits[0].data_dependent
 
@@ -108,10 +122,10 @@ def test_probe_count_for_one_culprit_grows_like_log_k():
     for k in (4, 16, 64):
         factors = FACTORS[:k] if k <= 16 else [f"g{i}" for i in range(k)]
         culprit = factors[k // 3]
-        result, oracle = bisect(lambda applied: culprit in applied, factors=factors)
+        result, oracle = bisect(lambda applied, culprit=culprit: culprit in applied, factors=factors)
         assert [c.factors for c in result.culprits] == [[culprit]]
         counts[k] = result.configurations
-        assert result.full_grid == 2 ** k
+        assert result.full_grid == 2**k
     assert counts[16] < 16 and counts[64] < 2 * counts[16]
     assert counts[64] <= 2 * math.log2(64) + 4, counts
 
@@ -131,8 +145,12 @@ class TimingOutOracle(FakeOracle):
 
     def __call__(self, trials):
         runs = super().__call__(trials)
-        return [Run(r.probe_id, "timeout", True, resolved=False) if len(t.config) == sum(v == "bad" for v in t.config.values())
-                else r for t, r in zip(trials, runs)]
+        return [
+            Run(r.probe_id, "timeout", True, resolved=False)
+            if len(t.config) == sum(v == "bad" for v in t.config.values())
+            else r
+            for t, r in zip(trials, runs)
+        ]
 
 
 def test_a_target_that_only_times_out_is_unresolved_with_no_culprit():
@@ -148,8 +166,12 @@ def test_an_unresolved_subset_is_neither_pass_nor_fail_for_ddmin():
     class Hangs(FakeOracle):
         def __call__(self, trials):
             runs = super().__call__(trials)
-            return [Run(r.probe_id, "timeout", True, resolved=False) if t.config["f9"] == "bad" and t.config["f12"] == "good"
-                    else r for t, r in zip(trials, runs)]
+            return [
+                Run(r.probe_id, "timeout", True, resolved=False)
+                if t.config["f9"] == "bad" and t.config["f12"] == "good"
+                else r
+                for t, r in zip(trials, runs)
+            ]
 
     result = Bisection(GOOD, BAD, Hangs(lambda applied: "f12" in applied), reruns=0).run()
     assert [c.factors for c in result.culprits] == [["f12"]]
@@ -158,17 +180,20 @@ def test_an_unresolved_subset_is_neither_pass_nor_fail_for_ddmin():
 
 def _passing(index, factors, rate):
     from nandoctor.bisect.engine import PASS, Step
+
     return Step(index, "recommend", factors, {}, PASS, ["stable"], [f"p{index}"], False, rate)
 
 
 def test_recommendation_keeps_the_most_target_factors_whatever_the_speed():
     from nandoctor.bisect.engine import nearest_then_clearly_faster
+
     near, far = _passing(0, ["f1", "f2"], 10.0), _passing(1, ["f1"], 1000.0)
     assert nearest_then_clearly_faster([far, near]) is near
 
 
 def test_equally_near_candidates_are_not_reordered_by_speed_noise():
     from nandoctor.bisect.engine import nearest_then_clearly_faster
+
     first, noisy = _passing(0, ["f1"], 100.0), _passing(1, ["f2"], 140.0)  # 40% faster: within a busy host's noise
     assert nearest_then_clearly_faster([first, noisy]) is first
     clearly = _passing(2, ["f3"], 200.0)

@@ -1,4 +1,5 @@
 """Parsing --good / --bad / --factor into configurations, and the default target: pure, no probes."""
+
 import pytest
 
 from nandoctor.bisect.factors import fastest_cell, parse_assignments, parse_configurations
@@ -6,17 +7,33 @@ from nandoctor.config import Recipe
 from nandoctor.errors import NandoctorError
 
 CPU = {"device": "cpu", "gpus": [], "cxx": "/usr/bin/g++"}
-T4 = {"device": "cuda", "gpus": [{"capability": "7.5", "memory_bytes": 16 << 30}], "cudnn": 90100, "cxx": "/usr/bin/g++"}
+T4 = {
+    "device": "cuda",
+    "gpus": [{"capability": "7.5", "memory_bytes": 16 << 30}],
+    "cudnn": 90100,
+    "cxx": "/usr/bin/g++",
+}
 
 
 def test_a_comma_inside_a_tuple_value_does_not_split_the_assignment():
-    assert parse_assignments("dtype=fp16-pure,adapter.target_modules=q_proj,v_proj,grad_clip=0", "--bad") == \
-        {"dtype": "fp16-pure", "adapter.target_modules": "q_proj,v_proj", "grad_clip": "0"}
+    assert parse_assignments("dtype=fp16-pure,adapter.target_modules=q_proj,v_proj,grad_clip=0", "--bad") == {
+        "dtype": "fp16-pure",
+        "adapter.target_modules": "q_proj,v_proj",
+        "grad_clip": "0",
+    }
 
 
 def test_target_is_the_baseline_plus_the_bad_values_typed_like_the_recipe():
     good, bad = parse_configurations(Recipe(), CPU, None, "dtype=fp16-pure,optimizer.eps=1e-8", ["grad_clip=0"])
-    assert good == {"dtype": "fp32", "attn": "eager", "compile": "off", "optimizer": "adamw", "parallel": "none", "optimizer.eps": 1e-8, "grad_clip": 1.0}
+    assert good == {
+        "dtype": "fp32",
+        "attn": "eager",
+        "compile": "off",
+        "optimizer": "adamw",
+        "parallel": "none",
+        "optimizer.eps": 1e-8,
+        "grad_clip": 1.0,
+    }
     assert bad == {**good, "dtype": "fp16-pure", "grad_clip": 0.0}
 
 
@@ -40,8 +57,13 @@ def test_the_optimizer_is_a_factor_like_the_other_axes():
 
 
 def test_opt_in_values_are_never_the_default_target():
-    h100 = {"device": "cuda", "gpus": [{"capability": "9.0", "memory_bytes": 80 << 30}], "cudnn": 90100, "flash_sdpa": True,
-            "packages": {"torchao": {"importable": True, "version": "0.18.0"}}}
+    h100 = {
+        "device": "cuda",
+        "gpus": [{"capability": "9.0", "memory_bytes": 80 << 30}],
+        "cudnn": 90100,
+        "flash_sdpa": True,
+        "packages": {"torchao": {"importable": True, "version": "0.18.0"}},
+    }
     assert fastest_cell(h100).id == "bf16-pure/sdpa:flash/inductor/adamw-fused"
 
 
@@ -62,6 +84,14 @@ def test_bad_value_for_a_recipe_field_names_the_flag():
 
 def test_timeouts_ooms_and_kills_are_unresolved_unless_the_user_hunts_them():
     from nandoctor.bisect.oracle import resolved
-    assert [resolved(v, ()) for v in ("stable", "nonfinite", "crash", "timeout", "oom", "killed", "unsupported")] == \
-        [True, True, True, False, False, False, False]
+
+    assert [resolved(v, ()) for v in ("stable", "nonfinite", "crash", "timeout", "oom", "killed", "unsupported")] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
     assert resolved("timeout", ("timeout",)) and not resolved("oom", ("timeout",))

@@ -1,9 +1,10 @@
 """`nandoctor bisect` end to end: real tiny models trained in real probe processes."""
+
 import json
 
+import pytest
 from checkpoints import save_flaky_llama
 from conftest import run_main, summary
-import pytest
 
 # slow: the end-to-end tests (real probe processes); the bad-input ones end in this process (run_main)
 
@@ -19,7 +20,13 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
     # fp16-pure with AdamW eps=1e-8: eps rounds to 0 in fp16, the update divides by zero at step 1
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]
     assert b["path"][b["culprits"][0]["evidence"]]["verdicts"] == ["nonfinite"]
-    assert b["recommended"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": "adamw", "parallel": "none"}
+    assert b["recommended"] == {
+        "dtype": "fp32",
+        "attn": "sdpa",
+        "compile": "off",
+        "optimizer": "adamw",
+        "parallel": "none",
+    }
     assert "Culprit (single factor): dtype=fp16-pure -> nonfinite" in proc.stdout
     rec = b["recommendation"]
     assert rec["command"] == "nandoctor check --dtype fp32 --attn sdpa --compile off"
@@ -36,8 +43,21 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
 def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
     out = tmp_path / "pair"
     # no forensics replay: nothing here reads it, and each bf16-pure replay costs seconds of slow CPU bf16 matmuls
-    proc = cli("bisect", "--bad", "dtype=bf16-pure,optimizer.lr=2e-5", "--steps", "8", "--reruns", "0",
-               "--jobs", "2", "--set", "forensics_steps=0", "--out", out)
+    proc = cli(
+        "bisect",
+        "--bad",
+        "dtype=bf16-pure,optimizer.lr=2e-5",
+        "--steps",
+        "8",
+        "--reruns",
+        "0",
+        "--jobs",
+        "2",
+        "--set",
+        "forensics_steps=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = bisection(out)
     # bf16 weights round away updates of lr 2e-5 (the loss stalls against fp32 at the same lr);
@@ -69,8 +89,22 @@ def test_verdict_that_changes_on_an_identical_rerun_is_flaky(tmp_path, cli):
     out = tmp_path / "run"
     # the checkpoint counts model constructions, and a forensics replay would construct it once more
     # inside the same probe: keep one construction per probe process
-    proc = cli("bisect", "--model", ckpt, "--trust-remote-code", "--bad", "attn=sdpa", "--steps", "3",
-               "--reruns", "1", "--set", "forensics_steps=0", "--out", out)
+    proc = cli(
+        "bisect",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--bad",
+        "attn=sdpa",
+        "--steps",
+        "3",
+        "--reruns",
+        "1",
+        "--set",
+        "forensics_steps=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the baseline held up: a stable config exists
     b = bisection(out)
     assert b["status"] == "flaky-target" and b["culprits"] == []
@@ -89,10 +123,27 @@ def test_unknown_factor_is_one_line_and_exit_2():
 @pytest.mark.slow
 def test_a_target_that_only_times_out_is_unresolved_exit_2_and_blames_nothing(tmp_path, cli):
     from checkpoints import save_faulty_llama
+
     ckpt = save_faulty_llama(tmp_path / "faulty")  # fp32/sdpa trains; half-precision weights with eager hang
     out = tmp_path / "run"
-    proc = cli("bisect", "--model", ckpt, "--trust-remote-code", "--good", "attn=sdpa", "--bad", "dtype=bf16-pure,attn=eager",
-               "--steps", "2", "--reruns", "0", "--set", "timeout_s=8", "--out", out)
+    proc = cli(
+        "bisect",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--good",
+        "attn=sdpa",
+        "--bad",
+        "dtype=bf16-pure,attn=eager",
+        "--steps",
+        "2",
+        "--reruns",
+        "0",
+        "--set",
+        "timeout_s=8",
+        "--out",
+        out,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     b = bisection(out)

@@ -1,6 +1,7 @@
 """A probe's budgets follow one another: build_timeout_s for imports and the model build, then
 timeout_s for the timed steps, counted from the end of the build (then the replay's own). A slow
 build does not eat the steps' budget; a build that never ends is a timeout that says it was the build."""
+
 import json
 
 import pytest
@@ -34,9 +35,30 @@ class SlowBuildLlamaForCausalLM(LlamaForCausalLM):
 def test_a_slow_build_keeps_the_steps_budget_and_a_build_that_never_ends_is_a_build_timeout(tmp_path):
     ckpt = save_custom_llama(tmp_path / "ckpt", "slow_build_llama", "SlowBuild", SLOW_BUILD_CODE)
     out = tmp_path / "run"
-    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-                   "--axis", "compile=off", "--steps", "2", "--jobs", "2", "--set", "timeout_s=4",
-                   "--set", "build_timeout_s=12", "--set", "forensics_steps=0", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager,sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "2",
+        "--jobs",
+        "2",
+        "--set",
+        "timeout_s=4",
+        "--set",
+        "build_timeout_s=12",
+        "--set",
+        "forensics_steps=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the hung build is a harness failure
     recs = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
     got = {p["probe_id"]: p for p in summary(out)["probes"]}

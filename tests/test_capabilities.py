@@ -1,4 +1,5 @@
 """The compute-capability table is data: these tests read it like a spec sheet."""
+
 import pytest
 
 from nandoctor.capabilities import CAPABILITY_TABLE, FEATURE_SOURCES, GPU_FEATURES, capability_row, cell_support
@@ -35,8 +36,13 @@ def test_a_capability_between_rows_gets_the_generation_below():
 
 
 def gpu(cc: str, cudnn: int = 90300) -> dict:
-    return {"device": "cuda", "gpus": [{"index": 0, "name": "test", "capability": cc, "memory_bytes": 16 << 30}],
-            "cudnn": cudnn, "flash_attn": "2.7.0", "cxx": "/usr/bin/g++"}
+    return {
+        "device": "cuda",
+        "gpus": [{"index": 0, "name": "test", "capability": cc, "memory_bytes": 16 << 30}],
+        "cudnn": cudnn,
+        "flash_attn": "2.7.0",
+        "cxx": "/usr/bin/g++",
+    }
 
 
 def test_bf16_is_unsupported_on_turing_with_the_reason():
@@ -45,24 +51,42 @@ def test_bf16_is_unsupported_on_turing_with_the_reason():
 
 
 def test_flash_attention_2_below_ampere_and_fp16_on_turing():
-    assert "flash_attention_2 needs compute capability 8.0" in cell_support(Cell("fp16-amp", "flash_attention_2", "off"), gpu("7.5"))
+    assert "flash_attention_2 needs compute capability 8.0" in cell_support(
+        Cell("fp16-amp", "flash_attention_2", "off"), gpu("7.5")
+    )
     assert cell_support(Cell("fp16-amp", "sdpa", "off"), gpu("7.5")) is None
     assert cell_support(Cell("bf16-amp", "flash_attention_2", "off"), gpu("9.0")) is None
 
 
 def test_planner_prunes_cuda_only_cells_on_cpu():
     cpu = {"device": "cpu", "gpus": [], "cxx": "/usr/bin/g++", "flash_attn": None}
-    probes = plan_grid(Recipe(), cpu, {"dtype": ["fp32", "tf32"], "attn": ["sdpa", "sdpa:efficient", "sdpa:cudnn", "flash_attention_2"]})
+    probes = plan_grid(
+        Recipe(),
+        cpu,
+        {"dtype": ["fp32", "tf32"], "attn": ["sdpa", "sdpa:efficient", "sdpa:cudnn", "flash_attention_2"]},
+    )
     unsupported = {p.probe_id: p.unsupported for p in probes if p.unsupported}
-    assert set(unsupported) == {c for c in (p.probe_id for p in probes) if "tf32" in c or "efficient" in c or "cudnn" in c or "flash_attention_2" in c}
+    assert set(unsupported) == {
+        c
+        for c in (p.probe_id for p in probes)
+        if "tf32" in c or "efficient" in c or "cudnn" in c or "flash_attention_2" in c
+    }
     assert "fp32/sdpa/off" not in unsupported and "fp32/eager/off" not in unsupported
     assert unsupported["fp32/sdpa:cudnn/off"] == "cuDNN SDPA is CUDA-only"
 
 
 def test_gpu_rows_come_from_nvml_when_torch_sees_no_gpu():
     from nandoctor.capabilities import gpu_capabilities
-    env = {"gpus": [], "nvml": {"available": True, "driver": "550.54", "cuda_driver": "12.4",
-                                "devices": [{"index": 0, "name": "Tesla T4", "capability": "7.5", "memory_bytes": 15 << 30}]}}
+
+    env = {
+        "gpus": [],
+        "nvml": {
+            "available": True,
+            "driver": "550.54",
+            "cuda_driver": "12.4",
+            "devices": [{"index": 0, "name": "Tesla T4", "capability": "7.5", "memory_bytes": 15 << 30}],
+        },
+    }
     (row,) = gpu_capabilities(env)
     assert row["architecture"] == "Turing" and row["native"]["fp16"] and not row["native"]["bf16"]
     assert gpu_capabilities({"gpus": [], "nvml": {"available": False, "reason": "no driver"}}) == []

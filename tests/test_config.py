@@ -1,4 +1,5 @@
 """Axes, recipes and overrides: the user-facing validation, pure and fast."""
+
 import pytest
 
 from nandoctor.cells import Cell, parse_axis_flag
@@ -11,9 +12,14 @@ def test_axis_flag_parses_known_values():
     assert parse_axis_flag("dtype=bf16-amp,fp16-amp") == ("dtype", ["bf16-amp", "fp16-amp"])
 
 
-@pytest.mark.parametrize("flag, words", [("dtype=bf17", "unknown dtype value 'bf17'"),
-                                         ("precision=fp32", "unknown axis 'precision'"),
-                                         ("attn", "expected NAME=V1,V2")])
+@pytest.mark.parametrize(
+    "flag, words",
+    [
+        ("dtype=bf17", "unknown dtype value 'bf17'"),
+        ("precision=fp32", "unknown axis 'precision'"),
+        ("attn", "expected NAME=V1,V2"),
+    ],
+)
 def test_bad_axis_flags_name_what_is_valid(flag, words):
     with pytest.raises(NandoctorError, match=words) as e:
         parse_axis_flag(flag)
@@ -55,8 +61,14 @@ def test_shipped_recipes_all_load():
     assert {"tiny-llama", "llama-3.1-8b", "gpt2", "mistral-7b", "qwen2.5-7b", "gemma-2-2b"} <= set(recipe_names())
     llama = recipe_by_name("llama-3.1-8b")
     arch = llama.model.arch
-    assert (arch["hidden_size"], arch["num_hidden_layers"], arch["num_attention_heads"], arch["num_key_value_heads"],
-            arch["intermediate_size"], arch["vocab_size"]) == (4096, 32, 32, 8, 14336, 128256)
+    assert (
+        arch["hidden_size"],
+        arch["num_hidden_layers"],
+        arch["num_attention_heads"],
+        arch["num_key_value_heads"],
+        arch["intermediate_size"],
+        arch["vocab_size"],
+    ) == (4096, 32, 32, 8, 14336, 128256)
     assert arch["rope_parameters"]["rope_type"] == "llama3" and arch["rope_parameters"]["rope_theta"] == 500000.0
     assert (llama.adapter.type, llama.adapter.r, llama.adapter.alpha) == ("dora", 32, 64)
     assert llama.steps >= 50
@@ -74,8 +86,14 @@ def test_hub_id_not_in_cache_is_refused_without_download():
 
 def test_lightning_precision_names_are_dtype_aliases():
     from nandoctor.cells import Cell, parse_axis_values
-    assert parse_axis_values("dtype", "32-true,bf16-mixed,16-mixed,bf16-true,16-true") == \
-        ["fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"]
+
+    assert parse_axis_values("dtype", "32-true,bf16-mixed,16-mixed,bf16-true,16-true") == [
+        "fp32",
+        "bf16-amp",
+        "fp16-amp",
+        "bf16-pure",
+        "fp16-pure",
+    ]
     assert Cell.parse("bf16-mixed/sdpa/off") == Cell("bf16-amp", "sdpa", "off")
     assert recipe_from_dict({"axes": {"dtype": ["16-mixed"]}}, "r").axes == {"dtype": ["16-mixed"]}
     with pytest.raises(NandoctorError, match="or Lightning's 32-true, bf16-mixed"):

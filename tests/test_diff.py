@@ -1,13 +1,24 @@
 """The comparison of a run with a baseline (analysis/diff.py) on probe records: which cells regressed,
 how curves and step-0 values compare within their dtype's tolerance, and what the renderers make of it.
 Pure: no torch, no processes (except the one CLI test of bad input)."""
+
 import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from nandoctor.analysis.diff import (BIT_IDENTICAL, CHANGED, NOW_UNSUPPORTED, PARTED, REGRESSED, SAME, WITHIN_TOLERANCE,
-                                     compare_curves, compare_runs, golden_tolerance, throughput_noise)
+from nandoctor.analysis.diff import (
+    BIT_IDENTICAL,
+    CHANGED,
+    NOW_UNSUPPORTED,
+    PARTED,
+    SAME,
+    WITHIN_TOLERANCE,
+    compare_curves,
+    compare_runs,
+    golden_tolerance,
+    throughput_noise,
+)
 from nandoctor.analysis.run import analyze, analyze_records
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_to_dict, set_field
@@ -16,10 +27,28 @@ from nandoctor.report.diff import render_diff_html, render_diff_markdown, render
 from nandoctor.report.junit import render_junit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-before-issue-9"
-ENV = {"torch": "2.13.0+cpu", "transformers": "5.23.0", "peft": "0.21.2", "cuda": None, "cudnn": None, "gpus": [],
-       "python": "3.11.7", "cpu_model": "AMD EPYC", "nccl": None}
-PLAN = {"source": "architecture-twin", "scale": "full", "model_type": "llama", "params": 1, "full_params": 1,
-        "trainable_params": 1, "path": None, "why": "test", "shape": {}}
+ENV = {
+    "torch": "2.13.0+cpu",
+    "transformers": "5.23.0",
+    "peft": "0.21.2",
+    "cuda": None,
+    "cudnn": None,
+    "gpus": [],
+    "python": "3.11.7",
+    "cpu_model": "AMD EPYC",
+    "nccl": None,
+}
+PLAN = {
+    "source": "architecture-twin",
+    "scale": "full",
+    "model_type": "llama",
+    "params": 1,
+    "full_params": 1,
+    "trainable_params": 1,
+    "path": None,
+    "why": "test",
+    "shape": {},
+}
 
 
 def falling(n=8, start=8.3, rate=0.1, tokens_per_s=1000.0):
@@ -32,14 +61,25 @@ def record(cell: str, steps, recipe=None, status="ok", **kw) -> ProbeRecord:
 
 
 def run(records, recipe=None, env=None, kind="grid"):
-    meta = {"kind": kind, "run_id": kind, "recipe": recipe_to_dict(recipe or Recipe()), "env": env or ENV,
-            "model_plan": PLAN, "steps": 8, "seed": 0, "created": "now", "planned": len(records)}
+    meta = {
+        "kind": kind,
+        "run_id": kind,
+        "recipe": recipe_to_dict(recipe or Recipe()),
+        "env": env or ENV,
+        "model_plan": PLAN,
+        "steps": 8,
+        "seed": 0,
+        "created": "now",
+        "planned": len(records),
+    }
     return analyze_records(meta, records)
 
 
 def grid(bf16_steps, recipe=None, env=None):
     """fp32 reference + bf16-pure, the bf16 curve given."""
-    return run([record("fp32/eager/off", falling(), recipe), record("bf16-pure/sdpa/off", bf16_steps, recipe)], recipe, env)
+    return run(
+        [record("fp32/eager/off", falling(), recipe), record("bf16-pure/sdpa/off", bf16_steps, recipe)], recipe, env
+    )
 
 
 def test_a_run_diffed_with_itself_is_no_change_and_exits_0():
@@ -52,7 +92,9 @@ def test_a_run_diffed_with_itself_is_no_change_and_exits_0():
 def test_a_stable_cell_that_drifts_regresses_and_the_differing_setting_is_named():
     slow = set_field(Recipe(), "optimizer.lr", "2e-5")
     before = grid(falling())
-    after = grid([Step(i, 8.3 + 0.03 * (i % 4), 1.0) for i in range(8)], slow)  # bf16 stalls (its updates round away): the loss only moves with the batch
+    after = grid(
+        [Step(i, 8.3 + 0.03 * (i % 4), 1.0) for i in range(8)], slow
+    )  # bf16 stalls (its updates round away): the loss only moves with the batch
     d = compare_runs(before, after)
     assert [c.probe_id for c in d.regressions] == ["bf16-pure/sdpa/off"]
     assert d.regressions[0].verdicts == "stable -> drift" and d.exit_code == 1
@@ -70,12 +112,16 @@ def test_regressed_cells_are_failed_junit_cases_and_the_others_pass():
     assert set(cases) == {"fp32/eager/off", "bf16-pure/sdpa/off"}
     assert cases["bf16-pure/sdpa/off"].find("failure").get("type") == "regressed"
     assert cases["fp32/eager/off"].find("failure") is None
-    assert int(suite.get("tests")) == 4 and int(suite.get("failures")) == 2  # the drift probe's own case + its regression
+    assert (
+        int(suite.get("tests")) == 4 and int(suite.get("failures")) == 2
+    )  # the drift probe's own case + its regression
 
 
 def test_a_new_crash_regresses_even_from_a_failing_cell():
     nan = [Step(0, 8.3, 1.0), Step(1, math.nan, math.nan)]
-    crashed = record("bf16-pure/sdpa/off", [], status="error", error={"type": "RuntimeError", "message": "boom", "traceback": ""})
+    crashed = record(
+        "bf16-pure/sdpa/off", [], status="error", error={"type": "RuntimeError", "message": "boom", "traceback": ""}
+    )
     d = compare_runs(grid(nan), run([record("fp32/eager/off", falling()), crashed]))
     assert d.regressions[0].probe_id == "bf16-pure/sdpa/off" and d.regressions[0].verdicts == "nonfinite -> crash"
 
@@ -113,10 +159,12 @@ def test_curves_compare_bit_identical_within_the_dtype_tolerance_or_parted():
 
 
 def test_the_golden_tolerance_follows_the_matmul_dtype():
-    fp32, bf16, fp16, tf32 = (golden_tolerance(record(c, [])) for c in ("fp32/sdpa/off", "bf16-pure/sdpa/off",
-                                                                         "fp16-amp/sdpa/off", "tf32/sdpa/off"))
+    fp32, bf16, fp16, tf32 = (
+        golden_tolerance(record(c, []))
+        for c in ("fp32/sdpa/off", "bf16-pure/sdpa/off", "fp16-amp/sdpa/off", "tf32/sdpa/off")
+    )
     assert fp32 == (1e-5, 1e-5)
-    assert bf16 == (2 ** -7, 4 * 2 ** -7) and fp16 == tf32 == (2 ** -10, 4 * 2 ** -10)
+    assert bf16 == (2**-7, 4 * 2**-7) and fp16 == tf32 == (2**-10, 4 * 2**-10)
 
 
 def step0(cell, loss, grad):
@@ -127,8 +175,10 @@ def test_check_baseline_fails_a_step0_move_beyond_fp32_tolerance_that_bf16_toler
     # bf16-pure/sdpa/off's step 0 as measured on this CPU with ATEN_CPU_CAPABILITY=AVX2, then =default:
     # the loss moved 1.7e-6 (relative), the grad-norm 0.6%
     for cell, moved in (("fp32/sdpa/off", True), ("bf16-pure/sdpa/off", False)):
-        d = compare_runs(run([step0(cell, 8.308724403381348, 5.0)], kind="check"),
-                         run([step0(cell, 8.308710098266602, 5.03125)], kind="check"))
+        d = compare_runs(
+            run([step0(cell, 8.308724403381348, 5.0)], kind="check"),
+            run([step0(cell, 8.308710098266602, 5.03125)], kind="check"),
+        )
         change = d.cells[0]
         assert [g.passed for g in change.golden] == [True, not moved]
         assert change.regressed is moved and d.exit_code == int(moved)
@@ -154,14 +204,21 @@ def test_throughput_noise_is_measured_from_the_steps_else_the_default_band():
 def test_environment_differences_and_facts_only_one_run_recorded():
     newer = {**ENV, "torch": "2.14.0+cu128", "cudnn": 91000, "nvml": {"driver": "580.1"}}
     d = compare_runs(grid(falling()), grid(falling(), env=newer))
-    assert [(e.name, e.before, e.after) for e in d.environment] == [("torch", "2.13.0+cpu", "2.14.0+cu128"), ("cuDNN", "-", "91000")]
+    assert [(e.name, e.before, e.after) for e in d.environment] == [
+        ("torch", "2.13.0+cpu", "2.14.0+cu128"),
+        ("cuDNN", "-", "91000"),
+    ]
     assert d.unrecorded == ["driver"] and not d.unchanged and d.exit_code == 0
 
 
 def test_a_run_written_before_this_issue_diffs_with_one_written_today():
     old = analyze(FIXTURE)
     today = [ProbeRecord.from_dict(json.loads(json.dumps(r.record.to_dict()))) for r in old.outcomes]
-    meta = {**old.meta, "recipe": recipe_to_dict(Recipe()), "baseline": None}  # today's recipe has sections the old lacks
+    meta = {
+        **old.meta,
+        "recipe": recipe_to_dict(Recipe()),
+        "baseline": None,
+    }  # today's recipe has sections the old lacks
     d = compare_runs(old, analyze_records(meta, today))
     assert not d.settings and d.unchanged
 
@@ -169,7 +226,12 @@ def test_a_run_written_before_this_issue_diffs_with_one_written_today():
 def test_every_renderer_takes_non_finite_numbers():
     weird = [Step(0, 1e300, math.inf), Step(1, math.nan, math.nan)]
     d = compare_runs(grid(falling()), grid(weird))
-    text = render_diff_markdown(d) + render_diff_html(d) + render_diff_terminal(d) + json.dumps(render_diff_summary(d), default=str)
+    text = (
+        render_diff_markdown(d)
+        + render_diff_html(d)
+        + render_diff_terminal(d)
+        + json.dumps(render_diff_summary(d), default=str)
+    )
     assert "bf16-pure/sdpa/off" in text and "<script" not in text and 'src="http' not in text  # self-contained HTML
 
 

@@ -1,6 +1,7 @@
 """`--baseline` and `nandoctor diff` on real runs: three tiny-llama grids (fp32 and bf16-pure, sdpa,
 16 steps) shared by every test here — a baseline, the same again, and one at a learning rate bf16-pure
 cannot train at — plus two `check`s against the baseline."""
+
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -17,12 +18,15 @@ OLD_RUN = Path(__file__).parent / "fixtures" / "run-before-issue-9"
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     from conftest import run_cli
+
     root = tmp_path_factory.mktemp("baseline")
     procs = {"a": run_cli(*GRID, "--out", root / "a")}
     assert procs["a"].returncode == 0, procs["a"].stdout + procs["a"].stderr
     procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a")
     # at lr 2e-5 a bf16 weight's update is below half its unit in the last place: it rounds away
-    procs["c"] = run_cli(*GRID, "--set", "optimizer.lr=2e-5", "--out", root / "c", "--baseline", root / "a" / "summary.json")
+    procs["c"] = run_cli(
+        *GRID, "--set", "optimizer.lr=2e-5", "--out", root / "c", "--baseline", root / "a" / "summary.json"
+    )
     return root, procs
 
 
@@ -51,7 +55,11 @@ def test_a_learning_rate_bf16_pure_cannot_train_at_regresses_it_and_fails_its_ju
     assert (bf16["before"], bf16["after"]) == ("stable", "drift")
     assert {"name": "recipe.optimizer.lr", "before": "0.001", "after": "2e-05"} in d["settings"]
     assert all(c["after"] == "stable" for c in d["cells"] if c["probe_id"].startswith("fp32"))
-    cases = {c.get("name"): c for c in ET.parse(root / "c" / "junit.xml").getroot() if c.get("classname") == "nandoctor.baseline"}
+    cases = {
+        c.get("name"): c
+        for c in ET.parse(root / "c" / "junit.xml").getroot()
+        if c.get("classname") == "nandoctor.baseline"
+    }
     assert cases["bf16-pure/sdpa/off"].find("failure") is not None
     assert cases["fp32/sdpa/off"].find("failure") is None
     assert "stable -> drift" in (root / "c" / "diff.md").read_text()
@@ -72,4 +80,6 @@ def test_a_run_written_before_this_issue_still_diffs(runs, cli):
     root, _ = runs
     proc = cli("diff", OLD_RUN, root / "a")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "steps" in proc.stdout and "fp16-pure/eager/off" in proc.stdout  # its setting and its cells are read as today's
+    assert (
+        "steps" in proc.stdout and "fp16-pure/eager/off" in proc.stdout
+    )  # its setting and its cells are read as today's

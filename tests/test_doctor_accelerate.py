@@ -1,5 +1,6 @@
 """`nandoctor doctor --accelerate-config FILE`: an accelerate config YAML lints as the cell it trains,
 with the rules `--trainer-args` uses; a bad file is one line and exit 2."""
+
 import json
 
 import pytest
@@ -50,21 +51,39 @@ def test_fsdp_with_bf16_mixed_precision_lints_as_a_bf16_gradient_reduction(tmp_p
 
 
 def test_fsdp_fp16_with_a_bf16_loaded_model_is_the_trainer_args_error(tmp_path):
-    code, report = doctor(tmp_path, FSDP_BF16.replace("mixed_precision: bf16", "mixed_precision: fp16"),
-                          "--model", "tiny-llama", "--set", "model.dtype_on_load=bf16")
+    code, report = doctor(
+        tmp_path,
+        FSDP_BF16.replace("mixed_precision: bf16", "mixed_precision: fp16"),
+        "--model",
+        "tiny-llama",
+        "--set",
+        "model.dtype_on_load=bf16",
+    )
     assert report["setup"]["cells"] == ["fp16-amp/sdpa/off/fsdp2-reduce-low"]
     ids = [f["id"] for f in report["findings"]]
     assert ids[0] == "bf16-weights-with-fp16-grad-scaler" and "low-precision-gradient-reduction" in ids
     assert code == 1
 
 
-@pytest.mark.parametrize("config, cell", [
-    ("distributed_type: FSDP\nmixed_precision: 'no'\nnum_processes: 2\n", "fp32/sdpa/off/fsdp2"),  # fp32: an fp32 reduction
-    ("distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 4\n", "bf16-amp/sdpa/off/ddp"),
-    ("distributed_type: MULTI_CPU\nmixed_precision: fp16\nnum_processes: 2\n", "fp16-amp/sdpa/off/ddp"),
-    ("distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 1\n", "bf16-amp/sdpa/off"),  # one process: no DDP
-    ("distributed_type: NO\nmixed_precision: no\ndynamo_config:\n  dynamo_backend: INDUCTOR\n", "fp32/sdpa/inductor"),  # YAML 1.1: NO is False
-])
+@pytest.mark.parametrize(
+    "config, cell",
+    [
+        (
+            "distributed_type: FSDP\nmixed_precision: 'no'\nnum_processes: 2\n",
+            "fp32/sdpa/off/fsdp2",
+        ),  # fp32: an fp32 reduction
+        ("distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 4\n", "bf16-amp/sdpa/off/ddp"),
+        ("distributed_type: MULTI_CPU\nmixed_precision: fp16\nnum_processes: 2\n", "fp16-amp/sdpa/off/ddp"),
+        (
+            "distributed_type: MULTI_GPU\nmixed_precision: bf16\nnum_processes: 1\n",
+            "bf16-amp/sdpa/off",
+        ),  # one process: no DDP
+        (
+            "distributed_type: NO\nmixed_precision: no\ndynamo_config:\n  dynamo_backend: INDUCTOR\n",
+            "fp32/sdpa/inductor",
+        ),  # YAML 1.1: NO is False
+    ],
+)
 def test_each_setting_plans_the_cell_it_trains(tmp_path, config, cell):
     _, report = doctor(tmp_path, config)
     assert report["setup"]["cells"] == [cell]
@@ -73,23 +92,33 @@ def test_each_setting_plans_the_cell_it_trains(tmp_path, config, cell):
 def test_with_trainer_args_their_precision_and_the_configs_parallel_setup_plan_one_cell(tmp_path):
     args = tmp_path / "args.json"
     args.write_text(json.dumps({"bf16": True, "fp16": False, "torch_compile": False}))
-    _, report = doctor(tmp_path, FSDP_BF16.replace("mixed_precision: bf16", "mixed_precision: 'no'"), "--trainer-args", args)
+    _, report = doctor(
+        tmp_path, FSDP_BF16.replace("mixed_precision: bf16", "mixed_precision: 'no'"), "--trainer-args", args
+    )
     assert report["setup"]["cells"] == ["bf16-amp/sdpa/off/fsdp2-reduce-low"]
-    args.write_text(json.dumps({"bf16": True, "fsdp": ["full_shard", "auto_wrap"]}))  # the Trainer's own FSDP, no config
+    args.write_text(
+        json.dumps({"bf16": True, "fsdp": ["full_shard", "auto_wrap"]})
+    )  # the Trainer's own FSDP, no config
     report = json.loads(run_main("doctor", "--json", "--trainer-args", args).stdout)
     assert report["setup"]["cells"] == ["bf16-amp/sdpa/off/fsdp2-reduce-low"]
 
 
-@pytest.mark.parametrize("config, says", [
-    ("distributed_type: [FSDP\n", "not valid YAML (line 2)"),
-    ("- FSDP\n", "expected a mapping of accelerate config keys"),
-    ("distributed_type: DEEPSPEED\n", "distributed_type 'DEEPSPEED' is not linted; valid: NO, MULTI_CPU, MULTI_GPU, FSDP"),
-    ("mixed_precision: fp8\n", "mixed_precision 'fp8' is not linted; valid: no, bf16, fp16"),
-    ("distributed_type: FSDP\nfsdp_config: [1]\n", "fsdp_config must be a mapping"),
-    ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n", "fsdp_version 3 is not valid; valid: 1, 2"),
-    ("num_processes: 0\n", "num_processes must be a positive integer, got 0"),
-    ("dynamo_config:\n  dynamo_backend: TVM\n", "dynamo_backend 'TVM' is not linted"),
-])
+@pytest.mark.parametrize(
+    "config, says",
+    [
+        ("distributed_type: [FSDP\n", "not valid YAML (line 2)"),
+        ("- FSDP\n", "expected a mapping of accelerate config keys"),
+        (
+            "distributed_type: DEEPSPEED\n",
+            "distributed_type 'DEEPSPEED' is not linted; valid: NO, MULTI_CPU, MULTI_GPU, FSDP",
+        ),
+        ("mixed_precision: fp8\n", "mixed_precision 'fp8' is not linted; valid: no, bf16, fp16"),
+        ("distributed_type: FSDP\nfsdp_config: [1]\n", "fsdp_config must be a mapping"),
+        ("distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 3\n", "fsdp_version 3 is not valid; valid: 1, 2"),
+        ("num_processes: 0\n", "num_processes must be a positive integer, got 0"),
+        ("dynamo_config:\n  dynamo_backend: TVM\n", "dynamo_backend 'TVM' is not linted"),
+    ],
+)
 def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, config, says):
     path = tmp_path / "accelerate.yaml"
     path.write_text(config)
@@ -100,4 +129,8 @@ def test_a_bad_config_file_is_one_line_and_exit_2(tmp_path, config, says):
 
 def test_a_missing_config_file_is_one_line_and_exit_2(tmp_path):
     proc = run_main("doctor", "--accelerate-config", tmp_path / "nope.yaml")
-    assert proc.returncode == 2 and proc.stderr == f"nandoctor: error: cannot read --accelerate-config '{tmp_path / 'nope.yaml'}': No such file or directory\n"
+    assert (
+        proc.returncode == 2
+        and proc.stderr
+        == f"nandoctor: error: cannot read --accelerate-config '{tmp_path / 'nope.yaml'}': No such file or directory\n"
+    )

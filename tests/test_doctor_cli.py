@@ -1,12 +1,13 @@
 """`nandoctor doctor` end to end, and a real crash diagnosed in report.md."""
+
 import json
 
 import pytest
 from checkpoints import save_llama, save_tokenizer
 from conftest import summary
 
-from nandoctor.errors import NandoctorError
 from nandoctor.doctor import exit_code, run_doctor
+from nandoctor.errors import NandoctorError
 from nandoctor.recipes import resolve_model
 from nandoctor.report.doctor import render_doctor_text
 
@@ -89,4 +90,3 @@ def test_fp16_weights_crash_carries_its_diagnosis_into_report_md(cli, tmp_path):
     findings = {f["id"]: f for f in summary(out)["doctor"]["findings"]}
     assert findings["fp16-weights-with-grad-scaler"]["cells"] == ["fp16-amp/eager/off"]
     assert "fp16-weights-with-grad-scaler" in (out / "report.html").read_text()
-

@@ -1,6 +1,7 @@
 """The executor layer without a cluster: options are checked like every other flag, a plain install
 imports neither submitit nor ray, and a probe the scheduler keeps losing is placed again a bounded
 number of times, then recorded as lost — no verdict about its configuration."""
+
 import subprocess
 import sys
 
@@ -27,14 +28,17 @@ def test_an_executor_option_for_the_local_executor_is_one_line_and_exit_2(cli):
 
 
 def test_a_plain_install_imports_neither_submitit_nor_ray():
-    code = ("import sys, nandoctor.cli, nandoctor.api, nandoctor.run.session, nandoctor.bisect.oracle; "
-            "print(sorted(m for m in ('submitit', 'ray') if m in sys.modules))")
+    code = (
+        "import sys, nandoctor.cli, nandoctor.api, nandoctor.run.session, nandoctor.bisect.oracle; "
+        "print(sorted(m for m in ('submitit', 'ray') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
 
 class LosingPlacement:
     """A scheduler whose every job dies on a failing node before the probe writes anything."""
+
     batches, grace_s, capacity = True, 60.0, 4
 
     def __init__(self):
@@ -50,6 +54,7 @@ class LosingPlacement:
 
     def poll(self, probes):
         from nandoctor.run.placement import Ending
+
         return [(p, Ending("NODE_FAIL", detail="node gpu17 stopped responding")) for p in probes]
 
     def cancel(self, probes, wait_s):
@@ -68,12 +73,15 @@ def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_pa
     from nandoctor.run.runner import ProbeTask
     from nandoctor.run.session import probe_spec
     from nandoctor.run.store import ResultsStore
+
     placement = LosingPlacement()
     monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
     monkeypatch.setattr(remote, "POLL_S", 0.0)
     recipe = resolve_model(None)
     device = {"device": "cpu", "cpu_count": 2, "gpus": []}
-    spec = probe_spec(recipe, PlannedProbe("fp32/eager/off", Cell("fp32", "eager", "off")), plan_model(recipe, device), device, 2, 1)
+    spec = probe_spec(
+        recipe, PlannedProbe("fp32/eager/off", Cell("fp32", "eager", "off")), plan_model(recipe, device), device, 2, 1
+    )
     runner = remote.RemoteRunner(tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=2"]))
     [record] = runner.run([ProbeTask(spec, 60.0)])
     assert placement.submitted == 3  # the first placement and two retries
@@ -86,6 +94,7 @@ def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_pa
 
 def test_a_recipe_files_executor_section_is_the_default_and_not_part_of_the_recipe(tmp_path):
     from nandoctor.recipes import executor_section, load_recipe
+
     path = tmp_path / "cluster.yaml"
     path.write_text("steps: 3\nexecutor:\n  kind: slurm\n  partition: h100\n  gpus: 1\n")
     assert load_recipe(path).steps == 3  # the recipe (and so every probe's fingerprint) is the same without it
@@ -95,8 +104,10 @@ def test_a_recipe_files_executor_section_is_the_default_and_not_part_of_the_reci
 
 # --- a parallel probe is sized from its world size (issue 18) ---------------------------------------
 
+
 def test_a_slurm_job_of_a_w_rank_probe_asks_for_w_times_the_cores_and_gpus_per_probe():
     from nandoctor.run.on_slurm import job_size
+
     assert job_size(executor_config("slurm", ["cpus=4", "gpus=1"]), 1) == {"cpus_per_task": 4, "gpus_per_node": 1}
     assert job_size(executor_config("slurm", ["cpus=4", "gpus=1"]), 8) == {"cpus_per_task": 32, "gpus_per_node": 8}
     assert job_size(executor_config("slurm", ["cpus=2"]), 4) == {"cpus_per_task": 8}  # no GPUs asked: none asked for
@@ -104,6 +115,7 @@ def test_a_slurm_job_of_a_w_rank_probe_asks_for_w_times_the_cores_and_gpus_per_p
 
 def test_a_ray_task_of_a_w_rank_probe_asks_for_w_times_the_cpus_and_gpus_per_probe():
     from nandoctor.run.on_ray import task_size
+
     assert task_size(executor_config("ray", ["cpus=2", "gpus=0.5"]), 1) == {"num_cpus": 2, "num_gpus": 0.5}
     assert task_size(executor_config("ray", ["cpus=2", "gpus=0.5"]), 4) == {"num_cpus": 8, "num_gpus": 2.0}
     assert task_size(executor_config("ray", []), 2) == {"num_cpus": 2, "num_gpus": 0}
@@ -111,10 +123,12 @@ def test_a_ray_task_of_a_w_rank_probe_asks_for_w_times_the_cpus_and_gpus_per_pro
 
 def planned_spec(cell, world_size: int = 2):
     from dataclasses import replace
+
     from nandoctor.models import plan_model
     from nandoctor.plan import PlannedProbe
     from nandoctor.recipes import resolve_model
     from nandoctor.run.session import probe_spec
+
     recipe = replace(resolve_model(None), world_size=world_size)
     device = {"device": "cpu", "cpu_count": 2, "gpus": []}
     return probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, 2, 1)
@@ -124,15 +138,20 @@ def test_a_placed_probe_runs_as_world_size_ranks_only_on_the_parallel_axis():
     from nandoctor.cells import Cell
     from nandoctor.run.placement import PlacedProbe
     from nandoctor.run.runner import ProbeTask
-    ranks = {c: PlacedProbe(ProbeTask(planned_spec(Cell("fp32", "eager", "off", parallel=c), 4), 60.0), None).ranks
-             for c in ("none", "ddp")}
+
+    ranks = {
+        c: PlacedProbe(ProbeTask(planned_spec(Cell("fp32", "eager", "off", parallel=c), 4), 60.0), None).ranks
+        for c in ("none", "ddp")
+    }
     assert ranks == {"none": 1, "ddp": 4}
 
 
 # --- a probe the scheduler never starts waits a bounded time (issue 18) ------------------------------
 
+
 class OneRunsOneWaits:
     """A scheduler that runs the first probe for `runs_s` seconds and never starts the second."""
+
     batches, grace_s, capacity = True, 60.0, 4
 
     def __init__(self, runs_s: float):
@@ -143,6 +162,7 @@ class OneRunsOneWaits:
 
     def submit(self, probes):
         import time
+
         for probe in probes:
             self.jobs += 1
             probe.job_id = str(self.jobs)
@@ -150,7 +170,9 @@ class OneRunsOneWaits:
 
     def poll(self, probes):
         import time
+
         from nandoctor.run.placement import Ending
+
         ended = []
         for p in probes:
             if p.task.probe_id != "first":
@@ -171,21 +193,27 @@ class OneRunsOneWaits:
 def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path, monkeypatch):
     import time
     from dataclasses import replace
+
     from nandoctor.cells import Cell
     from nandoctor.run import remote
     from nandoctor.run.runner import ProbeTask
     from nandoctor.run.store import ResultsStore
+
     placement = OneRunsOneWaits(runs_s=1.5)
     monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
     monkeypatch.setattr(remote, "POLL_S", 0.05)
     spec = planned_spec(Cell("fp32", "eager", "off"))
     tasks = [ProbeTask(replace(spec, probe_id=name), 60.0) for name in ("first", "second")]
-    runner = remote.RemoteRunner(tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=0", "queue_wait=1"]))
+    runner = remote.RemoteRunner(
+        tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=0", "queue_wait=1"])
+    )
     start = time.monotonic()
     records = {r.probe_id: r for r in runner.run(tasks)}
     # "second" waited behind "first" (1.5 s, longer than its queue wait), then 1 s more with nothing running
     assert 2.5 <= time.monotonic() - start < 5
     assert placement.cancelled == ["second"]
     assert records["second"].status == "lost"
-    assert records["second"].reason == ("the scheduler lost this probe on its one attempt (retries=0) "
-                                        "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)")
+    assert records["second"].reason == (
+        "the scheduler lost this probe on its one attempt (retries=0) "
+        "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)"
+    )

@@ -1,13 +1,27 @@
 """The Ray executor on a real local Ray bound to 127.0.0.1: one task per probe, its files carried
 back, the verdicts and losses the local executor gives, crashes, hangs and OOMs included; Ctrl-C
 leaves no task running and --resume finishes the run."""
+
 import json
 import os
 from pathlib import Path
 
 import pytest
-from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, LocalRay, child_processes,
-                      interrupt_when_running, local_run, misbehaving_checkpoint, ray_skip_reason)
+from clusters import (
+    EQUAL_GRID,
+    EQUAL_VERDICTS,
+    MISBEHAVING_CELLS,
+    MISBEHAVING_VERDICTS,
+    LocalRay,
+    assert_like_local,
+    child_processes,
+    interrupt_when_running,
+    local_run,
+    losses,
+    misbehaving_checkpoint,
+    ray_skip_reason,
+    records,
+)
 from conftest import run_cli, summary, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_skip_reason() is not None, reason=str(ray_skip_reason()))]
@@ -27,7 +41,9 @@ def on_ray(local_ray):
 @pytest.fixture(scope="module")
 def interrupted(local_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-", out)
+    code, printed = interrupt_when_running(
+        ["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-", out
+    )
     children_after = child_processes("nandoctor-probe-")  # at once: the run waits for its cancelled tasks to end
     free_after = local_ray.free_cpus()
     resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
@@ -72,15 +88,26 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, t
     its own driver process, as the CLI is."""
     import subprocess
     import sys
-    proc = subprocess.run([sys.executable, "-c", CANCEL_A_RUNNING_PROBE, local_ray.address, str(tmp_path / "probe")],
-                          capture_output=True, text=True, timeout=300, cwd=Path(__file__).parent,
-                          env={**os.environ, **local_ray.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))})
+
+    proc = subprocess.run(
+        [sys.executable, "-c", CANCEL_A_RUNNING_PROBE, local_ray.address, str(tmp_path / "probe")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parent,
+        env={
+            **os.environ,
+            **local_ray.env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
+        },
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"worker_alive": False, "probes": []}
 
 
 def test_the_local_ray_listens_on_loopback_only(local_ray):
     import subprocess
+
     listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout.splitlines()
     ours = [line for line in listening if any(name in line for name in ("gcs_server", "raylet", "ray::"))]
     loopback = ("127.0.0.1:", "[::ffff:127.0.0.1]:")
@@ -103,8 +130,16 @@ def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
 @pytest.fixture(scope="module")
 def misbehaving(local_ray, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-misbehaving") / "run"
-    proc = run_cli("grid", "--model", misbehaving_checkpoint(), *MISBEHAVING_CELLS, *on_ray(local_ray), "--out", out,
-                   env=local_ray.env)
+    proc = run_cli(
+        "grid",
+        "--model",
+        misbehaving_checkpoint(),
+        *MISBEHAVING_CELLS,
+        *on_ray(local_ray),
+        "--out",
+        out,
+        env=local_ray.env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     return out
 
@@ -125,8 +160,16 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
 def two_node_types(local_ray, tmp_path_factory):
     """The small grid on both kinds of node the local Ray declares (custom resources node_small, node_big)."""
     out = tmp_path_factory.mktemp("ray-node-types") / "run"
-    proc = run_cli("grid", *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_big", "--out", out,
-                   env=local_ray.env)
+    proc = run_cli(
+        "grid",
+        *EQUAL_GRID,
+        *on_ray(local_ray),
+        "--axis",
+        "node_type=node_small,node_big",
+        "--out",
+        out,
+        env=local_ray.env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -134,12 +177,17 @@ def two_node_types(local_ray, tmp_path_factory):
 def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_recommendation(two_node_types):
     out = two_node_types
     local = records(local_run())
-    assert verdicts(out) == {f"{cell}@{kind}": v for cell, v in EQUAL_VERDICTS.items() for kind in ("node_small", "node_big")}
+    assert verdicts(out) == {
+        f"{cell}@{kind}": v for cell, v in EQUAL_VERDICTS.items() for kind in ("node_small", "node_big")
+    }
     for probe_id, record in records(out).items():
         cell, _, kind = probe_id.partition("@")
         assert record["cell"]["hardware"] == kind and record["launch"] == "ray" and record["node"]
         assert losses(record) == losses(local[cell])
-    assert summary(out)["recommended_by_hardware"] == {"node_small": "fp32/eager/off@node_small", "node_big": "fp32/eager/off@node_big"}
+    assert summary(out)["recommended_by_hardware"] == {
+        "node_small": "fp32/eager/off@node_small",
+        "node_big": "fp32/eager/off@node_big",
+    }
     assert "node_type=node_big (ran on " in (out / "report.md").read_text()
 
 
@@ -150,7 +198,9 @@ def test_each_node_types_cells_are_planned_with_facts_a_task_there_gathered(two_
     node = records(out)["fp32/eager/off@node_big"]["node"]
     for kind, f in facts.items():
         where = f["gathered"]
-        assert where["resources"][kind] > 0 and where["resources"]["CPU"] == 1  # Ray gave it this kind's share, as a probe
+        assert (
+            where["resources"][kind] > 0 and where["resources"]["CPU"] == 1
+        )  # Ray gave it this kind's share, as a probe
         assert where["host"] == node and where["ray_node"] and where["pid"] != os.getpid() and where["job"] is None
         assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read in the task
         assert f"| planned on {kind}" in (out / "report.md").read_text()
@@ -158,23 +208,54 @@ def test_each_node_types_cells_are_planned_with_facts_a_task_there_gathered(two_
 
 
 def test_a_node_type_no_node_declares_is_one_line_and_exit_2(local_ray, tmp_path):
-    proc = run_cli("grid", *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_huge", "--out", tmp_path / "run",
-                   env=local_ray.env)
+    proc = run_cli(
+        "grid",
+        *EQUAL_GRID,
+        *on_ray(local_ray),
+        "--axis",
+        "node_type=node_small,node_huge",
+        "--out",
+        tmp_path / "run",
+        env=local_ray.env,
+    )
     assert proc.returncode == 2
     assert [line for line in proc.stderr.splitlines() if "error" in line] == [
         "nandoctor: error: --axis node_type=node_huge: no node of this Ray cluster has the custom resource node_huge; "
-        "its custom resources: node_big, node_small"]
+        "its custom resources: node_big, node_small"
+    ]
 
 
 # --- a task the cluster never starts (issue 18: bounded queue wait) ---------------------------------
 
+
 def test_a_task_no_node_can_start_is_cancelled_after_its_queue_wait_and_recorded_lost_not_judged(local_ray, tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                   *on_ray(local_ray), "--executor-opt", "cpus=3", "--executor-opt", "queue_wait=5",
-                   "--executor-opt", "retries=1", "--out", out, env=local_ray.env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "2",
+        *on_ray(local_ray),
+        "--executor-opt",
+        "cpus=3",
+        "--executor-opt",
+        "queue_wait=5",
+        "--executor-opt",
+        "retries=1",
+        "--out",
+        out,
+        env=local_ray.env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
-    assert "1 queued, 0 running, 0 done" in proc.stdout and "within 5 s while none runs is placed again (queue_wait)" in proc.stdout
+    assert (
+        "1 queued, 0 running, 0 done" in proc.stdout
+        and "within 5 s while none runs is placed again (queue_wait)" in proc.stdout
+    )
     record = records(out)["fp32/eager/off"]
     assert record["status"] == "lost" and record["launch"] == "ray" and record["steps"] == []
     # the task that gathered the device facts, with one CPU, ran (5 s: a Ray worker's start on a loaded
@@ -187,11 +268,28 @@ def test_a_task_no_node_can_start_is_cancelled_after_its_queue_wait_and_recorded
 
 
 def test_a_facts_task_the_cluster_never_starts_is_one_line_and_exit_2_after_queue_wait(local_ray, tmp_path):
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                   *on_ray(local_ray), "--executor-opt", "resources=node_gone:1", "--executor-opt", "queue_wait=2",
-                   "--out", tmp_path / "run", env=local_ray.env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "2",
+        *on_ray(local_ray),
+        "--executor-opt",
+        "resources=node_gone:1",
+        "--executor-opt",
+        "queue_wait=2",
+        "--out",
+        tmp_path / "run",
+        env=local_ray.env,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
         "nandoctor: error: --executor ray: the cluster did not start the task that gathers the device facts within 2 s "
-        "(queue_wait); does a node have its resources (ray status)?"]
+        "(queue_wait); does a node have its resources (ray status)?"
+    ]
     assert local_ray.free_cpus() == 2.0  # cancelled: it holds nothing

@@ -1,6 +1,7 @@
 """The SLURM executor on a real one-node cluster (tests/cluster/slurm_up.sh): probes placed as job
 arrays give the verdicts and losses the local executor gives, crashes, hangs and OOMs included;
 Ctrl-C leaves the queue empty and --resume finishes the run."""
+
 import json
 import os
 import re
@@ -9,9 +10,24 @@ import sys
 import time
 
 import pytest
-from clusters import (assert_like_local, records, losses, EQUAL_GRID, EQUAL_VERDICTS, MISBEHAVING_CELLS, MISBEHAVING_VERDICTS, active_slurm_jobs, child_processes,
-                      interrupt_when_running, local_run, misbehaving_checkpoint, slurm_skip_reason, start_slurm)
+from clusters import (
+    EQUAL_GRID,
+    EQUAL_VERDICTS,
+    MISBEHAVING_CELLS,
+    MISBEHAVING_VERDICTS,
+    active_slurm_jobs,
+    assert_like_local,
+    child_processes,
+    interrupt_when_running,
+    local_run,
+    losses,
+    misbehaving_checkpoint,
+    records,
+    slurm_skip_reason,
+    start_slurm,
+)
 from conftest import ALL_CORES, run_cli, summary, verdicts
+
 from nandoctor.report.common import fmt_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_skip_reason() is not None, reason=str(slurm_skip_reason()))]
@@ -79,8 +95,19 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
 
 def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tmp_path):
     out = tmp_path / "bisect"
-    proc = run_cli("bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "4", "--reruns", "0", *SLURM, "--out", out,
-                   env=slurm_env)
+    proc = run_cli(
+        "bisect",
+        "--bad",
+        "attn=sdpa,dtype=fp16-pure",
+        "--steps",
+        "4",
+        "--reruns",
+        "0",
+        *SLURM,
+        "--out",
+        out,
+        env=slurm_env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = json.loads((out / "bisect.json").read_text())
     assert [c["factors"] for c in b["culprits"]] == [["dtype"]]  # what the local bisection finds (test_bisect_e2e)
@@ -93,25 +120,55 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
 
 
 def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2", "--executor", "slurm",
-                   "--executor-opt", "partition=nope", "--out", tmp_path / "run", env=slurm_env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--steps",
+        "2",
+        "--executor",
+        "slurm",
+        "--executor-opt",
+        "partition=nope",
+        "--out",
+        tmp_path / "run",
+        env=slurm_env,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert errors == ["nandoctor: error: --executor slurm: sbatch refused the first job: "
-                      "sbatch: error: Batch job submission failed: Invalid partition name specified"]
+    assert errors == [
+        "nandoctor: error: --executor slurm: sbatch refused the first job: "
+        "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    ]
 
 
 def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
     """{job id: the partition SLURM ran it in}, from squeue (ended jobs stay listed for MinJobAge)."""
-    out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(sorted({j.split("_")[0] for j in job_ids})),
-                          "-o", "%i %P"], capture_output=True, text=True, env={**os.environ, **env})
+    out = subprocess.run(
+        [
+            "squeue",
+            "-h",
+            "-r",
+            "--states=all",
+            "-j",
+            ",".join(sorted({j.split("_")[0] for j in job_ids})),
+            "-o",
+            "%i %P",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
     return dict(line.split() for line in out.stdout.splitlines() if line.strip())
 
 
 def job_states(env: dict) -> dict[str, str]:
     """{job id: state} of every job SLURM still lists, ended ones included (MinJobAge)."""
-    out = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i %T"], capture_output=True, text=True,
-                         env={**os.environ, **env})
+    out = subprocess.run(
+        ["squeue", "-h", "--states=all", "-o", "%i %T"], capture_output=True, text=True, env={**os.environ, **env}
+    )
     return dict(line.split() for line in out.stdout.splitlines() if line.strip())
 
 
@@ -145,7 +202,10 @@ def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partition
         assert f"partition={partition} (ran on {node}), compile=off:" in report
         assert f"**Recommended on {partition}: fp32/eager/off@{partition} (fidelity 0.000%" in report
         assert f"Recommended on {partition}: fp32/eager/off@{partition}" in proc.stdout
-        assert f"<caption>partition={partition} (ran on {node}), compile=off</caption>" in (out / "report.html").read_text()
+        assert (
+            f"<caption>partition={partition} (ran on {node}), compile=off</caption>"
+            in (out / "report.html").read_text()
+        )
 
 
 def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm_env, two_partitions):
@@ -160,7 +220,10 @@ def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm
         where = f["gathered"]
         assert where["partition"] == kind and where["host"] == node and where["pid"] != os.getpid()
         assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read on the node
-        row = f"CPU, {len(ALL_CORES)} cores, {fmt_bytes(f['ram_bytes'])} RAM; read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
+        row = (
+            f"CPU, {len(ALL_CORES)} cores, {fmt_bytes(f['ram_bytes'])} RAM; "
+            f"read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
+        )
         assert re.search(rf"\| planned on {kind} +\| {re.escape(row)} +\|", (out / "report.md").read_text())
     assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
 
@@ -168,18 +231,37 @@ def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm
 def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
     before = {line.split()[0] for line in active_slurm_jobs(slurm_env)}  # an earlier test's jobs may still be ending
     newest = max((int(j.split("_")[0]) for j in job_states(slurm_env)), default=0)
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "3", "--executor", "slurm",
-                   "--axis", "partition=main,nope", "--out", tmp_path / "run", env=slurm_env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--steps",
+        "3",
+        "--executor",
+        "slurm",
+        "--axis",
+        "partition=main,nope",
+        "--out",
+        tmp_path / "run",
+        env=slurm_env,
+    )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
-    assert errors == ["nandoctor: error: --executor slurm: sbatch refused a job on partition 'nope' (--axis partition): "
-                      "sbatch: error: Batch job submission failed: Invalid partition name specified"]
+    assert errors == [
+        "nandoctor: error: --executor slurm: sbatch refused a job on partition 'nope' (--axis partition): "
+        "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    ]
     after = {line.split()[0] for line in active_slurm_jobs(slurm_env)}
     assert after - before == set()  # the canary already placed on `main` left the queue before the CLI returned...
-    assert [state for j, state in job_states(slurm_env).items() if int(j.split("_")[0]) > newest] == ["CANCELLED"]  # ...cancelled, not run to its end
+    assert [state for j, state in job_states(slurm_env).items() if int(j.split("_")[0]) > newest] == [
+        "CANCELLED"
+    ]  # ...cancelled, not run to its end
 
 
 # --- a job the scheduler never starts (issue 18: bounded queue wait) --------------------------------
+
 
 @pytest.fixture
 def one_cpu_taken(slurm_env):
@@ -192,31 +274,64 @@ def one_cpu_taken(slurm_env):
     while active_slurm_jobs(slurm_env) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert active_slurm_jobs(slurm_env) == [], "earlier jobs still hold the node"
-    job = subprocess.run(["sbatch", "--parsable", "-J", "someone-else", "-c", "1", "-o", "/dev/null", "--wrap", "sleep 300"],
-                         capture_output=True, text=True, env=env, check=True).stdout.strip()
+    job = subprocess.run(
+        ["sbatch", "--parsable", "-J", "someone-else", "-c", "1", "-o", "/dev/null", "--wrap", "sleep 300"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.strip()
     yield job
     subprocess.run(["scancel", job], env=env)
 
 
-def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_lost_not_judged(slurm_env, one_cpu_taken, tmp_path):
+def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_lost_not_judged(
+    slurm_env, one_cpu_taken, tmp_path
+):
     out = tmp_path / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                   "--executor", "slurm", "--executor-opt", "cpus=2", "--executor-opt", "queue_wait=5",
-                   "--executor-opt", "retries=1", "--out", out, env=slurm_env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "2",
+        "--executor",
+        "slurm",
+        "--executor-opt",
+        "cpus=2",
+        "--executor-opt",
+        "queue_wait=5",
+        "--executor-opt",
+        "retries=1",
+        "--out",
+        out,
+        env=slurm_env,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
-    assert "1 queued, 0 running, 0 done (job " in proc.stdout and "within 5 s while none runs is placed again (queue_wait)" in proc.stdout
+    assert (
+        "1 queued, 0 running, 0 done (job " in proc.stdout
+        and "within 5 s while none runs is placed again (queue_wait)" in proc.stdout
+    )
     record = records(out)["fp32/eager/off"]
     assert record["status"] == "lost" and record["launch"] == "slurm" and record["steps"] == []
     # squeue's pending reason, in its words, once the scheduler has looked at the job (a fresh one says
     # None: not shown): Resources or Priority mostly; on a clean machine once "Nodes required for job are
     # DOWN, DRAINED or reserved for jobs in higher priority partitions"
     attempt = r"NOT_STARTED: still queued after 5 s \(queue_wait\)(: [A-Za-z][^;()]*)?"
-    assert re.fullmatch(rf"the scheduler lost this probe on all 2 attempts \({attempt}; {attempt}\)", record["reason"]), record["reason"]
+    assert re.fullmatch(
+        rf"the scheduler lost this probe on all 2 attempts \({attempt}; {attempt}\)", record["reason"]
+    ), record["reason"]
     [probe] = summary(out)["probes"]
     assert probe["verdict"] == "killed" and "this says nothing about the configuration" in probe["reason"]
     ours = {folder.name for folder in (out / "slurm").iterdir() if folder.is_dir()}  # submitit's folder per job
     assert len(ours) == 3  # the canary and the two attempts
-    assert [line for line in active_slurm_jobs(slurm_env) if line.split()[0].split("_")[0] in ours] == []  # all cancelled
+    assert [
+        line for line in active_slurm_jobs(slurm_env) if line.split()[0].split("_")[0] in ours
+    ] == []  # all cancelled
 
 
 @pytest.fixture
@@ -229,22 +344,43 @@ def spare_down(slurm_env):
 
 
 def test_a_canary_the_cluster_never_starts_is_one_line_and_exit_2_after_queue_wait(slurm_env, spare_down, tmp_path):
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2", *SLURM,
-                   "--executor-opt", "partition=spare", "--executor-opt", "queue_wait=3", "--out", tmp_path / "run", env=slurm_env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--steps",
+        "2",
+        *SLURM,
+        "--executor-opt",
+        "partition=spare",
+        "--executor-opt",
+        "queue_wait=3",
+        "--out",
+        tmp_path / "run",
+        env=slurm_env,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and re.fullmatch(
         r"nandoctor: error: --executor slurm: the cluster did not start the canary job (\d+) within 3 s "
-        r"\(queue_wait(, pending: \w+)?\); is the partition up \(sinfo\)\?", errors[0]), errors
+        r"\(queue_wait(, pending: \w+)?\); is the partition up \(sinfo\)\?",
+        errors[0],
+    ), errors
     job = re.search(r"canary job (\d+)", errors[0]).group(1)
     assert [line for line in active_slurm_jobs(slurm_env) if line.split()[0] == job] == []  # cancelled
 
 
 # --- a run directory the nodes do not see (issue 18: the shared-filesystem canary) -------------------
 
+
 def private_mount_skip_reason() -> str | None:
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs none /mnt"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", "mount -t tmpfs none /mnt"],
+        capture_output=True,
+        text=True,
+    )
     return None if probe.returncode == 0 else f"cannot mount in a private namespace here: {probe.stderr.strip()}"
 
 
@@ -256,32 +392,93 @@ def test_a_run_directory_the_nodes_do_not_see_is_one_line_and_exit_2(slurm_env, 
         pytest.skip(private_mount_skip_reason())
     hidden = tmp_path / "not-shared"
     hidden.mkdir()
-    grid = [sys.executable, "-m", "nandoctor", "grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2",
-            "--executor", "slurm", "--out", str(hidden / "run")]
-    proc = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none "$0" && exec "$@"',
-                           str(hidden), *grid], capture_output=True, text=True, env={**os.environ, **slurm_env}, timeout=300)
+    grid = [
+        sys.executable,
+        "-m",
+        "nandoctor",
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--steps",
+        "2",
+        "--executor",
+        "slurm",
+        "--out",
+        str(hidden / "run"),
+    ]
+    proc = subprocess.run(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            'mount -t tmpfs none "$0" && exec "$@"',
+            str(hidden),
+            *grid,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **slurm_env},
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and re.fullmatch(
         rf"nandoctor: error: --executor slurm: the run directory {hidden}/run is not on a filesystem the nodes share "
-        r"\(canary job \d+ ended [A-Z_]+ and its file never appeared\); pass --out on a shared filesystem", errors[0]), errors
+        r"\(canary job \d+ ended [A-Z_]+ and its file never appeared\); pass --out on a shared filesystem",
+        errors[0],
+    ), errors
     assert not (hidden / "run").exists()  # what it wrote stayed in its own namespace
 
 
 # --- a parallel probe of W ranks is one job with W x the cores (issue 18) ----------------------------
 
+
 def test_a_two_rank_parallel_probe_is_one_job_with_twice_the_cores_and_runs_both_ranks(slurm_env, tmp_path):
     # pure fp16 (NaN at step 1, under DDP too): the fp32 reference is the one stable cell, so no
     # re-timing rounds lengthen the test
     out = tmp_path / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp16-pure", "--axis", "attn=eager", "--axis", "compile=off", "--axis", "parallel=ddp",
-                   "--world-size", "2", "--steps", "2", "--set", "forensics_steps=0", *SLURM, "--out", out, env=slurm_env)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp16-pure",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--axis",
+        "parallel=ddp",
+        "--world-size",
+        "2",
+        "--steps",
+        "2",
+        "--set",
+        "forensics_steps=0",
+        *SLURM,
+        "--out",
+        out,
+        env=slurm_env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert verdicts(out) == {"fp32/eager/off": "stable", "fp16-pure/eager/off/ddp": "nonfinite"}  # the fp32 reference, one process
+    assert verdicts(out) == {
+        "fp32/eager/off": "stable",
+        "fp16-pure/eager/off/ddp": "nonfinite",
+    }  # the fp32 reference, one process
     jobs = {probe_id: r["job_id"] for probe_id, r in records(out).items()}
-    cpus = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(j.split("_")[0] for j in jobs.values()),
-                           "-o", "%i %C"], capture_output=True, text=True, env={**os.environ, **slurm_env}).stdout
+    cpus = subprocess.run(
+        ["squeue", "-h", "-r", "--states=all", "-j", ",".join(j.split("_")[0] for j in jobs.values()), "-o", "%i %C"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **slurm_env},
+    ).stdout
     asked = dict(line.split() for line in cpus.splitlines() if line.strip())
-    assert {probe_id: asked[job] for probe_id, job in jobs.items()} == {"fp32/eager/off": "1", "fp16-pure/eager/off/ddp": "2"}
+    assert {probe_id: asked[job] for probe_id, job in jobs.items()} == {
+        "fp32/eager/off": "1",
+        "fp16-pure/eager/off/ddp": "2",
+    }
     [ranks] = [p["parallel"] for p in summary(out)["probes"] if p["probe_id"] == "fp16-pure/eager/off/ddp"]
     assert ranks["world_size"] == 2 and [r["exit"] for r in ranks["ranks"]] == [0, 0]

@@ -1,6 +1,7 @@
 """What a run costs before and beside its probes (issue 20, issue 16 §5): the first line comes before
 the heavy imports, the optional packages stay unimported (and silent) when no cell needs them, and
 `check` replays nothing when it passes. Timings themselves live in bench/, not here."""
+
 import json
 import subprocess
 import sys
@@ -8,8 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from nandoctor import __version__
 from nandoctor.env import get_gpu_count_guess
 from nandoctor.optional import hidden
@@ -47,7 +48,19 @@ def api_check(tmp_path_factory):
 @pytest.fixture(scope="module")
 def small_grid(tmp_path_factory):
     out = tmp_path_factory.mktemp("grid") / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "4", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager,sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "4",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -65,6 +78,7 @@ def test_importing_the_cli_loads_neither_torch_nor_pandas():
 
 def test_a_hidden_package_looks_absent_inside_the_block_and_imports_after_it():
     import importlib.util
+
     name = "wave"  # a stdlib module nothing here imports
     sys.modules.pop(name, None)
     with hidden([name]):
@@ -120,6 +134,9 @@ def test_a_grids_stable_probes_are_not_replayed_and_still_get_their_headroom(sma
 
 @pytest.mark.slow
 def test_the_warm_workers_import_leaves_out_scipy_which_no_probe_uses():
-    code = "import sys; from nandoctor.child.worker import preload; preload(); preload('llama'); print('scipy' in sys.modules)"
+    code = (
+        "import sys; from nandoctor.child.worker import preload; preload(); preload('llama'); "
+        "print('scipy' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"  # transformers imports scipy.optimize for its object-detection losses only

@@ -1,4 +1,5 @@
 """Forensics end to end: real tiny models replayed with hooks in the probe's child process."""
+
 import contextlib
 import io
 import json
@@ -27,6 +28,7 @@ def debug_underflow_overflow_first_module(ckpt) -> str:
 
     from nandoctor.data import batches
     from nandoctor.recipes import resolve_model
+
     recipe = resolve_model(str(ckpt))
     model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="sdpa")
     model.config.use_cache = False
@@ -47,7 +49,9 @@ def test_large_mlp_first_offender_is_inside_layer_1_mlp_in_the_forward_of_step_0
     assert (origin["phase"], origin["step"]) == ("forward", 0)
     assert origin["module"].startswith("model.layers.1.mlp")
     # summary.json writes a non-finite float as the string float() reads back ("Infinity")
-    assert float(origin["before"]["absmax"]) < 65504 < float(origin["stats"]["absmax"])  # finite input, overflowed output
+    assert (
+        float(origin["before"]["absmax"]) < 65504 < float(origin["stats"]["absmax"])
+    )  # finite input, overflowed output
 
 
 @pytest.mark.slow
@@ -67,8 +71,21 @@ def test_the_replay_retraces_the_timed_run_and_states_its_cost(large_mlp_grid):
 def precision(tmp_path_factory):
     """tiny-llama at lr 2e-5 in every reduced-precision cell the CPU runs, two steps each."""
     out = tmp_path_factory.mktemp("forensics") / "precision"
-    proc = run_cli("grid", "--axis", "dtype=fp16-pure,bf16-pure,bf16-amp,fp16-amp", "--axis", "attn=eager",
-                   "--set", "optimizer.lr=2e-5", "--set", "retime_rounds=0", "--steps", "2", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp16-pure,bf16-pure,bf16-amp,fp16-amp",
+        "--axis",
+        "attn=eager",
+        "--set",
+        "optimizer.lr=2e-5",
+        "--set",
+        "retime_rounds=0",
+        "--steps",
+        "2",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 

@@ -1,4 +1,5 @@
 """The pure side of forensics: which event is the origin, headroom ratios, replay checks, fidelity curve."""
+
 import math
 
 from nandoctor.analysis.forensics import FINFO_MAX, headroom, origin, update_loss
@@ -24,8 +25,10 @@ def event(i, phase, module="m"):
 
 
 def test_backward_overflow_on_a_gradscaler_calibration_skip_is_not_the_origin():
-    f = {"steps": steps(step(0, skipped=True, scale=65536.0), step(1, scale=32768.0)),
-         "events": [event(0, "backward", "lm_head")]}
+    f = {
+        "steps": steps(step(0, skipped=True, scale=65536.0), step(1, scale=32768.0)),
+        "events": [event(0, "backward", "lm_head")],
+    }
     assert origin(f) is None
 
 
@@ -35,9 +38,14 @@ def test_backward_overflow_that_drives_the_scale_below_one_is_the_origin():
 
 
 def test_optimizer_step_before_the_next_forward_is_the_origin():
-    f = {"steps": steps(step(0), step(1, loss=NAN)),
-         "events": [event(1, "forward", "model.embed_tokens"), event(0, "optimizer", "model.embed_tokens"),
-                    event(1, "backward", "lm_head")]}
+    f = {
+        "steps": steps(step(0), step(1, loss=NAN)),
+        "events": [
+            event(1, "forward", "model.embed_tokens"),
+            event(0, "optimizer", "model.embed_tokens"),
+            event(1, "backward", "lm_head"),
+        ],
+    }
     o = origin(f)
     assert (o["phase"], o["step"]) == ("optimizer", 0)
 
@@ -48,8 +56,11 @@ def test_forward_comes_before_backward_within_a_step():
 
 
 def test_headroom_is_the_dtype_max_over_the_largest_value_tightest_first():
-    f = {"compute_dtype": "float16", "activation_absmax": {"a": 65504.0 / 1.7, "b": 10.0, "c": math.inf},
-         "gradient_absmax": {"a": 2.0}}
+    f = {
+        "compute_dtype": "float16",
+        "activation_absmax": {"a": 65504.0 / 1.7, "b": 10.0, "c": math.inf},
+        "gradient_absmax": {"a": 2.0},
+    }
     rows = headroom(f)
     assert [r["module"] for r in rows] == ["c", "a", "b"]
     assert rows[0]["activation_headroom"] == 0.0  # overflowed
@@ -58,8 +69,14 @@ def test_headroom_is_the_dtype_max_over_the_largest_value_tightest_first():
 
 
 def test_compute_dtype_of_each_precision_cell():
-    assert [Cell(d).precision.compute for d in AXES["dtype"]] == \
-        ["float32", "float32", "bfloat16", "float16", "bfloat16", "float16"] + ["bfloat16"] * 4  # fp8: in bf16 autocast
+    assert [Cell(d).precision.compute for d in AXES["dtype"]] == [
+        "float32",
+        "float32",
+        "bfloat16",
+        "float16",
+        "bfloat16",
+        "float16",
+    ] + ["bfloat16"] * 4  # fp8: in bf16 autocast
 
 
 def test_update_loss_averages_the_steps_that_ran_an_optimizer_step():
@@ -91,4 +108,5 @@ def test_fidelity_curve_is_relative_error_per_step_and_none_where_nonfinite():
 
 def test_finfo_table_matches_torch():
     import torch
+
     assert FINFO_MAX == {name: torch.finfo(getattr(torch, name)).max for name in FINFO_MAX}

@@ -2,6 +2,7 @@
 headroom, gradient underflow and update loss, the same figures a one-step replay gives, bit for bit,
 and its losses and grad-norms are those of an unhooked run. A probe that goes non-finite, a compiled
 or fp8 cell, a one-step probe and `check` keep the replay. Real tiny-llama probes, in this process."""
+
 import dataclasses
 
 import pytest
@@ -14,8 +15,8 @@ from nandoctor.record import ProbeRecord, ProbeSpec
 
 
 def spec_for(cell: Cell, steps: int = 2, **fields) -> ProbeSpec:
-    from nandoctor.env import collect_summary
     from nandoctor.models import plan_model
+
     recipe = resolve_model("tiny-llama")
     for key, value in fields.items():
         recipe = set_field(recipe, key, value)
@@ -26,6 +27,7 @@ def probe(spec: ProbeSpec, monkeypatch=None):
     """Train the spec's probe and take its forensics as the child does; a replay raises when
     monkeypatch is given (the stable path must not reach it)."""
     from nandoctor.child import entry
+
     if monkeypatch:
         monkeypatch.setattr(entry, "replay", lambda *a: pytest.fail("a stable eager probe was replayed"))
     record = ProbeRecord(spec.probe_id, spec.cell)
@@ -60,23 +62,31 @@ def test_its_headroom_is_reported_from_step_0(fp16_amp):
 
 def test_step_0_figures_equal_a_one_step_replay_bit_for_bit(fp16_amp):
     from nandoctor.child.hooks import replay
+
     record, s, snapshot, _, f = fp16_amp
-    one = dataclasses.replace(spec_for(record.cell), recipe=set_field(resolve_model("tiny-llama"), "forensics_steps", "1"))
+    one = dataclasses.replace(
+        spec_for(record.cell), recipe=set_field(resolve_model("tiny-llama"), "forensics_steps", "1")
+    )
     r = replay(one, record, s, snapshot)
     assert r["reproduced"] is True and r["replayed_steps"] == 1
     assert f["activation_absmax"] == r["activation_absmax"] and f["gradient_absmax"] == r["gradient_absmax"]
     assert f["steps"][0]["update_loss"] == r["steps"][0]["update_loss"]
     drop = ("seconds",)
-    assert {k: v for k, v in f["underflow"].items() if k not in drop} == {k: v for k, v in r["underflow"].items() if k not in drop}
+    assert {k: v for k, v in f["underflow"].items() if k not in drop} == {
+        k: v for k, v in r["underflow"].items() if k not in drop
+    }
 
 
 def test_the_hooks_leave_losses_and_grad_norms_bit_identical(fp16_amp):
     from nandoctor.child.entry import run_probe
+
     record = fp16_amp[0]
     bare = ProbeRecord(record.probe_id, record.cell)
     _, snapshot, watch = run_probe(spec_for(record.cell, forensics_steps="0"), bare, None)
     assert snapshot is None and watch is None
-    assert [(s.loss, s.grad_norm, s.scale) for s in bare.steps] == [(s.loss, s.grad_norm, s.scale) for s in record.steps]
+    assert [(s.loss, s.grad_norm, s.scale) for s in bare.steps] == [
+        (s.loss, s.grad_norm, s.scale) for s in record.steps
+    ]
 
 
 def test_a_probe_that_goes_nonfinite_is_replayed_up_to_its_failure():
@@ -87,14 +97,18 @@ def test_a_probe_that_goes_nonfinite_is_replayed_up_to_its_failure():
     assert any(e["phase"] == "optimizer" and e.get("eps_in_dtype") == 0.0 for e in f["events"])
 
 
-@pytest.mark.parametrize("cell, steps, fields", [
-    (Cell("fp32", "sdpa", "inductor"), 4, {}),  # hooks need eager execution
-    (Cell("fp8-tensorwise", "sdpa", "off"), 4, {}),  # the replay watches the fp8 casts
-    (Cell("fp32", "sdpa", "off"), 1, {}),  # step 0 would be the only, steady, step
-    (Cell("fp32", "sdpa", "off"), 4, {"forensics_steps": "0"}),  # no forensics asked
-])
+@pytest.mark.parametrize(
+    "cell, steps, fields",
+    [
+        (Cell("fp32", "sdpa", "inductor"), 4, {}),  # hooks need eager execution
+        (Cell("fp8-tensorwise", "sdpa", "off"), 4, {}),  # the replay watches the fp8 casts
+        (Cell("fp32", "sdpa", "off"), 1, {}),  # step 0 would be the only, steady, step
+        (Cell("fp32", "sdpa", "off"), 4, {"forensics_steps": "0"}),  # no forensics asked
+    ],
+)
 def test_cells_that_keep_the_replay_or_have_none(cell, steps, fields):
     from nandoctor.child.hooks import eager_forensics
+
     assert not eager_forensics(spec_for(cell, steps, **fields))
     assert not eager_forensics(dataclasses.replace(spec_for(Cell("fp32", "sdpa", "off"), 4), replay_failed_only=True))
     assert eager_forensics(spec_for(Cell("fp32", "sdpa", "off"), 4))

@@ -1,5 +1,6 @@
 """On a CUDA host: the fused SDPA kernels, tf32, the CUDA allocator's peak, packing several probes on
 one GPU, the snapshot replay on the device, and the compile cache. Skipped without a GPU (conftest)."""
+
 import json
 
 import pytest
@@ -16,9 +17,21 @@ def records(run_dir):
 def cuda_run(tmp_path_factory):
     """Half precision on the fused kernels, tf32 on the default one; packed (no --jobs)."""
     from conftest import run_cli
+
     out = tmp_path_factory.mktemp("cuda") / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32,tf32,bf16-amp", "--axis", "attn=sdpa,sdpa:flash,sdpa:efficient",
-                   "--axis", "compile=off", "--steps", "4", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32,tf32,bf16-amp",
+        "--axis",
+        "attn=sdpa,sdpa:flash,sdpa:efficient",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "4",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -30,8 +43,23 @@ def test_flash_sdpa_trains_stably_in_bf16_on_a_gqa_model(cuda_run):
 def test_cudnn_sdpa_trains_stably_in_bf16(tmp_path, cli):
     # gpt2 (query heads = key/value heads): what cuDNN's fused attention certainly takes
     out = tmp_path / "cudnn"
-    proc = cli("grid", "--model", "gpt2", "--scale", "probe", "--axis", "dtype=bf16-amp", "--axis", "attn=sdpa:cudnn",
-               "--axis", "compile=off", "--steps", "3", "--out", out)
+    proc = cli(
+        "grid",
+        "--model",
+        "gpt2",
+        "--scale",
+        "probe",
+        "--axis",
+        "dtype=bf16-amp",
+        "--axis",
+        "attn=sdpa:cudnn",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "3",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert verdicts(out)["bf16-amp/sdpa:cudnn/off"] == "stable"
 

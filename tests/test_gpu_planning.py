@@ -1,5 +1,6 @@
 """How a GPU host is used, decided without one: probes packed by memory and cores, the replay's
 snapshot placed, kernels refused by shape predicted, compile time split from steady steps. Pure."""
+
 from nandoctor.capabilities import input_support
 from nandoctor.cells import Cell
 from nandoctor.child.snapshot import keep_on_device
@@ -9,8 +10,12 @@ from nandoctor.record import Step
 from nandoctor.run.slots import CUDA_CONTEXT_BYTES, most_jobs, packed_jobs
 
 GB = 10**9
-H100_HOST = {"device": "cuda", "cpu_count": 16, "torch": "2.13.0+cu128",
-             "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_bytes": 80 * GB}]}
+H100_HOST = {
+    "device": "cuda",
+    "cpu_count": 16,
+    "torch": "2.13.0+cu128",
+    "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_bytes": 80 * GB}],
+}
 CPU_HOST = {"device": "cpu", "cpu_count": 2, "gpus": []}
 GQA = {"heads": 32, "kv_heads": 8}
 MHA = {"heads": 32, "kv_heads": 32}
@@ -66,10 +71,14 @@ def test_efficient_sdpa_runs_when_transformers_repeats_the_kv_heads():
 
 
 def test_flash_sdpa_under_compile_or_padding_is_predicted_unsupported():
-    assert "under torch.compile (aot_eager)" in input_support(Cell("bf16-amp", "sdpa:flash", "aot_eager"), MHA, False, H100_HOST)
+    assert "under torch.compile (aot_eager)" in input_support(
+        Cell("bf16-amp", "sdpa:flash", "aot_eager"), MHA, False, H100_HOST
+    )
     assert "padded" in input_support(Cell("bf16-amp", "sdpa:flash", "off"), MHA, True, H100_HOST)
     assert input_support(Cell("bf16-amp", "sdpa:flash", "off"), GQA, False, H100_HOST) is None
-    assert input_support(Cell("bf16-amp", "sdpa:flash", "inductor"), MHA, False, {**H100_HOST, "torch": "2.14.0"}) is None
+    assert (
+        input_support(Cell("bf16-amp", "sdpa:flash", "inductor"), MHA, False, {**H100_HOST, "torch": "2.14.0"}) is None
+    )
 
 
 def test_kernel_predictions_leave_a_cpu_alone():

@@ -1,4 +1,5 @@
 """End to end through the CLI: real tiny models, real autocast / GradScaler / AdamW, real failures."""
+
 import json
 import math
 import re
@@ -13,10 +14,26 @@ pytestmark = pytest.mark.slow  # end to end: real probe processes
 def precision_run(tmp_path_factory):
     """fp32, fp16-pure and bf16-pure on tiny-llama at a small learning rate."""
     from conftest import run_cli
+
     out = tmp_path_factory.mktemp("run") / "precision"
-    proc = run_cli("grid", "--axis", "dtype=fp32,fp16-pure,bf16-pure", "--axis", "attn=eager",
-                   "--axis", "compile=off", "--set", "optimizer.lr=2e-5", "--steps", "16", "--out", out)
-    assert proc.returncode == 0, proc.stderr  # 0: fp32 is stable, and the half cells' failures are verdicts, not crashes
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32,fp16-pure,bf16-pure",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--set",
+        "optimizer.lr=2e-5",
+        "--steps",
+        "16",
+        "--out",
+        out,
+    )
+    assert proc.returncode == 0, (
+        proc.stderr
+    )  # 0: fp32 is stable, and the half cells' failures are verdicts, not crashes
     return out, proc
 
 
@@ -59,15 +76,19 @@ def test_every_json_file_of_a_nonfinite_run_is_strict(precision_run):
     """The fp16-pure probe's loss went non-finite in a real child: every JSON file of the run parses with
     a strict parser, the non-finite loss written as the string float() reads back."""
     out, _ = precision_run
+
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     files = [p for p in out.rglob("*") if p.suffix in (".json", ".jsonl")]
     assert {"results.jsonl", "run.json", "summary.json"} <= {p.name for p in files}
     for path in files:
         for text in path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]:
             json.loads(text, parse_constant=refuse)
     fp16 = next(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if "fp16-pure" in line)
-    assert fp16["steps"][-1]["loss"] in ("NaN", "Infinity", "-Infinity") and not math.isfinite(float(fp16["steps"][-1]["loss"]))
+    assert fp16["steps"][-1]["loss"] in ("NaN", "Infinity", "-Infinity") and not math.isfinite(
+        float(fp16["steps"][-1]["loss"])
+    )
 
 
 def test_reports_are_written_and_agree(precision_run):
@@ -78,7 +99,9 @@ def test_reports_are_written_and_agree(precision_run):
     html = (out / "report.html").read_text()
     assert html.count("<svg") >= 6
     # self-contained: nothing is fetched (the rules' evidence may name public URLs as text)
-    assert "<script" not in html and "<link" not in html and not re.search(r"""(src\s*=\s*["']?|url\()\s*https?:""", html)
+    assert (
+        "<script" not in html and "<link" not in html and not re.search(r"""(src\s*=\s*["']?|url\()\s*https?:""", html)
+    )
     junit = (out / "junit.xml").read_text()
     assert 'tests="3"' in junit and 'failures="2"' in junit
 
@@ -113,8 +136,25 @@ def test_local_checkpoint_report_says_real_weights_were_used(large_mlp_grid):
 
 def test_gpt2_runs_through_the_same_path(tmp_path, cli):
     out = tmp_path / "gpt2"
-    proc = cli("grid", "--model", "gpt2", "--scale", "probe", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-               "--axis", "compile=off", "--steps", "4", "--set", "retime_rounds=0", "--out", out)
+    proc = cli(
+        "grid",
+        "--model",
+        "gpt2",
+        "--scale",
+        "probe",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager,sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "4",
+        "--set",
+        "retime_rounds=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     s = summary(out)
     assert s["model"]["model_type"] == "gpt2" and s["model"]["scale"] == "probe"

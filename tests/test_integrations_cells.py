@@ -1,5 +1,6 @@
 """Between the frameworks and nandoctor's cells, the setup check at train start, and the live
 watch's step-by-step verdicts. Fast: no training step runs."""
+
 import subprocess
 import sys
 
@@ -14,11 +15,16 @@ from nandoctor.integrations.lightning import cell_from_lightning, lightning_argu
 from nandoctor.integrations.transformers import NandoctorCallback, cell_from_training_args
 from nandoctor.record import Step
 
-TURING = {"device": "cuda", "cudnn": 90100, "gpus": [{"index": 0, "name": "Tesla T4", "capability": "7.5", "memory_bytes": 16 * 2**30}]}
+TURING = {
+    "device": "cuda",
+    "cudnn": 90100,
+    "gpus": [{"index": 0, "name": "Tesla T4", "capability": "7.5", "memory_bytes": 16 * 2**30}],
+}
 
 
 def training_args(tmp_path, **flags):
     from transformers import TrainingArguments
+
     return TrainingArguments(str(tmp_path), report_to=[], use_cpu=True, **flags)
 
 
@@ -38,8 +44,12 @@ def test_every_dtype_reads_back_from_its_lightning_arguments(dtype):
 
 
 def test_lightning_strings_of_the_pure_and_mixed_cells():
-    assert [lightning_arguments(Cell(d))["precision"] for d in ("bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")] == \
-        ["bf16-mixed", "16-mixed", "bf16-true", "16-true"]
+    assert [lightning_arguments(Cell(d))["precision"] for d in ("bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")] == [
+        "bf16-mixed",
+        "16-mixed",
+        "bf16-true",
+        "16-true",
+    ]
     assert lightning_arguments(Cell("tf32")) == {"precision": "32-true", "float32_matmul_precision": "high"}
 
 
@@ -49,7 +59,9 @@ def test_an_unknown_lightning_precision_is_one_line_error():
 
 
 def test_training_args_bf16_is_bf16_amp_with_the_models_attention(tmp_path):
-    assert cell_from_training_args(training_args(tmp_path, bf16=True), tiny_llama(attn="eager")) == Cell("bf16-amp", "eager")
+    assert cell_from_training_args(training_args(tmp_path, bf16=True), tiny_llama(attn="eager")) == Cell(
+        "bf16-amp", "eager"
+    )
 
 
 def test_training_args_torch_compile_is_inductor(tmp_path):
@@ -70,8 +82,11 @@ def test_bf16_on_a_turing_gpu_is_caught_at_train_start_before_any_step(tmp_path)
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
     trainer = hf_trainer(model, tmp_path, [NandoctorCallback(strict=True, device=TURING)], max_steps=2, bf16=True)
-    with pytest.raises(NandoctorError, match=r"probe ran: unsupported: bf16 needs compute capability 8\.0, this GPU has 7\.5.*"
-                                             r"known issue no-native-bf16: .* Fix: Train with fp16-amp"):
+    with pytest.raises(
+        NandoctorError,
+        match=r"probe ran: unsupported: bf16 needs compute capability 8\.0, this GPU has 7\.5.*"
+        r"known issue no-native-bf16: .* Fix: Train with fp16-amp",
+    ):
         trainer.train()
     assert trainer.state.global_step == 0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -81,8 +96,9 @@ def test_bf16_on_a_turing_gpu_warns_with_the_check_wording_when_not_strict(tmp_p
     callback = NandoctorCallback(device=TURING)
     trainer = hf_trainer(tiny_llama(), tmp_path, [callback], max_steps=1, bf16=True)
     with pytest.warns(UserWarning, match="  FAIL probe ran: unsupported: bf16 needs compute capability 8.0"):
-        callback.on_train_begin(trainer.args, trainer.state, trainer.control, model=trainer.model,
-                                optimizer=trainer.create_optimizer())
+        callback.on_train_begin(
+            trainer.args, trainer.state, trainer.control, model=trainer.model, optimizer=trainer.create_optimizer()
+        )
 
 
 CURVES = {
@@ -97,7 +113,7 @@ CURVES = {
 def test_judging_each_new_step_once_gives_the_verdict_of_the_curve_so_far(name):
     steps = [Step(i, x, 60.0 if name == "grad explosion" and i == 5 else 1.0) for i, x in enumerate(CURVES[name])]
     for k in range(len(steps)):
-        live, whole = numeric_verdict(steps[:k + 1], None, since=k), numeric_verdict(steps[:k + 1], None)
+        live, whole = numeric_verdict(steps[: k + 1], None, since=k), numeric_verdict(steps[: k + 1], None)
         assert (live.name, live.step, live.reason) == (whole.name, whole.step, whole.reason)
         if live.failed:
             break
@@ -105,8 +121,10 @@ def test_judging_each_new_step_once_gives_the_verdict_of_the_curve_so_far(name):
 
 
 def test_importing_nandoctor_needs_neither_framework():
-    code = ("import sys; sys.modules['lightning'] = None\n"
-            "import nandoctor, nandoctor.api, nandoctor.integrations, nandoctor.integrations.watch\n"
-            "assert 'accelerate' not in sys.modules")
+    code = (
+        "import sys; sys.modules['lightning'] = None\n"
+        "import nandoctor, nandoctor.api, nandoctor.integrations, nandoctor.integrations.watch\n"
+        "assert 'accelerate' not in sys.modules"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -1,5 +1,6 @@
 """NandoctorCallback in a real 2-rank Lightning DDP fit (torchrun, gloo, CPU) on the tiny Llama:
 every rank judges, the ranks stop together, one report and one summary line."""
+
 import json
 import os
 import subprocess
@@ -15,10 +16,22 @@ TESTS = Path(__file__).parent
 def ddp_fit(out: Path, lr: float, steps: int, off_rank: int | None = None):
     """torchrun of tests/ddp_watch_fit.py with 2 ranks; returns (the finished process, {rank: its record})."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(TESTS / "ddp_watch_fit.py"), str(out), str(lr), str(steps)] + ([str(off_rank)] if off_rank is not None else [])
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TESTS / "ddp_watch_fit.py"),
+        str(out),
+        str(lr),
+        str(steps),
+    ] + ([str(off_rank)] if off_rank is not None else [])
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    return done, {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()}
+    return done, {
+        r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()
+    }
 
 
 @pytest.fixture(scope="module")

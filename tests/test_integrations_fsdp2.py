@@ -1,6 +1,7 @@
 """NandoctorCallback in a real 2-rank Lightning FSDP2 fit (ModelParallelStrategy with fully_shard per
 decoder layer, torchrun, gloo, CPU) on the tiny Llama: every rank judges its own shards, the ranks stop
 together, one report; a rank whose watch is off leaves the run training."""
+
 import json
 import os
 import subprocess
@@ -16,10 +17,22 @@ TESTS = Path(__file__).parent
 def fsdp2_fit(out: Path, lr: float, steps: int, off_rank: int | None = None):
     """torchrun of tests/fsdp2_watch_fit.py with 2 ranks; returns (the finished process, {rank: its record})."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(TESTS / "fsdp2_watch_fit.py"), str(out), str(lr), str(steps)] + ([str(off_rank)] if off_rank is not None else [])
+    args = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(TESTS / "fsdp2_watch_fit.py"),
+        str(out),
+        str(lr),
+        str(steps),
+    ] + ([str(off_rank)] if off_rank is not None else [])
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    return done, {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()}
+    return done, {
+        r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()
+    }
 
 
 def test_an_exploding_fsdp2_run_is_judged_on_every_rank_and_stops_them_together_with_one_report(tmp_path):
@@ -29,7 +42,9 @@ def test_an_exploding_fsdp2_run_is_judged_on_every_rank_and_stops_them_together_
     assert ranks[0]["failure"] is not None and ranks[0]["failed_at"] < 19
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["failed_at"] + 1
     assert ranks[0]["judged"] == ranks[1]["judged"]
-    assert ranks[0]["losses"] != ranks[1]["losses"] and ranks[0]["grad_norms"] != ranks[1]["grad_norms"]  # its own rows, its own shards
+    assert (
+        ranks[0]["losses"] != ranks[1]["losses"] and ranks[0]["grad_norms"] != ranks[1]["grad_norms"]
+    )  # its own rows, its own shards
     assert [ranks[0]["report_dir"], ranks[1]["report_dir"]] == [str(tmp_path / "nandoctor"), None]
     probes = json.loads((tmp_path / "nandoctor" / "summary.json").read_text())["probes"]
     assert len(probes) == 1 and probes[0]["verdict"] == ranks[0]["failure"]

@@ -6,6 +6,7 @@ accelerate trains fp16=True in fp32), so each test hands one over: Lightning thr
 plugin, transformers through the Trainer's accelerator. A high init_scale makes the scaled gradients
 overflow fp16 in backward, so the scaler skips steps and halves its scale, as it calibrates on a GPU;
 a loss weighted by 1e8 overflows fp16 even unscaled, so the scale falls below 1."""
+
 import json
 import math
 import warnings
@@ -42,11 +43,13 @@ def assert_each_step_ran_at_the_scale_the_last_one_left(steps, init_scale: float
 def calibrating_fit(tmp_path_factory):
     """Scale 2**24 at the start: the scaled gradients overflow fp16 in backward (measured here: steps 0-4
     are skipped, step 5 fits at 2**19)."""
-    scaler, plugin = fp16_mixed(2.0 ** 24)
+    scaler, plugin = fp16_mixed(2.0**24)
     callback = pl_callback.NandoctorCallback(strict=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer, module = lightning_fit(tiny_llama(), tmp_path_factory.mktemp("pl-calibrating"), None, [callback], plugins=[plugin])
+        trainer, module = lightning_fit(
+            tiny_llama(), tmp_path_factory.mktemp("pl-calibrating"), None, [callback], plugins=[plugin]
+        )
     return trainer, module, callback, scaler, nandoctor_warnings(caught)
 
 
@@ -55,7 +58,7 @@ def test_lightning_calibration_skips_are_recorded_with_the_scale_each_step_ran_a
     steps = callback.watch.steps
     assert callback.watch.run.cell.id == "fp16-amp/sdpa/off"
     assert [s.skipped for s in steps][:3] == [True] * 3 and not steps[-1].skipped  # measured: 5 skips, then 2**19 fits
-    assert_each_step_ran_at_the_scale_the_last_one_left(steps, 2.0 ** 24, scaler)
+    assert_each_step_ran_at_the_scale_the_last_one_left(steps, 2.0**24, scaler)
     assert all(0 < s.grad_norm < 100 for s in steps if not s.skipped)
 
 
@@ -87,7 +90,11 @@ def overflowing_fit(tmp_path_factory):
 
 def test_scale_falling_below_1_stops_the_fit_at_that_step(overflowing_fit):
     trainer, callback, scaler, *_ = overflowing_fit
-    assert [(s.step, s.skipped, s.scale) for s in callback.watch.steps] == [(0, True, 4.0), (1, True, 2.0), (2, True, 1.0)]
+    assert [(s.step, s.skipped, s.scale) for s in callback.watch.steps] == [
+        (0, True, 4.0),
+        (1, True, 2.0),
+        (2, True, 1.0),
+    ]
     assert trainer.global_step == 3 and trainer.should_stop and scaler.get_scale() == 0.5
     verdict = callback.watch.failure.verdict
     assert (verdict.name, verdict.step) == ("nonfinite", 2)
@@ -98,8 +105,10 @@ def test_step_0_gradient_overflow_under_a_scaler_passes_the_headroom_check(overf
     *_, said, _ = overflowing_fit
     [step0] = said
     assert "FAIL initial loss near ln(vocab): loss 6.9" in step0  # the weighted loss: the one real finding
-    assert ("ok   gradient headroom in float16: overflowed first at lm_head (gradient of output abs-max inf) "
-            "at loss scale 4: the GradScaler skips the step and halves its scale") in step0
+    assert (
+        "ok   gradient headroom in float16: overflowed first at lm_head (gradient of output abs-max inf) "
+        "at loss scale 4: the GradScaler skips the step and halves its scale"
+    ) in step0
     assert "ok   no skipped step beyond GradScaler calibration: 1 calibration skip(s)" in step0
 
 
@@ -110,7 +119,11 @@ def test_scale_report_replays_the_skipped_step_at_its_scale(overflowing_fit):
     forensics = probe["forensics"]
     assert forensics["reproduced"] is True
     # the replay at scale 1 overflows where the run did: in backward, at the lm_head's output gradient
-    assert (forensics["origin"]["step"], forensics["origin"]["phase"], forensics["origin"]["module"]) == (2, "backward", "lm_head")
+    assert (forensics["origin"]["step"], forensics["origin"]["phase"], forensics["origin"]["module"]) == (
+        2,
+        "backward",
+        "lm_head",
+    )
     assert "grad-scale-falls-below-1" in (report / "report.md").read_text()
 
 
@@ -119,7 +132,9 @@ def test_strict_watch_stops_a_fit_whose_first_step_already_overflows_at_scale_1(
     callback = pl_callback.NandoctorCallback(strict=True)
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
-    with pytest.raises(CheckFailed, match="no skipped step beyond GradScaler calibration: scale fell below 1 at step 0"):
+    with pytest.raises(
+        CheckFailed, match="no skipped step beyond GradScaler calibration: scale fell below 1 at step 0"
+    ):
         lightning_fit(model, tmp_path, None, [callback], plugins=[plugin], loss_weight=1e8)
     assert [s.step for s in callback.watch.steps] == [0]
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # raised before the optimizer step
@@ -129,11 +144,11 @@ def test_fused_adamw_grad_norm_is_read_unscaled(tmp_path):
     """A fused AdamW unscales inside its own step, so Lightning leaves the gradients scaled when the hook runs."""
     norms = {}
     for fused in (False, True):
-        _, plugin = fp16_mixed(2.0 ** 10)
+        _, plugin = fp16_mixed(2.0**10)
         callback = pl_callback.NandoctorCallback()
         lightning_fit(tiny_llama(), tmp_path / str(fused), None, [callback], plugins=[plugin], fused=fused, max_steps=1)
         [step] = callback.watch.steps
-        assert not step.skipped and step.scale == 2.0 ** 10
+        assert not step.skipped and step.scale == 2.0**10
         norms[fused] = step.grad_norm
     assert norms[True] == pytest.approx(norms[False], rel=1e-5) and 0 < norms[False] < 100
 
@@ -145,7 +160,7 @@ def hf_calibrating_run(tmp_path_factory):
     trainer = hf_trainer(tiny_llama(), tmp_path_factory.mktemp("hf-calibrating"), [callback], max_steps=6, fp16=True)
     # what accelerate sets up for fp16 on a GPU: prepare() then runs the forward in fp16 autocast and
     # wraps the optimizer with the scaler, whose skips the Trainer reports as optimizer_step_was_skipped
-    scaler = trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 20)
+    scaler = trainer.accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**20)
     trainer.accelerator.native_amp = True
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -158,7 +173,7 @@ def test_hf_calibration_skips_are_recorded_with_the_scale_each_step_ran_at(hf_ca
     steps = callback.watch.steps
     assert callback.watch.run.cell.id == "fp16-amp/sdpa/off"  # fp16 autocast runs: not the fp32 a CPU gives fp16=True
     assert steps[0].skipped and 2 <= sum(s.skipped for s in steps) < 6  # measured: steps 0 and 2 skipped
-    assert_each_step_ran_at_the_scale_the_last_one_left(steps, 2.0 ** 20, scaler)
+    assert_each_step_ran_at_the_scale_the_last_one_left(steps, 2.0**20, scaler)
     assert trainer.state.global_step == 6 and callback.watch.failure is None and said == []
 
 

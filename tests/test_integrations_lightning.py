@@ -1,4 +1,5 @@
 """NandoctorCallback inside a real Lightning Trainer.fit() on the tiny Llama (CPU)."""
+
 import json
 import math
 

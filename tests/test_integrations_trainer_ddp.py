@@ -4,6 +4,7 @@ tiny Llama: every rank judges the loss its own step trains on, the ranks stop to
 (On a CPU the Trainer runs `fsdp=...` as DDP: accelerate's MULTI_CPU wraps DistributedDataParallel and
 is_fsdp_enabled stays False, so a Trainer FSDP2 run needs GPUs; the FSDP2 watch is tested under
 Lightning, test_integrations_fsdp2.py.)"""
+
 import json
 import os
 import subprocess
@@ -21,9 +22,29 @@ def exploding(tmp_path_factory):
     """AdamW at lr=30 for up to 20 steps: the grad-norm explodes within a few steps on both ranks."""
     out = tmp_path_factory.mktemp("trainer-ddp-lr30")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)])}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(TESTS / "trainer_ddp_watch_fit.py"), str(out), "30", "20"], env=env, capture_output=True, text=True, timeout=300)
-    return out, done, {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(TESTS / "trainer_ddp_watch_fit.py"),
+            str(out),
+            "30",
+            "20",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    return (
+        out,
+        done,
+        {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").exists()},
+    )
 
 
 def test_each_rank_judges_its_own_mean_token_loss_not_its_share_of_the_global_one(exploding):
@@ -45,7 +66,9 @@ def test_an_exploding_trainer_ddp_run_stops_both_ranks_at_the_same_step_with_one
     assert ranks[0]["failure"] == "diverged" and ranks[0]["failed_at"] < 19
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == ranks[0]["failed_at"] + 1
     assert ranks[0]["judged"] == ranks[1]["judged"]
-    assert [ranks[0]["report_dir"], ranks[1]["report_dir"]] == [str(out / "nandoctor"), None] and ranks[1]["stopped_by"] == 0
+    assert [ranks[0]["report_dir"], ranks[1]["report_dir"]] == [str(out / "nandoctor"), None] and ranks[1][
+        "stopped_by"
+    ] == 0
     probes = json.loads((out / "nandoctor" / "summary.json").read_text())["probes"]
     assert len(probes) == 1 and probes[0]["verdict"] == "diverged"
     assert done.stderr.count("nandoctor: watching ") == 1 and "on 2 ranks" in done.stderr

@@ -1,4 +1,5 @@
 """NandoctorCallback inside a real transformers Trainer.train() on the tiny Llama (CPU)."""
+
 import json
 import math
 
@@ -17,8 +18,15 @@ def fp16_eps_run(tmp_path_factory):
     weights, step 1's loss is NaN, and Trainer logs it as 0.0 (logging_nan_inf_filter, its default)."""
     out = tmp_path_factory.mktemp("hf-fp16-eps")
     callback = NandoctorCallback()
-    trainer = hf_trainer(tiny_llama(torch.float16), out, [callback], max_steps=6, learning_rate=2e-5,
-                         optim="adamw_torch", adam_epsilon=1e-8)
+    trainer = hf_trainer(
+        tiny_llama(torch.float16),
+        out,
+        [callback],
+        max_steps=6,
+        learning_rate=2e-5,
+        optim="adamw_torch",
+        adam_epsilon=1e-8,
+    )
     with pytest.warns(UserWarning, match="fp16-adamw-eps-below-smallest-normal"):
         trainer.train()
     return trainer, callback, out / "nandoctor"
@@ -54,7 +62,9 @@ def test_the_replay_retraces_the_failing_step_and_leaves_the_model_as_the_run_le
     trainer, callback, report = fp16_eps_run
     forensics = json.loads((report / "summary.json").read_text())["probes"][0]["forensics"]
     assert forensics["reproduced"] is True
-    assert not all(torch.isfinite(p).all() for p in trainer.model.parameters())  # the run's own state, not a restored one
+    assert not all(
+        torch.isfinite(p).all() for p in trainer.model.parameters()
+    )  # the run's own state, not a restored one
 
 
 def test_failure_prints_a_bisect_command_with_the_run_as_a_recipe(fp16_eps_run, capsys):
@@ -62,6 +72,7 @@ def test_failure_prints_a_bisect_command_with_the_run_as_a_recipe(fp16_eps_run, 
     assert callback.watch.bisect_command.startswith(f"nandoctor bisect --recipe {report / 'recipe.yaml'} --bad ")
     assert "dtype=fp16-pure,attn=sdpa,compile=off" in callback.watch.bisect_command
     from nandoctor.recipes import load_recipe
+
     recipe = load_recipe(report / "recipe.yaml")
     assert recipe.optimizer.eps == 1e-8 and recipe.optimizer.lr == 2e-5 and recipe.model.arch["hidden_size"] == 64
 

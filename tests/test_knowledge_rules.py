@@ -1,30 +1,45 @@
 """Every known-issue rule fires on a setup that has the problem and stays silent on one that does
 not. Setups are real: recipes, cells, TrainingArguments dicts, tokenizers built with `tokenizers`,
 model configs from transformers; the facts come from nandoctor's own fact gathering."""
+
 import pytest
 from checkpoints import save_tokenizer
+from parallel_records import PARALLEL_CASES
 
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, set_field
 from nandoctor.knowledge import evaluate, rules
-from nandoctor.knowledge.facts import (all_masked_batches, env_facts, load_tokenizer, observed_facts, setup_facts,
-                                       trainer_cell)
+from nandoctor.knowledge.facts import (
+    all_masked_batches,
+    env_facts,
+    load_tokenizer,
+    observed_facts,
+    setup_facts,
+    trainer_cell,
+)
 from nandoctor.models import model_config
-from nandoctor.record import ProbeRecord, Step
 from nandoctor.recipes import recipe_by_name
-from parallel_records import PARALLEL_CASES
+from nandoctor.record import ProbeRecord, Step
 
 CPU = {"device": "cpu", "gpus": [], "cudnn": None}
 
 
 def scaled(scales):
     """A probe record whose steps ran at these (loss scale, skipped) pairs."""
-    return ProbeRecord("fp16-amp/sdpa/off", Cell("fp16-amp"), steps=[Step(i, 8.0, 1.0, k, s) for i, (s, k) in enumerate(scales)])
+    return ProbeRecord(
+        "fp16-amp/sdpa/off", Cell("fp16-amp"), steps=[Step(i, 8.0, 1.0, k, s) for i, (s, k) in enumerate(scales)]
+    )
+
+
 TINY = recipe_by_name("tiny-llama")
 
 
 def gpu(cc: str, cudnn: int = 90300) -> dict:
-    return {"device": "cuda", "gpus": [{"index": 0, "name": "test", "capability": cc, "memory_bytes": 16 << 30}], "cudnn": cudnn}
+    return {
+        "device": "cuda",
+        "gpus": [{"index": 0, "name": "test", "capability": cc, "memory_bytes": 16 << 30}],
+        "cudnn": cudnn,
+    }
 
 
 def recipe(**fields) -> Recipe:
@@ -34,7 +49,9 @@ def recipe(**fields) -> Recipe:
     return r.validate()
 
 
-def facts(recipe_=TINY, cell="fp32/sdpa/off", env=CPU, trainer_args=None, tokenizer=None, config=None, eager=False, **extra):
+def facts(
+    recipe_=TINY, cell="fp32/sdpa/off", env=CPU, trainer_args=None, tokenizer=None, config=None, eager=False, **extra
+):
     c = trainer_cell(trainer_args) if trainer_args and cell is None else Cell.parse(cell)
     return {**env_facts(env), **setup_facts(recipe_, c, config, trainer_args, tokenizer, eager), **extra}
 
@@ -42,9 +59,15 @@ def facts(recipe_=TINY, cell="fp32/sdpa/off", env=CPU, trainer_args=None, tokeni
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory):
     base = tmp_path_factory.mktemp("tokenizers")
-    return {name: load_tokenizer(save_tokenizer(base / name, **special)) for name, special in {
-        "no-pad": {}, "pad-id0": {"pad_token": "!"}, "pad-eos": {"pad_token": "<|end_of_text|>"},
-        "dedicated": {"pad_token": "<pad>"}}.items()}
+    return {
+        name: load_tokenizer(save_tokenizer(base / name, **special))
+        for name, special in {
+            "no-pad": {},
+            "pad-id0": {"pad_token": "!"},
+            "pad-eos": {"pad_token": "<|end_of_text|>"},
+            "dedicated": {"pad_token": "<pad>"},
+        }.items()
+    }
 
 
 def gemma2():
@@ -58,54 +81,95 @@ def masked_file_recipe(tmp_path):
 
 
 CASES = {  # rule id: (a setup with the problem, a setup without it); each a function of (tokenizers, tmp_path)
-    "no-native-bf16": (lambda t, p: facts(cell="bf16-amp/sdpa/off", env=gpu("7.5")),
-                       lambda t, p: facts(cell="fp16-amp/sdpa/off", env=gpu("7.5"))),
+    "no-native-bf16": (
+        lambda t, p: facts(cell="bf16-amp/sdpa/off", env=gpu("7.5")),
+        lambda t, p: facts(cell="fp16-amp/sdpa/off", env=gpu("7.5")),
+    ),
     "bf16-weights-with-fp16-grad-scaler": (
         lambda t, p: facts(recipe(model__dtype_on_load="bf16"), cell=None, trainer_args={"fp16": True}),
-        lambda t, p: facts(recipe(model__dtype_on_load="bf16"), cell=None, trainer_args={"bf16": True})),
-    "fp16-weights-with-grad-scaler": (lambda t, p: facts(recipe(model__dtype_on_load="fp16"), cell="fp16-amp/sdpa/off"),
-                                      lambda t, p: facts(recipe(model__dtype_on_load="fp32"), cell="fp16-amp/sdpa/off")),
-    "bf16-weights-without-fp32-master": (lambda t, p: facts(cell="bf16-pure/sdpa/off"),
-                                         lambda t, p: facts(cell="bf16-amp/sdpa/off")),
-    "cudnn-sdpa-before-9.3": (lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90100)),
-                              lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90300))),
+        lambda t, p: facts(recipe(model__dtype_on_load="bf16"), cell=None, trainer_args={"bf16": True}),
+    ),
+    "fp16-weights-with-grad-scaler": (
+        lambda t, p: facts(recipe(model__dtype_on_load="fp16"), cell="fp16-amp/sdpa/off"),
+        lambda t, p: facts(recipe(model__dtype_on_load="fp32"), cell="fp16-amp/sdpa/off"),
+    ),
+    "bf16-weights-without-fp32-master": (
+        lambda t, p: facts(cell="bf16-pure/sdpa/off"),
+        lambda t, p: facts(cell="bf16-amp/sdpa/off"),
+    ),
+    "cudnn-sdpa-before-9.3": (
+        lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90100)),
+        lambda t, p: facts(cell="bf16-amp/sdpa:cudnn/off", env=gpu("9.0", cudnn=90300)),
+    ),
     "flash-attention-2-with-softcapping": (
         lambda t, p: facts(recipe_by_name("gemma-2-2b"), cell="bf16-amp/flash_attention_2/off", config=gemma2()),
-        lambda t, p: facts(recipe_by_name("gemma-2-2b"), cell="bf16-amp/eager/off", config=gemma2())),
-    "efficient-sdpa-with-padding": (lambda t, p: facts(recipe(data__pad_fraction="0.25"), cell="bf16-amp/sdpa:efficient/off"),
-                                    lambda t, p: facts(recipe(data__pad_fraction="0.0"), cell="bf16-amp/sdpa:efficient/off")),
-    "device-map-auto-for-training": (lambda t, p: facts(trainer_args={"model_init_kwargs": {"device_map": "auto"}}),
-                                     lambda t, p: facts(trainer_args={"model_init_kwargs": {}})),
-    "compile-before-eager-is-stable": (lambda t, p: facts(cell=None, trainer_args={"torch_compile": True}),
-                                       lambda t, p: facts(cell="fp32/sdpa/inductor", eager=True)),
-    "tokenizer-without-pad-token": (lambda t, p: facts(tokenizer=t["no-pad"]), lambda t, p: facts(tokenizer=t["dedicated"])),
+        lambda t, p: facts(recipe_by_name("gemma-2-2b"), cell="bf16-amp/eager/off", config=gemma2()),
+    ),
+    "efficient-sdpa-with-padding": (
+        lambda t, p: facts(recipe(data__pad_fraction="0.25"), cell="bf16-amp/sdpa:efficient/off"),
+        lambda t, p: facts(recipe(data__pad_fraction="0.0"), cell="bf16-amp/sdpa:efficient/off"),
+    ),
+    "device-map-auto-for-training": (
+        lambda t, p: facts(trainer_args={"model_init_kwargs": {"device_map": "auto"}}),
+        lambda t, p: facts(trainer_args={"model_init_kwargs": {}}),
+    ),
+    "compile-before-eager-is-stable": (
+        lambda t, p: facts(cell=None, trainer_args={"torch_compile": True}),
+        lambda t, p: facts(cell="fp32/sdpa/inductor", eager=True),
+    ),
+    "tokenizer-without-pad-token": (
+        lambda t, p: facts(tokenizer=t["no-pad"]),
+        lambda t, p: facts(tokenizer=t["dedicated"]),
+    ),
     "pad-token-is-id-0": (lambda t, p: facts(tokenizer=t["pad-id0"]), lambda t, p: facts(tokenizer=t["dedicated"])),
-    "pad-equals-eos-with-masked-labels": (lambda t, p: facts(tokenizer=t["pad-eos"]),
-                                          lambda t, p: facts(recipe(pad_token__mask_labels="false"), tokenizer=t["pad-eos"])),
-    "fp16-adamw-eps-below-smallest-normal": (lambda t, p: facts(recipe(optimizer__eps="1e-8"), cell="fp16-pure/sdpa/off"),
-                                             lambda t, p: facts(recipe(optimizer__eps="1e-4"), cell="fp16-pure/sdpa/off")),
-    "peft-adapters-not-fp32": (lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-pure/sdpa/off"),
-                               lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off")),
+    "pad-equals-eos-with-masked-labels": (
+        lambda t, p: facts(tokenizer=t["pad-eos"]),
+        lambda t, p: facts(recipe(pad_token__mask_labels="false"), tokenizer=t["pad-eos"]),
+    ),
+    "fp16-adamw-eps-below-smallest-normal": (
+        lambda t, p: facts(recipe(optimizer__eps="1e-8"), cell="fp16-pure/sdpa/off"),
+        lambda t, p: facts(recipe(optimizer__eps="1e-4"), cell="fp16-pure/sdpa/off"),
+    ),
+    "peft-adapters-not-fp32": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-pure/sdpa/off"),
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off"),
+    ),
     "batch-with-all-labels-masked": (
         lambda t, p: facts(all_masked_batches=all_masked_batches(masked_file_recipe(p), model_config(TINY))),
-        lambda t, p: facts(all_masked_batches=all_masked_batches(TINY, model_config(TINY)))),
-    "trainer-bf16-and-fp16": (lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": True}),
-                              lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": False})),
-    "trainer-nan-inf-filter-hides-nan": (lambda t, p: facts(trainer_args={"logging_nan_inf_filter": True}),
-                                         lambda t, p: facts(trainer_args={"logging_nan_inf_filter": False})),
+        lambda t, p: facts(all_masked_batches=all_masked_batches(TINY, model_config(TINY))),
+    ),
+    "trainer-bf16-and-fp16": (
+        lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": True}),
+        lambda t, p: facts(cell=None, trainer_args={"bf16": True, "fp16": False}),
+    ),
+    "trainer-nan-inf-filter-hides-nan": (
+        lambda t, p: facts(trainer_args={"logging_nan_inf_filter": True}),
+        lambda t, p: facts(trainer_args={"logging_nan_inf_filter": False}),
+    ),
     "grad-scale-falls-below-1": (
         lambda t, p: observed_facts(scaled([(2.0, True), (1.0, True)])),
-        lambda t, p: observed_facts(scaled([(65536.0, True), (32768.0, False)]))),
+        lambda t, p: observed_facts(scaled([(65536.0, True), (32768.0, False)])),
+    ),
     "gradients-all-zero": (
-        lambda t, p: observed_facts(ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(i, 6.93, 0.0) for i in range(3)])),
-        lambda t, p: observed_facts(ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 6.93, 0.0), Step(1, 6.9, 0.2)]))),
+        lambda t, p: observed_facts(
+            ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(i, 6.93, 0.0) for i in range(3)])
+        ),
+        lambda t, p: observed_facts(
+            ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 6.93, 0.0), Step(1, 6.9, 0.2)])
+        ),
+    ),
     "fp8-batch-tokens-not-multiple-of-16": (  # tiny-llama batches 4 sequences: 4 * 65 = 260 tokens
         lambda t, p: facts(recipe(seq_len="65"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0")),
-        lambda t, p: facts(recipe(seq_len="64"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0"))),
-    "fp8-torchao-without-compile": (lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
-                                    lambda t, p: facts(cell="fp8-rowwise/sdpa/inductor", env=gpu("9.0"))),
-    "fp8-rowwise-on-blackwell": (lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
-                                 lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0"))),
+        lambda t, p: facts(recipe(seq_len="64"), cell="fp8-tensorwise/sdpa/off", env=gpu("9.0")),
+    ),
+    "fp8-torchao-without-compile": (
+        lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
+        lambda t, p: facts(cell="fp8-rowwise/sdpa/inductor", env=gpu("9.0")),
+    ),
+    "fp8-rowwise-on-blackwell": (
+        lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
+        lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
+    ),
     **PARALLEL_CASES,
 }
 

@@ -1,5 +1,6 @@
 """The import rules that keep the stages and the two processes apart, read from the source with ast
 (every import counts, including the ones inside functions)."""
+
 import ast
 import os
 from pathlib import Path
@@ -10,11 +11,40 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nandoctor"
 FOUNDATION = {"nandoctor.errors", "nandoctor.cells", "nandoctor.config", "nandoctor.record", "nandoctor.env"}
 # what each part may never import: later stages, and across the process boundary
 FORBIDDEN = {
-    "nandoctor.child": ("nandoctor.analysis", "nandoctor.report", "nandoctor.bisect", "nandoctor.run", "nandoctor.api",
-                        "nandoctor.cli", "nandoctor.doctor", "nandoctor.knowledge"),
-    "nandoctor.analysis": ("nandoctor.child", "nandoctor.report", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli", "torch"),
-    "nandoctor.run": ("nandoctor.analysis", "nandoctor.report", "nandoctor.bisect", "nandoctor.api", "nandoctor.cli", "nandoctor.child"),
-    "nandoctor.report": ("nandoctor.child", "nandoctor.run.runner", "nandoctor.run.session", "nandoctor.bisect", "nandoctor.api", "torch"),
+    "nandoctor.child": (
+        "nandoctor.analysis",
+        "nandoctor.report",
+        "nandoctor.bisect",
+        "nandoctor.run",
+        "nandoctor.api",
+        "nandoctor.cli",
+        "nandoctor.doctor",
+        "nandoctor.knowledge",
+    ),
+    "nandoctor.analysis": (
+        "nandoctor.child",
+        "nandoctor.report",
+        "nandoctor.bisect",
+        "nandoctor.api",
+        "nandoctor.cli",
+        "torch",
+    ),
+    "nandoctor.run": (
+        "nandoctor.analysis",
+        "nandoctor.report",
+        "nandoctor.bisect",
+        "nandoctor.api",
+        "nandoctor.cli",
+        "nandoctor.child",
+    ),
+    "nandoctor.report": (
+        "nandoctor.child",
+        "nandoctor.run.runner",
+        "nandoctor.run.session",
+        "nandoctor.bisect",
+        "nandoctor.api",
+        "torch",
+    ),
     "nandoctor.plan": ("nandoctor.run", "nandoctor.child", "nandoctor.analysis", "nandoctor.report"),
     # the training callbacks run in the user's process: the child's hooks and the analysis both, but
     # no probe processes, no bisection, no CLI
@@ -41,7 +71,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = package.split(".")
             if node.level:
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module
@@ -75,7 +105,7 @@ def test_there_is_no_import_cycle():
         state[m] = 1
         for t in sorted(internal[m]):
             if state.get(t) == 1:
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(t):] + [t]))
+                pytest.fail("import cycle: " + " -> ".join(path[path.index(t) :] + [t]))
             if t not in state:
                 visit(t, path + [t])
         state[m] = 2
@@ -87,8 +117,14 @@ def test_there_is_no_import_cycle():
 
 @pytest.mark.parametrize("part", sorted(FORBIDDEN))
 def test_a_part_never_imports_a_later_stage_or_the_other_process(part):
-    bad = [(m, t) for m, targets in graph().items() if within(m, part)
-           for t in targets for f in FORBIDDEN[part] if within(t, f)]
+    bad = [
+        (m, t)
+        for m, targets in graph().items()
+        if within(m, part)
+        for t in targets
+        for f in FORBIDDEN[part]
+        if within(t, f)
+    ]
     assert bad == []
 
 
@@ -98,10 +134,13 @@ def test_foundation_modules_import_only_each_other():
         assert {t for t in g[m] if within(t, "nandoctor")} <= FOUNDATION, m
 
 
-@pytest.mark.parametrize("module, heavy", [("nandoctor", "torch,transformers,pandas"), ("nandoctor.cli", "torch,transformers")])
+@pytest.mark.parametrize(
+    "module, heavy", [("nandoctor", "torch,transformers,pandas"), ("nandoctor.cli", "torch,transformers")]
+)
 def test_importing_the_package_and_the_cli_stays_light(module, heavy):
     import subprocess
     import sys
+
     code = f"import sys, {module}; print(sorted(set('{heavy}'.split(',')) & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "[]"
@@ -112,6 +151,8 @@ def test_under_loadgroup_each_test_runs_in_its_group(request):
     if xdist reads their group: it appends it to the node id. pytest 9.2.0 with pytest-xdist 3.8 drops
     it without a word (pytest-dev/pytest-xdist#1386): a clean clone's suite then made every shared run
     once per worker and ran the two cluster modules side by side."""
-    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(request.config.option, "loadgroup", False):  # set on the workers
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not getattr(
+        request.config.option, "loadgroup", False
+    ):  # set on the workers
         pytest.skip("not run under pytest-xdist's --dist loadgroup")
     assert request.node.nodeid.endswith("@test_layout"), request.node.nodeid

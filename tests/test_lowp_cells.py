@@ -1,6 +1,7 @@
 """The low-precision values are rows of the cell table: the optimizer axis (default adamw, so that old
 runs keep their ids and fingerprints) and the fp8 dtypes, both opt-in; the recommendation turns
 them into the user's own code and TrainingArguments(optim=...)."""
+
 import pytest
 
 from nandoctor.cells import ALIASES, AXES, DEFAULT_AXES, OPTIMIZERS, PRECISIONS, Cell, precision_of_training_args
@@ -11,10 +12,22 @@ from nandoctor.recommend import recommendation
 from nandoctor.record import ProbeRecord, ProbeSpec
 from nandoctor.run.fingerprint import probe_fingerprint
 
-H100 = {"device": "cuda", "gpus": [{"name": "H100", "capability": "9.0", "memory_bytes": 8e10}], "cudnn": 90100,
-        "flash_attn": "2.8.0", "flash_sdpa": True, "packages": {"torchao": {"importable": True, "version": "0.18.0"}}}
-ENV = {"python": "3.11.7", "torch": "2.13.0", "device": "cpu", "gpus": [], "cpu_model": "Some CPU",
-       "packages": {"torchao": {"importable": True, "version": "0.18.0"}}}
+H100 = {
+    "device": "cuda",
+    "gpus": [{"name": "H100", "capability": "9.0", "memory_bytes": 8e10}],
+    "cudnn": 90100,
+    "flash_attn": "2.8.0",
+    "flash_sdpa": True,
+    "packages": {"torchao": {"importable": True, "version": "0.18.0"}},
+}
+ENV = {
+    "python": "3.11.7",
+    "torch": "2.13.0",
+    "device": "cpu",
+    "gpus": [],
+    "cpu_model": "Some CPU",
+    "packages": {"torchao": {"importable": True, "version": "0.18.0"}},
+}
 
 
 def test_the_default_optimizer_stays_out_of_ids_and_dicts():
@@ -33,7 +46,9 @@ def test_a_bad_optimizer_or_cell_is_one_clear_error():
 
 
 def test_a_record_written_before_the_optimizer_axis_reads_with_adamw():
-    record = ProbeRecord.from_dict({"probe_id": "fp32/sdpa/off", "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"}})
+    record = ProbeRecord.from_dict(
+        {"probe_id": "fp32/sdpa/off", "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"}}
+    )
     assert record.cell.optimizer == "adamw" and record.optimizer_state_bytes is None and record.fp8_excluded is None
     assert record.to_dict()["cell"] == {"dtype": "fp32", "attn": "sdpa", "compile": "off"}
 
@@ -41,12 +56,25 @@ def test_a_record_written_before_the_optimizer_axis_reads_with_adamw():
 def test_the_default_grid_does_not_grow():
     assert len(plan_grid(Recipe(), H100)) == 126
     assert DEFAULT_AXES["optimizer"] == ("adamw",) and not any(PRECISIONS[d].fp8 for d in DEFAULT_AXES["dtype"])
-    assert set(AXES["optimizer"]) == {"adamw", "adamw-fused", "bnb-adamw8bit", "bnb-paged-adamw8bit", "ao-adamw8bit", "ao-adamw4bit"}
+    assert set(AXES["optimizer"]) == {
+        "adamw",
+        "adamw-fused",
+        "bnb-adamw8bit",
+        "bnb-paged-adamw8bit",
+        "ao-adamw8bit",
+        "ao-adamw4bit",
+    }
 
 
 def test_opt_in_values_join_the_grid_when_named():
-    ids = [p.probe_id for p in plan_grid(Recipe(), H100, {"dtype": ["fp8-rowwise"], "attn": ["sdpa"], "compile": ["off"],
-                                                           "optimizer": ["adamw", "ao-adamw8bit"]})]
+    ids = [
+        p.probe_id
+        for p in plan_grid(
+            Recipe(),
+            H100,
+            {"dtype": ["fp8-rowwise"], "attn": ["sdpa"], "compile": ["off"], "optimizer": ["adamw", "ao-adamw8bit"]},
+        )
+    ]
     assert ids == ["fp32/eager/off", "fp8-rowwise/sdpa/off", "fp8-rowwise/sdpa/off/ao-adamw8bit"]
 
 
@@ -55,7 +83,11 @@ def test_fp8_rows_run_in_bf16_autocast_with_fp32_master_weights(name):
     p = PRECISIONS[name]
     assert (p.autocast, p.weights, p.compute, p.scaler) == ("bfloat16", None, "bfloat16", False)
     assert p.gpu_features == ("bf16", "fp8") and "CPU" in p.cuda_only and p.training_args == {"bf16": True}
-    assert p.fp8.package == ("transformer_engine" if name.startswith("fp8-te-") else "torchao") and p.code and not p.default_grid
+    assert (
+        p.fp8.package == ("transformer_engine" if name.startswith("fp8-te-") else "torchao")
+        and p.code
+        and not p.default_grid
+    )
 
 
 def test_bf16_training_arguments_still_mean_bf16_amp_and_transformer_engine_is_te_hybrid():
@@ -76,19 +108,22 @@ def test_an_8bit_optimizer_recommends_its_transformers_optim_and_the_class_for_a
 
 def test_an_fp8_cell_recommends_the_users_own_conversion_code_and_its_lightning_string():
     rec = recommendation({"dtype": "fp8-rowwise", "attn": "sdpa", "compile": "inductor"}, Recipe(), Recipe(), [])
-    assert any(line.startswith('convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise")')
-               for line in rec["python"])
+    assert any(
+        line.startswith('convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise")')
+        for line in rec["python"]
+    )
     assert rec["lightning"]["precision"] == "bf16-mixed" and rec["training_arguments"]["bf16"] is True
     recipe = set_field(Recipe(), "fp8.amax_history_len", "16")
     te = recommendation({"dtype": "fp8-te-e4m3", "attn": "sdpa", "compile": "off"}, recipe, recipe, [])
     assert te["lightning"]["precision"] == "transformer-engine"
-    assert any("Format.E4M3, amax_history_len=16, amax_compute_algo=\"max\"" in line for line in te["python"])
+    assert any('Format.E4M3, amax_history_len=16, amax_compute_algo="max"' in line for line in te["python"])
 
 
-def spec(cell: Cell, recipe: Recipe = Recipe()) -> dict:
+def spec(cell: Cell, recipe: Recipe | None = None) -> dict:
     from nandoctor.record import ModelPlan
+
     plan = ModelPlan("architecture-twin", "full", "llama", 1, 1, 1, None, "why", {})
-    return ProbeSpec(cell.id, recipe, cell, plan, 3, 0, "cpu", 1).to_dict()
+    return ProbeSpec(cell.id, recipe or Recipe(), cell, plan, 3, 0, "cpu", 1).to_dict()
 
 
 def test_the_fp8_section_is_in_the_fingerprint_of_fp8_cells_only():

@@ -1,6 +1,7 @@
 """fp8: which linears go to fp8 and which stay in high precision (named, with why), and the cast
 maths behind the forensics (amax, scale, saturation, flush to zero), on crafted tensors and on a
 real torchao float8 step of a tiny Llama (torchao's float8 casts run on CPU too)."""
+
 import pytest
 import torch
 from checkpoints import TINY
@@ -58,7 +59,7 @@ def test_torchao_conversion_swaps_exactly_the_linears_not_left_out():
 
 def test_a_value_beyond_the_e4m3_max_saturates_and_one_below_half_the_smallest_subnormal_flushes():
     # e4m3: max 448, smallest subnormal 2**-9; 460 still rounds to 448, 500 is clipped
-    x = torch.tensor([500.0, 460.0, 448.0, 1.0, 2.0 ** -9, 2.0 ** -11, 0.0])
+    x = torch.tensor([500.0, 460.0, 448.0, 1.0, 2.0**-9, 2.0**-11, 0.0])
     stats = cast_stats(x, "e4m3", 1.0)
     assert stats["amax"] == 500.0 and stats["scale_min"] == stats["scale_max"] == 1.0
     assert stats["saturated"] == pytest.approx(1 / 6)  # shares of the 6 non-zero values
@@ -66,7 +67,7 @@ def test_a_value_beyond_the_e4m3_max_saturates_and_one_below_half_the_smallest_s
 
 
 def test_e5m2_trades_precision_for_range():
-    x = torch.tensor([60000.0, 70000.0, 2.0 ** -16, 2.0 ** -18])  # max 57344; smallest subnormal 2**-16
+    x = torch.tensor([60000.0, 70000.0, 2.0**-16, 2.0**-18])  # max 57344; smallest subnormal 2**-16
     stats = cast_stats(x, "e5m2", 1.0)
     assert stats["saturated"] == pytest.approx(1 / 4) and stats["flushed"] == pytest.approx(1 / 4)
     assert cast_stats(x, "e4m3", 1.0)["saturated"] == pytest.approx(2 / 4)
@@ -77,7 +78,9 @@ def test_dynamic_tensorwise_scale_maps_amax_to_the_format_max_and_flushes_the_sm
     scale = dynamic_scale(x, "e4m3")
     stats = cast_stats(x, "e4m3", scale)
     assert (1000.0 * scale).item() == pytest.approx(448.0)
-    assert stats["saturated"] == 0.0 and stats["flushed"] == pytest.approx(1 / 4)  # 1e-5 * 0.448 < 2**-10; 1e-2 * 0.448 > 2**-9
+    assert stats["saturated"] == 0.0 and stats["flushed"] == pytest.approx(
+        1 / 4
+    )  # 1e-5 * 0.448 < 2**-10; 1e-2 * 0.448 > 2**-9
 
 
 def test_rowwise_scales_are_per_row_powers_of_two_at_or_below_the_exact_scale():
@@ -113,7 +116,9 @@ def test_fp8_watch_records_each_fp8_linear_on_a_real_step(dtype):
     model = tiny_llama()
     forward, left_out = prepare_fp8(model, PRECISIONS[dtype].fp8)
     watch = Fp8Watch(model, PRECISIONS[dtype].fp8)
-    batch = torch.randint(0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0))  # fp8 matmuls want multiples of 16
+    batch = torch.randint(
+        0, TINY["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(0)
+    )  # fp8 matmuls want multiples of 16
     with torch.autocast("cpu", dtype=torch.bfloat16), forward():
         loss = model(input_ids=batch, labels=batch).loss
     loss.backward()
@@ -126,8 +131,10 @@ def test_fp8_watch_records_each_fp8_linear_on_a_real_step(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
-                    reason="fp8 tensor cores need CUDA compute capability >= 8.9")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+    reason="fp8 tensor cores need CUDA compute capability >= 8.9",
+)
 def test_fp8_tensorwise_trains_on_a_gpu_with_fp8_tensor_cores():
     pytest.importorskip("torchao")
     model = tiny_llama().cuda()
@@ -158,6 +165,7 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     from nandoctor.models import plan_model
     from nandoctor.recipes import recipe_by_name
     from nandoctor.record import ProbeRecord, ProbeSpec
+
     # 2 x 16 tokens, not 4 x 64: oneDNN's fp8 matmul on a CPU is its reference kernel (65 ms for one
     # 256 x 128 x 128 product here), so the probe's 210 of them cost 37 s at the recipe's default size
     recipe = recipe_by_name("tiny-llama")
@@ -169,7 +177,9 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     s, snapshot, _ = run_probe(spec, record, None)
     assert len(record.steps) == 2 and all(torch.isfinite(torch.tensor(s.loss)) for s in record.steps)
     assert set(record.fp8_excluded) == {"lm_head"}
-    assert record.optimizer_state_bytes >= 2 * record.weights_bytes > 0  # AdamW's two fp32 moments over fp32 master weights
+    assert (
+        record.optimizer_state_bytes >= 2 * record.weights_bytes > 0
+    )  # AdamW's two fp32 moments over fp32 master weights
     f = forensics_of(spec, record, s, snapshot, None)
     assert "error" not in f, f.get("traceback")
     assert f["reproduced"]  # the replay restored the converted model from its snapshot

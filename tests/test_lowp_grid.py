@@ -1,6 +1,7 @@
 """The low-precision axes end to end on a CPU: real probes of adamw and two 8-bit optimizers record
 their memory split, the fp8 cells are unsupported with their reasons and never spawned, and the
 report's savings section says what was measured here."""
+
 import json
 
 import pytest
@@ -17,9 +18,23 @@ FP32 = 4
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from conftest import run_cli
+
     out = tmp_path_factory.mktemp("lowp") / "run"
-    proc = run_cli("grid", "--axis", "optimizer=adamw,ao-adamw8bit,bnb-adamw8bit", "--axis", "dtype=fp32,fp8-rowwise,fp8-te-hybrid",
-                   "--axis", "attn=sdpa", "--steps", "3", "--set", "retime_rounds=0", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "optimizer=adamw,ao-adamw8bit,bnb-adamw8bit",
+        "--axis",
+        "dtype=fp32,fp8-rowwise,fp8-te-hybrid",
+        "--axis",
+        "attn=sdpa",
+        "--steps",
+        "3",
+        "--set",
+        "retime_rounds=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
 
@@ -44,7 +59,9 @@ def test_8bit_state_is_measured_as_real_storage_well_below_adamws(run):
     # torchao's state claims fp32 dtype and shape: numel * element_size would report adamw's bytes
     for r in (ao, bnb):
         assert r["optimizer_state_bytes"] < 0.3 * adamw["optimizer_state_bytes"]
-        assert r["optimizer_state_bytes"] > 2 * params  # one byte per moment element, plus scales and fp32 small tensors
+        assert (
+            r["optimizer_state_bytes"] > 2 * params
+        )  # one byte per moment element, plus scales and fp32 small tensors
 
 
 def test_only_the_torchao_step_runs_eagerly_on_a_cpu_and_its_hooked_step_reads_the_quantized_update(run):

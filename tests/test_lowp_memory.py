@@ -1,6 +1,7 @@
 """Optimizer state is counted as the bytes it really occupies, after real steps on a tiny Llama:
 plain AdamW holds two fp32 moments, the 8-bit and 4-bit optimizers hold codes plus block scales,
 and torchao's tensor subclasses, which claim an fp32 dtype, are opened to their real storage."""
+
 import math
 
 import pytest
@@ -87,7 +88,9 @@ def test_bnb_adamw8bit_counts_its_shared_quantization_maps_once():
     assert split["optimizer_state_naive_bytes"] > expected  # a per-parameter sum counts the shared maps again
 
 
-@pytest.mark.parametrize("name, block, code_bytes, qmap_entries", [("ao-adamw8bit", 256, 1, 256), ("ao-adamw4bit", 128, 0.5, 16)])
+@pytest.mark.parametrize(
+    "name, block, code_bytes, qmap_entries", [("ao-adamw8bit", 256, 1, 256), ("ao-adamw4bit", 128, 0.5, 16)]
+)
 def test_torchao_state_is_counted_from_its_inner_tensors_not_its_fp32_face(name, block, code_bytes, qmap_entries):
     losses, split, sizes = train(name, steps=1)
     assert all(map(math.isfinite, losses))

@@ -1,6 +1,7 @@
 """The low-precision savings compare each low-precision probe with the probe that differs from it only
 in that choice (bf16-amp for an fp8 dtype, adamw for an optimizer) and put the guide's claims beside
 the measured figures: held, not held, or not measured (a GPU claim on a CPU probe included)."""
+
 import pytest
 
 from nandoctor.analysis.savings import CLAIMS, HELD, NOT_HELD, NOT_MEASURED, SavingsRow, savings
@@ -8,9 +9,20 @@ from nandoctor.analysis.savings import CLAIMS, HELD, NOT_HELD, NOT_MEASURED, Sav
 MiB = 1 << 20
 
 
-def row(dtype="bf16-amp", optimizer="adamw", state=122 * MiB, peak=400 * MiB, tps=1000.0, fidelity=0.002,
-        verdict="stable", variant="sdpa/off", device="cuda"):
-    return SavingsRow(f"{dtype}/{variant}/{optimizer}", dtype, optimizer, state, peak, tps, fidelity, verdict, variant, device)
+def row(
+    dtype="bf16-amp",
+    optimizer="adamw",
+    state=122 * MiB,
+    peak=400 * MiB,
+    tps=1000.0,
+    fidelity=0.002,
+    verdict="stable",
+    variant="sdpa/off",
+    device="cuda",
+):
+    return SavingsRow(
+        f"{dtype}/{variant}/{optimizer}", dtype, optimizer, state, peak, tps, fidelity, verdict, variant, device
+    )
 
 
 def by_claim(rows):
@@ -26,12 +38,23 @@ def test_issue_11_bnb_figures_hold_the_state_claim_but_not_the_overall_one():
 
 
 def test_an_optimizer_is_compared_with_adamw_in_its_own_dtype():
-    compared, _ = savings([row(dtype="fp32", state=8 * MiB, device="cpu"), row(), row(dtype="fp32", optimizer="ao-adamw8bit", state=2 * MiB, device="cpu")])
+    compared, _ = savings(
+        [
+            row(dtype="fp32", state=8 * MiB, device="cpu"),
+            row(),
+            row(dtype="fp32", optimizer="ao-adamw8bit", state=2 * MiB, device="cpu"),
+        ]
+    )
     assert compared[0].baseline_id == "fp32/sdpa/off/adamw" and compared[0].state_saving == pytest.approx(0.75)
 
 
 def test_on_a_cpu_the_state_claim_is_judged_and_the_gpu_memory_claim_is_not_measured():
-    got = by_claim([row(dtype="fp32", device="cpu"), row(dtype="fp32", optimizer="ao-adamw8bit", state=30 * MiB, peak=390 * MiB, device="cpu")])
+    got = by_claim(
+        [
+            row(dtype="fp32", device="cpu"),
+            row(dtype="fp32", optimizer="ao-adamw8bit", state=30 * MiB, peak=390 * MiB, device="cpu"),
+        ]
+    )
     assert got["8bit-adamw-state"].verdict == HELD
     assert got["8bit-adamw-overall"].verdict == NOT_MEASURED
     assert got["8bit-adamw-overall"].why == "the claim is about GPU memory; this probe ran on a CPU"
@@ -55,7 +78,9 @@ def test_an_unstable_fp8_probe_fails_the_accuracy_claim_and_measures_no_speed():
 
 
 def test_without_a_baseline_of_the_same_variant_nothing_is_measured():
-    compared, checks = savings([row(variant="sdpa/off"), row(optimizer="ao-adamw8bit", state=30 * MiB, variant="sdpa/inductor")])
+    compared, checks = savings(
+        [row(variant="sdpa/off"), row(optimizer="ao-adamw8bit", state=30 * MiB, variant="sdpa/inductor")]
+    )
     assert compared[0].baseline_id is None and compared[0].state_saving is None
     assert {c.verdict for c in checks} == {NOT_MEASURED}
     assert checks[0].why == "no bf16-amp/adamw probe of the same variant in this run"

@@ -47,10 +47,18 @@ def test_dora_adapter_makes_only_adapter_params_trainable():
 def test_file_data_and_padding_follow_the_recipe(tmp_path):
     from nandoctor.config import recipe_from_dict
     from nandoctor.data import batches
+
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
-    recipe = recipe_from_dict({"data": {"source": "file", "path": str(text), "pad_fraction": 0.5},
-                               "pad_token": {"policy": "dedicated"}, "seq_len": 32, "batch_size": 3}, "r")
+    recipe = recipe_from_dict(
+        {
+            "data": {"source": "file", "path": str(text), "pad_fraction": 0.5},
+            "pad_token": {"policy": "dedicated"},
+            "seq_len": 32,
+            "batch_size": 3,
+        },
+        "r",
+    )
     config = model_config(resolve_model(None))
     first = next(batches(recipe, config, seed=0))
     pad = config.vocab_size - 1
@@ -62,6 +70,7 @@ def test_file_data_and_padding_follow_the_recipe(tmp_path):
 
 def test_same_seed_same_batches_other_seed_other_batches():
     from nandoctor.data import batches
+
     recipe, config = resolve_model(None), model_config(resolve_model(None))
     a, b, c = (next(batches(recipe, config, seed=s))["input_ids"] for s in (0, 0, 1))
     assert (a == b).all() and not (a == c).all()
@@ -70,6 +79,7 @@ def test_same_seed_same_batches_other_seed_other_batches():
 def test_hub_id_in_the_local_cache_is_used_as_real_weights(tmp_path, monkeypatch):
     """A cache laid out as huggingface_hub writes it: refs/main -> snapshots/<rev>/ with the files."""
     from checkpoints import save_llama
+
     repo = tmp_path / "hub" / "models--acme--tiny-llama"
     rev = "0123456789abcdef0123456789abcdef01234567"
     save_llama(repo / "snapshots" / rev)
@@ -77,6 +87,7 @@ def test_hub_id_in_the_local_cache_is_used_as_real_weights(tmp_path, monkeypatch
     (repo / "refs" / "main").write_text(rev)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     import huggingface_hub.constants as c
+
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
     recipe = resolve_model("acme/tiny-llama")
     plan = plan_model(recipe, CPU_24G)

@@ -1,6 +1,7 @@
 """The `parallel` axis as data and pure logic: its rows, what cannot run, the step-0 gradient
 agreement verdict, the exact one-process reference, the code a user pastes, bisect factors and the
 launcher's choice of the failed rank. No processes (tests/test_parallel_probes.py runs real ranks)."""
+
 import pytest
 from parallel_records import parallel_record
 
@@ -27,7 +28,9 @@ def test_the_default_grid_stays_one_process_and_old_ids_are_unchanged():
     assert Cell("bf16-amp", "sdpa", "off").to_dict() == {"dtype": "bf16-amp", "attn": "sdpa", "compile": "off"}
 
 
-@pytest.mark.parametrize("text", ["bf16-amp/sdpa/off/fsdp2", "fp32/eager/off/adamw-fused/ddp", "fp32/eager/off/adamw-fused"])
+@pytest.mark.parametrize(
+    "text", ["bf16-amp/sdpa/off/fsdp2", "fp32/eager/off/adamw-fused/ddp", "fp32/eager/off/adamw-fused"]
+)
 def test_a_parallel_cell_id_parses_back_to_the_same_cell(text):
     assert Cell.parse(text).id == text
 
@@ -82,8 +85,14 @@ def test_gradients_one_wth_of_the_one_process_ones_are_divided_twice():
 
 def test_an_error_beyond_what_the_reduce_dtype_explains_fails_and_within_it_passes():
     beyond = classify(parallel_record("fp32/sdpa/off/ddp", max_rel_error=0.01))
-    assert beyond.name == GRAD_MISMATCH and "beyond the 0.0001 a float32 computation and reduction explain" in beyond.reason
-    assert classify(parallel_record("bf16-amp/sdpa/off/fsdp2-reduce-low", max_rel_error=0.012, reduce=("bfloat16",))).name == "stable"
+    assert (
+        beyond.name == GRAD_MISMATCH
+        and "beyond the 0.0001 a float32 computation and reduction explain" in beyond.reason
+    )
+    assert (
+        classify(parallel_record("bf16-amp/sdpa/off/fsdp2-reduce-low", max_rel_error=0.012, reduce=("bfloat16",))).name
+        == "stable"
+    )
 
 
 def test_a_parallel_probe_is_measured_against_the_one_process_probe_of_its_cell():
@@ -101,8 +110,10 @@ def test_the_recommendation_writes_fsdp2_accelerate_lightning_and_trainer_settin
     code = "\n".join(rec["python"])
     assert "mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)" in code
     assert "fully_shard(layer, mp_policy=mp)" in code and "fully_shard(model, mp_policy=mp)" in code
-    assert ('Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy={"param_dtype": '
-            'torch.bfloat16, "reduce_dtype": torch.float32, "output_dtype": torch.bfloat16}))') in code
+    assert (
+        'Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy={"param_dtype": '
+        'torch.bfloat16, "reduce_dtype": torch.float32, "output_dtype": torch.bfloat16}))'
+    ) in code
     assert rec["accelerate"]["distributed_type"] == "FSDP" and rec["accelerate"]["fsdp_config"]["fsdp_version"] == 2
     assert rec["accelerate"]["mixed_precision"] == "bf16" and rec["accelerate"]["num_processes"] == 4
     assert rec["lightning"] == {"precision": "bf16-mixed", "gradient_clip_val": 1.0, "strategy": "fsdp", "devices": 4}
@@ -119,16 +130,27 @@ def test_the_low_reduction_row_writes_reduce_dtype_none_and_the_hook_row_registe
 
 
 def test_bisect_takes_parallel_and_world_size_as_factors():
-    good, bad = parse_configurations(Recipe(), CPU, "dtype=bf16-amp", "dtype=bf16-amp,parallel=fsdp2-reduce-low,world_size=4", [])
+    good, bad = parse_configurations(
+        Recipe(), CPU, "dtype=bf16-amp", "dtype=bf16-amp,parallel=fsdp2-reduce-low,world_size=4", []
+    )
     assert {k for k in bad if bad[k] != good[k]} == {"parallel", "world_size"}
 
 
 def test_bisect_names_parallel_when_it_is_the_culprit():
-    good, bad = parse_configurations(Recipe(), CPU, "dtype=bf16-amp", "dtype=bf16-amp,attn=sdpa,parallel=fsdp2-reduce-low", [])
+    good, bad = parse_configurations(
+        Recipe(), CPU, "dtype=bf16-amp", "dtype=bf16-amp,attn=sdpa,parallel=fsdp2-reduce-low", []
+    )
 
     def oracle(trials):
-        return [Run(t.key, GRAD_MISMATCH if t.config["parallel"] == "fsdp2-reduce-low" else "stable",
-                    t.config["parallel"] == "fsdp2-reduce-low") for t in trials]
+        return [
+            Run(
+                t.key,
+                GRAD_MISMATCH if t.config["parallel"] == "fsdp2-reduce-low" else "stable",
+                t.config["parallel"] == "fsdp2-reduce-low",
+            )
+            for t in trials
+        ]
+
     result = Bisection(good, bad, oracle, reruns=0).run()
     assert [c.factors for c in result.culprits] == [["parallel"]]
 
@@ -141,17 +163,28 @@ def test_the_launcher_blames_the_rank_that_died_of_a_signal_over_one_that_lost_i
 
 def test_one_process_fingerprints_ignore_the_parallel_fields_and_parallel_ones_do_not():
     from nandoctor.record import ModelPlan
+
     plan = ModelPlan("architecture-twin", "full", "llama", 1, 1, 1, None, "", {})
 
     def fingerprint(cell, recipe):
         return probe_fingerprint(ProbeSpec(cell.id, recipe, cell, plan, 2, 0, "cpu", 1).to_dict(), {}, CPU)
+
     one, par = Cell("fp32"), Cell.parse("fp32/sdpa/off/ddp")
     assert fingerprint(one, Recipe()) == fingerprint(one, Recipe(world_size=4))
     assert fingerprint(par, Recipe()) != fingerprint(par, Recipe(world_size=4))
 
 
 def test_a_crashed_parallel_probe_names_the_rank_that_died():
-    record = ProbeRecord("fp32/sdpa/off/ddp", Cell.parse("fp32/sdpa/off/ddp"), "signal", signal="SIGSEGV", failed_rank=1,
-                         ranks=[{"rank": 0, "killed": True}, {"rank": 1, "signal": "SIGSEGV"}])
+    record = ProbeRecord(
+        "fp32/sdpa/off/ddp",
+        Cell.parse("fp32/sdpa/off/ddp"),
+        "signal",
+        signal="SIGSEGV",
+        failed_rank=1,
+        ranks=[{"rank": 0, "killed": True}, {"rank": 1, "signal": "SIGSEGV"}],
+    )
     verdict = classify(record)
-    assert verdict.name == "crash" and "SIGSEGV (segmentation fault) on rank 1 of 2 after 0 completed step(s)" in verdict.reason
+    assert (
+        verdict.name == "crash"
+        and "SIGSEGV (segmentation fault) on rank 1 of 2 after 0 completed step(s)" in verdict.reason
+    )

@@ -1,6 +1,7 @@
 """Forensics on the ranks of a parallel probe: every rank replays its first steps with the hooks on its
 own DDP or FSDP2 wrapper, the launcher merges the ranks' replays into the probe's one forensics record,
 and the report names the rank and the first offender (forward, backward, reduction or optimizer step)."""
+
 import json
 
 import pytest
@@ -14,17 +15,31 @@ from nandoctor.report.forensics import event_line
 
 def _replay(rank: int, events: list[dict]) -> dict:
     """One rank's forensics record as parallel.py writes it (what the merge reads)."""
-    return {"compute_dtype": "float16", "weight_dtype": "float16", "replayed_steps": 2, "rank": rank, "world_size": 2,
-            "events": [{**e, "rank": rank} for e in events], "reproduced": True, "cost": {"seconds": 0.5},
-            "steps": [{"step": 0, "loss": 8.3, "grad_norm": 5.0, "skipped": False, "scale": None}]}
+    return {
+        "compute_dtype": "float16",
+        "weight_dtype": "float16",
+        "replayed_steps": 2,
+        "rank": rank,
+        "world_size": 2,
+        "events": [{**e, "rank": rank} for e in events],
+        "reproduced": True,
+        "cost": {"seconds": 0.5},
+        "steps": [{"step": 0, "loss": 8.3, "grad_norm": 5.0, "skipped": False, "scale": None}],
+    }
 
 
 def _event(step: int, phase: str, parameter: str) -> dict:
     stats = {"min": -1.0, "max": float("inf"), "absmax": float("inf")}
-    return {"step": step, "phase": phase, "module": parameter.rsplit(".", 1)[0], "parameter": parameter,
-            "tensor": "gradient after the reduction" if phase == "reduction" else "parameter after the update",
-            "stats": stats, "before": {"what": "before", "module": parameter, "min": -1.0, "max": 1.0, "absmax": 1.0},
-            "nonfinite_elements": 3}
+    return {
+        "step": step,
+        "phase": phase,
+        "module": parameter.rsplit(".", 1)[0],
+        "parameter": parameter,
+        "tensor": "gradient after the reduction" if phase == "reduction" else "parameter after the update",
+        "stats": stats,
+        "before": {"what": "before", "module": parameter, "min": -1.0, "max": 1.0, "absmax": 1.0},
+        "nonfinite_elements": 3,
+    }
 
 
 def test_the_ranks_replays_merge_into_one_record_whose_origin_names_the_rank_and_the_ranks_alike():
@@ -35,7 +50,9 @@ def test_the_ranks_replays_merge_into_one_record_whose_origin_names_the_rank_and
     assert [r["rank"] for r in merged["ranks"]] == [0, 1] and all(r["reproduced"] for r in merged["ranks"])
     root = origin(merged)  # the reduction comes before the optimizer step of the same step, whichever rank saw it
     assert (root["phase"], root["rank"]) == ("reduction", 1)
-    assert event_line(root, merged).startswith("step 1 on rank 1 of 2, reduction of lm_head.weight: gradient after the reduction holds NaN/inf")
+    assert event_line(root, merged).startswith(
+        "step 1 on rank 1 of 2, reduction of lm_head.weight: gradient after the reduction holds NaN/inf"
+    )
     assert ranks_alike(merged, merged["events"][0]) == [1]
     assert event_line(merged["events"][0], merged).startswith("step 1 on rank 0 of 2 (rank 1 alike), optimizer step")
 
@@ -60,8 +77,23 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     a summing reduction, where one rank's own loss-scaled gradient overflows at a step the GradScaler
     skips and the others see the inf arrive through the reduction."""
     out = tmp_path / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp16-pure,fp16-amp", "--axis", "attn=eager", "--axis", "parallel=ddp,fsdp2-reduce-low",
-                   "--steps", "3", "--world-size", "4", "--set", "grad_reduce=sum", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp16-pure,fp16-amp",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "parallel=ddp,fsdp2-reduce-low",
+        "--steps",
+        "3",
+        "--world-size",
+        "4",
+        "--set",
+        "grad_reduce=sum",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: grid found a configuration
     records, probes = _records(out), {p["probe_id"]: p for p in summary(out)["probes"]}
     for wrapper in ("ddp", "fsdp2-reduce-low"):
@@ -69,10 +101,18 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
         f = records[probe_id]["forensics"]
         assert [r["rank"] for r in f["ranks"]] == [0, 1, 2, 3] and all(r["reproduced"] for r in f["ranks"]), probe_id
         root = probes[probe_id]["forensics"]["origin"]
-        assert (root["phase"], root["step"], root["rank"], root["parameter"]) == ("optimizer", 0, 0, "model.embed_tokens.weight")
+        assert (root["phase"], root["step"], root["rank"], root["parameter"]) == (
+            "optimizer",
+            0,
+            0,
+            "model.embed_tokens.weight",
+        )
         assert root["eps_in_dtype"] == 0.0
     report = (out / "report.md").read_text()
-    assert "Where: the AdamW step at step 0 on rank 0 of 4 (ranks 1, 2, 3 alike) turned model.embed_tokens.weight non-finite" in report
+    assert (
+        "Where: the AdamW step at step 0 on rank 0 of 4 (ranks 1, 2, 3 alike) "
+        "turned model.embed_tokens.weight non-finite" in report
+    )
     assert "optimizer step 0 on rank 0 of 4 (ranks 1, 2, 3 alike): model.embed_tokens.weight" in report
 
     amp = records["fp16-amp/eager/off/fsdp2-reduce-low"]
@@ -84,4 +124,6 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     assert own and "before the reduction" in own[0]["tensor"]
     assert arrived and {e["rank"] for e in arrived}.isdisjoint({e["rank"] for e in own})
     assert all(float(e["before"]["absmax"]) < 65504 for e in arrived)  # finite on that rank until the reduction
-    assert probes["fp16-amp/eager/off/fsdp2-reduce-low"]["forensics"]["origin"] is None  # a skip the scaler recovered from
+    assert (
+        probes["fp16-amp/eager/off/fsdp2-reduce-low"]["forensics"]["origin"] is None
+    )  # a skip the scaler recovered from

@@ -2,6 +2,7 @@
 row, the one-process probe of the same global batch as their exact reference, a reduction that sums
 caught by the step-0 gradient agreement, and a rank that segfaults or hangs ending the probe as one
 record with no process left behind."""
+
 import json
 import re
 
@@ -50,9 +51,25 @@ def probes(run_dir) -> dict:
 def grid(tmp_path_factory):
     """fp32 and bf16-amp, each in one process and under every parallel row (eager attention, 3 steps)."""
     out = tmp_path_factory.mktemp("parallel") / "run"
-    proc = run_cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=eager", "--axis",
-                   "parallel=none," + ",".join(PARALLELS), "--steps", "3", "--world-size", "2",
-                   "--set", "forensics_steps=0", "--set", "retime_rounds=0", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp32,bf16-amp",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "parallel=none," + ",".join(PARALLELS),
+        "--steps",
+        "3",
+        "--world-size",
+        "2",
+        "--set",
+        "forensics_steps=0",
+        "--set",
+        "retime_rounds=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -62,7 +79,11 @@ def test_every_parallel_row_trains_two_gloo_ranks_stably(grid):
     for dtype in ("fp32", "bf16-amp"):
         for parallel in PARALLELS:
             probe = got[f"{dtype}/eager/off/{parallel}"]
-            expect = "unsupported" if (dtype, parallel) in (("fp32", "ddp-bf16-hook"), ("fp32", "fsdp2-reduce-low")) else "stable"
+            expect = (
+                "unsupported"
+                if (dtype, parallel) in (("fp32", "ddp-bf16-hook"), ("fp32", "fsdp2-reduce-low"))
+                else "stable"
+            )
             assert probe["verdict"] == expect, (probe["probe_id"], probe["reason"])
             if expect == "stable":
                 assert probe["parallel"]["world_size"] == 2 and probe["parallel"]["backend"] == "gloo"
@@ -108,18 +129,38 @@ def test_the_one_process_probe_is_the_exact_reference_and_the_report_shows_it(gr
 
 def test_a_reduction_that_sums_is_caught_by_the_gradient_agreement(tmp_path):
     """FSDP2 over gloo (pytorch#162338 reported it summing); grad_reduce=sum makes it sum for sure."""
-    proc = run_cli("check", "--dtype", "fp32", "--attn", "eager", "--parallel", "fsdp2", "--steps", "2",
-                   "--set", "grad_reduce=sum", "--set", "forensics_steps=0", "--out", tmp_path / "run")
+    proc = run_cli(
+        "check",
+        "--dtype",
+        "fp32",
+        "--attn",
+        "eager",
+        "--parallel",
+        "fsdp2",
+        "--steps",
+        "2",
+        "--set",
+        "grad_reduce=sum",
+        "--set",
+        "forensics_steps=0",
+        "--out",
+        tmp_path / "run",
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "FAIL step-0 gradients match one process: gradients are 2.00x the single-process ones: " \
-           "the reduction sums instead of averaging (world size 2)" in proc.stdout
+    assert (
+        "FAIL step-0 gradients match one process: gradients are 2.00x the single-process ones: "
+        "the reduction sums instead of averaging (world size 2)" in proc.stdout
+    )
     assert probes(tmp_path / "run")["fp32/eager/off/fsdp2"]["verdict"] == "grad-mismatch"
 
 
 def _pids(run_dir, probe_id: str) -> list[int]:
     """The launcher's and the ranks' pids, as the launcher logged them."""
     from nandoctor.run.runner import probe_dir
-    line = re.search(r"nandoctor launch: pid (\d+), cpu ranks (.*)", (probe_dir(run_dir, probe_id) / "log.txt").read_text())
+
+    line = re.search(
+        r"nandoctor launch: pid (\d+), cpu ranks (.*)", (probe_dir(run_dir, probe_id) / "log.txt").read_text()
+    )
     return [int(line.group(1))] + [int(p) for p in re.findall(r"=pid (\d+)", line.group(2))]
 
 
@@ -133,8 +174,28 @@ def _gone(pid: int) -> bool:
 def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_process_left(tmp_path):
     ckpt = save_custom_llama(tmp_path / "ckpt", "rank_crashing_llama", "RankCrashing", RANK_CRASHING_CODE)
     out = tmp_path / "run"
-    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa",
-                   "--axis", "parallel=ddp", "--steps", "2", "--set", "timeout_s=10", "--set", "build_timeout_s=120", "--set", "forensics_steps=0", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager,sdpa",
+        "--axis",
+        "parallel=ddp",
+        "--steps",
+        "2",
+        "--set",
+        "timeout_s=10",
+        "--set",
+        "build_timeout_s=120",
+        "--set",
+        "forensics_steps=0",
+        "--out",
+        out,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     recs, got = records(out), probes(out)
     assert len(recs) == 3  # the fp32/eager reference, and one record per parallel probe

@@ -2,6 +2,7 @@
 own process imports neither torch nor transformers for a check, the worker's answer is the same data
 the parent's own planning gives (device facts, model plan, the doctor's config facts), and a model
 config that does not load is still the user's one-line error. Timings live in bench/check_speed.py."""
+
 import dataclasses
 import json
 import subprocess
@@ -20,14 +21,18 @@ from nandoctor.run.runner import plan_request
 from nandoctor.run.session import Session
 
 TINY = recipe_by_name("tiny-llama")
-UNKNOWN_TYPE = dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, arch={"model_type": "no-such-architecture"}))
+UNKNOWN_TYPE = dataclasses.replace(
+    TINY, model=dataclasses.replace(TINY.model, arch={"model_type": "no-such-architecture"})
+)
 
 
 def test_the_planning_child_answers_what_the_parent_would_plan():
     device = collect_doctor()
     got = answer(plan_request(None, [recipe_to_dict(TINY)], 3))
     moving = ("ram_available_bytes",)  # free memory moves between two readings
-    assert {k: v for k, v in got["device"].items() if k not in moving} == {k: v for k, v in device.items() if k not in moving}
+    assert {k: v for k, v in got["device"].items() if k not in moving} == {
+        k: v for k, v in device.items() if k not in moving
+    }
     assert got["plans"] == [plan_model(TINY, device, 3).to_dict()]
     assert got["facts"] == config_facts(TINY)
     assert got["facts"]["all_masked_batches"] == 0 and got["facts"]["attn_softcapping"] is None
@@ -35,7 +40,11 @@ def test_the_planning_child_answers_what_the_parent_would_plan():
 
 def test_a_given_device_is_planned_for_as_given():
     device = {**collect_doctor(), "ram_bytes": 1 << 20, "ram_available_bytes": 1 << 20}  # no room: probe scale
-    got = answer(plan_request(device, [recipe_to_dict(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, scale="auto")))], 3))
+    got = answer(
+        plan_request(
+            device, [recipe_to_dict(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, scale="auto")))], 3
+        )
+    )
     assert got["device"] == device and got["plans"][0]["scale"] == "probe"
 
 
@@ -49,8 +58,14 @@ def test_a_model_config_that_does_not_load_is_an_error_in_the_answer():
 def test_the_model_type_hint_needs_no_transformers(tmp_path):
     assert model_type_hint(TINY) == "llama"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma2"}))
-    assert model_type_hint(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, path=str(tmp_path), arch={}))) == "gemma2"
-    assert model_type_hint(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, hub_id="org/model", arch={}))) is None
+    assert (
+        model_type_hint(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, path=str(tmp_path), arch={})))
+        == "gemma2"
+    )
+    assert (
+        model_type_hint(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, hub_id="org/model", arch={})))
+        is None
+    )
 
 
 @pytest.mark.slow
@@ -59,7 +74,10 @@ def test_a_warm_session_gets_its_plan_from_the_worker_and_the_users_error_unchan
         session.prepare()
         assert session.plan == plan_model(TINY, session.device, 1)
         assert session.model_facts == config_facts(TINY)  # only the worker's planning gathers these
-    with pytest.raises(NandoctorError) as raised, Session("check", UNKNOWN_TYPE, out=tmp_path / "bad", steps=1) as session:
+    with (
+        pytest.raises(NandoctorError) as raised,
+        Session("check", UNKNOWN_TYPE, out=tmp_path / "bad", steps=1) as session,
+    ):
         session.prepare()
     assert str(raised.value).startswith(f"model of recipe {TINY.name!r}: ")
 
@@ -72,7 +90,9 @@ def test_the_cli_process_of_a_check_never_imports_torch_or_transformers(tmp_path
         code = main(["check", "--model", "tiny-llama", "--out", sys.argv[1]])
         print(json.dumps({"exit": code, "imported": sorted({"torch", "transformers", "peft"} & set(sys.modules))}))
     """)
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, timeout=600
+    )
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
     assert seen == {"exit": 0, "imported": []}, proc.stdout + proc.stderr
     meta = json.loads((tmp_path / "run" / "run.json").read_text())

@@ -2,13 +2,22 @@
 kind's device facts where its probes run, so a CPU login node does not call an H100 partition's CUDA
 cells unsupported. Pure planning on hand-made facts here; the facts gathered by real jobs on the
 two-partition SLURM and on Ray node types are checked in test_executor_slurm.py / test_executor_ray.py."""
+
 from nandoctor.config import ExecutorConfig, Recipe
 from nandoctor.plan import plan_grid
 from nandoctor.run.session import planning_device
 
 LOGIN_NODE = {"device": "cpu", "cpu_count": 4, "ram_bytes": 16 << 30}
-H100 = {"device": "cuda", "gpus": [{"name": "NVIDIA H100", "capability": "9.0", "memory_bytes": 80 << 30}], "cudnn": 90100}
-V100 = {"device": "cuda", "gpus": [{"name": "Tesla V100", "capability": "7.0", "memory_bytes": 16 << 30}], "cudnn": 90100}
+H100 = {
+    "device": "cuda",
+    "gpus": [{"name": "NVIDIA H100", "capability": "9.0", "memory_bytes": 80 << 30}],
+    "cudnn": 90100,
+}
+V100 = {
+    "device": "cuda",
+    "gpus": [{"name": "Tesla V100", "capability": "7.0", "memory_bytes": 16 << 30}],
+    "cudnn": 90100,
+}
 GRID = {"dtype": ["fp32", "bf16-amp"], "attn": ["eager"], "compile": ["off"], "partition": ["h100", "v100"]}
 
 
@@ -33,6 +42,7 @@ def test_a_placed_parallel_probe_is_judged_by_the_gpus_its_job_asks_for():
     from nandoctor.capabilities import parallel_support
     from nandoctor.cells import Cell
     from nandoctor.run.session import Session
+
     ddp = Cell("bf16-amp", "sdpa", "off", parallel="ddp")
     session = Session.__new__(Session)  # only the executor matters to _job_device
     session.executor = ExecutorConfig("slurm", {"gpus": 1})

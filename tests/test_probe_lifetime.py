@@ -2,6 +2,7 @@
 task starts on its node) dies with the process that started it. A Ray task cancelled with force, or a
 job step killed, ends that process without its cleanup: before this, the probe trained on as an orphan
 (seen in a clean-clone run: the Ray Ctrl-C test found a probe process alive after every task had gone)."""
+
 import os
 import signal
 import subprocess
@@ -12,10 +13,10 @@ from pathlib import Path
 from nandoctor.cells import Cell
 from nandoctor.jsonio import dumps
 from nandoctor.models import plan_model
-from nandoctor.record import BUILT_FILE, PARENT_ENV, ProbeSpec
 from nandoctor.recipes import resolve_model
+from nandoctor.record import BUILT_FILE, PARENT_ENV, ProbeSpec
 
-STARTER = '''
+STARTER = """
 import subprocess, sys, time
 from pathlib import Path
 from nandoctor.run.slots import child_command, probe_env
@@ -25,12 +26,14 @@ with open(folder / "log.txt", "wb") as log:
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 print(proc.pid, flush=True)
 time.sleep(600)
-'''
+"""
 
 
 def long_probe(folder: Path, steps: int) -> None:
     recipe = resolve_model("tiny-llama")
-    spec = ProbeSpec("fp32/sdpa/off", recipe, Cell(), plan_model(recipe, {"device": "cpu"}), steps, recipe.seed, "cpu", 1)
+    spec = ProbeSpec(
+        "fp32/sdpa/off", recipe, Cell(), plan_model(recipe, {"device": "cpu"}), steps, recipe.seed, "cpu", 1
+    )
     (folder / "spec.json").write_text(dumps(spec.to_dict()))
 
 
@@ -44,8 +47,13 @@ def alive(pid: int) -> bool:
 
 def test_a_probe_whose_starter_is_killed_stops_training(tmp_path):
     long_probe(tmp_path, steps=100_000)  # hours of steps: it ends only if it is killed
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])}
-    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    starter = subprocess.Popen(
+        [sys.executable, "-c", STARTER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
+    )
     probe = int(starter.stdout.readline())
     try:
         deadline = time.monotonic() + 180
@@ -68,6 +76,11 @@ def test_a_probe_whose_starter_died_before_it_started_does_not_run(tmp_path):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that is nobody's parent now
     env = {**os.environ, PARENT_ENV: str(gone.pid)}
-    done = subprocess.run([sys.executable, "-m", "nandoctor.child", str(tmp_path / "spec.json"), str(tmp_path / "result.json")],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "nandoctor.child", str(tmp_path / "spec.json"), str(tmp_path / "result.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1 and not (tmp_path / BUILT_FILE).exists() and not (tmp_path / "result.json").exists()

@@ -1,4 +1,5 @@
 """Pure logic of fast probes: grid order, fingerprints, the store's repair of a cut-off line."""
+
 import json
 
 from nandoctor.cells import REFERENCE_CELL, Cell
@@ -9,22 +10,57 @@ from nandoctor.run.fingerprint import environment_key, probe_fingerprint
 from nandoctor.run.store import ResultsStore
 
 CPU = {"device": "cpu", "cxx": "/usr/bin/g++", "cpu_count": 2}
-CUDA = {"device": "cuda", "gpus": [{"name": "H100", "capability": "9.0", "memory_bytes": 8e10}], "cudnn": 90100, "flash_attn": None}
-ENV = {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.23.0", "peft": "0.21.0", "cuda": None, "cudnn": None,
-       "device": "cpu", "gpus": [], "cpu_model": "Some CPU", "ram_available_bytes": 123}
-SPEC = {"probe_id": "fp32/sdpa/off", "recipe": {"name": "tiny-llama", "optimizer": {"lr": 1e-3}},
-        "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"},
-        "model_plan": {"source": "architecture-twin", "path": None, "why": "27 GiB free"}, "steps": 24, "seed": 0,
-        "device": "cpu", "threads": 2}
+CUDA = {
+    "device": "cuda",
+    "gpus": [{"name": "H100", "capability": "9.0", "memory_bytes": 8e10}],
+    "cudnn": 90100,
+    "flash_attn": None,
+}
+ENV = {
+    "python": "3.11.7",
+    "torch": "2.13.0",
+    "transformers": "5.23.0",
+    "peft": "0.21.0",
+    "cuda": None,
+    "cudnn": None,
+    "device": "cpu",
+    "gpus": [],
+    "cpu_model": "Some CPU",
+    "ram_available_bytes": 123,
+}
+SPEC = {
+    "probe_id": "fp32/sdpa/off",
+    "recipe": {"name": "tiny-llama", "optimizer": {"lr": 1e-3}},
+    "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"},
+    "model_plan": {"source": "architecture-twin", "path": None, "why": "27 GiB free"},
+    "steps": 24,
+    "seed": 0,
+    "device": "cpu",
+    "threads": 2,
+}
 
 
 def test_grid_runs_reference_first_then_full_precision_then_half_then_compiled_on_cpu():
-    ids = [p.probe_id for p in plan_grid(Recipe(), CPU, {"dtype": ["bf16-amp", "fp32"], "attn": ["sdpa"], "compile": ["inductor", "off"]})]
-    assert ids == [REFERENCE_CELL.id, "fp32/sdpa/off", "bf16-amp/sdpa/off", "fp32/sdpa/inductor", "bf16-amp/sdpa/inductor"]
+    ids = [
+        p.probe_id
+        for p in plan_grid(
+            Recipe(), CPU, {"dtype": ["bf16-amp", "fp32"], "attn": ["sdpa"], "compile": ["inductor", "off"]}
+        )
+    ]
+    assert ids == [
+        REFERENCE_CELL.id,
+        "fp32/sdpa/off",
+        "bf16-amp/sdpa/off",
+        "fp32/sdpa/inductor",
+        "bf16-amp/sdpa/inductor",
+    ]
 
 
 def test_on_cuda_half_precision_is_not_deferred():
-    ids = [p.probe_id for p in plan_grid(Recipe(), CUDA, {"dtype": ["bf16-amp", "fp32"], "attn": ["sdpa"], "compile": ["off"]})]
+    ids = [
+        p.probe_id
+        for p in plan_grid(Recipe(), CUDA, {"dtype": ["bf16-amp", "fp32"], "attn": ["sdpa"], "compile": ["off"]})
+    ]
     assert ids == [REFERENCE_CELL.id, "bf16-amp/sdpa/off", "fp32/sdpa/off"]
 
 
@@ -66,6 +102,7 @@ def test_store_drops_a_half_written_last_line_before_appending(tmp_path):
 def test_recipe_round_trips_through_run_json_for_resume():
     from nandoctor.config import recipe_from_dict, recipe_to_dict
     from nandoctor.recipes import resolve_model
+
     recipe = resolve_model(None)
     data = json.loads(json.dumps(recipe_to_dict(recipe)))  # as run.json holds it: tuples became lists
     assert recipe_from_dict({k: v for k, v in data.items() if k != "name"}, data["name"]) == recipe

@@ -1,5 +1,6 @@
 """Real tiny probes through the runner: the timed steps decide the verdict whatever the replay does,
 a kernel PyTorch refuses is `unsupported`, and a warm worker holds no thread when it forks."""
+
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ def task(cell: Cell, steps: int, model: str | None = None, **fields):
     from nandoctor.recipes import resolve_model
     from nandoctor.run.runner import ProbeTask
     from nandoctor.run.session import probe_spec
+
     recipe = resolve_model(model)
     for key, value in fields.items():
         recipe = set_field(recipe, key, value)
@@ -32,12 +34,18 @@ def task(cell: Cell, steps: int, model: str | None = None, **fields):
 def outcomes(tmp_path_factory):
     from nandoctor.run.runner import ProbeRunner
     from nandoctor.run.store import ResultsStore
+
     out = tmp_path_factory.mktemp("outcomes")
     slow_replay = str(save_slow_replay_llama(out / "slow-replay"))
     tasks = [
         # its replay sleeps under the hooks; the timed step trains (one step: a longer stable probe of an
         # eager cell has no replay, its hooks watch timed step 0, where this model would sleep)
-        task(Cell("fp32", "sdpa", "off"), 1, slow_replay, **{"model.trust_remote_code": "true", "forensics_timeout_s": "2"}),
+        task(
+            Cell("fp32", "sdpa", "off"),
+            1,
+            slow_replay,
+            **{"model.trust_remote_code": "true", "forensics_timeout_s": "2"},
+        ),
         # pinned on the CPU, where it does not exist; on CUDA, refused for tiny-llama's GQA (4 / 2 heads)
         task(Cell("fp32", "sdpa:efficient", "off"), 2),
     ]
@@ -76,10 +84,14 @@ def test_the_thread_count_sees_native_threads():
     between two counts (a clean-clone run counted 4 and 4)."""
     if not os.path.isdir("/proc/self/task"):
         pytest.skip("no procfs: threads cannot be counted here")
-    code = ("import threading; from nandoctor.child.worker import thread_count; before = thread_count(); "
-            "release = threading.Event(); waiter = threading.Thread(target=release.wait); waiter.start(); "
-            "during = thread_count(); release.set(); waiter.join(); print(before, during)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    code = (
+        "import threading; from nandoctor.child.worker import thread_count; before = thread_count(); "
+        "release = threading.Event(); waiter = threading.Thread(target=release.wait); waiter.start(); "
+        "during = thread_count(); release.set(); waiter.join(); print(before, during)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent
+    )
     assert out.returncode == 0, out.stderr
     before, during = map(int, out.stdout.split())
     assert during == before + 1  # (a joined thread can linger in /proc/self/task for a moment: not counted after)

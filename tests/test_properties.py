@@ -2,12 +2,13 @@
 sequence a run can produce (1e300 and -1e300, inf, -inf, nan, zeros, negatives, subnormals, ints beyond
 float range, one point, constant series, long series). Records are real ProbeRecords analysed the way a
 run is; nothing is patched. The profile (tests/conftest.py) is derandomized: the same examples every run."""
+
 import json
 import math
 import xml.etree.ElementTree as ET
 
 import pandas as pd
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from nandoctor.analysis.ranking import rank
@@ -23,17 +24,40 @@ from nandoctor.report.matrix import matrix_panels
 from nandoctor.report.summary import render_summary
 from nandoctor.report.terminal import render_terminal
 
-EDGES = [1e300, -1e300, 1.7976931348623157e308, 5e-324, -5e-324, 0.0, -0.0, math.inf, -math.inf, math.nan,
-         10 ** 400, -(10 ** 400), 6.9, -3.0, 1.0]
+EDGES = [
+    1e300,
+    -1e300,
+    1.7976931348623157e308,
+    5e-324,
+    -5e-324,
+    0.0,
+    -0.0,
+    math.inf,
+    -math.inf,
+    math.nan,
+    10**400,
+    -(10**400),
+    6.9,
+    -3.0,
+    1.0,
+]
 # Any float, an int beyond float range, and the edges above often enough that every example meets them.
-values = st.one_of(st.sampled_from(EDGES), st.floats(allow_nan=True, allow_infinity=True),
-                   st.integers(min_value=-(10 ** 400), max_value=10 ** 400))
-finite = st.one_of(st.sampled_from([1e300, -1e300, 5e-324, 0.0, -3.0, 6.9]), st.floats(allow_nan=False, allow_infinity=False))
+values = st.one_of(
+    st.sampled_from(EDGES),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**400), max_value=10**400),
+)
+finite = st.one_of(
+    st.sampled_from([1e300, -1e300, 5e-324, 0.0, -3.0, 6.9]), st.floats(allow_nan=False, allow_infinity=False)
+)
 # One point, short curves, constant curves, and long curves (a long run's worth of steps).
-series = st.one_of(st.lists(values, min_size=1, max_size=12),
-                   st.builds(lambda v, n: [v] * n, values, st.integers(1, 40)),
-                   st.builds(lambda head, v, n: head + [v] * n, st.lists(values, min_size=1, max_size=4), values,
-                             st.integers(200, 1000)))
+series = st.one_of(
+    st.lists(values, min_size=1, max_size=12),
+    st.builds(lambda v, n: [v] * n, values, st.integers(1, 40)),
+    st.builds(
+        lambda head, v, n: head + [v] * n, st.lists(values, min_size=1, max_size=4), values, st.integers(200, 1000)
+    ),
+)
 maybe = st.one_of(st.none(), values)
 CELLS = [Cell("fp32", "eager"), Cell("fp32", "sdpa"), Cell("bf16-amp", "sdpa")]
 
@@ -41,16 +65,44 @@ CELLS = [Cell("fp32", "eager"), Cell("fp32", "sdpa"), Cell("bf16-amp", "sdpa")]
 def strict_json(text: str):
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
 def meta(n_probes: int) -> dict:
-    plan = {"source": "architecture-twin", "scale": "full", "model_type": "llama", "params": 1, "full_params": 1,
-            "trainable_params": 1, "path": None, "why": "test", "shape": {"hidden": 64, "layers": 2, "heads": 4,
-                                                                             "kv_heads": 2, "head_dim": 16, "intermediate": 176, "vocab": 1024}}
-    return {"kind": "grid", "run_id": "props", "created": "now", "command": "nandoctor grid", "recipe": {"name": "tiny-llama"},
-            "model_plan": plan, "steps": 4, "seed": 0, "jobs": 1, "env": {"cpu_count": 2, "ram_bytes": 2 ** 34, "gpus": []},
-            "planned": n_probes, "doctor": {"setup": {"cells": []}, "findings": []}}
+    plan = {
+        "source": "architecture-twin",
+        "scale": "full",
+        "model_type": "llama",
+        "params": 1,
+        "full_params": 1,
+        "trainable_params": 1,
+        "path": None,
+        "why": "test",
+        "shape": {
+            "hidden": 64,
+            "layers": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "head_dim": 16,
+            "intermediate": 176,
+            "vocab": 1024,
+        },
+    }
+    return {
+        "kind": "grid",
+        "run_id": "props",
+        "created": "now",
+        "command": "nandoctor grid",
+        "recipe": {"name": "tiny-llama"},
+        "model_plan": plan,
+        "steps": 4,
+        "seed": 0,
+        "jobs": 1,
+        "env": {"cpu_count": 2, "ram_bytes": 2**34, "gpus": []},
+        "planned": n_probes,
+        "doctor": {"setup": {"cells": []}, "findings": []},
+    }
 
 
 @st.composite
@@ -61,13 +113,33 @@ def records(draw, cells=CELLS):
     for cell in cells:
         loss = draw(series)
         n = len(loss)
-        grad = draw(st.one_of(st.builds(lambda v: [v] * n, values), st.lists(values, min_size=n, max_size=n)))
+        grad = draw(st.one_of(st.builds(lambda v, n=n: [v] * n, values), st.lists(values, min_size=n, max_size=n)))
         scale, rate, time_s = draw(maybe), draw(maybe), draw(maybe)
-        steps = [Step(i, l, g, skipped=draw(st.booleans()) if i < 3 else False, scale=scale, time_s=time_s,
-                      tokens=256, tokens_per_s=rate) for i, (l, g) in enumerate(zip(loss, grad))]
-        out.append(ProbeRecord(cell.id, cell, "ok", steps=steps, recipe={"name": "tiny-llama"}, wall_s=draw(maybe),
-                               peak_memory_bytes=draw(st.one_of(st.none(), st.integers(0, 2 ** 62))),
-                               optimizer_state_bytes=draw(st.one_of(st.none(), st.integers(0, 2 ** 62)))))
+        steps = [
+            Step(
+                i,
+                loss_value,
+                g,
+                skipped=draw(st.booleans()) if i < 3 else False,
+                scale=scale,
+                time_s=time_s,
+                tokens=256,
+                tokens_per_s=rate,
+            )
+            for i, (loss_value, g) in enumerate(zip(loss, grad))
+        ]
+        out.append(
+            ProbeRecord(
+                cell.id,
+                cell,
+                "ok",
+                steps=steps,
+                recipe={"name": "tiny-llama"},
+                wall_s=draw(maybe),
+                peak_memory_bytes=draw(st.one_of(st.none(), st.integers(0, 2**62))),
+                optimizer_state_bytes=draw(st.one_of(st.none(), st.integers(0, 2**62))),
+            )
+        )
     return out
 
 
@@ -87,15 +159,25 @@ def test_every_renderer_returns_text_for_any_series(recs):
 
 @given(series, st.booleans(), st.one_of(st.none(), st.integers(0, 2000)))
 def test_charts_draw_any_series(values_, log_y, mark):
-    svg = line_chart([{"label": "a", "points": list(enumerate(values_)), "fail_step": len(values_) - 1},
-                      {"label": "b", "points": [(i, 1.0) for i in range(3)]}], "loss", log_y=log_y, mark_step=mark)
+    svg = line_chart(
+        [
+            {"label": "a", "points": list(enumerate(values_)), "fail_step": len(values_) - 1},
+            {"label": "b", "points": [(i, 1.0) for i in range(3)]},
+        ],
+        "loss",
+        log_y=log_y,
+        mark_step=mark,
+    )
     assert svg.startswith("<svg") and "nan" not in svg.lower().replace("nandoctor", "")
 
 
-@given(st.lists(st.tuples(finite, finite), min_size=1, max_size=30), st.one_of(st.none(), st.lists(finite, min_size=1, max_size=30)))
+@given(
+    st.lists(st.tuples(finite, finite), min_size=1, max_size=30),
+    st.one_of(st.none(), st.lists(finite, min_size=1, max_size=30)),
+)
 def test_a_finite_series_is_never_nonfinite(pairs, reference):
-    steps = [Step(i, l, g) for i, (l, g) in enumerate(pairs)]
-    ref = [Step(i, l, 1.0) for i, l in enumerate(reference)] if reference else None
+    steps = [Step(i, loss, g) for i, (loss, g) in enumerate(pairs)]
+    ref = [Step(i, loss, 1.0) for i, loss in enumerate(reference)] if reference else None
     assert numeric_verdict(steps, ref).name != NONFINITE
 
 
@@ -104,7 +186,7 @@ def test_a_series_with_a_nonfinite_value_is_never_stable(pairs, data):
     at = data.draw(st.integers(0, len(pairs) - 1))
     bad = data.draw(st.sampled_from([math.inf, -math.inf, math.nan]))
     which = data.draw(st.sampled_from(["loss", "grad_norm"]))
-    steps = [Step(i, l, g) for i, (l, g) in enumerate(pairs)]
+    steps = [Step(i, loss, g) for i, (loss, g) in enumerate(pairs)]
     setattr(steps[at], which, bad)
     assert numeric_verdict(steps, None).name != STABLE
     assert numeric_verdict(steps, [Step(i, 6.9, 1.0) for i in range(len(pairs))]).name != STABLE
@@ -112,7 +194,7 @@ def test_a_series_with_a_nonfinite_value_is_never_stable(pairs, data):
 
 @given(st.lists(finite, min_size=1, max_size=30), st.booleans())
 def test_an_all_zero_gradient_series_is_never_stable(losses, with_reference):
-    steps = [Step(i, l, 0.0) for i, l in enumerate(losses)]
+    steps = [Step(i, loss, 0.0) for i, loss in enumerate(losses)]
     ref = [Step(i, 6.9 - 0.1 * i, 1.0) for i in range(len(losses))] if with_reference else None
     assert numeric_verdict(steps, ref).name != STABLE
 
@@ -134,8 +216,22 @@ fidelities = st.one_of(st.none(), st.sampled_from([0.0, 0.004, 0.01, 1e300, math
 
 
 def table(rows: list[dict]) -> pd.DataFrame:
-    return pd.DataFrame(rows, columns=["probe_id", "dtype", "attn", "compile", "optimizer", "fidelity", "tokens_per_s",
-                                       "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "flags"])
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "probe_id",
+            "dtype",
+            "attn",
+            "compile",
+            "optimizer",
+            "fidelity",
+            "tokens_per_s",
+            "tokens_per_s_q1",
+            "tokens_per_s_q3",
+            "peak_memory_bytes",
+            "flags",
+        ],
+    )
 
 
 @st.composite
@@ -146,10 +242,21 @@ def probe_rows(draw):
         median = draw(rates)
         spread = draw(st.one_of(st.none(), st.floats(0, 50)))
         q1, q3 = (None, None) if median is None or spread is None else (median - spread, median + spread)
-        rows.append({"probe_id": c.id, "dtype": c.dtype, "attn": c.attn, "compile": c.compile, "optimizer": c.optimizer,
-                     "fidelity": draw(fidelities), "tokens_per_s": median, "tokens_per_s_q1": q1, "tokens_per_s_q3": q3,
-                     "peak_memory_bytes": draw(st.one_of(st.none(), st.integers(0, 2 ** 40))),
-                     "flags": draw(st.sampled_from(["", "", "rule-x"]))})
+        rows.append(
+            {
+                "probe_id": c.id,
+                "dtype": c.dtype,
+                "attn": c.attn,
+                "compile": c.compile,
+                "optimizer": c.optimizer,
+                "fidelity": draw(fidelities),
+                "tokens_per_s": median,
+                "tokens_per_s_q1": q1,
+                "tokens_per_s_q3": q3,
+                "peak_memory_bytes": draw(st.one_of(st.none(), st.integers(0, 2**40))),
+                "flags": draw(st.sampled_from(["", "", "rule-x"])),
+            }
+        )
     return rows
 
 
@@ -160,12 +267,37 @@ def known(f) -> bool:
 def test_unknown_fidelity_never_ranks_above_a_measured_one_the_reviewed_case():
     """fidelity None at 101 tok/s against fidelity 0.0 at 100 tok/s: main filled the unknown one with 0, put
     both in one bucket and one speed class, and the adoption order (fp32 before bf16-amp) ranked it first."""
-    rows = [{"probe_id": "fp32/sdpa/off", "dtype": "fp32", "attn": "sdpa", "compile": "off", "optimizer": None,
-             "fidelity": None, "tokens_per_s": 101.0, "tokens_per_s_q1": 101.0, "tokens_per_s_q3": 101.0, "peak_memory_bytes": 1, "flags": ""},
-            {"probe_id": "bf16-amp/sdpa/off", "dtype": "bf16-amp", "attn": "sdpa", "compile": "off", "optimizer": None,
-             "fidelity": 0.0, "tokens_per_s": 100.0, "tokens_per_s_q1": 100.0, "tokens_per_s_q3": 100.0, "peak_memory_bytes": 1, "flags": ""}]
+    rows = [
+        {
+            "probe_id": "fp32/sdpa/off",
+            "dtype": "fp32",
+            "attn": "sdpa",
+            "compile": "off",
+            "optimizer": None,
+            "fidelity": None,
+            "tokens_per_s": 101.0,
+            "tokens_per_s_q1": 101.0,
+            "tokens_per_s_q3": 101.0,
+            "peak_memory_bytes": 1,
+            "flags": "",
+        },
+        {
+            "probe_id": "bf16-amp/sdpa/off",
+            "dtype": "bf16-amp",
+            "attn": "sdpa",
+            "compile": "off",
+            "optimizer": None,
+            "fidelity": 0.0,
+            "tokens_per_s": 100.0,
+            "tokens_per_s_q1": 100.0,
+            "tokens_per_s_q3": 100.0,
+            "peak_memory_bytes": 1,
+            "flags": "",
+        },
+    ]
     assert list(rank(table(rows))["probe_id"]) == ["bf16-amp/sdpa/off", "fp32/sdpa/off"]
-    rows[0]["tokens_per_s"] = rows[0]["tokens_per_s_q1"] = rows[0]["tokens_per_s_q3"] = 1000.0  # clearly faster, still unknown
+    # clearly faster, still unknown
+    rows[0]["tokens_per_s"] = rows[0]["tokens_per_s_q1"] = rows[0]["tokens_per_s_q3"] = 1000.0
     assert list(rank(table(rows))["probe_id"]) == ["bf16-amp/sdpa/off", "fp32/sdpa/off"]
 
 

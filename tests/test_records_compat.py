@@ -1,5 +1,6 @@
 """Runs written before the typed records (tests/fixtures/run-before-issue-9: a 4-probe tiny-llama grid
 with --cache, written by the code of that time) still read, resume and hit the cache."""
+
 import json
 import shutil
 from pathlib import Path
@@ -14,8 +15,12 @@ from nandoctor.run.fingerprint import probe_fingerprint
 from nandoctor.run.store import ResultsStore
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-before-issue-9"
-EXPECTED = {"fp32/eager/off": "stable", "fp32/sdpa/off": "stable", "fp16-pure/eager/off": "nonfinite",
-            "fp16-pure/sdpa/off": "nonfinite"}
+EXPECTED = {
+    "fp32/eager/off": "stable",
+    "fp32/sdpa/off": "stable",
+    "fp16-pure/eager/off": "nonfinite",
+    "fp16-pure/sdpa/off": "nonfinite",
+}
 
 
 def test_old_records_read_as_typed_records_and_round_trip():
@@ -46,6 +51,7 @@ def test_old_spec_fingerprints_like_it_did_so_old_cache_entries_hit(tmp_path):
 @pytest.mark.slow
 def test_an_old_interrupted_run_resumes_with_only_its_missing_probe(tmp_path, cli):
     from nandoctor.env import collect_doctor
+
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
     meta = json.loads((run / "run.json").read_text())
@@ -62,9 +68,12 @@ def test_an_old_interrupted_run_resumes_with_only_its_missing_probe(tmp_path, cl
 
 def test_load_run_gives_one_row_per_probe_with_its_rank():
     import nandoctor
+
     table = nandoctor.load_run(FIXTURE)
     assert list(table["probe_id"]) == list(EXPECTED) and list(table["verdict"]) == list(EXPECTED.values())
-    assert {"dtype", "attn", "compile", "step", "fidelity", "tokens_per_s", "peak_memory_bytes", "rank"} <= set(table.columns)
+    assert {"dtype", "attn", "compile", "step", "fidelity", "tokens_per_s", "peak_memory_bytes", "rank"} <= set(
+        table.columns
+    )
     assert sorted(table["rank"].dropna()) == [1, 2] and table["step"].iloc[2] == 1
 
 
@@ -75,6 +84,7 @@ def test_report_csv_writes_the_same_table(tmp_path, cli):
     proc = cli("report", run, "--csv", tmp_path / "probes.csv")
     assert proc.returncode == 0, proc.stderr
     import pandas as pd
+
     assert list(pd.read_csv(tmp_path / "probes.csv")["verdict"]) == list(EXPECTED.values())
 
 
@@ -82,6 +92,7 @@ def test_a_record_without_the_fp8_section_meets_a_reference_written_with_it():
     from nandoctor.analysis.verdicts import reference_key
     from nandoctor.config import recipe_to_dict
     from nandoctor.recipes import recipe_by_name
+
     old = next(r for r in ResultsStore(FIXTURE).records() if r.probe_id == "fp32/eager/off")
     assert "fp8" not in old.recipe
     now = ProbeRecord.from_dict({**old.to_dict(), "recipe": recipe_to_dict(recipe_by_name("tiny-llama"))})

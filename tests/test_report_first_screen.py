@@ -1,5 +1,6 @@
 """The report at a glance (issue 13, section 3): report.html and report.md answer "what should I
 train with?" and "why did the others fail?" first, from real runs of tiny-llama."""
+
 import json
 import re
 import shutil
@@ -32,7 +33,9 @@ def small_grid(tmp_path_factory):
 
 def _matrix_cells(html: str) -> dict[str, str]:
     """probe id -> the classes of its matrix cell."""
-    return {probe: classes for classes, probe in re.findall(r'<td class="([^"]*)" title="[^"]*" data-probe="([^"]*)"', html)}
+    return {
+        probe: classes for classes, probe in re.findall(r'<td class="([^"]*)" title="[^"]*" data-probe="([^"]*)"', html)
+    }
 
 
 def test_matrix_has_a_cell_per_probe_coloured_by_its_verdict(small_grid):
@@ -52,7 +55,7 @@ def test_recommendation_and_matrix_come_before_any_chart_or_table(small_grid):
 
 def test_fp16_pure_probes_are_one_failure_class_with_where_it_broke_and_the_fix(small_grid):
     html = (small_grid / "report.html").read_text()
-    why = html[html.index('id="why"'):html.index("</ul>", html.index('id="why"'))]
+    why = html[html.index('id="why"') : html.index("</ul>", html.index('id="why"'))]
     assert why.count("<li") == 1
     assert "fp16-pure with every attention</b> (2 probes)" in why
     assert "loss is nan at step 1" in why and "eps=1e-08 is 0.0 in float16" in why
@@ -61,10 +64,19 @@ def test_fp16_pure_probes_are_one_failure_class_with_where_it_broke_and_the_fix(
 
 def test_report_md_has_the_same_order_and_grouping_without_html(small_grid):
     md = (small_grid / "report.md").read_text()
-    order = [md.index(h) for h in ("**Recommended: ", "## Verdict per configuration", "## Why the others failed",
-                                   "## Stable configurations, ranked")]
+    order = [
+        md.index(h)
+        for h in (
+            "**Recommended: ",
+            "## Verdict per configuration",
+            "## Why the others failed",
+            "## Stable configurations, ranked",
+        )
+    ]
     assert order == sorted(order)
-    assert re.search(r"\| fp16-pure +\| ❌ nonfinite at step 1 +\| ❌ nonfinite at step 1 +\|", md)  # widths follow tok/s digits
+    assert re.search(
+        r"\| fp16-pure +\| ❌ nonfinite at step 1 +\| ❌ nonfinite at step 1 +\|", md
+    )  # widths follow tok/s digits
     lines = [line for line in md.splitlines() if line.startswith("- fp16-pure with every attention (2 probes)")]
     assert len(lines) == 1 and "eps=1e-08 is 0.0 in float16" in lines[0]
     assert not re.search(r"</?(br|span|div|details|summary|table|td|tr|b|p|svg)\b", md)
@@ -73,8 +85,8 @@ def test_report_md_has_the_same_order_and_grouping_without_html(small_grid):
 def test_no_tokens_per_s_and_no_empty_chart_for_a_probe_that_failed_at_step_1(small_grid):
     html = (small_grid / "report.html").read_text()
     for probe in ("fp16-pure/eager/off", "fp16-pure/sdpa/off"):
-        card = html[html.index(f"<b>{probe}</b>"):]
-        card = card[:card.index("</details>\n")]
+        card = html[html.index(f"<b>{probe}</b>") :]
+        card = card[: card.index("</details>\n")]
         assert "tokens/s" not in card and "<svg" not in card and "No loss curve" in card
         cell = re.search(rf'data-probe="{re.escape(probe)}">(.*?)</td>', html).group(1)
         assert "tok/s" not in cell and "at step 1" in cell
@@ -116,8 +128,8 @@ def read_png(path: Path) -> tuple[int, int, list[list[tuple[int, int, int]]]]:
     data = path.read_bytes()
     pos, idat = 8, b""
     while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
+        n, kind = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             w, h, _, color = struct.unpack(">IIBB", body[:10])
         elif kind == b"IDAT":
@@ -126,27 +138,39 @@ def read_png(path: Path) -> tuple[int, int, list[list[tuple[int, int, int]]]]:
     bpp = {2: 3, 6: 4}[color]
     raw, stride, prev, rows = zlib.decompress(idat), w * bpp, bytearray(w * bpp), []
     for y in range(h):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):  # undo the PNG row filters
             a, b, c = (line[i - bpp] if i >= bpp else 0), prev[i], (prev[i - bpp] if i >= bpp else 0)
             p = a + b - c
             paeth = a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c) else b if abs(p - b) <= abs(p - c) else c
             line[i] = (line[i] + (0, a, b, (a + b) // 2, paeth)[kind]) & 255
-        rows.append([tuple(line[x:x + 3]) for x in range(0, stride, bpp)])
+        rows.append([tuple(line[x : x + 3]) for x in range(0, stride, bpp)])
         prev = line
     return w, h, rows
 
 
 def _rgb(hex_color: str) -> tuple[int, int, int]:
-    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return tuple(int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (CI installs Debian's chromium where it can)")
 def test_first_1200_px_of_report_html_show_the_matrix_and_the_recommendation(small_grid, tmp_path):
     shot = tmp_path / "first-screen.png"
-    subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--screenshot={shot}",
-                    "--window-size=1280,1200", (small_grid / "report.html").resolve().as_uri()],
-                   capture_output=True, timeout=180, check=True)
+    subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--screenshot={shot}",
+            "--window-size=1280,1200",
+            (small_grid / "report.html").resolve().as_uri(),
+        ],
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
     w, h, rows = read_png(shot)
     assert (w, h) == (1280, 1200)
     counts: dict[tuple, int] = {}

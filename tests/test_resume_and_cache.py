@@ -1,17 +1,31 @@
 """--resume finishes an interrupted run; --cache reuses identical probes. Real runs, really interrupted."""
+
 import json
 import subprocess
 import sys
 import time
 
-from conftest import run_main, summary
 import pytest
+from conftest import run_main, summary
 
 # slow: the end-to-end tests (real probe processes); the refusal ends in this process (run_main)
 
 # --jobs 2: one thread per probe (two threads per probe crawl on a shared 2-core box). Four cells that
 # run on a CPU and on a GPU alike (fp32 sdpa:flash is unsupported on CUDA; the GPU grid adds compile values).
-GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--set", "retime_rounds=0")
+GRID = (
+    "--axis",
+    "dtype=fp32,bf16-amp",
+    "--axis",
+    "attn=eager,sdpa",
+    "--axis",
+    "compile=off",
+    "--steps",
+    "3",
+    "--jobs",
+    "2",
+    "--set",
+    "retime_rounds=0",
+)
 
 
 def lines(run_dir):
@@ -22,8 +36,11 @@ def lines(run_dir):
 @pytest.mark.slow
 def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
     out = tmp_path / "run"
-    grid = subprocess.Popen([sys.executable, "-m", "nandoctor", "grid", *GRID, "--out", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    grid = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "grid", *GRID, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 600
     while len(lines(out)) < 2 and grid.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -36,8 +53,8 @@ def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
     proc = cli("grid", "--resume", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     after = lines(out)
-    assert after[:len(before)] == before  # what was recorded stays as it was
-    ran = [json.loads(line)["probe_id"] for line in after[len(before):]]
+    assert after[: len(before)] == before  # what was recorded stays as it was
+    ran = [json.loads(line)["probe_id"] for line in after[len(before) :]]
     assert set(ran) == {"fp32/eager/off", "fp32/sdpa/off", "bf16-amp/eager/off", "bf16-amp/sdpa/off"} - done
     assert len(ran) == len(set(ran))
     assert all(probe_id in proc.stdout for probe_id in ran)
@@ -48,13 +65,28 @@ def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
 def test_resume_refuses_options_that_would_change_the_run(tmp_path):
     proc = run_main("grid", "--resume", tmp_path, "--steps", "5")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["nandoctor: error: --resume takes the recipe, axes, steps, baseline and run directory from DIR/run.json; drop --steps"]
+    assert proc.stderr.strip().splitlines() == [
+        "nandoctor: error: --resume takes the recipe, axes, steps, baseline and run directory from DIR/run.json; "
+        "drop --steps"
+    ]
 
 
 @pytest.mark.slow
 def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli):
     env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
-    one = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--cache")
+    one = (
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "3",
+        "--jobs",
+        "2",
+        "--cache",
+    )
     first = cli("grid", *one, "--out", tmp_path / "first", env=env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "cache: 0 probe(s) reused" in first.stdout

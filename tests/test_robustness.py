@@ -1,7 +1,7 @@
 """A probe that raises, aborts or hangs becomes a classified record; the grid goes on and keeps
 everything. Bad input is one line and exit code 2."""
+
 import json
-import os
 import shutil
 
 import pytest
@@ -16,8 +16,24 @@ def faulty_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("faulty")
     ckpt = save_faulty_llama(base / "faulty-llama")
     out = base / "run"
-    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32,bf16-pure",
-                   "--axis", "attn=eager,sdpa", "--set", "timeout_s=6", "--steps", "3", "--jobs", "2", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--axis",
+        "dtype=fp32,bf16-pure",
+        "--axis",
+        "attn=eager,sdpa",
+        "--set",
+        "timeout_s=6",
+        "--steps",
+        "3",
+        "--jobs",
+        "2",
+        "--out",
+        out,
+    )
     return out, proc
 
 
@@ -51,7 +67,8 @@ def test_the_grid_completes_with_every_result_recorded(faulty_run):
     out, proc = faulty_run
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert sorted(r["probe_id"] for r in records) == sorted(
-        ["fp32/eager/off", "fp32/sdpa/off", "bf16-pure/eager/off", "bf16-pure/sdpa/off"])
+        ["fp32/eager/off", "fp32/sdpa/off", "bf16-pure/eager/off", "bf16-pure/sdpa/off"]
+    )
     assert probe(out, "fp32/sdpa/off")["verdict"] == "stable"
     assert proc.returncode == 1  # a probe crashed or hung: not a clean bill of health
     assert "Traceback" not in proc.stderr
@@ -76,15 +93,18 @@ def test_report_rerenders_an_interrupted_run(faulty_run, tmp_path):
     assert summary(cut)["finished"] == 2
 
 
-@pytest.mark.parametrize("args, words", [
-    (["grid", "--model", "llama-9"], "unknown model 'llama-9'"),
-    (["grid", "--axis", "dtype=bf17"], "unknown dtype value 'bf17'; valid: fp32, tf32"),
-    (["grid", "--axis", "precision=fp32"], "unknown axis 'precision'; valid axes: dtype, attn, compile"),
-    (["grid", "--set", "optimizer.epsilon=1"], "unknown recipe field 'optimizer.epsilon'"),
-    (["check", "--attn", "sdpa:fast"], "unknown attn value 'sdpa:fast'"),
-    (["report", "/nonexistent/run"], "does not exist"),
-    (["grid", "--jobs", "two"], "invalid int value"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["grid", "--model", "llama-9"], "unknown model 'llama-9'"),
+        (["grid", "--axis", "dtype=bf17"], "unknown dtype value 'bf17'; valid: fp32, tf32"),
+        (["grid", "--axis", "precision=fp32"], "unknown axis 'precision'; valid axes: dtype, attn, compile"),
+        (["grid", "--set", "optimizer.epsilon=1"], "unknown recipe field 'optimizer.epsilon'"),
+        (["check", "--attn", "sdpa:fast"], "unknown attn value 'sdpa:fast'"),
+        (["report", "/nonexistent/run"], "does not exist"),
+        (["grid", "--jobs", "two"], "invalid int value"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, words):
     proc = run_main(*args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -96,7 +116,11 @@ def test_malformed_recipe_and_unreadable_run_dir_exit_2(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("optimizer:\n  lr: [1e-3\n")
     proc = run_main("grid", "--recipe", bad)
-    assert proc.returncode == 2 and "is not valid YAML at line" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert (
+        proc.returncode == 2
+        and "is not valid YAML at line" in proc.stderr
+        and len(proc.stderr.strip().splitlines()) == 1
+    )
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("optimiser:\n  lr: 1e-3\n")
     proc = run_main("grid", "--recipe", unknown)
@@ -117,7 +141,9 @@ def test_check_passes_on_tiny_llama_and_fails_on_fp16_overflow(fp32_check, large
     _, ok, _ = fp32_check
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "PASS" in ok.stdout and "initial loss near ln(vocab)" in ok.stdout
-    bad = run_cli("check", "--model", large_mlp_checkpoint, "--dtype", "fp16-amp", "--attn", "sdpa", "--out", tmp_path / "bad")
+    bad = run_cli(
+        "check", "--model", large_mlp_checkpoint, "--dtype", "fp16-amp", "--attn", "sdpa", "--out", tmp_path / "bad"
+    )
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "FAIL loss finite at step 0" in bad.stdout
     assert (tmp_path / "bad" / "junit.xml").exists()

@@ -2,6 +2,7 @@
 "Infinity" or "-Infinity", never the bare constant Python's json writes by default. Readers turn those
 strings back into floats, and runs written before (bare NaN in results.jsonl) still read. The files are
 written and read by the real store, cache, step log, result writer and report writers; fast: no probe runs."""
+
 import json
 import math
 import shutil
@@ -23,6 +24,7 @@ OLD_RUN = Path(__file__).parent / "fixtures" / "run-lr30"  # written with bare N
 def strict(text: str):
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -31,15 +33,27 @@ def strict_lines(path: Path) -> list:
 
 
 def nonfinite_record() -> ProbeRecord:
-    steps = [Step(0, 6.9, 1.0, tokens_per_s=100.0), Step(1, math.inf, math.nan, scale=65536.0, time_s=math.nan),
-             Step(2, math.nan, -math.inf, tokens_per_s=math.inf)]
-    return ProbeRecord("fp16-amp/sdpa/off", Cell("fp16-amp", "sdpa"), "ok", steps=steps, wall_s=math.inf, fingerprint="f" * 64,
-                       first_nonfinite={"step": 1, "what": "loss"}, forensics={"stats": {"min": -math.inf, "max": math.nan}})
+    steps = [
+        Step(0, 6.9, 1.0, tokens_per_s=100.0),
+        Step(1, math.inf, math.nan, scale=65536.0, time_s=math.nan),
+        Step(2, math.nan, -math.inf, tokens_per_s=math.inf),
+    ]
+    return ProbeRecord(
+        "fp16-amp/sdpa/off",
+        Cell("fp16-amp", "sdpa"),
+        "ok",
+        steps=steps,
+        wall_s=math.inf,
+        fingerprint="f" * 64,
+        first_nonfinite={"step": 1, "what": "loss"},
+        forensics={"stats": {"min": -math.inf, "max": math.nan}},
+    )
 
 
 def same_steps(a: list[Step], b: list[Step]) -> bool:
     def same(x, y):
         return x == y or (isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y))
+
     return len(a) == len(b) and all(same(getattr(s, f), getattr(t, f)) for s, t in zip(a, b) for f in vars(s))
 
 
@@ -49,7 +63,11 @@ def test_results_jsonl_is_strict_and_reads_back_the_nonfinite_floats(tmp_path):
     record = nonfinite_record()
     store.append(record)
     [line] = strict_lines(store.results_path)
-    assert line["steps"][1]["loss"] == "Infinity" and line["steps"][1]["grad_norm"] == "NaN" and line["wall_s"] == "Infinity"
+    assert (
+        line["steps"][1]["loss"] == "Infinity"
+        and line["steps"][1]["grad_norm"] == "NaN"
+        and line["wall_s"] == "Infinity"
+    )
     [back] = store.records()
     assert same_steps(back.steps, record.steps) and back.wall_s == math.inf
     assert back.forensics["stats"]["min"] == -math.inf and math.isnan(back.forensics["stats"]["max"])
@@ -102,7 +120,8 @@ def test_an_old_run_with_bare_nan_still_reads_and_its_reports_are_strict(tmp_pat
 
 def test_doctor_json_and_the_writer_itself_are_strict():
     from nandoctor import jsonio
-    report = {"findings": [{"measured": math.inf}], "ram": 10 ** 400, "ratio": (math.nan, -math.inf)}
+
+    report = {"findings": [{"measured": math.inf}], "ram": 10**400, "ratio": (math.nan, -math.inf)}
     assert strict(render_doctor_json(report))["ratio"] == ["NaN", "-Infinity"]
     text = jsonio.dumps({"a": [math.nan, {"b": math.inf}], "c": Path("x")})
     assert strict(text) == {"a": ["NaN", {"b": "Infinity"}], "c": "x"}

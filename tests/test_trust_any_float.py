@@ -1,6 +1,7 @@
 """Every renderer takes any float: a diverging run's 1e300, an int too large for a float, a subnormal,
 inf, nan, negatives, a single point. Records are real ProbeRecords analysed the way a run is; the
 renderers run unpatched. Fast: no training step runs."""
+
 import itertools
 import json
 import math
@@ -24,43 +25,117 @@ from nandoctor.report.markdown import render_markdown
 from nandoctor.report.summary import render_summary
 from nandoctor.report.terminal import render_terminal
 
-LR30_RUN = Path(__file__).parent / "fixtures" / "run-lr30"  # `grid --axis dtype=fp32 --axis attn=sdpa --set optimizer.lr=30`
-PATHOLOGICAL = [1e300, -1e300, 10 ** 400, -(10 ** 400), 1.7976931348623157e308, 1e-300, 5e-324, -5e-324, math.inf,
-                -math.inf, math.nan, -3.0, 0.0, 6.9, 6.9 + 1e-15]
+LR30_RUN = (
+    Path(__file__).parent / "fixtures" / "run-lr30"
+)  # `grid --axis dtype=fp32 --axis attn=sdpa --set optimizer.lr=30`
+PATHOLOGICAL = [
+    1e300,
+    -1e300,
+    10**400,
+    -(10**400),
+    1.7976931348623157e308,
+    1e-300,
+    5e-324,
+    -5e-324,
+    math.inf,
+    -math.inf,
+    math.nan,
+    -3.0,
+    0.0,
+    6.9,
+    6.9 + 1e-15,
+]
 
 
 def strict_json(text: str):
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
 def meta(n_probes: int) -> dict:
-    plan = {"source": "architecture-twin", "scale": "full", "model_type": "llama", "params": 1, "full_params": 1,
-            "trainable_params": 1, "path": None, "why": "test", "shape": {"hidden": 64, "layers": 2, "heads": 4,
-                                                                             "kv_heads": 2, "head_dim": 16, "intermediate": 176, "vocab": 1024}}
-    return {"kind": "grid", "run_id": "any-float", "created": "now", "command": "nandoctor grid", "recipe": {"name": "tiny-llama"},
-            "model_plan": plan, "steps": 4, "seed": 0, "jobs": 1, "env": {"cpu_count": 2, "ram_bytes": 10 ** 400, "gpus": []},
-            "planned": n_probes, "doctor": {"setup": {"cells": []}, "findings": []}}
+    plan = {
+        "source": "architecture-twin",
+        "scale": "full",
+        "model_type": "llama",
+        "params": 1,
+        "full_params": 1,
+        "trainable_params": 1,
+        "path": None,
+        "why": "test",
+        "shape": {
+            "hidden": 64,
+            "layers": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "head_dim": 16,
+            "intermediate": 176,
+            "vocab": 1024,
+        },
+    }
+    return {
+        "kind": "grid",
+        "run_id": "any-float",
+        "created": "now",
+        "command": "nandoctor grid",
+        "recipe": {"name": "tiny-llama"},
+        "model_plan": plan,
+        "steps": 4,
+        "seed": 0,
+        "jobs": 1,
+        "env": {"cpu_count": 2, "ram_bytes": 10**400, "gpus": []},
+        "planned": n_probes,
+        "doctor": {"setup": {"cells": []}, "findings": []},
+    }
 
 
 def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
-    steps = [Step(i, loss, rng.choice(PATHOLOGICAL), scale=rng.choice([None, 65536.0, math.inf]), time_s=rng.choice([0.0, 1e-300, math.nan, 1.0]),
-                  tokens=256, tokens_per_s=rng.choice(PATHOLOGICAL)) for i, loss in enumerate(values)]
-    return ProbeRecord(cell.id, cell, "ok", steps=steps, recipe={"name": "tiny-llama"}, wall_s=rng.choice([math.nan, 1e300, 2.0]),
-                       peak_memory_bytes=rng.choice([None, 2 ** 62, 2 ** 40]), optimizer_state_bytes=rng.choice([None, 2 ** 62]))
+    steps = [
+        Step(
+            i,
+            loss,
+            rng.choice(PATHOLOGICAL),
+            scale=rng.choice([None, 65536.0, math.inf]),
+            time_s=rng.choice([0.0, 1e-300, math.nan, 1.0]),
+            tokens=256,
+            tokens_per_s=rng.choice(PATHOLOGICAL),
+        )
+        for i, loss in enumerate(values)
+    ]
+    return ProbeRecord(
+        cell.id,
+        cell,
+        "ok",
+        steps=steps,
+        recipe={"name": "tiny-llama"},
+        wall_s=rng.choice([math.nan, 1e300, 2.0]),
+        peak_memory_bytes=rng.choice([None, 2**62, 2**40]),
+        optimizer_state_bytes=rng.choice([None, 2**62]),
+    )
 
 
 def runs(n: int = 30):
     """Runs of three probes (the fp32/eager reference among them): single points, flat curves and
     curves mixing every pathological value, drawn from a seeded generator."""
     rng = random.Random(0)
-    shapes = [[v] for v in PATHOLOGICAL] + [[v] * 4 for v in PATHOLOGICAL] + \
-        [list(pair) for pair in itertools.combinations(PATHOLOGICAL, 2)]
+    shapes = (
+        [[v] for v in PATHOLOGICAL]
+        + [[v] * 4 for v in PATHOLOGICAL]
+        + [list(pair) for pair in itertools.combinations(PATHOLOGICAL, 2)]
+    )
     cells = [Cell("fp32", "eager"), Cell("fp32", "sdpa"), Cell("bf16-amp", "sdpa")]
     for _ in range(n):
-        yield [record(c, rng.choice(shapes) if rng.random() < 0.5 else [rng.choice(PATHOLOGICAL) for _ in range(rng.randint(1, 6))], rng)
-               for c in cells]
+        yield [
+            record(
+                c,
+                rng.choice(shapes)
+                if rng.random() < 0.5
+                else [rng.choice(PATHOLOGICAL) for _ in range(rng.randint(1, 6))],
+                rng,
+            )
+            for c in cells
+        ]
 
 
 def test_every_renderer_takes_any_float():
@@ -77,7 +152,7 @@ def test_every_renderer_takes_any_float():
 
 
 def test_an_int_beyond_float_range_is_an_infinite_step_value():
-    s = Step(0, 10 ** 400, -(10 ** 400))
+    s = Step(0, 10**400, -(10**400))
     assert (s.loss, s.grad_norm) == (math.inf, -math.inf)
 
 
@@ -93,8 +168,12 @@ def test_charts_draw_any_series_without_a_non_finite_coordinate():
     curves += [[rng.choice(PATHOLOGICAL) for _ in range(rng.randint(3, 8))] for _ in range(100)]
     for log_y in (False, True):
         for values in curves:
-            svg = line_chart([{"label": "a", "points": list(enumerate(values)), "fail_step": len(values)}], "loss",
-                             log_y=log_y, mark_step=0)
+            svg = line_chart(
+                [{"label": "a", "points": list(enumerate(values)), "fail_step": len(values)}],
+                "loss",
+                log_y=log_y,
+                mark_step=0,
+            )
             coordinates = re.findall(r'\b(?:x|y|x1|x2|y1|y2|cx|cy|points|height|viewBox)="([^"]*)"', svg)
             assert coordinates and not any(bad in c for c in coordinates for bad in ("nan", "inf")), (values, log_y)
 
@@ -102,7 +181,7 @@ def test_charts_draw_any_series_without_a_non_finite_coordinate():
 def test_huge_losses_are_labelled_in_powers_of_ten():
     svg = line_chart([{"label": "lr=30", "points": [(0, 6.9), (1, 1e300), (2, 3e300)]}], "loss")
     assert "e+300" in svg
-    svg = line_chart([{"label": "grad", "points": [(0, 1.0), (1, 10 ** 400)]}], "grad-norm", log_y=True)
+    svg = line_chart([{"label": "grad", "points": [(0, 1.0), (1, 10**400)]}], "grad-norm", log_y=True)
     assert "e+400" in svg  # an int beyond float range still has a log10
 
 
@@ -121,8 +200,11 @@ def test_report_of_the_lr30_run_writes_every_file(tmp_path, capsys):
 def test_verdicts_take_any_float():
     """numeric_verdict over seeded random curves of pathological values, against a reference or not."""
     from nandoctor.analysis.verdicts import numeric_verdict
+
     rng = random.Random(0)
     for _ in range(2000):
         steps = [Step(i, rng.choice(PATHOLOGICAL), rng.choice(PATHOLOGICAL)) for i in range(rng.randint(1, 7))]
-        reference = [Step(i, rng.choice(PATHOLOGICAL), 1.0) for i in range(rng.randint(1, 7))] if rng.random() < 0.5 else None
+        reference = (
+            [Step(i, rng.choice(PATHOLOGICAL), 1.0) for i in range(rng.randint(1, 7))] if rng.random() < 0.5 else None
+        )
         assert numeric_verdict(steps, reference).reason

@@ -1,6 +1,7 @@
 """The training callbacks never harm the run they watch, and show that they watch: real Trainer.train()
 and Trainer.fit() runs on the tiny Llama (CPU) with learning_rate=30, with a report directory that
 cannot be created, with a module the watch cannot read, and with a checkpoint that cannot learn."""
+
 import contextlib
 import io
 import json
@@ -19,6 +20,7 @@ REPORTS = {"report.md", "report.html", "junit.xml", "summary.json"}
 def strict_json(text: str):
     def refuse(constant):
         raise ValueError(f"bare {constant} in JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -37,6 +39,7 @@ def train(trainer) -> str:
 @pytest.fixture(scope="module")
 def hf_lr30(tmp_path_factory):
     from nandoctor.integrations.transformers import NandoctorCallback
+
     out = tmp_path_factory.mktemp("hf-lr30")
     callback = NandoctorCallback()
     trainer = hf_trainer(tiny_llama(), out, [callback], max_steps=12, learning_rate=30.0)
@@ -55,13 +58,19 @@ def test_hf_trainer_at_lr_30_stops_cleanly_with_every_report_written(hf_lr30):
 def test_hf_callback_says_it_is_on_and_sums_the_run_up(hf_lr30):
     trainer, callback, stderr, report = hf_lr30
     lines = nandoctor_lines(stderr)
-    assert lines[0].startswith("nandoctor: watching fp32/sdpa/off (transformers run, ") and "judging every step" in lines[0]
-    assert lines[-1].startswith(f"nandoctor: watched {len(callback.watch.steps)} steps of fp32/sdpa/off: {callback.watch.failure.verdict.name}")
+    assert (
+        lines[0].startswith("nandoctor: watching fp32/sdpa/off (transformers run, ")
+        and "judging every step" in lines[0]
+    )
+    assert lines[-1].startswith(
+        f"nandoctor: watched {len(callback.watch.steps)} steps of fp32/sdpa/off: {callback.watch.failure.verdict.name}"
+    )
     assert lines[-1].endswith(f"report {report / 'report.md'}")
 
 
 def test_lightning_fit_at_lr_30_stops_cleanly_with_every_report_written(tmp_path):
     from nandoctor.integrations.lightning import NandoctorCallback
+
     callback = NandoctorCallback()
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -69,13 +78,16 @@ def test_lightning_fit_at_lr_30_stops_cleanly_with_every_report_written(tmp_path
     verdict = callback.watch.failure.verdict
     assert trainer.should_stop and trainer.global_step == verdict.step + 1 < 12
     assert REPORTS <= {p.name for p in (tmp_path / "nandoctor").iterdir()}
-    assert nandoctor_lines(err.getvalue())[-1].startswith(f"nandoctor: watched {len(callback.watch.steps)} steps of fp32/sdpa/off: {verdict.name}")
+    assert nandoctor_lines(err.getvalue())[-1].startswith(
+        f"nandoctor: watched {len(callback.watch.steps)} steps of fp32/sdpa/off: {verdict.name}"
+    )
 
 
 def test_a_report_directory_that_cannot_be_made_costs_the_report_not_the_run(tmp_path):
     """output_dir lies under a regular file: mkdir fails inside nandoctor. The run still stops, because
     it diverged, and one line says what nandoctor could not do."""
     from nandoctor.integrations.transformers import NandoctorCallback
+
     (tmp_path / "a-file").write_text("not a directory")
     callback = NandoctorCallback(output_dir=str(tmp_path / "a-file" / "reports"))
     trainer = hf_trainer(tiny_llama(), tmp_path / "run", [callback], max_steps=12, learning_rate=30.0)
@@ -84,8 +96,9 @@ def test_a_report_directory_that_cannot_be_made_costs_the_report_not_the_run(tmp
     assert trainer.state.global_step == verdict.step + 1 < 12
     failed = [line for line in lines if "Internal error while writing the report" in line]
     assert len(failed) == 1 and "NotADirectoryError" in failed[0] and "Training stopped" in failed[0]
-    assert lines[-1].endswith("no report (NotADirectoryError: [Errno 20] Not a directory: "
-                              f"'{tmp_path / 'a-file' / 'reports' / 'nandoctor'}')")
+    assert lines[-1].endswith(
+        f"no report (NotADirectoryError: [Errno 20] Not a directory: '{tmp_path / 'a-file' / 'reports' / 'nandoctor'}')"
+    )
 
 
 def test_a_module_the_watch_cannot_read_trains_to_the_end_with_one_line(tmp_path):
@@ -108,15 +121,24 @@ def test_a_module_the_watch_cannot_read_trains_to_the_end_with_one_line(tmp_path
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-    trainer = L.Trainer(max_steps=5, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, callbacks=[NandoctorCallback()], default_root_dir=str(tmp_path))
+    trainer = L.Trainer(
+        max_steps=5,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[NandoctorCallback()],
+        default_root_dir=str(tmp_path),
+    )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         trainer.fit(Regression(), torch.utils.data.DataLoader(data, batch_size=4))
     assert trainer.global_step == 5
     assert nandoctor_lines(err.getvalue()) == [
         "nandoctor: internal error in lightning callback on_train_start: NandoctorError: NandoctorCallback watches a "
-        "transformers model; Regression holds none; nandoctor stopped watching this run, training goes on"]
+        "transformers model; Regression holds none; nandoctor stopped watching this run, training goes on"
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +148,7 @@ def dead_model_path(tmp_path_factory):
 
 def test_a_run_that_cannot_learn_is_warned_about_once_and_trains_on(dead_model_path, tmp_path):
     from nandoctor.integrations.transformers import NandoctorCallback
+
     callback = NandoctorCallback()
     trainer = hf_trainer(tiny_llama(path=dead_model_path), tmp_path, [callback], max_steps=6)
     with pytest.warns(UserWarning) as caught:
@@ -133,12 +156,15 @@ def test_a_run_that_cannot_learn_is_warned_about_once_and_trains_on(dead_model_p
     said = [str(w.message) for w in caught if "no-learning" in str(w.message)]
     assert len(said) == 1 and "gradients reach the weights: no-learning: grad-norm is exactly 0 at step 0" in said[0]
     assert trainer.state.global_step == 6 and callback.watch.failure is None
-    assert nandoctor_lines(stderr)[-1] == ("nandoctor: watched 6 steps of fp32/sdpa/off: no-learning (grad-norm is exactly 0 at every "
-                                           "one of 6 steps: no parameter receives a gradient, nothing trains); no report (nothing stopped the run)")
+    assert nandoctor_lines(stderr)[-1] == (
+        "nandoctor: watched 6 steps of fp32/sdpa/off: no-learning (grad-norm is exactly 0 at every "
+        "one of 6 steps: no parameter receives a gradient, nothing trains); no report (nothing stopped the run)"
+    )
 
 
 def test_strict_stops_a_run_that_cannot_learn_before_its_first_update(dead_model_path, tmp_path):
     from nandoctor.integrations.transformers import NandoctorCallback
+
     trainer = hf_trainer(tiny_llama(path=dead_model_path), tmp_path, [NandoctorCallback(strict=True)], max_steps=6)
     with pytest.raises(CheckFailed, match="step-0 check of fp32/sdpa/off .* gradients reach the weights: no-learning"):
         trainer.train()
@@ -147,6 +173,7 @@ def test_strict_stops_a_run_that_cannot_learn_before_its_first_update(dead_model
 
 def test_a_healthy_run_ends_with_a_summary_line(tmp_path):
     from nandoctor.integrations.transformers import NandoctorCallback
+
     trainer = hf_trainer(tiny_llama(), tmp_path, [NandoctorCallback()], max_steps=4)
     lines = nandoctor_lines(train(trainer))
     assert len(lines) == 2 and lines[0].startswith("nandoctor: watching fp32/sdpa/off")

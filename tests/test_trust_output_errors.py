@@ -2,12 +2,12 @@
 whole or named as not written: a read-only or impossible --out (refused before any probe runs), a full
 disk, a recipe that is not UTF-8 text, `report --csv` onto a directory. The full and read-only disks
 are real tmpfs mounts (root only; skipped where mounting is not allowed)."""
+
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 
 FIXTURE_RUN = Path(__file__).parent / "fixtures" / "run-before-issue-9"
@@ -91,8 +91,10 @@ def test_a_failing_renderer_does_not_stop_the_other_reports(tmp_path, monkeypatc
     code = main(["report", str(run_dir)])
     err = capsys.readouterr().err
     assert code == 0  # the run's own exit code: its verdicts are intact
-    assert err.strip() == ("nandoctor: WARNING: report.html not written: its renderer failed "
-                           "(OverflowError: int too large to convert to float)")
+    assert err.strip() == (
+        "nandoctor: WARNING: report.html not written: its renderer failed "
+        "(OverflowError: int too large to convert to float)"
+    )
     assert [name for name in REPORTS if (run_dir / name).exists()] == ["report.md", "junit.xml", "summary.json"]
 
 

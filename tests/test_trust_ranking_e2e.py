@@ -1,6 +1,7 @@
 """Two runs of the same small grid on this machine recommend the same configuration, one of them while
 a busy loop per core loads the host (issue 16, section 3). Real probes through the CLI; the grid is
 two fp32 attentions of equal fidelity, so speed decides and the leading cells are re-timed."""
+
 import json
 import subprocess
 import sys
@@ -10,13 +11,25 @@ from conftest import summary
 
 from nandoctor.env import get_cpu_count
 
-GRID = ("grid", "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "4",
-        "--set", "forensics_steps=0")
+GRID = (
+    "grid",
+    "--axis",
+    "dtype=fp32",
+    "--axis",
+    "attn=eager,sdpa",
+    "--axis",
+    "compile=off",
+    "--steps",
+    "4",
+    "--set",
+    "forensics_steps=0",
+)
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     from conftest import run_cli
+
     base = tmp_path_factory.mktemp("same-grid-twice")
     quiet = run_cli(*GRID, "--out", base / "first")
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(get_cpu_count())]

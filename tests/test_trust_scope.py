@@ -2,10 +2,10 @@
 (predicted from the class flags, and so classified when it happens at run time), --scale auto weighs a
 probe's time as well as its memory, a grid too short to judge is refused or warned about, the doctor
 fails only the user's own setup, and rule evidence is public."""
+
 import json
 
 import pytest
-
 from conftest import summary
 
 from nandoctor.analysis.verdicts import UNSUPPORTED, classify
@@ -20,14 +20,40 @@ from nandoctor.report.doctor import render_doctor_text
 
 # a quiet 2-core CPU: ~50 GFLOP/s fp32 (tiny-llama's 2.8 GFLOP step takes ~0.06 s); given, not measured, so
 # the plan does not depend on the load of the machine running the tests
-CPU_24G = {"device": "cpu", "gpus": [], "ram_bytes": 24 * 2**30, "ram_available_bytes": 23 * 2**30, "cpu_count": 2,
-           "train_flops": 50e9}
-H100 = {**CPU_24G, "device": "cuda", "train_flops": None,
-        "gpus": [{"index": 0, "name": "H100", "capability": "9.0", "memory_bytes": 80 * 2**30}]}
-TINY_GEMMA2 = {"model": {"arch": {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                                  "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
-                                  "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "sliding_window": 32}},
-               "batch_size": 2, "seq_len": 32, "steps": 4}
+CPU_24G = {
+    "device": "cpu",
+    "gpus": [],
+    "ram_bytes": 24 * 2**30,
+    "ram_available_bytes": 23 * 2**30,
+    "cpu_count": 2,
+    "train_flops": 50e9,
+}
+H100 = {
+    **CPU_24G,
+    "device": "cuda",
+    "train_flops": None,
+    "gpus": [{"index": 0, "name": "H100", "capability": "9.0", "memory_bytes": 80 * 2**30}],
+}
+TINY_GEMMA2 = {
+    "model": {
+        "arch": {
+            "model_type": "gemma2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 256,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "sliding_window": 32,
+        }
+    },
+    "batch_size": 2,
+    "seq_len": 32,
+    "steps": 4,
+}
 
 
 def test_gemma2_plan_predicts_that_its_class_refuses_sdpa():
@@ -39,12 +65,17 @@ def test_gemma2_plan_predicts_that_its_class_refuses_sdpa():
 
 def test_a_refusal_raised_at_run_time_is_unsupported_not_a_crash():
     from transformers import AutoConfig, AutoModelForCausalLM
+
     arch = dict(TINY_GEMMA2["model"]["arch"])
     config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     with pytest.raises(ValueError) as raised:  # what the probe's build meets, raised by transformers itself
         AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    record = ProbeRecord("fp32/sdpa/off", Cell("fp32", "sdpa", "off"), "error",
-                         error={"type": "ValueError", "message": str(raised.value)})
+    record = ProbeRecord(
+        "fp32/sdpa/off",
+        Cell("fp32", "sdpa", "off"),
+        "error",
+        error={"type": "ValueError", "message": str(raised.value)},
+    )
     verdict = classify(record)
     assert verdict.name == UNSUPPORTED
     assert verdict.reason.startswith("ValueError: Gemma2ForCausalLM does not support an attention implementation")
@@ -80,12 +111,15 @@ def test_scale_auto_keeps_the_full_model_where_it_is_quick():
 
 def test_the_cpu_speed_is_measured_when_nobody_gives_it():
     from nandoctor.models import device_flops
+
     speed, source = device_flops({"device": "cpu", "gpus": []})
     assert speed > 1e8 and source == "measured on this CPU"
 
 
 def test_a_one_step_grid_is_refused_before_any_probe_runs(tmp_path, cli):
-    proc = cli("grid", "--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager", "--steps", "1", "--out", tmp_path / "run")
+    proc = cli(
+        "grid", "--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager", "--steps", "1", "--out", tmp_path / "run"
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "--steps 1 is too few for grid" in proc.stderr and "nandoctor check" in proc.stderr
     assert not (tmp_path / "run" / "probes").exists()
@@ -93,6 +127,7 @@ def test_a_one_step_grid_is_refused_before_any_probe_runs(tmp_path, cli):
 
 def test_a_grid_too_short_for_the_spike_and_rise_rules_is_warned_about():
     from nandoctor.config import refuse_short_probes
+
     with pytest.raises(NandoctorError, match="too few for bisect"):
         refuse_short_probes("bisect", 1)
     warning = refuse_short_probes("grid", 3)

@@ -1,4 +1,5 @@
 """Verdict thresholds on hand-made curves: pure logic, no torch."""
+
 import math
 
 import pandas as pd
@@ -16,7 +17,10 @@ def curve(losses, grads=None, scales=None, skipped=None):
     grads = grads or [1.0] * n
     scales = scales or [None] * n
     skipped = skipped or [False] * n
-    return [Step(i, l, g, k, s, tokens_per_s=100.0 + i) for i, (l, g, s, k) in enumerate(zip(losses, grads, scales, skipped))]
+    return [
+        Step(i, loss, g, k, s, tokens_per_s=100.0 + i)
+        for i, (loss, g, s, k) in enumerate(zip(losses, grads, scales, skipped))
+    ]
 
 
 def record(status, **fields):
@@ -41,8 +45,12 @@ def test_inf_grad_without_scaler_is_nonfinite():
 
 
 def test_gradscaler_calibration_skips_are_not_failures():
-    steps = curve(falling(6), grads=[INF, INF, 1, 1, 1, 1], scales=[65536.0, 32768.0] + [16384.0] * 4,
-                  skipped=[True, True, False, False, False, False])
+    steps = curve(
+        falling(6),
+        grads=[INF, INF, 1, 1, 1, 1],
+        scales=[65536.0, 32768.0] + [16384.0] * 4,
+        skipped=[True, True, False, False, False, False],
+    )
     assert numeric_verdict(steps, None).name == "stable"
 
 
@@ -79,7 +87,7 @@ def test_curve_that_stalls_while_reference_falls_is_drift():
 
 def test_curve_within_tolerance_of_reference_is_stable():
     ref = curve(falling(16, drop=1.0))
-    close = curve([l + 0.005 for l in falling(16, drop=1.0)])
+    close = curve([loss + 0.005 for loss in falling(16, drop=1.0)])
     assert numeric_verdict(close, ref).name == "stable"
 
 
@@ -99,10 +107,14 @@ def test_fidelity_is_mean_relative_loss_error():
 
 
 def test_rank_prefers_fidelity_buckets_then_speed_then_memory():
-    rows = pd.DataFrame([{"id": "slow-exact", "fidelity": 0.0, "tokens_per_s": 10, "peak_memory_bytes": 1},
-                         {"id": "fast-close", "fidelity": 0.001, "tokens_per_s": 50, "peak_memory_bytes": 1},
-                         {"id": "fast-far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1},
-                         {"id": "fast-close-lean", "fidelity": 0.002, "tokens_per_s": 50, "peak_memory_bytes": 0}])
+    rows = pd.DataFrame(
+        [
+            {"id": "slow-exact", "fidelity": 0.0, "tokens_per_s": 10, "peak_memory_bytes": 1},
+            {"id": "fast-close", "fidelity": 0.001, "tokens_per_s": 50, "peak_memory_bytes": 1},
+            {"id": "fast-far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1},
+            {"id": "fast-close-lean", "fidelity": 0.002, "tokens_per_s": 50, "peak_memory_bytes": 0},
+        ]
+    )
     assert list(rank(rows)["id"]) == ["fast-close-lean", "fast-close", "slow-exact", "fast-far"]
 
 
@@ -112,13 +124,24 @@ def test_tokens_per_s_leaves_out_the_warmup_step():
 
 
 def test_check_flags_initial_loss_far_from_ln_vocab():
-    checks = dict((name, ok) for name, ok, _ in check_results(record("ok", steps=curve([2.0])), vocab=4096, random_init=True))
+    checks = dict(
+        (name, ok) for name, ok, _ in check_results(record("ok", steps=curve([2.0])), vocab=4096, random_init=True)
+    )
     assert checks["initial loss near ln(vocab)"] is False and checks["loss finite at step 0"] is True
 
 
 def test_inside_a_fidelity_bucket_a_cell_flagged_by_a_rule_ranks_below_a_clean_one():
-    rows = pd.DataFrame([{"id": "bf16-pure", "fidelity": 0.0018, "tokens_per_s": 90, "peak_memory_bytes": 1,
-                          "flags": "bf16-weights-without-fp32-master"},
-                         {"id": "bf16-amp", "fidelity": 0.0003, "tokens_per_s": 50, "peak_memory_bytes": 1, "flags": ""},
-                         {"id": "far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1, "flags": ""}])
+    rows = pd.DataFrame(
+        [
+            {
+                "id": "bf16-pure",
+                "fidelity": 0.0018,
+                "tokens_per_s": 90,
+                "peak_memory_bytes": 1,
+                "flags": "bf16-weights-without-fp32-master",
+            },
+            {"id": "bf16-amp", "fidelity": 0.0003, "tokens_per_s": 50, "peak_memory_bytes": 1, "flags": ""},
+            {"id": "far", "fidelity": 0.2, "tokens_per_s": 99, "peak_memory_bytes": 1, "flags": ""},
+        ]
+    )
     assert list(rank(rows)["id"]) == ["bf16-amp", "bf16-pure", "far"]

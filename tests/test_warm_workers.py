@@ -1,4 +1,5 @@
 """Warm workers end to end: real probes forked from a warm worker, real segfaults and hangs."""
+
 import json
 import os
 import signal
@@ -17,14 +18,30 @@ def records(run_dir):
 @pytest.fixture(scope="module")
 def crashing_run(tmp_path_factory):
     from conftest import run_cli
+
     base = tmp_path_factory.mktemp("crashing")
     ckpt = save_crashing_llama(base / "ckpt")
     out = base / "run"
     # fp32/eager segfaults, then fp32/sdpa:math hangs, then fp32/sdpa (planned after the hang) trains;
     # cells that run on a CPU and on a GPU alike
-    proc = run_cli("grid", "--model", ckpt, "--trust-remote-code", "--axis", "dtype=fp32",
-                   "--axis", "attn=eager,sdpa:math,sdpa", "--axis", "compile=off", "--steps", "2",
-                   "--set", "timeout_s=6", "--out", out)
+    proc = run_cli(
+        "grid",
+        "--model",
+        ckpt,
+        "--trust-remote-code",
+        "--axis",
+        "dtype=fp32",
+        "--axis",
+        "attn=eager,sdpa:math,sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "2",
+        "--set",
+        "timeout_s=6",
+        "--out",
+        out,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     return out
 
@@ -63,14 +80,18 @@ def tiny_task(steps=2):
     from nandoctor.recipes import resolve_model
     from nandoctor.run.runner import ProbeTask
     from nandoctor.run.session import probe_spec
+
     recipe, device = resolve_model(None), collect_summary()
     cell = Cell("fp32", "sdpa", "off")
-    return ProbeTask(probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1), recipe.timeout_s)
+    return ProbeTask(
+        probe_spec(recipe, PlannedProbe(cell.id, cell), plan_model(recipe, device), device, steps, 1), recipe.timeout_s
+    )
 
 
 def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
     from nandoctor.run.runner import ProbeRunner
     from nandoctor.run.store import ResultsStore
+
     task = tiny_task()
     with ProbeRunner(tmp_path, ResultsStore(tmp_path), jobs=1) as runner:
         first = runner.run([task])[0]
@@ -86,8 +107,24 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     for mode in ("warm", "cold"):
         out = tmp_path / mode
         # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
-        proc = cli("grid", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", "--jobs", "2", "--set", "retime_rounds=0", "--out", out,
-                   *(["--cold"] if mode == "cold" else []))
+        proc = cli(
+            "grid",
+            "--axis",
+            "dtype=fp32,bf16-amp",
+            "--axis",
+            "attn=sdpa",
+            "--axis",
+            "compile=off",
+            "--steps",
+            "3",
+            "--jobs",
+            "2",
+            "--set",
+            "retime_rounds=0",
+            "--out",
+            out,
+            *(["--cold"] if mode == "cold" else []),
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "not re-timed back to back (retime_rounds=0)" in proc.stdout and not (out / "retime.json").exists()
         runs[mode] = out
@@ -96,5 +133,7 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     assert verdicts(runs["warm"]) == verdicts(runs["cold"])
     assert len(warm) == 3
     for probe_id, w in warm.items():
-        assert [(s["loss"], s["grad_norm"]) for s in w["steps"]] == [(s["loss"], s["grad_norm"]) for s in cold[probe_id]["steps"]]
+        assert [(s["loss"], s["grad_norm"]) for s in w["steps"]] == [
+            (s["loss"], s["grad_norm"]) for s in cold[probe_id]["steps"]
+        ]
         assert w["fingerprint"] == cold[probe_id]["fingerprint"]

@@ -1,4 +1,5 @@
 """Real training runs with real frameworks on the tiny Llama, as a user would write them."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,8 +7,15 @@ from pathlib import Path
 import torch
 from checkpoints import TINY
 
-QUIET_TRAINING_ARGS = dict(report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, logging_steps=1,
-                           per_device_train_batch_size=4, seed=0)
+QUIET_TRAINING_ARGS = dict(
+    report_to=[],
+    save_strategy="no",
+    use_cpu=True,
+    disable_tqdm=True,
+    logging_steps=1,
+    per_device_train_batch_size=4,
+    seed=0,
+)
 
 
 class MotifRows(torch.utils.data.Dataset):
@@ -28,23 +36,40 @@ class MotifRows(torch.utils.data.Dataset):
 def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"):
     """The tiny Llama: random-init from its config, or loaded from a checkpoint directory."""
     from transformers import AutoConfig, AutoModelForCausalLM
+
     torch.manual_seed(0)
     if path is not None:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
     else:
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY), dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model("llama", **TINY), dtype=dtype, attn_implementation=attn
+        )
     model.config.use_cache = False
     return model
 
 
 def hf_trainer(model, out: Path, callbacks=(), **args):
     from transformers import Trainer, TrainingArguments
-    return Trainer(model=model, args=TrainingArguments(str(out), **{**QUIET_TRAINING_ARGS, **args}),
-                   train_dataset=MotifRows(), callbacks=list(callbacks))
+
+    return Trainer(
+        model=model,
+        args=TrainingArguments(str(out), **{**QUIET_TRAINING_ARGS, **args}),
+        train_dataset=MotifRows(),
+        callbacks=list(callbacks),
+    )
 
 
-def lightning_fit(model, out: Path, precision: str | None, callbacks=(), max_steps: int = 6, lr: float = 1e-3,
-                  plugins=(), loss_weight: float = 1.0, fused: bool | None = None):
+def lightning_fit(
+    model,
+    out: Path,
+    precision: str | None,
+    callbacks=(),
+    max_steps: int = 6,
+    lr: float = 1e-3,
+    plugins=(),
+    loss_weight: float = 1.0,
+    fused: bool | None = None,
+):
     """Trainer.fit() of a LightningModule that wraps the model and logs its loss (times loss_weight);
     returns (trainer, module). plugins: e.g. a precision plugin, with precision=None."""
     import lightning as L
@@ -65,8 +90,18 @@ def lightning_fit(model, out: Path, precision: str | None, callbacks=(), max_ste
             return torch.optim.AdamW(self.parameters(), lr=lr, eps=1e-8, fused=fused)
 
     module = CausalLM()
-    trainer = L.Trainer(max_steps=max_steps, precision=precision, plugins=list(plugins), accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=list(callbacks), default_root_dir=str(out))
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        precision=precision,
+        plugins=list(plugins),
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+        default_root_dir=str(out),
+    )
     trainer.fit(module, torch.utils.data.DataLoader(MotifRows(), batch_size=4))
     return trainer, module

@@ -5,6 +5,7 @@ moved. Pure (no torch): two RunAnalysis in, one RunDiff out; `nandoctor diff` an
 A cell regressed when it was stable and now fails, when it crashes now and did not before, when its
 fidelity got worse by more than Thresholds.fidelity_regression, or (a `check` run) when its step-0 loss
 or grad-norm moved beyond the golden tolerance of its matmul dtype."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,15 @@ from .verdicts import CRASH, STABLE, UNSUPPORTED
 
 # How a cell's verdict moved, in the order a report lists them: regressions first.
 REGRESSED, FIXED, CHANGED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME = (
-    "regressed", "fixed", "changed", "now unsupported", "now supported", "added", "removed", "same")
+    "regressed",
+    "fixed",
+    "changed",
+    "now unsupported",
+    "now supported",
+    "added",
+    "removed",
+    "same",
+)
 CHANGE_ORDER = (REGRESSED, FIXED, CHANGED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME)
 # How two loss curves of one cell compare
 BIT_IDENTICAL, WITHIN_TOLERANCE, PARTED = "bit-identical", "within tolerance", "parted"
@@ -34,9 +43,20 @@ RUN_FACTS = ("kind", "steps", "seed")  # run.json facts beside the recipe that c
 
 # (the name a report shows, the run.json `env` key it is read from). A key a run lacks is a fact that
 # run did not record (older versions recorded fewer), not a difference.
-ENV_FACTS = (("torch", "torch"), ("CUDA", "cuda"), ("cuDNN", "cudnn"), ("NCCL", "nccl"), ("transformers", "transformers"),
-             ("peft", "peft"), ("driver", "nvml"), ("GPU", "gpus"), ("python", "python"), ("CPU", "cpu_model"),
-             ("CPU kernels", "cpu_capability"), ("flash-attn", "flash_attn"))
+ENV_FACTS = (
+    ("torch", "torch"),
+    ("CUDA", "cuda"),
+    ("cuDNN", "cudnn"),
+    ("NCCL", "nccl"),
+    ("transformers", "transformers"),
+    ("peft", "peft"),
+    ("driver", "nvml"),
+    ("GPU", "gpus"),
+    ("python", "python"),
+    ("CPU", "cpu_model"),
+    ("CPU kernels", "cpu_capability"),
+    ("flash-attn", "flash_attn"),
+)
 
 
 def _fact(env: dict, key: str) -> str:
@@ -60,6 +80,7 @@ def environment_facts(env: dict) -> dict[str, str]:
 @dataclass(frozen=True)
 class Difference:
     """One fact or setting that differs: its name, the baseline's value and this run's."""
+
     name: str
     before: str
     after: str
@@ -75,6 +96,7 @@ def _unrecorded(before: dict, after: dict) -> list[str]:
 
 # ---- the settings --------------------------------------------------------------------------------------------
 
+
 def _flat(data, prefix: str = "") -> dict[str, str]:
     if isinstance(data, dict):
         out = {}
@@ -87,7 +109,9 @@ def _flat(data, prefix: str = "") -> dict[str, str]:
 def _recipe_today(recipe: dict) -> dict:
     """The recipe read back with today's defaults, so that a section added since (fp8) is no difference."""
     try:
-        return recipe_to_dict(recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", "")))
+        return recipe_to_dict(
+            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", ""))
+        )
     except NandoctorError:
         return recipe  # a recipe this version cannot read is compared as written
 
@@ -104,6 +128,7 @@ def settings(meta: dict) -> dict[str, str]:
 
 
 # ---- one cell ------------------------------------------------------------------------------------------------
+
 
 def golden_tolerance(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> tuple[float, float]:
     """(loss, grad-norm) relative tolerance for a step of this cell: Thresholds.golden_*_eps machine
@@ -130,6 +155,7 @@ def relative_change(before: float, after: float) -> float:
 @dataclass(frozen=True)
 class CurveMatch:
     """How this run's loss curve compares with the baseline's over their common steps."""
+
     status: str  # BIT_IDENTICAL, WITHIN_TOLERANCE or PARTED
     steps: int  # common steps compared
     tolerance: float  # relative, per step (golden_tolerance's loss tolerance)
@@ -147,12 +173,15 @@ def compare_curves(before: list[Step], after: list[Step], tolerance: float) -> C
     beyond = [step for step, c in changes if c > tolerance]
     largest = max((c for _, c in changes), default=0.0)
     status = PARTED if beyond else WITHIN_TOLERANCE if differ else BIT_IDENTICAL
-    return CurveMatch(status, len(pairs), tolerance, differ[0] if differ else None, beyond[0] if beyond else None, largest)
+    return CurveMatch(
+        status, len(pairs), tolerance, differ[0] if differ else None, beyond[0] if beyond else None, largest
+    )
 
 
 @dataclass(frozen=True)
 class Golden:
     """A `check` run's step-0 value against the baseline's: the golden-value test."""
+
     name: str  # "step-0 loss" or "step-0 grad-norm"
     before: float
     after: float
@@ -173,7 +202,10 @@ def golden_values(before: ProbeRecord, after: ProbeRecord, t: Thresholds = THRES
         return []
     loss_tol, grad_tol = golden_tolerance(after, t)
     a, b = before.steps[0], after.steps[0]
-    return [Golden("step-0 loss", a.loss, b.loss, loss_tol), Golden("step-0 grad-norm", a.grad_norm, b.grad_norm, grad_tol)]
+    return [
+        Golden("step-0 loss", a.loss, b.loss, loss_tol),
+        Golden("step-0 grad-norm", a.grad_norm, b.grad_norm, grad_tol),
+    ]
 
 
 def throughput_noise(record: ProbeRecord) -> float | None:
@@ -193,6 +225,7 @@ def throughput_noise(record: ProbeRecord) -> float | None:
 @dataclass(frozen=True)
 class Measured:
     """A number of a cell stable in both runs, and the band within which a change is noise."""
+
     before: float | None
     after: float | None
     band: float  # relative to `before`; in the number's own units when absolute
@@ -215,6 +248,7 @@ class Measured:
 @dataclass
 class CellChange:
     """One probe id as the baseline and this run saw it."""
+
     probe_id: str
     before: ProbeOutcome | None
     after: ProbeOutcome | None
@@ -237,8 +271,11 @@ class CellChange:
 
 def _verdict_change(before: ProbeOutcome | None, after: ProbeOutcome | None) -> tuple[str, str]:
     if before is None:
-        return (REGRESSED, f"new cell, {after.verdict.name}: {after.verdict.reason}") if after.verdict.name == CRASH \
+        return (
+            (REGRESSED, f"new cell, {after.verdict.name}: {after.verdict.reason}")
+            if after.verdict.name == CRASH
             else (ADDED, f"not in the baseline; {after.verdict.name} now")
+        )
     if after is None:
         return REMOVED, f"not in this run; {before.verdict.name} in the baseline"
     was, now = before.verdict.name, after.verdict.name
@@ -256,8 +293,9 @@ def _verdict_change(before: ProbeOutcome | None, after: ProbeOutcome | None) -> 
     return CHANGED, moved
 
 
-def compare_cell(probe_id: str, before: ProbeOutcome | None, after: ProbeOutcome | None, golden: bool,
-                 t: Thresholds = THRESHOLDS) -> CellChange:
+def compare_cell(
+    probe_id: str, before: ProbeOutcome | None, after: ProbeOutcome | None, golden: bool, t: Thresholds = THRESHOLDS
+) -> CellChange:
     """The change of one cell; golden=True (a `check` run) also holds step 0 to the baseline's values."""
     change, why = _verdict_change(before, after)
     out = CellChange(probe_id, before, after, change, why)
@@ -270,26 +308,34 @@ def compare_cell(probe_id: str, before: ProbeOutcome | None, after: ProbeOutcome
         moved = [g for g in out.golden if not g.passed]
         if moved and out.change in (SAME, FIXED, CHANGED):
             out.change = REGRESSED
-            out.why = "; ".join(f"{g.name} moved {g.change:.3g} (relative), beyond the ±{g.tolerance:.3g} of "
-                                f"{after.record.cell.dtype}" for g in moved)
+            out.why = "; ".join(
+                f"{g.name} moved {g.change:.3g} (relative), beyond the ±{g.tolerance:.3g} of {after.record.cell.dtype}"
+                for g in moved
+            )
     if before.verdict.name == STABLE and after.verdict.name == STABLE:
         noise = [n for n in (throughput_noise(before.record), throughput_noise(after.record)) if n is not None]
         out.fidelity = Measured(before.fidelity, after.fidelity, t.fidelity_regression, absolute=True)
-        out.tokens_per_s = Measured(before.tokens_per_s, after.tokens_per_s, max(noise) if noise else t.throughput_noise)
+        out.tokens_per_s = Measured(
+            before.tokens_per_s, after.tokens_per_s, max(noise) if noise else t.throughput_noise
+        )
         out.peak_memory = Measured(before.peak_memory_bytes, after.peak_memory_bytes, t.memory_noise)
         worse = out.fidelity.change is not None and out.fidelity.change > t.fidelity_regression
         if worse and out.change == SAME:
             out.change = REGRESSED
-            out.why = (f"fidelity to fp32 {100 * before.fidelity:.3f}% -> {100 * after.fidelity:.3f}%, "
-                       f"worse by more than {100 * t.fidelity_regression:g} points")
+            out.why = (
+                f"fidelity to fp32 {100 * before.fidelity:.3f}% -> {100 * after.fidelity:.3f}%, "
+                f"worse by more than {100 * t.fidelity_regression:g} points"
+            )
     return out
 
 
 # ---- the run -------------------------------------------------------------------------------------------------
 
+
 @dataclass
 class RunDiff:
     """A run against its baseline. `cells` in CHANGE_ORDER, regressions first."""
+
     baseline: RunAnalysis
     current: RunAnalysis
     environment: list[Difference]
@@ -330,8 +376,12 @@ class RunDiff:
     @property
     def unchanged(self) -> bool:
         """Same environment and settings, same verdicts, and every common loss curve bit-identical."""
-        return not self.environment and not self.settings and all(c.change == SAME for c in self.cells) and \
-            all(c.curve is None or c.curve.status == BIT_IDENTICAL for c in self.cells)
+        return (
+            not self.environment
+            and not self.settings
+            and all(c.change == SAME for c in self.cells)
+            and all(c.curve is None or c.curve.status == BIT_IDENTICAL for c in self.cells)
+        )
 
 
 def compare_runs(baseline: RunAnalysis, current: RunAnalysis, t: Thresholds = THRESHOLDS) -> RunDiff:
@@ -344,5 +394,11 @@ def compare_runs(baseline: RunAnalysis, current: RunAnalysis, t: Thresholds = TH
     cells = [compare_cell(p, before.get(p), after.get(p), golden, t) for p in ids]
     cells.sort(key=lambda c: CHANGE_ORDER.index(c.change))
     env_a, env_b = environment_facts(baseline.meta.get("env") or {}), environment_facts(current.meta.get("env") or {})
-    return RunDiff(baseline, current, _differences(env_a, env_b), _differences(settings(baseline.meta), settings(current.meta)),
-                   _unrecorded(env_a, env_b), cells)
+    return RunDiff(
+        baseline,
+        current,
+        _differences(env_a, env_b),
+        _differences(settings(baseline.meta), settings(current.meta)),
+        _unrecorded(env_a, env_b),
+        cells,
+    )

@@ -1,5 +1,6 @@
 """How loaded the host was while probes were timed, from the `host_load` each probe measured over its
 own timed steps (env.host_load) and from the re-timing rounds. Pure: reads records and retime.json."""
+
 from __future__ import annotations
 
 import statistics
@@ -34,10 +35,14 @@ def load_summary(records: list[ProbeRecord], timing: dict | None = None) -> dict
     loaded = [s for s in every if (_share(s) or 0.0) >= LOADED_CPU_SHARE or _gpu_others(s)]
     averages = [s["loadavg"][0] for s in every if s.get("loadavg")]
     retime_cores = [s["other_cpu_cores"] for s in retiming if s.get("other_cpu_cores") is not None]
-    return {"probes": len(every), "cpu_count": every[0].get("cpu_count"),
-            "other_cpu_cores_median": statistics.median(cores) if cores else None,
-            "other_cpu_cores_max": max(cores) if cores else None,
-            "loaded_probes": len(loaded), "loadavg_max": max(averages) if averages else None,
-            "gpu_other_processes_max": max(map(_gpu_others, every)),
-            "retiming_other_cpu_cores": statistics.median(retime_cores) if retime_cores else None,
-            "significant": bool(loaded)}
+    return {
+        "probes": len(every),
+        "cpu_count": every[0].get("cpu_count"),
+        "other_cpu_cores_median": statistics.median(cores) if cores else None,
+        "other_cpu_cores_max": max(cores) if cores else None,
+        "loaded_probes": len(loaded),
+        "loadavg_max": max(averages) if averages else None,
+        "gpu_other_processes_max": max(map(_gpu_others, every)),
+        "retiming_other_cpu_cores": statistics.median(retime_cores) if retime_cores else None,
+        "significant": bool(loaded),
+    }

@@ -24,6 +24,7 @@ A probe whose fidelity is unknown (no reference to compare with) ranks after eve
 So a recommendation changes between two runs only when one configuration is faster by more than
 the noise both measured; otherwise the same fixed order picks the same one.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,16 +49,32 @@ def tokens_per_s(steps: list[Step]) -> float | None:
 def adoption_key(dtype: str | None, attn: str | None, compile: str | None, optimizer: str | None) -> tuple:
     """Sort key of a cell by what adopting it asks of a user: cheaper and more robust first (see the
     module docstring). Values the cell table does not know sort last."""
+
     def index(table: dict, name) -> int:
         return list(table).index(name) if name in table else len(table)
-    c, p, a, o = COMPILATIONS.get(compile), PRECISIONS.get(dtype), ATTENTIONS.get(attn), OPTIMIZERS.get(optimizer or DEFAULT_OPTIMIZER)
+
+    c, p, a, o = (
+        COMPILATIONS.get(compile),
+        PRECISIONS.get(dtype),
+        ATTENTIONS.get(attn),
+        OPTIMIZERS.get(optimizer or DEFAULT_OPTIMIZER),
+    )
     compile_key = (c is None, c.cost if c else 0, index(COMPILATIONS, compile))
-    precision_key = (p is None,) + ((p.weights is not None, p.fp8 is not None, p.scaler, p.autocast is not None) if p else ()) \
+    precision_key = (
+        (p is None,)
+        + ((p.weights is not None, p.fp8 is not None, p.scaler, p.autocast is not None) if p else ())
         + (index(PRECISIONS, dtype),)
-    attention_key = (a is None,) + ((a.sdpa_backend is not None or a.package is not None, a.name != DEFAULT_ATTENTION) if a else ()) \
+    )
+    attention_key = (
+        (a is None,)
+        + ((a.sdpa_backend is not None or a.package is not None, a.name != DEFAULT_ATTENTION) if a else ())
         + (index(ATTENTIONS, attn),)
-    optimizer_key = (o is None,) + ((o.package is not None, o.name != DEFAULT_OPTIMIZER) if o else ()) \
+    )
+    optimizer_key = (
+        (o is None,)
+        + ((o.package is not None, o.name != DEFAULT_OPTIMIZER) if o else ())
         + (index(OPTIMIZERS, optimizer or DEFAULT_OPTIMIZER),)
+    )
     return compile_key, precision_key, attention_key, optimizer_key
 
 
@@ -90,8 +107,12 @@ def _speed(row) -> tuple[float, float, float]:
     return median, _number(row, "tokens_per_s_q1", median), _number(row, "tokens_per_s_q3", median)
 
 
-def clearly_faster(a: tuple[float, float, float], b: tuple[float, float, float], t: Thresholds = THRESHOLDS,
-                   ratios: list[float] | None = None) -> bool:
+def clearly_faster(
+    a: tuple[float, float, float],
+    b: tuple[float, float, float],
+    t: Thresholds = THRESHOLDS,
+    ratios: list[float] | None = None,
+) -> bool:
     """Whether speed a = (median, q1, q3) beats b by more than their measured noise (and the margin).
     ratios: a's tokens/s over b's in each interleaved re-timing round both ran (paired_ratios), when
     there are two or more; then a must also win every round by the margin, and by more than the ratio
@@ -117,11 +138,17 @@ def _tie_key(row) -> tuple:
     probe id, so that the order does not depend on the order the rows came in."""
     cell = [row.get(axis) if hasattr(row, "get") else None for axis in ("dtype", "attn", "compile", "optimizer")]
     probe_id = row.get("probe_id") if hasattr(row, "get") else None
-    return adoption_key(*cell), _number(row, "peak_memory_bytes", math.inf), _number(row, "fidelity", math.inf), \
-        str(probe_id) if probe_id is not None else ""
+    return (
+        adoption_key(*cell),
+        _number(row, "peak_memory_bytes", math.inf),
+        _number(row, "fidelity", math.inf),
+        str(probe_id) if probe_id is not None else "",
+    )
 
 
-def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict[int, float]] | None = None) -> pd.DataFrame:
+def rank(
+    table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict[int, float]] | None = None
+) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
     fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
     tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, retimed (the
@@ -145,8 +172,13 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict
             left = sorted(part, key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
             while left:
                 lead, lead_id = _speed(rows[left[0]]), str(rows[left[0]].get("probe_id"))
-                tied = [left[0]] + [i for i in left[1:] if not clearly_faster(
-                    lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))))]
+                tied = [left[0]] + [
+                    i
+                    for i in left[1:]
+                    if not clearly_faster(
+                        lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id")))
+                    )
+                ]
                 tied.sort(key=lambda i: _tie_key(rows[i]))
                 order += tied
                 classes.update({i: speed_class for i in tied})
@@ -155,5 +187,3 @@ def rank(table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict
     out = table.loc[order].copy()
     out["speed_class"] = [classes[i] for i in order]
     return out
-
-

@@ -1,6 +1,7 @@
 """From the results store to what the reports say: a verdict per probe against its fp32 reference,
 the probe table, the ranking of the stable ones, the recommended and the fastest configuration, and
 the exit code."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,7 +58,9 @@ class RunAnalysis:
     comparison: object | None = None  # a diff.RunDiff: this run against the --baseline run (diff imports this module)
     timing: dict | None = None  # retime.json: the leading cells re-timed back to back, interleaved
     load: dict | None = None  # analysis.load.load_summary: how busy the host was while probes were timed
-    unwritten: list[tuple[str, bool]] = field(default_factory=list)  # (line, the OS refused it) per report file not written
+    unwritten: list[tuple[str, bool]] = field(
+        default_factory=list
+    )  # (line, the OS refused it) per report file not written
 
     @property
     def recommended(self) -> ProbeOutcome | None:
@@ -85,9 +88,16 @@ class RunAnalysis:
         rec = self.recommended_on(hardware)
         if rec is None:
             return []
-        return [o for o in self.ranking if o is not rec and o.record.cell.hardware == hardware
-                and o.speed_class == rec.speed_class and o.speed_class is not None
-                and bool(o.flags) == bool(rec.flags) and same_bucket(o, rec)]
+        return [
+            o
+            for o in self.ranking
+            if o is not rec
+            and o.record.cell.hardware == hardware
+            and o.speed_class == rec.speed_class
+            and o.speed_class is not None
+            and bool(o.flags) == bool(rec.flags)
+            and same_bucket(o, rec)
+        ]
 
     @property
     def fastest(self) -> ProbeOutcome | None:
@@ -131,21 +141,64 @@ class RunAnalysis:
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
     """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s (and whether
     the interleaved re-timing measured it), peak memory, optimizer-state bytes."""
-    rows = [{"probe_id": o.probe_id, "dtype": o.record.cell.dtype, "attn": o.record.cell.attn,
-             "compile": o.record.cell.compile, "optimizer": o.record.cell.optimizer, "parallel": o.record.cell.parallel,
-             "hardware": o.record.cell.hardware, "node": o.record.node, "gpu": o.record.gpu, "overrides": o.record.overrides,
-             "seed": o.record.seed, "verdict": o.verdict.name, "step": o.verdict.step, "reason": o.verdict.reason,
-             "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
-             "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
-             "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
-             "peak_memory_bytes": o.peak_memory_bytes, "optimizer_state_bytes": o.record.optimizer_state_bytes,
-             "steps_run": len(o.record.steps), "wall_s": o.record.wall_s, "flags": ",".join(o.flags),
-             "retimed": o.retimed} for o in outcomes]
-    columns = ["probe_id", "dtype", "attn", "compile", "optimizer", "parallel", "hardware", "node", "gpu", "overrides", "seed", "verdict", "step", "reason",
-               "fidelity", "tokens_per_s", "tokens_per_s_q1", "tokens_per_s_q3", "peak_memory_bytes", "optimizer_state_bytes",
-               "steps_run", "wall_s", "flags", "retimed"]
-    return pd.DataFrame(rows, columns=columns).astype({"step": "Int64", "peak_memory_bytes": "Int64",
-                                                       "optimizer_state_bytes": "Int64"})
+    rows = [
+        {
+            "probe_id": o.probe_id,
+            "dtype": o.record.cell.dtype,
+            "attn": o.record.cell.attn,
+            "compile": o.record.cell.compile,
+            "optimizer": o.record.cell.optimizer,
+            "parallel": o.record.cell.parallel,
+            "hardware": o.record.cell.hardware,
+            "node": o.record.node,
+            "gpu": o.record.gpu,
+            "overrides": o.record.overrides,
+            "seed": o.record.seed,
+            "verdict": o.verdict.name,
+            "step": o.verdict.step,
+            "reason": o.verdict.reason,
+            "fidelity": o.fidelity,
+            "tokens_per_s": o.tokens_per_s,
+            "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
+            "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
+            "peak_memory_bytes": o.peak_memory_bytes,
+            "optimizer_state_bytes": o.record.optimizer_state_bytes,
+            "steps_run": len(o.record.steps),
+            "wall_s": o.record.wall_s,
+            "flags": ",".join(o.flags),
+            "retimed": o.retimed,
+        }
+        for o in outcomes
+    ]
+    columns = [
+        "probe_id",
+        "dtype",
+        "attn",
+        "compile",
+        "optimizer",
+        "parallel",
+        "hardware",
+        "node",
+        "gpu",
+        "overrides",
+        "seed",
+        "verdict",
+        "step",
+        "reason",
+        "fidelity",
+        "tokens_per_s",
+        "tokens_per_s_q1",
+        "tokens_per_s_q3",
+        "peak_memory_bytes",
+        "optimizer_state_bytes",
+        "steps_run",
+        "wall_s",
+        "flags",
+        "retimed",
+    ]
+    return pd.DataFrame(rows, columns=columns).astype(
+        {"step": "Int64", "peak_memory_bytes": "Int64", "optimizer_state_bytes": "Int64"}
+    )
 
 
 def speed(o: ProbeOutcome) -> tuple[float, float, float]:
@@ -177,20 +230,30 @@ def rankable(outcomes: list[ProbeOutcome]) -> list[int]:
     return [ids[0] for ids in by_config.values() if all(outcomes[i].verdict.name == STABLE for i in ids)]
 
 
-def rank_per_hardware(table: pd.DataFrame, hardware: list[str], rounds: dict[str, dict[int, float]] | None = None,
-                      t: Thresholds = THRESHOLDS) -> pd.DataFrame:
+def rank_per_hardware(
+    table: pd.DataFrame,
+    hardware: list[str],
+    rounds: dict[str, dict[int, float]] | None = None,
+    t: Thresholds = THRESHOLDS,
+) -> pd.DataFrame:
     """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
     measured on the same kind), the kinds in the order they first appear; hardware: one per table row
     of the whole probe table, by position."""
     kinds = list(dict.fromkeys(hardware[i] for i in table.index))
-    return pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds) for h in kinds]) \
-        if len(kinds) > 1 else rank(table, t, rounds)
+    return (
+        pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds) for h in kinds])
+        if len(kinds) > 1
+        else rank(table, t, rounds)
+    )
 
 
 def retimed_rounds(timing: dict | None) -> list[tuple[str, object, list[Step]]]:
     """(probe id, round, steps) of each re-timing round that trained to the end (retime.json)."""
-    return [(p["of"], p.get("round"), [Step.from_dict(s) for s in p.get("steps") or []])
-            for p in (timing or {}).get("probes", []) if p.get("status") == "ok"]
+    return [
+        (p["of"], p.get("round"), [Step.from_dict(s) for s in p.get("steps") or []])
+        for p in (timing or {}).get("probes", [])
+        if p.get("status") == "ok"
+    ]
 
 
 def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
@@ -206,7 +269,9 @@ def speed_thresholds(load: dict | None) -> Thresholds:
     """The thresholds speeds are compared with: the loaded margin (Thresholds.loaded_speed_margin) in
     place of the quiet one when the host was loaded while probes were timed (load_summary)."""
     if load and load.get("significant"):
-        return dataclasses.replace(THRESHOLDS, speed_margin=max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin))
+        return dataclasses.replace(
+            THRESHOLDS, speed_margin=max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin)
+        )
     return THRESHOLDS
 
 
@@ -233,18 +298,38 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
     for r in records:
         v = references.judge(r)
         throughput = retimed.get(r.probe_id) or r.throughput or Throughput.of(r.steps)
-        outcomes.append(ProbeOutcome(r, v, references.fidelity(r, v), throughput, references.of(r),
-                                     flags_of(r, findings), fidelity(r.steps, references.exact(r)),
-                                     retimed=r.probe_id in retimed))
+        outcomes.append(
+            ProbeOutcome(
+                r,
+                v,
+                references.fidelity(r, v),
+                throughput,
+                references.of(r),
+                flags_of(r, findings),
+                fidelity(r.steps, references.exact(r)),
+                retimed=r.probe_id in retimed,
+            )
+        )
     table = probe_table(outcomes)
     load = load_summary(records, timing)
-    ranked = rank_per_hardware(table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], round_medians(timing),
-                               speed_thresholds(load))
+    ranked = rank_per_hardware(
+        table.iloc[rankable(outcomes)],
+        [o.record.cell.hardware for o in outcomes],
+        round_medians(timing),
+        speed_thresholds(load),
+    )
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):
         outcomes[i].speed_class = int(speed_class)
-    return RunAnalysis(meta=meta, outcomes=outcomes, table=table, ranking=[outcomes[i] for i in ranked.index],
-                       expected=meta.get("planned", len(records)), findings=findings, timing=timing,
-                       load=load)
+    return RunAnalysis(
+        meta=meta,
+        outcomes=outcomes,
+        table=table,
+        ranking=[outcomes[i] for i in ranked.index],
+        expected=meta.get("planned", len(records)),
+        findings=findings,
+        timing=timing,
+        load=load,
+    )
 
 
 def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
@@ -253,11 +338,16 @@ def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
     winners). Empty when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's
     winner is decided among that kind's probes only."""
     leaders = []
-    for rec in ([a.recommended_on(h) for h in a.hardware] if a.hardware else [a.recommended]):
+    for rec in [a.recommended_on(h) for h in a.hardware] if a.hardware else [a.recommended]:
         if rec is None:
             continue
-        top = [o for o in a.ranking if o.record.cell.hardware == rec.record.cell.hardware
-               and same_bucket(o, rec) and bool(o.flags) == bool(rec.flags)]
+        top = [
+            o
+            for o in a.ranking
+            if o.record.cell.hardware == rec.record.cell.hardware
+            and same_bucket(o, rec)
+            and bool(o.flags) == bool(rec.flags)
+        ]
         leaders += top[:most] if len(top) > 1 else []
     return leaders
 

@@ -9,6 +9,7 @@ with adamw, and of a bf16-amp cell with an 8-bit optimizer.
 
 Pure analysis: no torch. Rows come from probe records (report/savings.py builds them); claims are data.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 class SavingsRow:
     """One probe's figures. `variant` is what else tells probes apart (attention, compile, overrides,
     seed): a probe is compared with a baseline of the same variant only."""
+
     cell_id: str
     dtype: str
     optimizer: str
@@ -42,6 +44,7 @@ class Claim:
     """A published claim and how nandoctor reads it as a range of one measured figure: held when
     low < figure <= high. The reading (the range) is nandoctor's, the words are the source's.
     gpu_only: the claim speaks of GPU speed or GPU memory, which a CPU probe does not measure."""
+
     id: str
     quote: str
     source: str
@@ -57,21 +60,58 @@ class Claim:
 FP8 = tuple(name for name, p in PRECISIONS.items() if p.fp8)
 ADAMW_8BIT = ("bnb-adamw8bit", "bnb-paged-adamw8bit", "ao-adamw8bit")
 CLAIMS = (
-    Claim("fp8-speed", "up to 2x faster than FP16/BF16", GUIDE, "dtype", FP8, "speedup", low=1.0,
-          reading="held when fp8 trains more tokens/s than bf16-amp at all; 'up to' sets no lower bound", gpu_only=True),
-    Claim("fp8-accuracy", "minimal accuracy loss (~0.1%)", GUIDE, "dtype", FP8, "extra_loss_error", high=0.001,
-          reading="held when the fp8 loss curve is at most 0.1% (relative) further from the fp32 reference than bf16-amp's"),
-    Claim("8bit-adamw-state", "reduces memory usage by approximately 75% for optimizer states", GUIDE, "optimizer",
-          ADAMW_8BIT, "state_saving", low=0.70, high=0.80,
-          reading="held when optimizer-state bytes fall by 70-80% ('approximately' read as 5 points either way)"),
-    Claim("8bit-adamw-overall", "~50-75% overall", GUIDE, "optimizer", ADAMW_8BIT, "peak_saving", low=0.45, high=0.80,
-          reading="held when peak memory falls by 45-80% ('~' read as 5 points either way)", gpu_only=True),
+    Claim(
+        "fp8-speed",
+        "up to 2x faster than FP16/BF16",
+        GUIDE,
+        "dtype",
+        FP8,
+        "speedup",
+        low=1.0,
+        reading="held when fp8 trains more tokens/s than bf16-amp at all; 'up to' sets no lower bound",
+        gpu_only=True,
+    ),
+    Claim(
+        "fp8-accuracy",
+        "minimal accuracy loss (~0.1%)",
+        GUIDE,
+        "dtype",
+        FP8,
+        "extra_loss_error",
+        high=0.001,
+        reading="held when the fp8 loss curve is at most 0.1% (relative) further from the fp32 reference "
+        "than bf16-amp's",
+    ),
+    Claim(
+        "8bit-adamw-state",
+        "reduces memory usage by approximately 75% for optimizer states",
+        GUIDE,
+        "optimizer",
+        ADAMW_8BIT,
+        "state_saving",
+        low=0.70,
+        high=0.80,
+        reading="held when optimizer-state bytes fall by 70-80% ('approximately' read as 5 points either way)",
+    ),
+    Claim(
+        "8bit-adamw-overall",
+        "~50-75% overall",
+        GUIDE,
+        "optimizer",
+        ADAMW_8BIT,
+        "peak_saving",
+        low=0.45,
+        high=0.80,
+        reading="held when peak memory falls by 45-80% ('~' read as 5 points either way)",
+        gpu_only=True,
+    ),
 )
 
 
 @dataclass(frozen=True)
 class Saving:
     """One low-precision probe against its baseline; a figure is None when either side lacks it."""
+
     cell_id: str
     baseline_id: str | None
     state_saving: float | None  # 1 - state bytes / baseline state bytes
@@ -111,11 +151,14 @@ def compare(row: SavingsRow, baseline: SavingsRow | None) -> Saving:
     if baseline is None:
         return Saving(row.cell_id, None, None, None, None, None)
     both_fidelities = row.fidelity is not None and baseline.fidelity is not None
-    return Saving(row.cell_id, baseline.cell_id,
-                  state_saving=_saving(row.optimizer_state_bytes, baseline.optimizer_state_bytes),
-                  peak_saving=_saving(row.peak_memory_bytes, baseline.peak_memory_bytes),
-                  speedup=_ratio(row.tokens_per_s, baseline.tokens_per_s),
-                  extra_loss_error=row.fidelity - baseline.fidelity if both_fidelities else None)
+    return Saving(
+        row.cell_id,
+        baseline.cell_id,
+        state_saving=_saving(row.optimizer_state_bytes, baseline.optimizer_state_bytes),
+        peak_saving=_saving(row.peak_memory_bytes, baseline.peak_memory_bytes),
+        speedup=_ratio(row.tokens_per_s, baseline.tokens_per_s),
+        extra_loss_error=row.fidelity - baseline.fidelity if both_fidelities else None,
+    )
 
 
 def check(claim: Claim, row: SavingsRow, baseline: SavingsRow | None, saving: Saving) -> ClaimCheck:
@@ -124,15 +167,28 @@ def check(claim: Claim, row: SavingsRow, baseline: SavingsRow | None, saving: Sa
     claim about GPUs."""
     figure = getattr(saving, claim.figure)
     if baseline is None:
-        return ClaimCheck(row.cell_id, claim, None, NOT_MEASURED, f"no {'/'.join(baseline_of(row))} probe of the same variant in this run")
+        return ClaimCheck(
+            row.cell_id,
+            claim,
+            None,
+            NOT_MEASURED,
+            f"no {'/'.join(baseline_of(row))} probe of the same variant in this run",
+        )
     if baseline.verdict != "stable":
-        return ClaimCheck(row.cell_id, claim, None, NOT_MEASURED, f"the baseline {baseline.cell_id} was {baseline.verdict}")
+        return ClaimCheck(
+            row.cell_id, claim, None, NOT_MEASURED, f"the baseline {baseline.cell_id} was {baseline.verdict}"
+        )
     if row.verdict != "stable":
         verdict = NOT_HELD if claim.figure == "extra_loss_error" else NOT_MEASURED
         return ClaimCheck(row.cell_id, claim, None, verdict, f"the probe was {row.verdict}, not stable")
     if claim.gpu_only and row.device != "cuda":
-        return ClaimCheck(row.cell_id, claim, figure, NOT_MEASURED,
-                          f"the claim is about GPU {'speed' if claim.figure == 'speedup' else 'memory'}; this probe ran on a CPU")
+        return ClaimCheck(
+            row.cell_id,
+            claim,
+            figure,
+            NOT_MEASURED,
+            f"the claim is about GPU {'speed' if claim.figure == 'speedup' else 'memory'}; this probe ran on a CPU",
+        )
     if figure is None:
         return ClaimCheck(row.cell_id, claim, None, NOT_MEASURED, f"{claim.figure} was not recorded")
     held = claim.low < figure <= claim.high

@@ -1,6 +1,7 @@
 """Turn one probe record into one verdict with a one-line reason, and judge every probe against the
 right fp32 reference (References). Pure: no torch, no processes. Every threshold lives in
 config.Thresholds."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,13 @@ HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
 UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED)
 FAIL_ON = (TIMEOUT, OOM, KILLED)  # what bisect's --fail-on may count as a failure
-CRASH_SIGNALS = {"SIGSEGV": "segmentation fault", "SIGABRT": "abort", "SIGBUS": "bus error",
-                 "SIGILL": "illegal instruction", "SIGFPE": "floating-point exception"}
+CRASH_SIGNALS = {
+    "SIGSEGV": "segmentation fault",
+    "SIGABRT": "abort",
+    "SIGBUS": "bus error",
+    "SIGILL": "illegal instruction",
+    "SIGFPE": "floating-point exception",
+}
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,11 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
     if status == "signal":
         sig = record.signal
         if sig in CRASH_SIGNALS:
-            return Verdict(CRASH, f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}" + known_crash(record.log_tail or ""), max(last, 0))
+            return Verdict(
+                CRASH,
+                f"process died of {sig} ({CRASH_SIGNALS[sig]}) {done}" + known_crash(record.log_tail or ""),
+                max(last, 0),
+            )
         hint = " (the kernel's OOM killer sends SIGKILL)" if sig == "SIGKILL" else ""
         return Verdict(KILLED, f"process killed by {sig}{hint} {done}", max(last, 0))
     if status == "error":
@@ -81,7 +91,10 @@ def harness_verdict(record: ProbeRecord) -> Verdict | None:
         if sig and sig.verdict == UNSUPPORTED:  # the device refused the cell: not the probe's failure
             said = [w for w in err.get("warnings") or [] if re.search(sig.explained_by or "$^", w)]
             because = "; ".join(w.split(": ", 1)[-1].strip() for w in said)
-            return Verdict(UNSUPPORTED, f"{text[:200]} ({sig.diagnosis.rstrip('.')})" + (f": PyTorch said {because[:600]}" if because else ""))
+            return Verdict(
+                UNSUPPORTED,
+                f"{text[:200]} ({sig.diagnosis.rstrip('.')})" + (f": PyTorch said {because[:600]}" if because else ""),
+            )
         oom = err.get("oom") or (sig is not None and sig.verdict == OOM)
         return Verdict(OOM if oom else CRASH, text[:300] + known_crash(err.get("message") or ""), max(last + 1, 0))
     if not record.steps:
@@ -105,16 +118,27 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
         return None
     w, ratio, err = facts["world_size"], got["norm_ratio"], got["max_rel_error"]
     if w > 1 and abs(ratio / w - 1) <= t.grad_ratio_rel:
-        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction sums "
-                                      f"instead of averaging (world size {w})", 0)
+        return Verdict(
+            GRAD_MISMATCH,
+            f"gradients are {ratio:.2f}x the single-process ones: the reduction sums "
+            f"instead of averaging (world size {w})",
+            0,
+        )
     if w > 1 and abs(ratio * w - 1) <= t.grad_ratio_rel:
-        return Verdict(GRAD_MISMATCH, f"gradients are {ratio:.2f}x the single-process ones: the reduction divides "
-                                      f"by the world size ({w}) twice", 0)
+        return Verdict(
+            GRAD_MISMATCH,
+            f"gradients are {ratio:.2f}x the single-process ones: the reduction divides by the world size ({w}) twice",
+            0,
+        )
     tol, coarsest = agreement_tolerance([record.cell.precision.compute, *(facts.get("reduce_dtype") or [])], t)
     if not math.isfinite(err) or err > tol:
-        return Verdict(GRAD_MISMATCH, f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
-                                      f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
-                                      "computation and reduction explain", 0)
+        return Verdict(
+            GRAD_MISMATCH,
+            f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
+            f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
+            "computation and reduction explain",
+            0,
+        )
     return None
 
 
@@ -123,7 +147,9 @@ def _tail(n: int, t: Thresholds) -> int:
     return max(1, int(n * t.tail_fraction))
 
 
-def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS, since: int = 0) -> Verdict:
+def numeric_verdict(
+    steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS, since: int = 0
+) -> Verdict:
     """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given.
     Steps before index `since` were judged already (a live run's watch judges each new step once);
     they still count as history for the spike window, the largest grad-norm and the rise."""
@@ -132,9 +158,15 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
         if what == "loss":
             return Verdict(NONFINITE, f"loss is {_fmt(s.loss)} at step {s.step}", s.step)
         if what == "grad":
-            return Verdict(NONFINITE, f"grad-norm is {_fmt(s.grad_norm)} at step {s.step} with no GradScaler to skip it", s.step)
+            return Verdict(
+                NONFINITE, f"grad-norm is {_fmt(s.grad_norm)} at step {s.step} with no GradScaler to skip it", s.step
+            )
         if what == "scale":
-            return Verdict(NONFINITE, f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled", s.step)
+            return Verdict(
+                NONFINITE,
+                f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled",
+                s.step,
+            )
     for s in steps[since:]:
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
@@ -143,33 +175,50 @@ def numeric_verdict(steps: list[Step], reference: list[Step] | None, t: Threshol
         return dead
     losses = [s.loss for s in steps]
     for k in range(max(t.spike_min_history, since), len(losses)):
-        window = losses[max(0, k - t.spike_window):k]
+        window = losses[max(0, k - t.spike_window) : k]
         mean = sum(window) / len(window)
         if mean > 0 and losses[k] > t.spike_factor * mean:  # a spike is a multiple of a positive mean
-            return Verdict(DIVERGED, f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, {losses[k] / mean:.1f}x the mean of the previous {len(window)} steps", steps[k].step)
+            return Verdict(
+                DIVERGED,
+                f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, "
+                f"{losses[k] / mean:.1f}x the mean of the previous {len(window)} steps",
+                steps[k].step,
+            )
     counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
     largest = max(counted, default=None)
     for s in steps[since:]:
         if s.skipped or not math.isfinite(s.grad_norm):
             continue
         if largest is not None and largest > 0 and s.grad_norm > t.grad_explode_factor * largest:
-            return Verdict(DIVERGED, f"grad-norm exploded to {_fmt(s.grad_norm)} at step {s.step}, {s.grad_norm / largest:.0f}x the largest before", s.step)
+            return Verdict(
+                DIVERGED,
+                f"grad-norm exploded to {_fmt(s.grad_norm)} at step {s.step}, "
+                f"{s.grad_norm / largest:.0f}x the largest before",
+                s.step,
+            )
         largest = max(largest or 0.0, s.grad_norm)
     q = _tail(len(losses), t)
     end = sum(losses[-q:]) / q
     if len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
-        return Verdict(DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", steps[-1].step)
+        return Verdict(
+            DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", steps[-1].step
+        )
     if reference:
         n = min(len(steps), len(reference))
         q = _tail(n, t)
         ref = [s.loss for s in reference[:n]]
-        dev = sum(abs(a - b) for a, b in zip(losses[n - q:n], ref[n - q:n])) / q
-        ref_drop = max(0.0, ref[0] - sum(ref[n - q:n]) / q)
+        dev = sum(abs(a - b) for a, b in zip(losses[n - q : n], ref[n - q : n])) / q
+        ref_drop = max(0.0, ref[0] - sum(ref[n - q : n]) / q)
         tol = t.drift_rel * ref_drop + t.drift_abs
         if dev > tol:
-            mine, theirs = sum(losses[n - q:n]) / q, sum(ref[n - q:n]) / q
-            return Verdict(DRIFT, f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
-                                  f"{dev:.3f} nats off, tolerance {tol:.3f} ({t.drift_rel:.0%} of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})", n - q)
+            mine, theirs = sum(losses[n - q : n]) / q, sum(ref[n - q : n]) / q
+            return Verdict(
+                DRIFT,
+                f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
+                f"{dev:.3f} nats off, tolerance {tol:.3f} "
+                f"({t.drift_rel:.0%} of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})",
+                n - q,
+            )
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
@@ -179,12 +228,23 @@ def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None
     counted = [s for s in steps if not s.skipped]
     if counted and all(s.grad_norm == 0.0 for s in counted):
         n = len(counted)
-        return Verdict(NO_LEARNING, f"grad-norm is exactly 0 at {'every one of ' + str(n) + ' steps' if n > 1 else 'step ' + str(counted[0].step)}: "
-                                    "no parameter receives a gradient, nothing trains", counted[0].step)
+        return Verdict(
+            NO_LEARNING,
+            "grad-norm is exactly 0 at "
+            f"{'every one of ' + str(n) + ' steps' if n > 1 else 'step ' + str(counted[0].step)}: "
+            "no parameter receives a gradient, nothing trains",
+            counted[0].step,
+        )
     losses = [s.loss for s in steps]
-    if len(losses) >= t.no_learning_min_steps and all(abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses):
-        return Verdict(NO_LEARNING, f"loss stayed at {losses[0]:.6g} for all {len(losses)} steps "
-                                    f"(within {t.no_learning_loss_rel:g} relative): nothing trains", steps[0].step)
+    if len(losses) >= t.no_learning_min_steps and all(
+        abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses
+    ):
+        return Verdict(
+            NO_LEARNING,
+            f"loss stayed at {losses[0]:.6g} for all {len(losses)} steps "
+            f"(within {t.no_learning_loss_rel:g} relative): nothing trains",
+            steps[0].step,
+        )
     return None
 
 
@@ -203,7 +263,9 @@ def reference_key(record: ProbeRecord) -> str:
     the reference a resumed run writes now."""
     recipe = record.recipe
     try:
-        recipe = recipe_to_dict(recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", "")))
+        recipe = recipe_to_dict(
+            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", ""))
+        )
     except NandoctorError:
         pass  # a recipe this version cannot read (a newer one's) is compared as written
     same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
@@ -260,7 +322,9 @@ def fidelity(steps: list[Step], reference: list[Step] | None) -> float | None:
     return sum(errors) / len(errors)
 
 
-def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS) -> list[tuple[str, bool, str]]:
+def check_results(
+    record: ProbeRecord, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS
+) -> list[tuple[str, bool, str]]:
     """The step-0 sanity checks of `nandoctor check`: (name, passed, detail) each."""
     failed = harness_verdict(record)
     if failed:
@@ -268,33 +332,70 @@ def check_results(record: ProbeRecord, vocab: int, random_init: bool, t: Thresho
     s0 = record.steps[0]
     out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}")]
     grad_ok = math.isfinite(s0.grad_norm) or (s0.skipped and s0.scale is not None)
-    out.append(("grad-norm finite at step 0", grad_ok,
-                f"grad-norm {_fmt(s0.grad_norm)}" + (" (skipped by the GradScaler while calibrating)" if s0.skipped else "")))
+    out.append(
+        (
+            "grad-norm finite at step 0",
+            grad_ok,
+            f"grad-norm {_fmt(s0.grad_norm)}"
+            + (" (skipped by the GradScaler while calibrating)" if s0.skipped else ""),
+        )
+    )
     out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
     dead = no_learning(record.steps, t)
-    out.append(("gradients reach the weights", dead is None,
-                f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}"))
+    out.append(
+        (
+            "gradients reach the weights",
+            dead is None,
+            f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}",
+        )
+    )
     if random_init:
         expected = math.log(vocab)
         band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)
         ok = math.isfinite(s0.loss) and abs(s0.loss - expected) <= band
-        out.append(("initial loss near ln(vocab)", ok, f"loss {_fmt(s0.loss)}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}"))
+        out.append(
+            (
+                "initial loss near ln(vocab)",
+                ok,
+                f"loss {_fmt(s0.loss)}, ln({vocab}) = {expected:.3f}, band +/-{band:.2f}",
+            )
+        )
     else:
         out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
     if record.parallel:
         mismatch = parallel_verdict(record, t)
         got = record.parallel.get("grad_agreement") or {}
-        out.append(("step-0 gradients match one process", mismatch is None, mismatch.reason if mismatch else
-                    f"largest relative error {_fmt(got.get('max_rel_error', math.nan))}, norm ratio {_fmt(got.get('norm_ratio') or math.nan)}"))
+        out.append(
+            (
+                "step-0 gradients match one process",
+                mismatch is None,
+                mismatch.reason
+                if mismatch
+                else f"largest relative error {_fmt(got.get('max_rel_error', math.nan))}, "
+                f"norm ratio {_fmt(got.get('norm_ratio') or math.nan)}",
+            )
+        )
     if len(record.steps) > 1:  # --steps N: the later steps must stay finite too, not only step 0
         broke = next((s for s in record.steps[1:] if s.unrecoverable(t.min_scale) in ("loss", "grad")), None)
-        out.append(("loss and grad-norm finite after step 0", broke is None,
-                    f"non-finite at step {broke.step}: loss {_fmt(broke.loss)}, grad-norm {_fmt(broke.grad_norm)}" if broke
-                    else f"steps 1-{record.steps[-1].step} finite"))
+        out.append(
+            (
+                "loss and grad-norm finite after step 0",
+                broke is None,
+                f"non-finite at step {broke.step}: loss {_fmt(broke.loss)}, grad-norm {_fmt(broke.grad_norm)}"
+                if broke
+                else f"steps 1-{record.steps[-1].step} finite",
+            )
+        )
     bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
-    out.append(("no skipped step beyond GradScaler calibration", not bad,
-                f"scale fell below {t.min_scale:g} at step {bad[0].step}" if bad else
-                f"{sum(s.skipped for s in record.steps)} calibration skip(s)"))
+    out.append(
+        (
+            "no skipped step beyond GradScaler calibration",
+            not bad,
+            f"scale fell below {t.min_scale:g} at step {bad[0].step}"
+            if bad
+            else f"{sum(s.skipped for s in record.steps)} calibration skip(s)",
+        )
+    )
     return out
 
 
@@ -305,5 +406,7 @@ def _rel(a: float, b: float) -> float | None:
 def fidelity_curve(steps: list[Step], reference: list[Step] | None) -> list[dict]:
     """Per common step: relative loss and grad-norm error against the fp32 reference (None where
     either value is non-finite). A GradScaler-skipped step still has a loss, so it still counts."""
-    return [{"step": a.step, "loss": _rel(a.loss, b.loss), "grad_norm": _rel(a.grad_norm, b.grad_norm)}
-            for a, b in zip(steps, reference or [])]
+    return [
+        {"step": a.step, "loss": _rel(a.loss, b.loss), "grad_norm": _rel(a.grad_norm, b.grad_norm)}
+        for a, b in zip(steps, reference or [])
+    ]

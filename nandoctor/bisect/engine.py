@@ -9,12 +9,13 @@ depend on the data (other seeds), and which stable configuration is nearest the 
 
 Pure logic: an oracle runs the probes. This module never spawns a process and imports no torch.
 """
+
 from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 PASS, FAIL, FLAKY, UNRESOLVED = "pass", "fail", "flaky", "unresolved"
 
@@ -22,6 +23,7 @@ PASS, FAIL, FLAKY, UNRESOLVED = "pass", "fail", "flaky", "unresolved"
 @dataclass(frozen=True)
 class Trial:
     """One probe the engine asks for: a full configuration, a seed offset and a rerun index."""
+
     config: dict
     seed: int = 0
     attempt: int = 0  # 0: first run; 1..reruns: identical reruns with the same seed
@@ -34,6 +36,7 @@ class Trial:
 @dataclass(frozen=True)
 class Run:
     """What the oracle saw for one trial."""
+
     probe_id: str
     verdict: str
     failed: bool
@@ -47,6 +50,7 @@ Oracle = Callable[[list[Trial]], list[Run]]
 @dataclass
 class Step:
     """One configuration on the bisection path and what its probes said."""
+
     index: int
     phase: str  # confirm-target, confirm-baseline, ddmin, rerun, minimality, revert, recommend, between
     factors: list[str]  # the target's factors applied to the baseline
@@ -132,8 +136,17 @@ class Bisection:
     """Confirm the target fails and the baseline passes, isolate the culprits, recommend the stable
     configuration nearest the target. `parallel` probes are asked of the oracle at once."""
 
-    def __init__(self, good: dict, bad: dict, oracle: Oracle, reruns: int = 1, data_seeds: int = 0,
-                 parallel: int = 1, on_step: Callable[[Step], None] | None = None, ladders: dict | None = None):
+    def __init__(
+        self,
+        good: dict,
+        bad: dict,
+        oracle: Oracle,
+        reruns: int = 1,
+        data_seeds: int = 0,
+        parallel: int = 1,
+        on_step: Callable[[Step], None] | None = None,
+        ladders: dict | None = None,
+    ):
         self.good, self.bad, self.oracle = dict(good), dict(bad), oracle
         # factor -> the values between the target's and the baseline's, nearest the target first: when a
         # culprit is reverted to the baseline, the nearest of them that is stable is recommended instead
@@ -152,7 +165,7 @@ class Bisection:
     def _run(self, trials: list[Trial]) -> list[Run]:
         todo = list({t.key: t for t in trials if t.key not in self.cache}.values())
         for start in range(0, len(todo), self.parallel):
-            chunk = todo[start:start + self.parallel]
+            chunk = todo[start : start + self.parallel]
             for t, r in zip(chunk, self.oracle(chunk)):
                 self.cache[t.key] = r
         return [self.cache[t.key] for t in trials]
@@ -162,15 +175,18 @@ class Bisection:
         trials = [Trial(cfg, self.seed, 0)]
         if confirm:
             trials += [Trial(cfg, self.seed, a) for a in range(1, self.reruns + 1)]
-            trials += [Trial(cfg, s, a) for s in range(self.data_seeds + 1) if s != self.seed
-                       for a in range(self.reruns + 1)]
+            trials += [
+                Trial(cfg, s, a) for s in range(self.data_seeds + 1) if s != self.seed for a in range(self.reruns + 1)
+            ]
         return trials
 
     def _failing_seeds(self, factors: list[str]) -> list[int]:
         trials = self._trials(factors, confirm=True)
         return sorted({t.seed for t, r in zip(trials, self._run(trials)) if r.failed})
 
-    def _step(self, phase: str, factors: list[str], trials: list[Trial], runs: list[Run], between: dict | None = None) -> Step:
+    def _step(
+        self, phase: str, factors: list[str], trials: list[Trial], runs: list[Run], between: dict | None = None
+    ) -> Step:
         """Record a configuration's probes on the path; asking again for the same probes adds nothing."""
         ids = [r.probe_id for r in runs]
         seen = next((s for s in self.path if s.probe_ids == ids), None)
@@ -178,8 +194,18 @@ class Bisection:
             return seen
         outcome, data_dependent = judge(trials, runs)
         rates = [r.tokens_per_s for r in runs if r.tokens_per_s]
-        step = Step(len(self.path), phase, list(factors), trials[0].config, outcome, [r.verdict for r in runs],
-                    ids, data_dependent, min(rates) if rates and outcome == PASS else None, dict(between or {}))
+        step = Step(
+            len(self.path),
+            phase,
+            list(factors),
+            trials[0].config,
+            outcome,
+            [r.verdict for r in runs],
+            ids,
+            data_dependent,
+            min(rates) if rates and outcome == PASS else None,
+            dict(between or {}),
+        )
         self.path.append(step)
         if self.on_step:
             self.on_step(step)
@@ -197,14 +223,14 @@ class Bisection:
         runs = self._run([t for g in groups for t in g])
         steps, i = [], 0
         for p, c, g in zip(phases, candidates, groups):
-            steps.append(self._step(p, c, g, runs[i:i + len(g)]))
+            steps.append(self._step(p, c, g, runs[i : i + len(g)]))
             i += len(g)
         return steps
 
     def _first_failing(self, candidates: list[list[str]]) -> int | None:
         """The ddmin test: probe candidates `parallel` at a time, confirm a failure before trusting it."""
         for start in range(0, len(candidates), self.parallel):
-            chunk = candidates[start:start + self.parallel]
+            chunk = candidates[start : start + self.parallel]
             for offset, step in enumerate(self.probe_many("ddmin", chunk, confirm=False)):
                 if step.outcome == FAIL and self.probe("rerun", step.factors).outcome == FAIL:
                     return start + offset
@@ -220,29 +246,52 @@ class Bisection:
             failing = [s for s in checks if s.outcome == FAIL]
             if not failing or not failing[0].factors:
                 evidence = self.probe("ddmin", subset)
-                return Culprit(subset, evidence.index, [s.index for s in checks],
-                               evidence.data_dependent)
+                return Culprit(subset, evidence.index, [s.index for s in checks], evidence.data_dependent)
             factors = failing[0].factors
 
     def run(self) -> BisectResult:
-        result = BisectResult("bisected", "", {k: [self.good.get(k), self.bad[k]] for k in self.factors},
-                              self.good, self.bad, full_grid=2 ** len(self.factors))
+        result = BisectResult(
+            "bisected",
+            "",
+            {k: [self.good.get(k), self.bad[k]] for k in self.factors},
+            self.good,
+            self.bad,
+            full_grid=2 ** len(self.factors),
+        )
         target, baseline = self.probe_many(["confirm-target", "confirm-baseline"], [self.factors, []], confirm=True)
         if target.outcome == PASS:
             self._finish(result, "nothing-to-bisect", "the target is already stable: nothing to bisect", target)
         elif target.outcome == FLAKY:
-            self._finish(result, "flaky-target", f"the target is flaky (its verdict changed between identical reruns: "
-                         f"{', '.join(target.verdicts)}); not bisected", baseline if baseline.outcome == PASS else None)
+            self._finish(
+                result,
+                "flaky-target",
+                f"the target is flaky (its verdict changed between identical reruns: "
+                f"{', '.join(target.verdicts)}); not bisected",
+                baseline if baseline.outcome == PASS else None,
+            )
         elif target.outcome == UNRESOLVED:
-            self._finish(result, "unresolved-target", f"could not test the target: its probes ended "
-                         f"{', '.join(target.verdicts)}, which says nothing about its numerics; not bisected",
-                         baseline if baseline.outcome == PASS else None)
+            self._finish(
+                result,
+                "unresolved-target",
+                f"could not test the target: its probes ended "
+                f"{', '.join(target.verdicts)}, which says nothing about its numerics; not bisected",
+                baseline if baseline.outcome == PASS else None,
+            )
         elif baseline.outcome == UNRESOLVED:
-            self._finish(result, "unresolved-baseline", f"could not test the baseline: its probes ended "
-                         f"{', '.join(baseline.verdicts)}; not bisected", None)
+            self._finish(
+                result,
+                "unresolved-baseline",
+                f"could not test the baseline: its probes ended {', '.join(baseline.verdicts)}; not bisected",
+                None,
+            )
         elif baseline.outcome != PASS:
-            self._finish(result, "baseline-fails", f"the baseline does not pass ({baseline.outcome}: "
-                         f"{', '.join(baseline.verdicts)}); nothing to bisect against", None)
+            self._finish(
+                result,
+                "baseline-fails",
+                f"the baseline does not pass ({baseline.outcome}: "
+                f"{', '.join(baseline.verdicts)}); nothing to bisect against",
+                None,
+            )
         else:
             self.seed = self._failing_seeds(self.factors)[0]
             self._bisect(result)
@@ -262,8 +311,10 @@ class Bisection:
             revert = self.probe("revert", remaining)
             if revert.outcome != FAIL:  # pass; or flaky / unresolved, where no further culprit can be trusted
                 break
-        candidates = [[f for f in self.factors if f not in choice]
-                      for choice in itertools.product(*[c.factors for c in result.culprits])]
+        candidates = [
+            [f for f in self.factors if f not in choice]
+            for choice in itertools.product(*[c.factors for c in result.culprits])
+        ]
         steps = [s for s in self.probe_many("recommend", candidates, confirm=True) if s.outcome == PASS]
         if not steps:
             fallback = [revert] if revert is not None and revert.outcome == PASS else []
@@ -271,12 +322,17 @@ class Bisection:
         best = nearest_then_clearly_faster(steps)
         names = " + ".join("{" + ", ".join(c.factors) + "}" for c in result.culprits)
         kept = [f for f in self.factors if f in best.factors]
-        message = f"culprits: {names}; nearest stable configuration keeps {len(kept)} of {len(self.factors)} target factors"
+        message = (
+            f"culprits: {names}; nearest stable configuration keeps {len(kept)} of {len(self.factors)} target factors"
+        )
         nearer = self._between(best, {f for c in result.culprits for f in c.factors})
         if nearer is not None:
             best = nearer
-            message += "; " + ", ".join(f"{k}={v} is the nearest to the target's {self.bad[k]} that trains stably (the baseline has {self.good[k]})"
-                                        for k, v in nearer.between.items())
+            message += "; " + ", ".join(
+                f"{k}={v} is the nearest to the target's {self.bad[k]} that trains stably "
+                f"(the baseline has {self.good[k]})"
+                for k, v in nearer.between.items()
+            )
         self._finish(result, "bisected", message, best)
 
     def _between(self, best: Step, culprits: set[str]) -> Step | None:

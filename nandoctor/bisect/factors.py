@@ -1,6 +1,7 @@
 """The factors of a bisection: parse --good / --bad / --factor into full configurations (the four
 grid axes plus dotted recipe fields), and turn a configuration back into a cell and a recipe variant.
 Pure apart from the recipe validation it calls."""
+
 from __future__ import annotations
 
 import itertools
@@ -49,7 +50,7 @@ def precision_ladder(good: dict, bad: dict, device: dict) -> dict[str, list[str]
     target, baseline = bad.get("dtype"), good.get("dtype")
     if target not in order or baseline not in order or order.index(target) >= order.index(baseline):
         return {}
-    return {"dtype": list(order[order.index(target) + 1:order.index(baseline)])}
+    return {"dtype": list(order[order.index(target) + 1 : order.index(baseline)])}
 
 
 def fastest_cell(device: dict) -> Cell:
@@ -68,7 +69,9 @@ def parse_assignments(text: str, flag: str) -> dict[str, str]:
     for item in re.split(r",(?=\s*[A-Za-z_][\w.]*\s*=)", text):
         name, sep, value = item.partition("=")
         if not sep or not name.strip() or not value.strip():
-            raise NandoctorError(f"bad {flag} {item!r}: expected NAME=VALUE[,NAME=VALUE], e.g. dtype=bf16-pure,optimizer.eps=1e-8")
+            raise NandoctorError(
+                f"bad {flag} {item!r}: expected NAME=VALUE[,NAME=VALUE], e.g. dtype=bf16-pure,optimizer.eps=1e-8"
+            )
         out[name.strip()] = value.strip()
     return out
 
@@ -83,28 +86,41 @@ def typed_value(recipe: Recipe, name: str, value: str, flag: str):
         return get_field(set_field(recipe, name, value).validate(), name)
     except NandoctorError as e:
         if name not in dotted_fields():
-            raise NandoctorError(f"{flag}: unknown factor {name!r}; valid: {', '.join(AXES)} or a recipe field "
-                                 f"({', '.join(dotted_fields())})") from None
+            raise NandoctorError(
+                f"{flag}: unknown factor {name!r}; valid: {', '.join(AXES)} or a recipe field "
+                f"({', '.join(dotted_fields())})"
+            ) from None
         raise NandoctorError(f"{flag}: {e}") from None
 
 
-def parse_configurations(recipe: Recipe, device: dict, good: str | None, bad: str | None,
-                         factors: list[str]) -> tuple[dict, dict]:
+def parse_configurations(
+    recipe: Recipe, device: dict, good: str | None, bad: str | None, factors: list[str]
+) -> tuple[dict, dict]:
     """(good, bad) as full configurations. The baseline defaults to fp32/eager/off with the recipe's
     own fields; the target to the baseline with the given --bad values, or to the fastest cell the
     device supports when --bad is absent. --factor NAME=VALUE adds one more target value. Only the
     values that differ between the two are factors of the search."""
-    good_set = {k: typed_value(recipe, k, v, "--good") for k, v in parse_assignments(good, "--good").items()} if good else {}
-    bad_set = {k: typed_value(recipe, k, v, "--bad") for k, v in parse_assignments(bad, "--bad").items()} if bad else \
-        {axis: getattr(fastest_cell(device), axis) for axis in AXES}
+    good_set = (
+        {k: typed_value(recipe, k, v, "--good") for k, v in parse_assignments(good, "--good").items()} if good else {}
+    )
+    bad_set = (
+        {k: typed_value(recipe, k, v, "--bad") for k, v in parse_assignments(bad, "--bad").items()}
+        if bad
+        else {axis: getattr(fastest_cell(device), axis) for axis in AXES}
+    )
     for item in factors:
-        bad_set.update({k: typed_value(recipe, k, v, "--factor") for k, v in parse_assignments(item, "--factor").items()})
+        bad_set.update(
+            {k: typed_value(recipe, k, v, "--factor") for k, v in parse_assignments(item, "--factor").items()}
+        )
     fields = [k for k in {**good_set, **bad_set} if k not in AXES]
     good_cfg = {**BASELINE_AXES, **{k: get_field(recipe, k) for k in fields}, **good_set}
     bad_cfg = {**good_cfg, **bad_set}
     if bad_cfg == good_cfg:  # a value equal in both is not a factor; with none left there is nothing to search
-        raise NandoctorError(f"the target and the baseline are the same configuration ({', '.join(f'{k}={v}' for k, v in bad_set.items())}); "
-                             "give --bad / --factor values that differ from the baseline")
+        raise NandoctorError(
+            "the target and the baseline are the same configuration "
+            f"({', '.join(f'{k}={v}' for k, v in bad_set.items())}); "
+            "give --bad / --factor values that differ from the baseline"
+        )
     for label, cfg in (("target", bad_cfg), ("baseline", good_cfg)):
         variant(recipe, cfg)  # every combination is validated when it is probed; fail early on these two
         why = cell_support(Cell.of(cfg), device)

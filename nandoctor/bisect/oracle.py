@@ -2,6 +2,7 @@
 real probes (each in its own process through a Session), write bisect.json next to results.jsonl and
 render the reports.
 """
+
 from __future__ import annotations
 
 from ..analysis.ranking import tokens_per_s
@@ -23,14 +24,14 @@ from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_l
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
-    "timeout": "give the probe more time (--set timeout_s=...), fewer steps (--steps) or a smaller model (--scale probe); "
-               "--fail-on timeout counts the hang itself as the failure",
-    "oom": "use a smaller model (--scale probe) or batch (--set batch_size=...); --fail-on oom counts running out of memory as the failure",
-    "killed": "something outside killed the probe (the kernel's OOM killer sends SIGKILL): free memory or use --scale probe; "
-              "--fail-on killed counts it as the failure",
+    "timeout": "give the probe more time (--set timeout_s=...), fewer steps (--steps) "
+    "or a smaller model (--scale probe); --fail-on timeout counts the hang itself as the failure",
+    "oom": "use a smaller model (--scale probe) or batch (--set batch_size=...); "
+    "--fail-on oom counts running out of memory as the failure",
+    "killed": "something outside killed the probe (the kernel's OOM killer sends SIGKILL): "
+    "free memory or use --scale probe; --fail-on killed counts it as the failure",
     "unsupported": "choose a --bad / --good this device can run (`nandoctor doctor` lists what it runs)",
 }
-
 
 
 def resolved(verdict: str, fail_on: tuple[str, ...]) -> bool:
@@ -56,8 +57,14 @@ class ProbeOracle:
         overrides = {k: v for k, v in trial.config.items() if k not in AXES and v != get_field(self.recipe, k)}
         probe_id = cell.id + "".join(f" {k}={fmt_value(v)}" for k, v in overrides.items())
         probe_id += (f" seed+{trial.seed}" if trial.seed else "") + (f" rerun{trial.attempt}" if trial.attempt else "")
-        return PlannedProbe(probe_id, cell, cell_support(cell, self.session.device),
-                            {k: fmt_value(v) for k, v in overrides.items()}, trial.seed, own)
+        return PlannedProbe(
+            probe_id,
+            cell,
+            cell_support(cell, self.session.device),
+            {k: fmt_value(v) for k, v in overrides.items()},
+            trial.seed,
+            own,
+        )
 
     def _run(self, probes: list[PlannedProbe]) -> None:
         todo = [p for p in probes if p.probe_id not in self.records]
@@ -82,11 +89,23 @@ class ProbeOracle:
         return Run(record.probe_id, v.name, v.failed, resolved(v.name, self.fail_on), tokens_per_s(record.steps))
 
 
-def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, factors: list[str] | None = None,
-               reruns: int = 1, data_seeds: int = 0, steps: int | None = None, jobs: int | None = None, out=None,
-               model_flags: list[str] | None = None, listener: Listener | None = None, on_step=None,
-               device: dict | None = None, fail_on: tuple[str, ...] = (),
-               executor: ExecutorConfig | None = None) -> tuple[RunAnalysis, BisectResult]:
+def run_bisect(
+    recipe: Recipe,
+    good: str | None = None,
+    bad: str | None = None,
+    factors: list[str] | None = None,
+    reruns: int = 1,
+    data_seeds: int = 0,
+    steps: int | None = None,
+    jobs: int | None = None,
+    out=None,
+    model_flags: list[str] | None = None,
+    listener: Listener | None = None,
+    on_step=None,
+    device: dict | None = None,
+    fail_on: tuple[str, ...] = (),
+    executor: ExecutorConfig | None = None,
+) -> tuple[RunAnalysis, BisectResult]:
     """Bisect between a good and a bad configuration with real probes; returns the analysis of the
     run directory (reports written) and the bisection result (also saved as bisect.json).
     fail_on: unresolved verdicts (timeout, oom, killed) to count as failures, for hunting a hang or a leak."""
@@ -102,49 +121,99 @@ def run_bisect(recipe: Recipe, good: str | None = None, bad: str | None = None, 
     if not placed:
         device = device or collect_summary()
         good_cfg, bad_cfg = parse_configurations(recipe, device, **request)
-    session, _ = open_session("bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device, executor=executor)
+    session, _ = open_session(
+        "bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device, executor=executor
+    )
     with session:
         if placed:
             good_cfg, bad_cfg = parse_configurations(recipe, session.device, **request)
-        session.start(0, {"good": good_cfg, "bad": bad_cfg, "reruns": reruns, "data_seeds": data_seeds,
-                          "fail_on": list(fail_on), "request": request, "model_flags": model_flags or []})
+        session.start(
+            0,
+            {
+                "good": good_cfg,
+                "bad": bad_cfg,
+                "reruns": reruns,
+                "data_seeds": data_seeds,
+                "fail_on": list(fail_on),
+                "request": request,
+                "model_flags": model_flags or [],
+            },
+        )
         oracle = ProbeOracle(session, recipe, tuple(fail_on))
-        result = Bisection(good_cfg, bad_cfg, oracle, reruns, data_seeds, session.jobs, on_step,
-                           precision_ladder(good_cfg, bad_cfg, session.device)).run()
+        result = Bisection(
+            good_cfg,
+            bad_cfg,
+            oracle,
+            reruns,
+            data_seeds,
+            session.jobs,
+            on_step,
+            precision_ladder(good_cfg, bad_cfg, session.device),
+        ).run()
     return _finish(session, recipe, oracle, result, model_flags or [])
 
 
-def resume_bisect(run_dir, jobs: int | None = None, listener: Listener | None = None, on_step=None,
-                  device: dict | None = None, executor: ExecutorConfig | None = None) -> tuple[RunAnalysis, BisectResult]:
+def resume_bisect(
+    run_dir,
+    jobs: int | None = None,
+    listener: Listener | None = None,
+    on_step=None,
+    device: dict | None = None,
+    executor: ExecutorConfig | None = None,
+) -> tuple[RunAnalysis, BisectResult]:
     """Continue an interrupted bisect with the settings of DIR/run.json. The probes DIR/results.jsonl
     holds are replayed, not rerun: the search retraces its path from them and goes on where it stopped."""
     device = device or kept_device(run_dir, executor) or collect_summary()
     meta, recipe, plan = resumable(run_dir, "bisect", device)
     if "request" not in meta:
-        raise NandoctorError(f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect")
+        raise NandoctorError(
+            f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect"
+        )
     good_cfg, bad_cfg = parse_configurations(recipe, device, **meta["request"])
-    session, judge = open_session("bisect", recipe, listener, out=run_dir, jobs=jobs or meta["jobs"], steps=meta["steps"],
-                                  device=device, plan=plan, resume=True, executor=executor)
+    session, judge = open_session(
+        "bisect",
+        recipe,
+        listener,
+        out=run_dir,
+        jobs=jobs or meta["jobs"],
+        steps=meta["steps"],
+        device=device,
+        plan=plan,
+        resume=True,
+        executor=executor,
+    )
     with session:
         for record in session.resume(0):
             judge(record, quiet=True)
         oracle = ProbeOracle(session, recipe, tuple(meta["fail_on"]))
-        result = Bisection(good_cfg, bad_cfg, oracle, meta["reruns"], meta["data_seeds"], session.jobs, on_step,
-                           precision_ladder(good_cfg, bad_cfg, session.device)).run()
+        result = Bisection(
+            good_cfg,
+            bad_cfg,
+            oracle,
+            meta["reruns"],
+            meta["data_seeds"],
+            session.jobs,
+            on_step,
+            precision_ladder(good_cfg, bad_cfg, session.device),
+        ).run()
     return _finish(session, recipe, oracle, result, meta["model_flags"])
 
 
-def _finish(session: Session, recipe: Recipe, oracle: ProbeOracle, result: BisectResult,
-            model_flags: list[str]) -> tuple[RunAnalysis, BisectResult]:
+def _finish(
+    session: Session, recipe: Recipe, oracle: ProbeOracle, result: BisectResult, model_flags: list[str]
+) -> tuple[RunAnalysis, BisectResult]:
     """Save bisect.json next to the results and render the reports."""
     result.probes = len(oracle.records)  # processes actually run, references for drift included
-    stuck = next((step for step in result.path if step.outcome == "unresolved" and step.phase.startswith("confirm")), None)
+    stuck = next(
+        (step for step in result.path if step.outcome == "unresolved" and step.phase.startswith("confirm")), None
+    )
     if result.status.startswith("unresolved") and stuck is not None:
         advice = [UNRESOLVED_ADVICE[v] for v in dict.fromkeys(stuck.verdicts) if v in UNRESOLVED_ADVICE]
         result.message += "; to test it: " + "; ".join(advice)
     data = result.to_dict()
     if result.recommended is not None:
-        data["recommendation"] = recommendation(result.recommended, variant(recipe, result.recommended),
-                                                recipe, model_flags)
+        data["recommendation"] = recommendation(
+            result.recommended, variant(recipe, result.recommended), recipe, model_flags
+        )
     session.store.write_json(BISECT_FILE, data)
     return render_run(session.dir), result

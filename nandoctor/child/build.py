@@ -2,12 +2,14 @@
 stream, the optimizer, and the cell's numerics (autocast, fp8 conversion, GradScaler, SDPA backend
 pin). The timed run and the benchmarks start from `setup`; the forensics replay keeps its model and
 takes a fresh optimizer, GradScaler and data stream from `restart`, so they train the same thing."""
+
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
@@ -23,19 +25,22 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
     model random-initialised on the CPU and then moved cost ~90 s of an H100 probe (issue 10)."""
     import torch
     from transformers import AutoModelForCausalLM
+
     load_dtype = getattr(torch, LOAD_DTYPES[recipe.model.dtype_on_load])
     attn = cell.attention.implementation
     remote = recipe.model.trust_remote_code
     torch.manual_seed(seed)  # seeds the CUDA generators too: every probe of a run starts from the same weights
     with torch.device(device):  # transformers builds and initialises under the ambient device
         if plan.source == "local-weights":
-            model = AutoModelForCausalLM.from_pretrained(plan.path, dtype=load_dtype, attn_implementation=attn,
-                                                         trust_remote_code=remote, device_map=device)
+            model = AutoModelForCausalLM.from_pretrained(
+                plan.path, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote, device_map=device
+            )
         else:
             config = model_config(recipe)
             config = probe_scale(config) if plan.scale == "probe" else config
-            model = AutoModelForCausalLM.from_config(config, dtype=load_dtype, attn_implementation=attn,
-                                                     trust_remote_code=remote)
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote
+            )
         model.config.use_cache = False
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
@@ -52,6 +57,7 @@ def precision(cell: Cell, device: str):
     """(autocast context factory, GradScaler) for a cell; the scaler is live only where the cell's row
     says so (fp16-amp)."""
     import torch
+
     p = cell.precision
     if device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = p.tf32
@@ -69,22 +75,26 @@ def attention(cell: Cell):
     if backend_name is None:
         return contextlib.nullcontext
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     backend = getattr(SDPBackend, backend_name)
     return lambda: sdpa_kernel([backend])
 
 
 def within(outer: Callable, inner: Callable) -> Callable:
     """A context factory that enters `outer`, then `inner` (TE's fp8 autocast inside the bf16 one)."""
+
     @contextlib.contextmanager
     def both():
         with outer(), inner():
             yield
+
     return both
 
 
 @dataclass
 class Setup:
     """Everything `train.train` needs for one probe."""
+
     model: Any
     data: Any  # an endless iterator of batches already on the device
     optimizer: Any
@@ -103,7 +113,9 @@ def _data(spec: ProbeSpec, model):
 
 def _optimizer(spec: ProbeSpec, model):
     """The cell's optimizer over the trainable parameters; (optimizer, why it steps eagerly or None)."""
-    optimizer = build_optimizer(spec.cell.optimizer, [p for p in model.parameters() if p.requires_grad], spec.recipe.optimizer)
+    optimizer = build_optimizer(
+        spec.cell.optimizer, [p for p in model.parameters() if p.requires_grad], spec.recipe.optimizer
+    )
     eager = eager_reason(spec.cell.optimizer, spec.device)
     if eager:
         step_eagerly(optimizer)
@@ -114,6 +126,7 @@ def setup(spec: ProbeSpec) -> Setup:
     """Build the probe's model, data, optimizer and numerics on its device, seeded by the spec. An fp8
     cell converts its linears before the optimizer is built over the parameters."""
     import torch
+
     device, cell = spec.device, spec.cell
     t0 = time.perf_counter()
     model = build_model(spec.plan, spec.recipe, cell, spec.seed, device)
@@ -124,10 +137,13 @@ def setup(spec: ProbeSpec) -> Setup:
     fp8_excluded = {}
     if cell.precision.fp8:
         from .fp8 import prepare_fp8
+
         fp8_context, fp8_excluded = prepare_fp8(model, cell.precision.fp8, spec.recipe.fp8)
         autocast = within(autocast, fp8_context)
     optimizer, eager = _optimizer(spec, model)
-    return Setup(model, _data(spec, model), optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager, build_s)
+    return Setup(
+        model, _data(spec, model), optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager, build_s
+    )
 
 
 def restart(spec: ProbeSpec, s: Setup) -> Setup:

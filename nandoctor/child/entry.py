@@ -2,15 +2,17 @@
 
 The runner starts `python -m nandoctor.child SPEC.json RESULT.json` (or a warm worker forks a child
 that calls `main`); a parallel cell's main starts its W ranks instead (launch.py, parallel.py).
-The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes (so a hang or a segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it
-measured. Exit code 0: trained (whatever the numbers did); 1: it raised. When the recipe asks for
-forensics, a probe that trained then replays its first steps with hooks (hooks.py): its result is
-written before the replay, with `forensics` set to REPLAY_RUNNING, and again once the replay is done,
-so that the timed steps alone decide the verdict (the runner gives the replay a budget of its own).
-A probe of an eager cell whose steps stay finite is not replayed: read-only hooks on its timed step 0
-measured the same figures (hooks.StepZeroWatch). A spec with replay_failed_only (`nandoctor check`)
-replays only a probe that hit a non-finite step.
+The child reads its ProbeSpec, trains, appends each step to steps.jsonl as it goes (so a hang or a
+segfault still leaves the curve), and writes one ProbeRecord as JSON holding what it measured. Exit code
+0: trained (whatever the numbers did); 1: it raised. When the recipe asks for forensics, a probe that
+trained then replays its first steps with hooks (hooks.py): its result is written before the replay,
+with `forensics` set to REPLAY_RUNNING, and again once the replay is done, so that the timed steps alone
+decide the verdict (the runner gives the replay a budget of its own). A probe of an eager cell whose
+steps stay finite is not replayed: read-only hooks on its timed step 0 measured the same figures
+(hooks.StepZeroWatch). A spec with replay_failed_only (`nandoctor check`) replays only a probe that hit
+a non-finite step.
 """
+
 from __future__ import annotations
 
 import time
@@ -31,7 +33,9 @@ from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
 
 
-def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> tuple[Setup, Snapshot | None, StepZeroWatch | None]:
+def run_probe(
+    spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None
+) -> tuple[Setup, Snapshot | None, StepZeroWatch | None]:
     """Build what the spec names and train; fills `record` as it goes. Returns the setup and, when the
     recipe asks for forensics, the snapshot of the model's state before the timed steps and the watch
     that measured step 0 (None where a stable probe is replayed instead)."""
@@ -39,6 +43,7 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     from transformers.utils import logging as hf_logging
 
     from ..env import collect_summary
+
     hf_logging.disable_progress_bar()  # keep log.txt to what a reader of a failed probe needs
     torch.set_num_threads(spec.threads)
     record.env = collect_summary()
@@ -71,8 +76,9 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
         record.throughput = Throughput.of(log.steps)
         record.first_nonfinite = log.first_nonfinite
         record.stopped_early = log.stopped_early
-        record.compile_s, record.steady_step_s = step_times(log.steps, backend is not None,
-                                                            record.throughput.warmup if record.throughput else 1)
+        record.compile_s, record.steady_step_s = step_times(
+            log.steps, backend is not None, record.throughput.warmup if record.throughput else 1
+        )
         record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
         record.weights_bytes = split.get("weights_bytes")
         record.grads_bytes = split.get("grads_bytes")
@@ -82,7 +88,9 @@ def run_probe(spec: ProbeSpec, record: ProbeRecord, steps_path: Path | None) -> 
     return s, snapshot, watch
 
 
-def forensics_of(spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch | None) -> dict:
+def forensics_of(
+    spec: ProbeSpec, record: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch | None
+) -> dict:
     """Step 0's measurements when the timed steps stayed finite, else the replay with hooks, on the
     timed run's model restored from its snapshot. Its failure is recorded, never turned into the probe's."""
     try:
@@ -98,6 +106,7 @@ def main(argv: list[str]) -> int:
     spec = ProbeSpec.from_dict(jsonio.loads(spec_path.read_text()))
     if spec.cell.parallel_row.wrapper:  # W ranks, one probe
         from .launch import launch
+
         return launch(spec, spec_path, result_path)
     record = ProbeRecord(spec.probe_id, spec.cell)
     emitted = WarningLog()

@@ -12,6 +12,7 @@ the maths is the same on every device. Scales follow the recipe: torchao compute
 current tensor (amax -> format max, so nothing saturates), TE's DelayedScaling from the amax history
 of earlier steps (so a tensor larger than any before it saturates).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,13 +30,14 @@ FP8_MULTIPLE = 16
 # Linears kept in high precision by name (the last part of the module path), with the reason.
 KEEP_HIGH_PRECISION = {
     "lm_head": "the output projection feeds the softmax over the vocabulary and is precision-sensitive; "
-               "torchtitan keeps it in bf16 (pytorch/torchtitan#4008)",
+    "torchtitan keeps it in bf16 (pytorch/torchtitan#4008)",
 }
 
 
 def fp8_exclusions(model) -> dict[str, str]:
     """{module name: why it stays in high precision} for every nn.Linear fp8 cannot or should not take."""
     import torch
+
     left_out = {}
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear):
@@ -44,8 +46,10 @@ def fp8_exclusions(model) -> dict[str, str]:
         if leaf in KEEP_HIGH_PRECISION:
             left_out[name] = KEEP_HIGH_PRECISION[leaf]
         elif module.in_features % FP8_MULTIPLE or module.out_features % FP8_MULTIPLE:
-            left_out[name] = (f"{module.in_features} -> {module.out_features} features: fp8 GEMMs need both "
-                              f"divisible by {FP8_MULTIPLE}")
+            left_out[name] = (
+                f"{module.in_features} -> {module.out_features} features: fp8 GEMMs need both "
+                f"divisible by {FP8_MULTIPLE}"
+            )
     return left_out
 
 
@@ -53,9 +57,13 @@ def convert_torchao(model, recipe: str) -> dict[str, str]:
     """Swap the model's eligible nn.Linear for torchao Float8Linear with recipe 'tensorwise' or
     'rowwise' (dynamic scaling from the current tensor); returns the linears left out, with why."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
     left_out = fp8_exclusions(model)
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(recipe),
-                               module_filter_fn=lambda module, fqn: fqn not in left_out)
+    convert_to_float8_training(
+        model,
+        config=Float8LinearConfig.from_recipe_name(recipe),
+        module_filter_fn=lambda module, fqn: fqn not in left_out,
+    )
     return left_out
 
 
@@ -64,11 +72,19 @@ def convert_te(model) -> dict[str, str]:
     (te.Linear is not an nn.Linear subclass); returns the linears left out, with why."""
     import torch
     import transformer_engine.pytorch as te
+
     left_out = fp8_exclusions(model)
-    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name not in left_out]
+    targets = [
+        (name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name not in left_out
+    ]
     for name, linear in targets:
-        swapped = te.Linear(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                            params_dtype=linear.weight.dtype, device=linear.weight.device)
+        swapped = te.Linear(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            params_dtype=linear.weight.dtype,
+            device=linear.weight.device,
+        )
         with torch.no_grad():
             swapped.weight.copy_(linear.weight)
             if linear.bias is not None:
@@ -83,8 +99,12 @@ def te_autocast(te_format: str, delayed: Fp8Config):
     from the largest (algo 'max') or latest ('most_recent') amax of its last `amax_history_len` steps."""
     import transformer_engine.pytorch as te
     from transformer_engine.common.recipe import DelayedScaling, Format
-    recipe = DelayedScaling(fp8_format=getattr(Format, te_format), amax_history_len=delayed.amax_history_len,
-                            amax_compute_algo=delayed.amax_compute_algo)
+
+    recipe = DelayedScaling(
+        fp8_format=getattr(Format, te_format),
+        amax_history_len=delayed.amax_history_len,
+        amax_compute_algo=delayed.amax_compute_algo,
+    )
     if hasattr(te, "autocast"):  # TE 2.x; fp8_autocast(fp8_recipe=) is its deprecated alias
         return lambda: te.autocast(enabled=True, recipe=recipe)
     return lambda: te.fp8_autocast(enabled=True, fp8_recipe=recipe)
@@ -97,6 +117,7 @@ def prepare_fp8(model, fp8: Fp8Recipe, delayed: Fp8Config = Fp8Config()):
         return contextlib.nullcontext, convert_torchao(model, fp8.torchao_recipe)
     left_out = convert_te(model)
     return te_autocast(fp8.te_format, delayed), left_out
+
 
 # format: (torch dtype name, largest finite value, spacing of the top binade). OCP 8-bit floating point
 # spec; torch.finfo agrees on the max. 448 = 1.75 * 2**8 with 3 mantissa bits: step 2**5 = 32;
@@ -111,24 +132,29 @@ def cast_stats(x, fmt: str, scale) -> dict:
     against x): its amax, the scale range, and the shares of its non-zero values that saturate at the
     format's max and that flush to zero."""
     import torch
+
     dtype, fmax, top_step = FP8_FORMATS[fmt]
     x = x.detach().float()
     scale = torch.as_tensor(scale, dtype=torch.float32, device=x.device)
     scaled = x * scale
     cast = scaled.clamp(-fmax, fmax).to(getattr(torch, dtype)).float()
     nonzero = max(int((x != 0).sum()), 1)
-    return {"amax": x.abs().max().item() if x.numel() else 0.0,
-            "scale_min": scale.min().item(), "scale_max": scale.max().item(),
-            # beyond max + half the top step even round-to-nearest would not land on max: that is clipping
-            # (the float rounding of amax * scale sits well inside that margin)
-            "saturated": int((scaled.abs() >= fmax + top_step / 2).sum()) / nonzero,
-            "flushed": int(((x != 0) & (cast == 0)).sum()) / nonzero}
+    return {
+        "amax": x.abs().max().item() if x.numel() else 0.0,
+        "scale_min": scale.min().item(),
+        "scale_max": scale.max().item(),
+        # beyond max + half the top step even round-to-nearest would not land on max: that is clipping
+        # (the float rounding of amax * scale sits well inside that margin)
+        "saturated": int((scaled.abs() >= fmax + top_step / 2).sum()) / nonzero,
+        "flushed": int(((x != 0) & (cast == 0)).sum()) / nonzero,
+    }
 
 
 def dynamic_scale(x, fmt: str, rowwise: bool = False, power_of_2: bool = False):
     """torchao's dynamic scale: format max over the current amax (per tensor, or per row along the
     last dimension), optionally rounded down to a power of 2 as the rowwise recipe does."""
     import torch
+
     amax = x.detach().abs().float()
     amax = amax.amax(dim=-1, keepdim=True) if rowwise else amax.max()
     scale = FP8_FORMATS[fmt][1] / amax.double().clamp(min=AMAX_EPS)
@@ -141,8 +167,13 @@ class DelayedScale:
     before it (the largest of the last `history_len` for algo 'max', the latest for 'most_recent'),
     starting at 1.0; a zero or non-finite amax keeps the previous scale."""
 
-    def __init__(self, fmt: str, history_len: int = Fp8Config.amax_history_len, algo: str = Fp8Config.amax_compute_algo,
-                 margin: int = 0):
+    def __init__(
+        self,
+        fmt: str,
+        history_len: int = Fp8Config.amax_history_len,
+        algo: str = Fp8Config.amax_compute_algo,
+        margin: int = 0,
+    ):
         self.fmt, self.algo, self.margin = fmt, algo, margin
         self.history: deque = deque(maxlen=history_len)
         self.scale = 1.0
@@ -153,12 +184,15 @@ class DelayedScale:
         self.history.append(stats["amax"])
         amax = max(self.history) if self.algo == "max" else self.history[-1]
         if 0 < amax < float("inf"):
-            self.scale = FP8_FORMATS[self.fmt][1] / amax / 2 ** self.margin
+            self.scale = FP8_FORMATS[self.fmt][1] / amax / 2**self.margin
         return stats
 
 
 # Where each fp8 package keeps its linear class (package: (module, class)).
-FP8_LINEARS = {"torchao": ("torchao.float8.float8_linear", "Float8Linear"), "transformer_engine": ("transformer_engine.pytorch", "Linear")}
+FP8_LINEARS = {
+    "torchao": ("torchao.float8.float8_linear", "Float8Linear"),
+    "transformer_engine": ("transformer_engine.pytorch", "Linear"),
+}
 WORST = {"amax": max, "scale_min": min, "scale_max": max, "saturated": max, "flushed": max}
 
 
@@ -196,6 +230,7 @@ class Fp8Watch:
             power_of_2 = getattr(getattr(module, "config", None), "round_scales_to_power_of_2", False)
             self._observe(name, "input", args[0], power_of_2)
             self._observe(name, "weight", module.weight, power_of_2)
+
         return hook
 
     def _backward(self, name):
@@ -203,6 +238,7 @@ class Fp8Watch:
             power_of_2 = getattr(getattr(module, "config", None), "round_scales_to_power_of_2", False)
             if grad_output[0] is not None:
                 self._observe(name, "grad_output", grad_output[0], power_of_2)
+
         return hook
 
     def remove(self):

@@ -25,6 +25,7 @@ random number, so the step's loss and grad-norm are those of an unhooked step, b
 a warm-up step that no throughput figure uses (record.warmup_steps). A probe that went non-finite is
 replayed as above, hooks on every step up to its failure.
 """
+
 from __future__ import annotations
 
 import copy
@@ -48,6 +49,7 @@ ROOT = "(root)"  # named_modules() calls the root ""; "<...>" would vanish as a 
 def _floating(obj, out: list) -> list:
     """Every floating-point tensor inside a module's output (tensor, tuple, list, dict, ModelOutput)."""
     import torch
+
     if isinstance(obj, torch.Tensor):
         if obj.is_floating_point():
             out.append(obj)
@@ -63,6 +65,7 @@ def _floating(obj, out: list) -> list:
 def _stats(tensors):
     """A float [min, max] tensor over the given tensors, without a device sync. NaN propagates."""
     import torch
+
     parts = [torch.stack(torch.aminmax(t.detach())) for t in tensors if t.numel()]
     if len(parts) < 2:
         return parts[0].float() if parts else None
@@ -114,9 +117,12 @@ class ModuleWatch:
     def end_step(self, step: int) -> list[dict]:
         """Fold this step's calls into the running abs-max per module; return its first offenders."""
         import torch
+
         events = []
-        for phase, calls, seen, what in (("forward", self.forward_calls, self.activation_absmax, "output"),
-                                         ("backward", self.backward_calls, self.gradient_absmax, "gradient of output")):
+        for phase, calls, seen, what in (
+            ("forward", self.forward_calls, self.activation_absmax, "output"),
+            ("backward", self.backward_calls, self.gradient_absmax, "gradient of output"),
+        ):
             calls = [c for c in calls if c[1] is not None]
             if not calls:
                 continue
@@ -137,7 +143,11 @@ class ModuleWatch:
         if phase == "forward" and calls[i][2] is not None:
             event["before"] = {"what": "its input", "module": name, **_as_dict(_stats([calls[i][2]]).cpu().tolist())}
         elif i > 0:  # in backward order, the gradient computed just before this one
-            event["before"] = {"what": "the gradient computed just before", "module": calls[i - 1][0], **_as_dict(rows[i - 1])}
+            event["before"] = {
+                "what": "the gradient computed just before",
+                "module": calls[i - 1][0],
+                **_as_dict(rows[i - 1]),
+            }
         return event
 
     def remove(self):
@@ -149,13 +159,19 @@ def update_event(name: str, p, optimizer, before: list[float]) -> dict:
     """The event of a parameter an optimizer step turned non-finite: `p` after the step, `before` its
     [min, max] before it, and the optimizer state that explains the update."""
     import torch
+
     state = optimizer.state.get(p, {})
     group = optimizer.param_groups[0]
     eps = group.get("eps")
-    event = {"phase": "optimizer", "module": name.rsplit(".", 1)[0] if "." in name else name, "parameter": name,
-             "tensor": "parameter after the update", "stats": _as_dict(_stats([local(p)]).cpu().tolist()),
-             "before": {"what": "the parameter before the update", "module": name, **_as_dict(before)},
-             "nonfinite_elements": int((~torch.isfinite(local(p).detach())).sum())}
+    event = {
+        "phase": "optimizer",
+        "module": name.rsplit(".", 1)[0] if "." in name else name,
+        "parameter": name,
+        "tensor": "parameter after the update",
+        "stats": _as_dict(_stats([local(p)]).cpu().tolist()),
+        "before": {"what": "the parameter before the update", "module": name, **_as_dict(before)},
+        "nonfinite_elements": int((~torch.isfinite(local(p).detach())).sum()),
+    }
     if "exp_avg_sq" in state:
         v = dense(local(state["exp_avg_sq"]))
         event["exp_avg_sq_zero_fraction"] = float((v == 0).float().mean())
@@ -196,11 +212,12 @@ class OptimizerWatch:
 
     def _measure(self):
         import torch
+
         lost = torch.zeros((), dtype=torch.float64, device=local(self.named[0][1]).device)
         meant = torch.zeros_like(lost)
         decay = self.optimizer.param_groups[0].get("weight_decay", 0.0)
         bad = []
-        for (name, p), old in zip(self.named, self.before):
+        for (_name, p), old in zip(self.named, self.before):
             now = local(p).detach()
             old = old.to(now.device)  # a snapshot in pinned host memory: one parameter at a time
             bad.append(~torch.isfinite(now).all())
@@ -239,6 +256,7 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
     """Fraction of the fp32 gradient's non-zero elements that round to 0 in the compute dtype once
     multiplied by the loss scale: one fp32 forward/backward of a float copy of `model` on `batch`."""
     import torch
+
     dtype = getattr(torch, dtype_name)
     shadow = copy.deepcopy(model).float()
     with torch.autocast(batch["input_ids"].device.type, enabled=False):
@@ -257,12 +275,18 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
             worst.append((gone / n, name))
     del shadow
     worst.sort(reverse=True)
-    return {"dtype": dtype_name, "loss_scale": scale, "fraction": lost / total if total else 0.0,
-            "nonzero_elements": total, "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]]}
+    return {
+        "dtype": dtype_name,
+        "loss_scale": scale,
+        "fraction": lost / total if total else 0.0,
+        "nonzero_elements": total,
+        "worst": [{"parameter": n, "fraction": f} for f, n in worst[:3]],
+    }
 
 
-def hooked_steps(model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0, watched=None,
-                 more=(), agree=None) -> dict:
+def hooked_steps(
+    model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0, watched=None, more=(), agree=None
+) -> dict:
     """Train n_steps through `train.train` with ModuleWatch and OptimizerWatch hung off it; stops after
     the first unrecoverable step. `model` is what the loop calls (s.model, a live run's training step,
     or a rank's DDP/FSDP2 wrapper); `watched` the module whose modules and parameters the watches name
@@ -306,8 +330,13 @@ def restored(spec: ProbeSpec, s: Setup, snapshot: Snapshot, n_steps: int) -> tup
     seconds = snapshot.restore(s.model)
     s = restart(spec, s)
     cell = spec.cell
-    out = {"compute_dtype": cell.precision.compute, "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
-           "replayed_steps": n_steps, "compile": "off", "snapshot": {**snapshot.describe(), "restore_seconds": seconds}}
+    out = {
+        "compute_dtype": cell.precision.compute,
+        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+        "replayed_steps": n_steps,
+        "compile": "off",
+        "snapshot": {**snapshot.describe(), "restore_seconds": seconds},
+    }
     if cell.compile != "off":
         out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
     return s, out
@@ -329,6 +358,7 @@ def finished(spec: ProbeSpec, timed: ProbeRecord, out: dict, t0: float) -> dict:
     out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
     if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for
         import torch
+
         out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
     out["steps"] = [st.to_dict() for st in out["steps"]]
     return out
@@ -369,13 +399,17 @@ class StepZeroWatch:
 
     def on_step(self, log):
         """`log` (a train() on_step) with step 0's measurements folded in before it sees the step."""
+
         def measured(step: Step) -> bool:
             if self.step is None:
                 update_loss, opt_event = self.updates.take()
-                self.events = self.modules.end_step(step.step) + ([{"step": step.step, **opt_event}] if opt_event else [])
+                self.events = self.modules.end_step(step.step) + (
+                    [{"step": step.step, **opt_event}] if opt_event else []
+                )
                 self.step = dataclasses.replace(step, update_loss=update_loss)
                 self.remove()
             return log(step)
+
         return measured
 
     def remove(self):
@@ -387,16 +421,24 @@ def eager_forensics(spec: ProbeSpec) -> bool:
     """Whether a stable probe of this spec is measured on its timed step 0 rather than replayed: the
     cell runs eagerly without fp8 casts to watch, and step 0 is a warm-up step (at least 2 steps)."""
     cell = spec.cell
-    return (spec.recipe.forensics_steps > 0 and not spec.replay_failed_only and cell.compilation.backend is None
-            and not cell.precision.fp8 and spec.steps >= 2)
+    return (
+        spec.recipe.forensics_steps > 0
+        and not spec.replay_failed_only
+        and cell.compilation.backend is None
+        and not cell.precision.fp8
+        and spec.steps >= 2
+    )
 
 
 def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -> dict:
     """The head of a forensics record measured in the timed run: the dtypes, the snapshot restored, and
     for a half-precision cell the gradient underflow of the initial weights on the first batch."""
     cell = spec.cell
-    out = {"compute_dtype": cell.precision.compute, "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
-           "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)}}
+    out = {
+        "compute_dtype": cell.precision.compute,
+        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+        "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)},
+    }
     if cell.precision.compute != "float32":
         out["underflow"] = underflow(spec, timed, s)
     return out
@@ -407,9 +449,18 @@ def measured_in_run(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Sna
     same fields as a replay's (a one-step 'steps'), with measured_on saying where they came from."""
     t0 = time.perf_counter()
     out = _header(spec, s, timed, snapshot)
-    out.update({"measured_on": MEASURED_ON, "replayed_steps": 0, "compile": "off", "events": watch.events,
-                "steps": [watch.step.to_dict()], "activation_absmax": watch.modules.activation_absmax,
-                "gradient_absmax": watch.modules.gradient_absmax, "reproduced": None})
+    out.update(
+        {
+            "measured_on": MEASURED_ON,
+            "replayed_steps": 0,
+            "compile": "off",
+            "events": watch.events,
+            "steps": [watch.step.to_dict()],
+            "activation_absmax": watch.modules.activation_absmax,
+            "gradient_absmax": watch.modules.gradient_absmax,
+            "reproduced": None,
+        }
+    )
     out["cost"] = {"seconds": time.perf_counter() - t0, "hooked_step_overhead": None}
     return out
 

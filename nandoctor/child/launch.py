@@ -15,6 +15,7 @@ rank did: by the same signal, or with its exit code, so that the probe's one rec
 a one-process probe's. result.json is rank 0's record with every rank's exit and peak memory (`ranks`)
 and the rank that failed (`failed_rank`).
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -35,8 +36,9 @@ POLL_S = 0.05
 
 
 def rank_env(rank: int, world_size: int, device: str) -> dict:
-    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-               LOCAL_WORLD_SIZE=str(world_size))
+    env = dict(
+        os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
+    )
     # CPU ranks run over gloo with CUDA hidden; GPU ranks get one GPU each (rank r: the host's GPU r)
     env["CUDA_VISIBLE_DEVICES"] = str(rank) if device == "cuda" else ""
     return env
@@ -134,8 +136,15 @@ def merge_forensics(own: list[dict], codes: list[int | None], failed: int | None
         return {"error": f"rank {who} ended ({how}) during the replay"}
     merged = dict(replays[0])
     merged["events"] = [e for f in replays for e in f.get("events", [])]
-    merged["ranks"] = [{"rank": r, "reproduced": f.get("reproduced"), "events": len(f.get("events", [])),
-                        "seconds": (f.get("cost") or {}).get("seconds")} for r, f in enumerate(replays)]
+    merged["ranks"] = [
+        {
+            "rank": r,
+            "reproduced": f.get("reproduced"),
+            "events": len(f.get("events", [])),
+            "seconds": (f.get("cost") or {}).get("seconds"),
+        }
+        for r, f in enumerate(replays)
+    ]
     return merged
 
 
@@ -174,10 +183,17 @@ def merge(result: Path, codes: list[int | None], failed: int | None, forensics: 
     record = dict(own[0])
     if forensics:
         record["forensics"] = merge_forensics(own, codes, failed)
-    record["ranks"] = [{"rank": r, "exit": code, "signal": _signal_name(code) if code is not None and code < 0 else None,
-                        "killed": code is None, "peak_memory_bytes": mine.get("peak_memory_bytes"),
-                        "peak_memory_kind": mine.get("peak_memory_kind")}
-                       for r, (code, mine) in enumerate(zip(codes, own))]
+    record["ranks"] = [
+        {
+            "rank": r,
+            "exit": code,
+            "signal": _signal_name(code) if code is not None and code < 0 else None,
+            "killed": code is None,
+            "peak_memory_bytes": mine.get("peak_memory_bytes"),
+            "peak_memory_kind": mine.get("peak_memory_kind"),
+        }
+        for r, (code, mine) in enumerate(zip(codes, own))
+    ]
     record["failed_rank"] = failed
     if failed is not None:
         error = own[failed].get("error")
@@ -185,7 +201,9 @@ def merge(result: Path, codes: list[int | None], failed: int | None, forensics: 
             record["error"] = {**error, "message": f"rank {failed}: {error.get('message', '')}"}
         else:
             record.pop("error", None)
-        print(f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}); the other ranks were stopped", flush=True)
+        print(
+            f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}); the other ranks were stopped", flush=True
+        )
     return record
 
 
@@ -215,6 +233,7 @@ def fork_rank(rank: int, world_size: int, spec: ProbeSpec, spec_path: Path, resu
         os.dup2(write, 2)
         os.environ.update(rank_env(rank, world_size, spec.device))
         from .parallel import main
+
         main([str(spec_path), str(result)])  # ends the process
     except BaseException:
         traceback.print_exc()
@@ -231,7 +250,11 @@ def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
         rank_file(result, r).unlink(missing_ok=True)
     rendezvous_file(result).unlink(missing_ok=True)  # a file store left by an earlier attempt would be joined
     ranks = [fork_rank(r, world_size, spec, spec_path, result) for r in range(world_size)]
-    print(f"nandoctor launch: pid {os.getpid()}, {spec.device} ranks " + ", ".join(f"{r.rank}=pid {r.pid}" for r in ranks), flush=True)
+    print(
+        f"nandoctor launch: pid {os.getpid()}, {spec.device} ranks "
+        + ", ".join(f"{r.rank}=pid {r.pid}" for r in ranks),
+        flush=True,
+    )
     relays = [threading.Thread(target=_relay, args=(r.rank, r.output), daemon=True) for r in ranks]
     for t in relays:
         t.start()
@@ -242,8 +265,11 @@ def launch(spec: ProbeSpec, spec_path: Path, result: Path) -> int:
     if timed.written and failed is not None:  # the timed steps ended on every rank: their verdict stands
         record = merge(result, codes, None, forensics=False)
         record["forensics"] = merge_forensics([_read(rank_file(result, r)) for r in range(world_size)], codes, failed)
-        print(f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}) during the forensics replay; "
-              "the other ranks were stopped", flush=True)
+        print(
+            f"nandoctor launch: rank {failed} ended ({_ended(codes[failed])}) during the forensics replay; "
+            "the other ranks were stopped",
+            flush=True,
+        )
         _publish(result, record)
         return 0
     _publish(result, merge(result, codes, failed))

@@ -1,5 +1,6 @@
 """A probe process's lifetime tied to its parent's: a warm worker's forked children and a parallel
 probe's ranks die with the process that started them."""
+
 from __future__ import annotations
 
 import ctypes

@@ -6,6 +6,7 @@ parameter (so the naive sum equals plain AdamW's), and bitsandbytes shares one q
 between all parameters. So every tensor is opened down to the plain tensors it is made of
 (__tensor_flatten__, recursively) and each distinct storage is counted once.
 """
+
 from __future__ import annotations
 
 
@@ -14,6 +15,7 @@ def plain_tensors(value):
     __tensor_flatten__ inner tensors), or a dict / list / tuple of these. Other values hold no tensor memory."""
     import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     if isinstance(value, torch.Tensor):
         if is_traceable_wrapper_subclass(value):
             names, _ = value.__tensor_flatten__()
@@ -47,6 +49,7 @@ def naive_bytes(values) -> int:
     """sum(numel * element_size) over the outer tensors, as a reader of `tensor.dtype` would add it
     up: right for plain tensors, wrong for quantized state kept in subclasses."""
     import torch
+
     if isinstance(values, torch.Tensor):
         return values.numel() * values.element_size()
     items = values.values() if isinstance(values, dict) else values if isinstance(values, (list, tuple)) else ()
@@ -59,10 +62,12 @@ def memory_split(model, optimizer) -> dict:
     params = list(model.parameters())
     seen: set = set()
     state = list(optimizer.state.values())
-    return {"weights_bytes": storage_bytes(params, seen),
-            "grads_bytes": storage_bytes([p.grad for p in params if p.grad is not None], seen),
-            "optimizer_state_bytes": storage_bytes(state, seen),
-            "optimizer_state_naive_bytes": naive_bytes(state)}
+    return {
+        "weights_bytes": storage_bytes(params, seen),
+        "grads_bytes": storage_bytes([p.grad for p in params if p.grad is not None], seen),
+        "optimizer_state_bytes": storage_bytes(state, seen),
+        "optimizer_state_naive_bytes": naive_bytes(state),
+    }
 
 
 def split_after_first_step(model, optimizer) -> dict:
@@ -73,5 +78,6 @@ def split_after_first_step(model, optimizer) -> dict:
     def measure(opt, args, kwargs):
         split.update(memory_split(model, opt))
         handle.remove()
+
     handle = optimizer.register_step_post_hook(measure)
     return split

@@ -3,6 +3,7 @@
 The row in cells.OPTIMIZERS says where the class lives and which flags it takes; the optional
 package is imported only here, in the child, after the parent has checked it is installed.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,9 +14,11 @@ from ..config import OptimizerConfig
 
 # torchao compiles its step once per parameter shape: ~40 s for the tiny Llama on 2 CPU cores, more
 # than a whole probe, and inductor needs a C++ compiler there. The same step functions run eagerly.
-EAGER_ON_CPU = ("{name} compiles its optimizer step per parameter shape (~40 s on 2 CPU cores); on a CPU the "
-                "probe runs the same step eagerly (torch.compiler.set_stance('force_eager')), so its step time "
-                "is not the compiled step's")
+EAGER_ON_CPU = (
+    "{name} compiles its optimizer step per parameter shape (~40 s on 2 CPU cores); on a CPU the "
+    "probe runs the same step eagerly (torch.compiler.set_stance('force_eager')), so its step time "
+    "is not the compiled step's"
+)
 
 
 def optimizer_class(name: str):
@@ -25,22 +28,26 @@ def optimizer_class(name: str):
 
 def build_optimizer(name: str, params, o: OptimizerConfig):
     """The optimizer `name` over `params`, with the recipe's hyper-parameters and the row's own flags.
-    Its state follows the parameters' dtype (half in the pure cells, for torch's AdamW). Library defaults stay as the user gets them (bitsandbytes' and torchao's fp32 state for tensors
-    under 4096 elements included), so the memory it reports is the memory the user's run would use."""
-    return optimizer_class(name)(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
-                                 **dict(OPTIMIZERS[name].kwargs))
+    Its state follows the parameters' dtype (half in the pure cells, for torch's AdamW). Library defaults
+    stay as the user gets them (bitsandbytes' and torchao's fp32 state for tensors under 4096 elements
+    included), so the memory it reports is the memory the user's run would use."""
+    return optimizer_class(name)(
+        params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **dict(OPTIMIZERS[name].kwargs)
+    )
 
 
 def step_eagerly(optimizer) -> None:
     """Make every `optimizer.step()` run under torch.compiler.set_stance('force_eager'), which reaches
     the library's own torch.compile calls and nothing outside the step (a compiled model stays compiled)."""
     import torch
+
     step = optimizer.step
 
     @functools.wraps(step)
     def eager_step(*args, **kwargs):
         with torch.compiler.set_stance("force_eager"):
             return step(*args, **kwargs)
+
     optimizer.step = eager_step
 
 
@@ -48,11 +55,10 @@ def dense(state):
     """An optimizer-state tensor as a plain one: torchao's quantized moments (tensor subclasses that
     implement few operators) dequantized, anything else as it is."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     return state.dequantize() if is_traceable_wrapper_subclass(state) else state
 
 
 def eager_reason(name: str, device: str) -> str | None:
     """Why the probe steps optimizer `name` eagerly on this device, or None when it runs as shipped."""
     return EAGER_ON_CPU.format(name=name) if OPTIMIZERS[name].compiles_step and device != "cuda" else None
-
-

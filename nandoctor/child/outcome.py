@@ -1,6 +1,7 @@
 """How a probe process reports: the warnings it emitted, what it raised, and its record written
 whole (the runner never reads half a file). Shared by a one-process probe (entry.py) and each rank of
 a parallel one (parallel.py)."""
+
 from __future__ import annotations
 
 import os
@@ -33,9 +34,15 @@ class WarningLog:
 def error_of(e: BaseException, emitted: WarningLog) -> dict:
     """What the probe raised, as the record's `error`; the traceback also goes to log.txt."""
     import torch
+
     traceback.print_exc()  # into log.txt, whose tail the record keeps
-    return {"type": type(e).__name__, "message": str(e)[:4000], "traceback": traceback.format_exc()[-6000:],
-            "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)), "warnings": emitted.messages}
+    return {
+        "type": type(e).__name__,
+        "message": str(e)[:4000],
+        "traceback": traceback.format_exc()[-6000:],
+        "oom": isinstance(e, (MemoryError, torch.OutOfMemoryError)),
+        "warnings": emitted.messages,
+    }
 
 
 def write(record: ProbeRecord, result_path: Path) -> None:

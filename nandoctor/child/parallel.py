@@ -10,6 +10,7 @@ each step's loss is the mean over the ranks, its grad-norm that of the full grad
 
 Each rank writes its own record to rank{r}.json; the launcher merges them into result.json.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,7 @@ def rendezvous_file(result: Path) -> Path:
 def shard(batch: dict, rank: int, world_size: int) -> dict:
     """This rank's rows of a global batch."""
     rows = next(iter(batch.values())).shape[0] // world_size
-    return {k: v[rank * rows:(rank + 1) * rows] for k, v in batch.items()}
+    return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
 
 
 def shards(stream, rank: int, world_size: int):
@@ -59,6 +60,7 @@ def decoder_layers(model) -> list:
 def sum_hook(state, bucket):
     """A DDP comm hook that sums the ranks' gradients and never divides: recipe grad_reduce=sum."""
     import torch.distributed as dist
+
     return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
@@ -68,6 +70,7 @@ def compress_hook(dtype_name: str):
     refuses anything but NCCL (and XCCL), so the gloo ranks of a CPU probe use this one."""
     import torch
     import torch.distributed as dist
+
     dtype = getattr(torch, dtype_name)
 
     def hook(state, bucket):
@@ -77,13 +80,16 @@ def compress_hook(dtype_name: str):
         def back(fut):
             grads.copy_(fut.value()[0])
             return grads
+
         return dist.all_reduce(low, async_op=True).get_future().then(back)
+
     return hook
 
 
 def ddp_hook(spec: ProbeSpec):
     """(the comm hook the cell's row names, or None, and how the record names it)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
     row = spec.cell.parallel_row
     if spec.recipe.grad_reduce == "sum":
         return sum_hook, "sum (grad_reduce=sum)"
@@ -106,18 +112,23 @@ def wrap(model, spec: ProbeSpec):
     """The model wrapped as the cell's parallel row says: DDP with its comm hook, or FSDP2 per decoder
     layer and at the root with the row's MixedPrecisionPolicy."""
     import torch
+
     cell, summed = spec.cell, spec.recipe.grad_reduce == "sum"
     row = cell.parallel_row
     if row.wrapper == "ddp":
         from torch.nn.parallel import DistributedDataParallel
+
         ddp = DistributedDataParallel(model, device_ids=[0] if spec.device == "cuda" else None)
         hook, _ = ddp_hook(spec)
         if hook is not None:
             ddp.register_comm_hook(None, hook)
         return ddp
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, cell.precision.compute),
-                                  reduce_dtype=torch.float32 if row.reduce == "float32" else None)
+
+    policy = MixedPrecisionPolicy(
+        param_dtype=getattr(torch, cell.precision.compute),
+        reduce_dtype=torch.float32 if row.reduce == "float32" else None,
+    )
     for layer in decoder_layers(model):
         fully_shard(layer, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
@@ -139,6 +150,7 @@ def reduce_dtypes(wrapped, spec: ProbeSpec) -> list[str]:
             return [COMPRESSED[row.comm_hook]]
         return sorted({_short(p.dtype) for p in wrapped.module.parameters() if p.requires_grad})
     from torch.distributed.fsdp import FSDPModule
+
     used = set()
     for module in wrapped.modules():
         if isinstance(module, FSDPModule):
@@ -183,6 +195,7 @@ def agreement(reduced: dict, reference: dict) -> dict:
     parameter's gradient (||g - g_ref|| / ||g_ref||, over the parameters with a non-zero reference) and
     the ratio of the whole gradients' norms."""
     import torch
+
     worst, worst_name, num, den = 0.0, None, 0.0, 0.0
     for name, ref in reference.items():
         got = reduced.get(name.removeprefix("module."))
@@ -190,13 +203,17 @@ def agreement(reduced: dict, reference: dict) -> dict:
             continue
         ref_norm = ref.norm().item()
         num += got.norm().item() ** 2
-        den += ref_norm ** 2
+        den += ref_norm**2
         if ref_norm > 0:
             rel = (got - ref).norm().item() / ref_norm
             if rel > worst or not torch.isfinite(torch.tensor(rel)):
                 worst, worst_name = rel, name
-    return {"max_rel_error": worst, "worst_param": worst_name, "norm_ratio": (num / den) ** 0.5 if den > 0 else None,
-            "params": len(reference)}
+    return {
+        "max_rel_error": worst,
+        "worst_param": worst_name,
+        "norm_ratio": (num / den) ** 0.5 if den > 0 else None,
+        "params": len(reference),
+    }
 
 
 def agree(step: Step, world_size: int) -> None:
@@ -204,6 +221,7 @@ def agree(step: Step, world_size: int) -> None:
     every rank decides to stop on the same numbers."""
     import torch
     import torch.distributed as dist
+
     both = torch.tensor([step.loss, float(step.tokens or 0)], dtype=torch.float64)
     dist.all_reduce(both)
     step.loss = both[0].item() / world_size
@@ -232,15 +250,21 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     from transformers.utils import logging as hf_logging
 
     from ..env import collect_summary
+
     hf_logging.disable_progress_bar()
     torch.set_num_threads(max(1, spec.threads // world_size))  # the ranks share the probe's cores
     if rank == 0:
         record.env = collect_summary()
     backend = "nccl" if spec.device == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"file://{rendezvous_file(result)}", rank=rank, world_size=world_size,
-                            # past every budget the runner holds: a rank stuck in a collective is the runner's
-                            # timeout (the probe's verdict), never a collective's own error on its peer
-                            timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60))
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{rendezvous_file(result)}",
+        rank=rank,
+        world_size=world_size,
+        # past every budget the runner holds: a rank stuck in a collective is the runner's
+        # timeout (the probe's verdict), never a collective's own error on its peer
+        timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60),
+    )
     t0 = time.perf_counter()
     s = setup(spec)
     record.build_s = s.build_s
@@ -257,8 +281,11 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     forward = wrapped if backend_name is None else torch.compile(wrapped, backend=backend_name)
     record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
     record.parallel = {
-        "world_size": world_size, "backend": backend, "wrapper": spec.cell.parallel_row.wrapper,
-        "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None, "grad_reduce": spec.recipe.grad_reduce,
+        "world_size": world_size,
+        "backend": backend,
+        "wrapper": spec.cell.parallel_row.wrapper,
+        "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None,
+        "grad_reduce": spec.recipe.grad_reduce,
         "rows_per_rank": spec.recipe.batch_size // world_size,
         "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
         "reduce_dtype": reduce_dtypes(wrapped, spec),
@@ -281,12 +308,24 @@ def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, r
     return wrapped, s, snapshot
 
 
-def forensics_on_rank(spec: ProbeSpec, record: ProbeRecord, s, wrapped, snapshot: Snapshot, rank: int, world_size: int) -> dict:
+def forensics_on_rank(
+    spec: ProbeSpec, record: ProbeRecord, s, wrapped, snapshot: Snapshot, rank: int, world_size: int
+) -> dict:
     """This rank's replay with hooks (rank_forensics.py); a failure is recorded, never the probe's."""
     from .rank_forensics import replay_on_rank
+
     try:
-        return replay_on_rank(spec, record, s, wrapped, snapshot, rank, world_size,
-                              rows=lambda stream: shards(stream, rank, world_size), agree=lambda step: agree(step, world_size))
+        return replay_on_rank(
+            spec,
+            record,
+            s,
+            wrapped,
+            snapshot,
+            rank,
+            world_size,
+            rows=lambda stream: shards(stream, rank, world_size),
+            agree=lambda step: agree(step, world_size),
+        )
     except Exception as e:
         return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
 

@@ -3,15 +3,16 @@ first warm worker (worker.py) gathers the device facts and plans the models, so 
 imports torch, transformers or modeling code for it (issue 20). The parent's critical path is then the
 worker's one import, not two imports in turn competing for the same cores.
 
-The same functions run as in the parent (env.collect_doctor, models.plan_model, models.config_facts): the facts and plans
-are the same data, only computed elsewhere. The parent plans itself when there is no warm worker
-(--cold, an executor) or when this child does not answer.
+The same functions run as in the parent (env.collect_doctor, models.plan_model, models.config_facts):
+the facts and plans are the same data, only computed elsewhere. The parent plans itself when there is
+no warm worker (--cold, an executor) or when this child does not answer.
 
 Request (JSON file): {"device": facts or null (gather them), "recipes": [recipe dicts], "steps": n,
 "visible": the parent's CUDA_VISIBLE_DEVICES or null}. Result (JSON file): {"device": facts, "plans":
 [plan dicts], "facts": the first recipe's models.config_facts}, or {"error": message} for the user's own
 error (a model config that does not load, a bad adapter), which the parent raises as its own.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,6 +26,7 @@ from ..errors import NandoctorError
 def answer(request: dict) -> dict:
     from ..env import collect_doctor
     from ..models import config_facts, plan_model
+
     # the worker may be pinned to one GPU; the run's facts are about the GPUs the parent sees (CUDA
     # reads this when it starts, which happens in this child, never in the worker)
     if request.get("visible") is None:

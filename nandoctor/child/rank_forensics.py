@@ -13,6 +13,7 @@ launcher merges the ranks' records, and the analysis orders the events by step, 
 
 All ranks replay the same steps: each step's loss is averaged over them before the stop decision.
 """
+
 from __future__ import annotations
 
 import time
@@ -47,24 +48,44 @@ class ReductionWatch:
 
     def end_step(self, step: int) -> list[dict]:
         import torch
+
         names = list(self.before)
         after = dict(self.after)
         queued = [self.before[n] for n in names] + [after[n] for n in names if n in after]
         rows = torch.stack(queued).cpu().tolist() if queued else []
-        own = dict(zip(names, rows[:len(names)]))
-        reduced = dict(zip([n for n in names if n in after], rows[len(names):]))
+        own = dict(zip(names, rows[: len(names)]))
+        reduced = dict(zip([n for n in names if n in after], rows[len(names) :]))
         self.before, self.after = {}, []
         events = []
         bad = next((n for n in names if not _finite(own[n])), None)
         if bad is not None:
-            events.append({"step": step, "phase": "backward", "module": _module(bad), "parameter": bad,
-                           "tensor": "this rank's gradient of the parameter, before the reduction", "stats": _as_dict(own[bad])})
+            events.append(
+                {
+                    "step": step,
+                    "phase": "backward",
+                    "module": _module(bad),
+                    "parameter": bad,
+                    "tensor": "this rank's gradient of the parameter, before the reduction",
+                    "stats": _as_dict(own[bad]),
+                }
+            )
         lost = next((n for n in names if n in reduced and _finite(own[n]) and not _finite(reduced[n])), None)
         if lost is not None:
-            events.append({"step": step, "phase": "reduction", "module": _module(lost), "parameter": lost,
-                           "tensor": "gradient after the reduction", "stats": _as_dict(reduced[lost]),
-                           "before": {"what": "this rank's gradient of it before the reduction", "module": lost,
-                                      **_as_dict(own[lost])}})
+            events.append(
+                {
+                    "step": step,
+                    "phase": "reduction",
+                    "module": _module(lost),
+                    "parameter": lost,
+                    "tensor": "gradient after the reduction",
+                    "stats": _as_dict(reduced[lost]),
+                    "before": {
+                        "what": "this rank's gradient of it before the reduction",
+                        "module": lost,
+                        **_as_dict(own[lost]),
+                    },
+                }
+            )
         return events
 
     def remove(self) -> None:
@@ -94,6 +115,7 @@ def differentiated(wrapped, inner) -> list[tuple]:
     """(name, tensor) of what autograd differentiates on this rank: FSDP2's unsharded parameters (they
     exist once the first all-gather has run), or the module's own parameters under DDP."""
     from torch.distributed.fsdp import FSDPModule
+
     out = []
     for module in inner.modules():
         if isinstance(module, FSDPModule):
@@ -104,8 +126,9 @@ def differentiated(wrapped, inner) -> list[tuple]:
     return [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
 
 
-def replay_on_rank(spec: ProbeSpec, timed: ProbeRecord, s: Setup, wrapped, snapshot: Snapshot, rank: int,
-                   world_size: int, rows, agree) -> dict:
+def replay_on_rank(
+    spec: ProbeSpec, timed: ProbeRecord, s: Setup, wrapped, snapshot: Snapshot, rank: int, world_size: int, rows, agree
+) -> dict:
     """This rank's forensics record: its model restored to the state before the timed steps, its first
     steps replayed with hooks on its wrapper. `rows` turns a data stream into this rank's rows, `agree`
     makes a rank's Step the probe's (both from parallel.py)."""
@@ -118,7 +141,9 @@ def replay_on_rank(spec: ProbeSpec, timed: ProbeRecord, s: Setup, wrapped, snaps
             out["underflow_note"] = "gradient underflow not measured under FSDP2: its parameters are sharded"
         else:
             out["underflow"] = underflow(spec, timed, s)  # on the whole first global batch, as one process
-    watch = ReductionWatch(differentiated(wrapped, s.model), [(n, p) for n, p in s.model.named_parameters() if p.requires_grad])
+    watch = ReductionWatch(
+        differentiated(wrapped, s.model), [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
+    )
     s = replace(s, data=rows(s.data), scaler=ObservedScaler(s.scaler, watch))
     out.update(hooked_steps(wrapped, s, spec.recipe.grad_clip, n_steps, watched=s.model, more=[watch], agree=agree))
     out["rank"], out["world_size"] = rank, world_size

@@ -7,6 +7,7 @@ change); the whole state (parameters and buffers) otherwise. On a GPU the copy s
 it fits beside what training still allocates, else it goes to pinned host memory; on a CPU it is a
 plain copy. The RNG states are kept too, so that anything random in the forward (dropout) replays.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,9 @@ class Snapshot:
     seconds: float
 
     @classmethod
-    def take(cls, model, device: str) -> "Snapshot":
+    def take(cls, model, device: str) -> Snapshot:
         import torch
+
         t0 = time.perf_counter()
         live = _tensors(model)
         size = sum(t.numel() * t.element_size() for t in live.values())
@@ -58,6 +60,7 @@ class Snapshot:
     def restore(self, model) -> float:
         """Copy the kept state back into `model`; returns the seconds it took."""
         import torch
+
         t0 = time.perf_counter()
         live = _tensors(model)
         with torch.no_grad():

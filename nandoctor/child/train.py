@@ -1,4 +1,5 @@
 """The training loop a probe runs, and the log that streams its steps to disk as they happen."""
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
     """Forward, backward, unscale, grad-norm, clip, step. `model` is the module to call (the compiled
     one in compile cells). on_step(Step) returns False to stop early."""
     import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = grad_clip if grad_clip > 0 else math.inf
     for step in range(steps):
@@ -36,8 +38,16 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         skipped = scale is not None and s.scaler.get_scale() < scale
         mask = batch.get("attention_mask")  # a live run's batch, replayed by the training callbacks, may carry none
         tokens = int(mask.sum()) if mask is not None else None
-        record = Step(step, loss.item(), grad_norm.item(), skipped, scale, seconds, tokens,
-                      tokens / seconds if tokens is not None and seconds > 0 else None)
+        record = Step(
+            step,
+            loss.item(),
+            grad_norm.item(),
+            skipped,
+            scale,
+            seconds,
+            tokens,
+            tokens / seconds if tokens is not None and seconds > 0 else None,
+        )
         if not on_step(record):
             break
 
@@ -81,6 +91,7 @@ def step_times(steps: list[Step], compiled: bool, warmup: int = 1) -> tuple[floa
 
 def peak_memory(device: str) -> tuple[int, str]:
     import torch
+
     if device == "cuda":
         return torch.cuda.max_memory_allocated(), "cuda-allocator-peak"
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process-peak-rss"

@@ -17,8 +17,10 @@ how many threads it has (1), and the runner's tests hold it to that.
 Protocol, one JSON object per line. stdin: {"preload": model_type, "adapter": bool}, {"spec": path, "result": path,
 "log": path} (a probe) or {"plan": path, "result": path, "log": path} (the run's device facts and model
 plans, child/plan.py, forked like a probe). stdout: {"ready": pid, "threads": n} once imported, then
-per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_pid, "returncode": n} (n < 0: killed by signal -n).
+per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_pid, "returncode": n}
+(n < 0: killed by signal -n).
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -32,6 +34,7 @@ from .. import jsonio
 from ..cells import PACKAGES
 from ..optional import UNUSED_BY_PROBES, hidden
 from .lifetime import die_with_parent
+
 
 def thread_count() -> int | None:
     """Threads of this process, native ones included (threading.enumerate() sees Python's only);
@@ -59,8 +62,10 @@ def _preload(model_type: str | None, adapter: bool) -> None:
 
     from .. import env  # noqa: F401
     from . import build, entry, hooks, plan, train  # noqa: F401
+
     if model_type:
         from transformers.models.auto.configuration_auto import model_type_to_module_name
+
         name = model_type_to_module_name(model_type)
         try:
             importlib.import_module(f"transformers.models.{name}.modeling_{name}")
@@ -83,9 +88,11 @@ def run_child(command: dict) -> None:
         faulthandler.enable()
         if "plan" in command:
             from .plan import main as plan
+
             code = plan(command["plan"], command["result"])
         else:
             from .entry import main
+
             code = main([command["spec"], command["result"]])
     except BaseException:
         traceback.print_exc()

@@ -1,5 +1,6 @@
 """`nandoctor` entry point: wires the subcommands; each lives in its own module with a
 `register(subparsers)` that adds its parser and a `run(args)` that calls the API."""
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,10 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="nandoctor", description="Find the precision / attention / compile configuration that trains stably on this machine.")
+    parser = Parser(
+        prog="nandoctor",
+        description="Find the precision / attention / compile configuration that trains stably on this machine.",
+    )
     parser.add_argument("--version", action="version", version=f"nandoctor {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
@@ -45,6 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as e:
         resume = getattr(e, "resume_command", None)  # a RunInterrupted knows its run directory
-        print(f"nandoctor: interrupted; the probes recorded so far are kept: continue with `{resume}`" if resume
-              else "nandoctor: interrupted", file=sys.stderr)
+        print(
+            f"nandoctor: interrupted; the probes recorded so far are kept: continue with `{resume}`"
+            if resume
+            else "nandoctor: interrupted",
+            file=sys.stderr,
+        )
         return 130

@@ -1,33 +1,69 @@
 """`nandoctor bisect`: find the minimal set of settings that breaks training, and the stable
 configuration nearest the one the user wants."""
+
 from __future__ import annotations
 
 import dataclasses
 
 from ..analysis.verdicts import FAIL_ON
 from ..errors import NandoctorError
-from .common import MODEL_FLAGS, add_executor_args, add_model_args, examples, executor_from_args, finish, listener, recipe_from_args, refuse_with_resume, say
+from .common import (
+    MODEL_FLAGS,
+    add_executor_args,
+    add_model_args,
+    examples,
+    executor_from_args,
+    finish,
+    listener,
+    recipe_from_args,
+    refuse_with_resume,
+    say,
+)
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
 
 def register(sub) -> None:
-    p = sub.add_parser("bisect", help="isolate the settings that break training (delta debugging)", **examples(
-        "nandoctor bisect --model tiny-llama --bad dtype=fp16-pure,attn=sdpa --steps 8",
-        "nandoctor bisect --bad dtype=bf16-pure,optimizer.lr=2e-5 --reruns 2",
-        "nandoctor bisect --resume reports/<run-id>"))
+    p = sub.add_parser(
+        "bisect",
+        help="isolate the settings that break training (delta debugging)",
+        **examples(
+            "nandoctor bisect --model tiny-llama --bad dtype=fp16-pure,attn=sdpa --steps 8",
+            "nandoctor bisect --bad dtype=bf16-pure,optimizer.lr=2e-5 --reruns 2",
+            "nandoctor bisect --resume reports/<run-id>",
+        ),
+    )
     add_model_args(p)
-    p.add_argument("--bad", metavar="NAME=V,...", help="the target that fails, e.g. dtype=bf16-pure,optimizer.eps=1e-8 "
-                   "(default: the fastest configuration this device supports)")
-    p.add_argument("--good", metavar="NAME=V,...", help="the baseline that passes (default: dtype=fp32,attn=eager,compile=off)")
-    p.add_argument("--factor", action="append", default=[], metavar="NAME=VALUE",
-                   help="one more target setting to consider, an axis or a dotted recipe field (repeatable)")
+    p.add_argument(
+        "--bad",
+        metavar="NAME=V,...",
+        help="the target that fails, e.g. dtype=bf16-pure,optimizer.eps=1e-8 "
+        "(default: the fastest configuration this device supports)",
+    )
+    p.add_argument(
+        "--good", metavar="NAME=V,...", help="the baseline that passes (default: dtype=fp32,attn=eager,compile=off)"
+    )
+    p.add_argument(
+        "--factor",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more target setting to consider, an axis or a dotted recipe field (repeatable)",
+    )
     p.add_argument("--reruns", type=int, help="identical reruns of every decisive probe (default 1)")
     p.add_argument("--data-seeds", type=int, help="also rerun decisive probes on K other seeds (default 0)")
     p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
-    p.add_argument("--resume", metavar="DIR", help="continue an interrupted bisect: the probes DIR/results.jsonl holds are reused, not rerun")
-    p.add_argument("--fail-on", default="", metavar="V,...", help=f"count these verdicts as failures instead of unresolved "
-                   f"({', '.join(FAIL_ON)}), to hunt a hang or a leak")
+    p.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue an interrupted bisect: the probes DIR/results.jsonl holds are reused, not rerun",
+    )
+    p.add_argument(
+        "--fail-on",
+        default="",
+        metavar="V,...",
+        help=f"count these verdicts as failures instead of unresolved ({', '.join(FAIL_ON)}), to hunt a hang or a leak",
+    )
     add_executor_args(p)
     p.set_defaults(func=run)
 
@@ -51,18 +87,32 @@ def run(args) -> int:
     from ..bisect.oracle import resume_bisect, run_bisect
     from ..report.bisection import describe_step, probe_line
     from ..report.terminal import render_terminal
+
     hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
     on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
     if args.resume:
-        refuse_with_resume(args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory")
+        refuse_with_resume(
+            args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory"
+        )
         analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step, executor=executor)
     else:
         recipe = recipe_from_args(args)
         search = {name: getattr(args, name) for name in ("reruns", "data_seeds") if getattr(args, name) is not None}
-        analysis, _ = run_bisect(recipe, good=args.good, bad=args.bad, factors=args.factor, steps=args.steps,
-                                 jobs=args.jobs, out=args.out, model_flags=model_flags(args), listener=hear,
-                                 on_step=on_step, fail_on=tuple(v for v in args.fail_on.split(",") if v),
-                                 executor=executor, **search)
+        analysis, _ = run_bisect(
+            recipe,
+            good=args.good,
+            bad=args.bad,
+            factors=args.factor,
+            steps=args.steps,
+            jobs=args.jobs,
+            out=args.out,
+            model_flags=model_flags(args),
+            listener=hear,
+            on_step=on_step,
+            fail_on=tuple(v for v in args.fail_on.split(",") if v),
+            executor=executor,
+            **search,
+        )
     print()
     print(render_terminal(analysis, analysis.meta["run_dir"]))
     return finish(analysis)

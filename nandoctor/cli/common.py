@@ -1,5 +1,6 @@
 """Arguments several subcommands share: which model, which recipe, and narrow overrides; and the
 lines every run prints while it goes."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,28 +16,54 @@ MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", 
 
 def examples(*commands: str) -> dict:
     """add_parser keywords that end a subcommand's --help with example command lines, kept as written."""
-    return {"epilog": "examples:\n" + "\n".join(f"  {c}" for c in commands),
-            "formatter_class": argparse.RawDescriptionHelpFormatter}
+    return {
+        "epilog": "examples:\n" + "\n".join(f"  {c}" for c in commands),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="recipe name, local checkpoint directory, or hub id already in the local cache (default: tiny-llama)")
+    p.add_argument(
+        "--model",
+        help="recipe name, local checkpoint directory, or hub id already in the local cache (default: tiny-llama)",
+    )
     p.add_argument("--recipe", help="a recipe YAML file")
     p.add_argument("--steps", type=int, help="training steps per probe (default: the recipe's)")
     p.add_argument("--scale", choices=SCALES, help="full model, probe-scale twin, or auto (full when it fits)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)",
+    )
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local checkpoint's own modeling code")
     p.add_argument("--out", help="run directory, new or empty (default: reports/<run-id>)")
-    p.add_argument("--world-size", type=int, metavar="W",
-                   help="ranks of each parallel probe (the `parallel` axis; recipe field world_size, default 2)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        metavar="W",
+        help="ranks of each parallel probe (the `parallel` axis; recipe field world_size, default 2)",
+    )
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--executor", choices=tuple(EXECUTOR_OPTIONS), help="where probes run: this machine (local, the default), "
-                   "a SLURM cluster (job arrays through submitit) or a Ray cluster (one task per probe)")
-    p.add_argument("--executor-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="a scheduler setting (repeatable). slurm: " + ", ".join(EXECUTOR_OPTIONS["slurm"])
-                        + "; ray: " + ", ".join(EXECUTOR_OPTIONS["ray"]))
+    p.add_argument(
+        "--executor",
+        choices=tuple(EXECUTOR_OPTIONS),
+        help="where probes run: this machine (local, the default), "
+        "a SLURM cluster (job arrays through submitit) or a Ray cluster (one task per probe)",
+    )
+    p.add_argument(
+        "--executor-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scheduler setting (repeatable). slurm: "
+        + ", ".join(EXECUTOR_OPTIONS["slurm"])
+        + "; ray: "
+        + ", ".join(EXECUTOR_OPTIONS["ray"]),
+    )
 
 
 def executor_from_args(args) -> ExecutorConfig:
@@ -46,7 +73,10 @@ def executor_from_args(args) -> ExecutorConfig:
         options = []  # the file's options belong to another kind
     executor = executor_config(args.executor or kind, options + args.executor_opt)
     if executor.remote and args.jobs is not None:
-        raise NandoctorError(f"--jobs sets this machine's slots; with --executor {executor.kind} pass --executor-opt parallel={args.jobs}")
+        raise NandoctorError(
+            f"--jobs sets this machine's slots; "
+            f"with --executor {executor.kind} pass --executor-opt parallel={args.jobs}"
+        )
     return executor
 
 
@@ -75,7 +105,8 @@ def _given(value) -> bool:
 
 
 def refuse_with_resume(args, shaping: tuple[str, ...], taken: str) -> None:
-    """--resume takes everything that shapes the run (`taken`) from DIR/run.json; a flag that would change it is an error."""
+    """--resume takes everything that shapes the run (`taken`) from DIR/run.json; a flag that would change
+    it is an error."""
     given = [f"--{name.replace('_', '-')}" for name in shaping if _given(getattr(args, name))]
     if given:
         raise NandoctorError(f"--resume takes {taken} from DIR/run.json; drop {', '.join(given)}")
@@ -121,12 +152,20 @@ def queue_line(queued: int, running: int, done: int, job_ids: list[str], queue_w
 
 
 def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
-    return (f"re-timing {', '.join(cells)} back to back, interleaved ({rounds} rounds of {steps} steps): "
-            "speed decides between them")
+    return (
+        f"re-timing {', '.join(cells)} back to back, interleaved ({rounds} rounds of {steps} steps): "
+        "speed decides between them"
+    )
 
 
 def listener(probe) -> Listener:
     """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
     per running one, a scheduler's queue as it changes, and a line before a grid re-times its leading cells."""
-    return Listener(opened=opened, started=started, probe=probe, alive=lambda *a: say(alive_line(*a)),
-                    queue=lambda *a: say(queue_line(*a)), retiming=lambda *a: say(retiming_line(*a)))
+    return Listener(
+        opened=opened,
+        started=started,
+        probe=probe,
+        alive=lambda *a: say(alive_line(*a)),
+        queue=lambda *a: say(queue_line(*a)),
+        retiming=lambda *a: say(retiming_line(*a)),
+    )

@@ -1,4 +1,5 @@
 """`nandoctor report DIR`: re-render a finished or interrupted run from its results.jsonl."""
+
 from __future__ import annotations
 
 import os
@@ -9,9 +10,11 @@ from .common import examples, finish
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="re-render the reports of a run directory", **examples(
-        "nandoctor report reports/<run-id>",
-        "nandoctor report reports/<run-id> --csv probes.csv"))
+    p = sub.add_parser(
+        "report",
+        help="re-render the reports of a run directory",
+        **examples("nandoctor report reports/<run-id>", "nandoctor report reports/<run-id> --csv probes.csv"),
+    )
     p.add_argument("run_dir", help="a run directory, e.g. reports/<run-id>")
     p.add_argument("--csv", metavar="FILE", help="also write the probe table (one row per probe, with its rank) as CSV")
     p.set_defaults(func=run)
@@ -36,6 +39,7 @@ def run(args) -> int:
     from ..api import render_run
     from ..report.diff import render_diff_terminal
     from ..report.terminal import render_terminal
+
     analysis = render_run(args.run_dir)
     print(render_terminal(analysis, args.run_dir))
     if analysis.comparison:

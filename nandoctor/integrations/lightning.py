@@ -7,6 +7,7 @@ It watches the transformers model inside the LightningModule (the first submodul
 gradients (unless the optimizer unscales them in its own step) and before it clips them, so the
 grad-norm is read there; the loss comes from `on_before_backward`, divided back by the loss scale.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,9 @@ def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: st
     fp32 ("highest") from tf32, which also trains under "32-true"."""
     dtype = ALIASES["dtype"].get(precision)
     if dtype is None:
-        raise NandoctorError(f"Lightning precision {precision!r} has no nandoctor cell; valid: {', '.join(sorted(ALIASES['dtype']))}")
+        raise NandoctorError(
+            f"Lightning precision {precision!r} has no nandoctor cell; valid: {', '.join(sorted(ALIASES['dtype']))}"
+        )
     if (matmul_precision or torch.get_float32_matmul_precision()) != "highest":
         dtype = next((p.name for p in PRECISIONS.values() if p.lightning == precision and p.tf32), dtype)
     return Cell(dtype, attn)
@@ -59,7 +62,11 @@ class _TrainingStep:
 
     def __init__(self, module, watched):
         self.module = module
-        self.named_modules, self.named_parameters, self.parameters = watched.named_modules, watched.named_parameters, watched.parameters
+        self.named_modules, self.named_parameters, self.parameters = (
+            watched.named_modules,
+            watched.named_parameters,
+            watched.parameters,
+        )
 
     def __call__(self, batch, batch_idx):
         # the replay is not a training step: keep its values out of the user's logs
@@ -94,9 +101,19 @@ class NandoctorCallback(Callback):
         cell = cell_of_trainer(trainer, model)
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by lightning.seed_everything
         recipe = recipe_of("lightning", model, optimizer, trainer.gradient_clip_val, seed, cell)
-        self.watch.start(LiveRun("lightning", cell, recipe, model, optimizer, pl_module.device.type,
-                                 Path(self.output_dir or trainer.default_root_dir), step_loss=_TrainingStep(pl_module, model),
-                                 autocast=trainer.precision_plugin.train_step_context))
+        self.watch.start(
+            LiveRun(
+                "lightning",
+                cell,
+                recipe,
+                model,
+                optimizer,
+                pl_module.device.type,
+                Path(self.output_dir or trainer.default_root_dir),
+                step_loss=_TrainingStep(pl_module, model),
+                autocast=trainer.precision_plugin.train_step_context,
+            )
+        )
 
     @guarded
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -120,7 +137,8 @@ class NandoctorCallback(Callback):
         # Lightning unscales before this hook, except for an optimizer that unscales inside its own step
         # (a fused AdamW): its gradients are still loss-scaled here (plugins/precision/amp.py)
         still_scaled = scale is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
-        # FSDP2: this rank's shards; the whole gradient's norm would be a collective a rank whose watch is off never joins
+        # FSDP2: this rank's shards; the whole gradient's norm would be a collective a rank whose watch
+        # is off never joins
         grads = [local(p.grad) for _, p in self.watch.named if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads) / (scale if still_scaled else 1.0)
         self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)

@@ -9,6 +9,7 @@ a watch that switched itself off on one rank never leaves the others waiting in 
 
 Without torch.distributed initialised (or at world size 1) the agreement is the rank's own answer.
 """
+
 from __future__ import annotations
 
 
@@ -25,6 +26,7 @@ class Ranks:
         if self.size == 1:
             import torch
             import torch.distributed as dist
+
             if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
                 self.rank, self.size = dist.get_rank(), dist.get_world_size()
                 # NCCL reduces only CUDA tensors; gloo reduces CPU ones
@@ -39,8 +41,11 @@ class Ranks:
             return self.rank if failed else None
         import torch
         import torch.distributed as dist
+
         # MIN of (0 when failed, else 1) says whether any rank failed; MIN of the failed ranks names the lowest
-        flags = torch.tensor([0 if failed else 1, self.rank if failed else self.size], dtype=torch.int64, device=self.device)
+        flags = torch.tensor(
+            [0 if failed else 1, self.rank if failed else self.size], dtype=torch.int64, device=self.device
+        )
         dist.all_reduce(flags, op=dist.ReduceOp.MIN)
         stop, by = flags.tolist()
         return by if stop == 0 else None

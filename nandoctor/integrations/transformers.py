@@ -6,6 +6,7 @@ The callback reads the step's real loss from the model's own output (a forward h
 `logging_nan_inf_filter` replaces in the logs is still seen, and the pre-clip grad-norm from hooks
 that fire as each parameter's gradient is accumulated (the Trainer clips before any callback runs).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -80,12 +81,24 @@ class NandoctorCallback(TrainerCallback):
         cell = cell_from_training_args(args, model, scaled)
         self.share = ranks_sharing_tokens(args)
         recipe = recipe_of("transformers", model, optimizer, args.max_grad_norm, args.seed, cell)
-        run = LiveRun("transformers", cell, recipe, model, optimizer, args.device.type, Path(self.output_dir or args.output_dir),
-                      step_loss=model, autocast=autocast_of(cell, args.device.type), trainer_args=args.to_dict(),
-                      moot_rules=MOOT_RULES)
+        run = LiveRun(
+            "transformers",
+            cell,
+            recipe,
+            model,
+            optimizer,
+            args.device.type,
+            Path(self.output_dir or args.output_dir),
+            step_loss=model,
+            autocast=autocast_of(cell, args.device.type),
+            trainer_args=args.to_dict(),
+            moot_rules=MOOT_RULES,
+        )
         self.watch.start(run)
-        self.handles = [model.register_forward_pre_hook(self._inputs, with_kwargs=True),
-                        model.register_forward_hook(self._loss, with_kwargs=True)]
+        self.handles = [
+            model.register_forward_pre_hook(self._inputs, with_kwargs=True),
+            model.register_forward_hook(self._loss, with_kwargs=True),
+        ]
         self.handles += [p.register_post_accumulate_grad_hook(self._grad) for _, p in self.watch.named]
 
     @guarded
@@ -103,7 +116,8 @@ class NandoctorCallback(TrainerCallback):
     @guarded
     def _grad(self, p):
         if self.step is not None:
-            # FSDP2: this rank's shard; a DTensor's whole norm would be a collective a rank whose watch is off never joins
+            # FSDP2: this rank's shard; a DTensor's whole norm would be a collective a rank whose watch is
+            # off never joins
             self.step.norms[p] = torch.linalg.vector_norm(local(p.grad), dtype=torch.float32)
 
     @guarded

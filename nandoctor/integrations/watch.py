@@ -22,6 +22,7 @@ trains on. Only a failed check under strict=True raises (CheckFailed), because t
 Every nandoctor internal the integrations use is imported here, at the top, so that moving those
 modules means re-pointing these lines only. Importing this module needs torch, not a framework.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,20 @@ from ..record import ModelPlan, ProbeRecord, Step
 from ..report import write_reports
 from .ranks import Ranks
 
-__all__ = ["ALIASES", "PRECISIONS", "Cell", "CheckFailed", "LiveRun", "NandoctorError", "Watch", "autocast_of", "guarded",
-           "local", "recipe_of", "trainer_cell"]
+__all__ = [
+    "ALIASES",
+    "PRECISIONS",
+    "Cell",
+    "CheckFailed",
+    "LiveRun",
+    "NandoctorError",
+    "Watch",
+    "autocast_of",
+    "guarded",
+    "local",
+    "recipe_of",
+    "trainer_cell",
+]
 REPORT_DIR = "nandoctor"  # under the run's output directory
 # config.json keys about the file, not the architecture; AutoConfig.for_model takes the rest
 ARCH_NOT_SETTINGS = ("architectures", "transformers_version", "dtype", "torch_dtype", "_name_or_path", "auto_map")
@@ -75,6 +88,7 @@ def guarded(hook):
     nandoctor is one line on stderr, the watch goes off for the rest of the run (the callback's
     `quiet()`, when it has one, unhooks the model) and the hook returns None, so training goes on.
     A CheckFailed (strict=True) passes through."""
+
     @functools.wraps(hook)
     def run(callback, *args, **kwargs):
         watch = callback.watch
@@ -89,12 +103,14 @@ def guarded(hook):
             with contextlib.suppress(Exception):
                 getattr(callback, "quiet", lambda: None)()
             return None
+
     return run
 
 
 @dataclass
 class LiveRun:
     """A framework's training run in nandoctor's terms, read by its adapter at train start."""
+
     framework: str  # "transformers" or "lightning"
     cell: Cell
     recipe: Recipe  # the recipe the run amounts to (optimizer, clipping, shapes, model)
@@ -131,17 +147,31 @@ def recipe_of(framework: str, model, optimizer, grad_clip: float, seed: int, cel
     on_load = "fp32" if cell.precision.weights else weights  # the pure cells cast the weights themselves
     local = source and Path(source).is_dir()
     group = optimizer.param_groups[0]
-    return Recipe(name=f"{framework}-run", description=f"read from a live {framework} run",
-                  model=ModelConfig(path=source if local else None, hub_id=None if local or not source else source,
-                                    arch=arch, dtype_on_load=on_load, scale="full"),
-                  optimizer=OptimizerConfig(lr=group.get("initial_lr", group["lr"]), betas=tuple(group.get("betas", (0.9, 0.999))),
-                                            eps=group.get("eps", 1e-8), weight_decay=group.get("weight_decay", 0.0)),
-                  grad_clip=grad_clip or 0.0, seed=seed).validate()
+    return Recipe(
+        name=f"{framework}-run",
+        description=f"read from a live {framework} run",
+        model=ModelConfig(
+            path=source if local else None,
+            hub_id=None if local or not source else source,
+            arch=arch,
+            dtype_on_load=on_load,
+            scale="full",
+        ),
+        optimizer=OptimizerConfig(
+            lr=group.get("initial_lr", group["lr"]),
+            betas=tuple(group.get("betas", (0.9, 0.999))),
+            eps=group.get("eps", 1e-8),
+            weight_decay=group.get("weight_decay", 0.0),
+        ),
+        grad_clip=grad_clip or 0.0,
+        seed=seed,
+    ).validate()
 
 
 def token_shape(batch) -> tuple[int, int] | None:
     """(batch size, sequence length) of the first 2-D integer tensor in a batch (its token ids)."""
     import torch
+
     if isinstance(batch, torch.Tensor):
         return tuple(batch.shape) if batch.ndim == 2 and not batch.is_floating_point() else None
     values = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else []
@@ -167,11 +197,25 @@ def headroom_checks(forensics: dict, events: list[dict], scale: float | None = N
         scaled = scale is not None and phase == "backward"
         if first:
             where = f"overflowed first at {first['module']} ({first['tensor']} abs-max {first['stats']['absmax']:.4g})"
-            out.append((name, scaled, f"{where} at loss scale {scale:g}: the GradScaler skips the step and halves its scale" if scaled else where))
+            out.append(
+                (
+                    name,
+                    scaled,
+                    f"{where} at loss scale {scale:g}: the GradScaler skips the step and halves its scale"
+                    if scaled
+                    else where,
+                )
+            )
         elif seen:
             r = min(seen, key=lambda r: r[f"{kind}_headroom"])
-            out.append((name, r[f"{kind}_headroom"] > 1, f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g}"
-                                                         f"{f', loss-scaled by {scale:g}' if scaled else ''})"))
+            out.append(
+                (
+                    name,
+                    r[f"{kind}_headroom"] > 1,
+                    f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g}"
+                    f"{f', loss-scaled by {scale:g}' if scaled else ''})",
+                )
+            )
     return out
 
 
@@ -182,8 +226,10 @@ def local(p):
 
 
 def parameter_extremes(named: list) -> object:
-    """[min, max] per parameter (this rank's shard) as one float tensor, without a device sync (read only after a failure)."""
+    """[min, max] per parameter (this rank's shard) as one float tensor, without a device sync (read only
+    after a failure)."""
     import torch
+
     return torch.stack([torch.stack(torch.aminmax(local(p).detach())).float() for _, p in named])
 
 
@@ -195,13 +241,18 @@ def state_copy(named: list, optimizer) -> dict:
         return x.detach().to("cpu", copy=True) if isinstance(x, torch.Tensor) else copy.deepcopy(x)
 
     state = optimizer.state_dict()
-    return {"weights": [to_cpu(local(p)) for _, p in named],
-            "optimizer": {"state": {k: {n: to_cpu(v) for n, v in s.items()} for k, s in state["state"].items()},
-                          "param_groups": copy.deepcopy(state["param_groups"])}}
+    return {
+        "weights": [to_cpu(local(p)) for _, p in named],
+        "optimizer": {
+            "state": {k: {n: to_cpu(v) for n, v in s.items()} for k, s in state["state"].items()},
+            "param_groups": copy.deepcopy(state["param_groups"]),
+        },
+    }
 
 
 def state_restore(named: list, optimizer, saved: dict) -> None:
     import torch
+
     with torch.no_grad():
         for (_, p), w in zip(named, saved["weights"]):
             local(p).copy_(w)
@@ -257,20 +308,36 @@ class Watch:
         """The setup check, before any step; then hooks that measure step 0's headroom."""
         self.run, self.device = run, self.device or collect_summary()
         self.named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
-        self.findings = [finding(r, [run.cell.id]) for r in evaluate({**env_facts(self.device), **setup_facts(
-            run.recipe, run.cell, run.model.config, run.trainer_args)}) if r.id not in run.moot_rules]
+        self.findings = [
+            finding(r, [run.cell.id])
+            for r in evaluate(
+                {**env_facts(self.device), **setup_facts(run.recipe, run.cell, run.model.config, run.trainer_args)}
+            )
+            if r.id not in run.moot_rules
+        ]
         unsupported = cell_support(run.cell, self.device)
-        checks = check_results(ProbeRecord(run.cell.id, run.cell, "unsupported", reason=unsupported),
-                               run.vocab, run.random_init) if unsupported else []
-        checks += [(f"known issue {f['id']}", f["severity"] != "error", f"{f['title']}. Fix: {f['fix']}") for f in self.findings]
+        checks = (
+            check_results(
+                ProbeRecord(run.cell.id, run.cell, "unsupported", reason=unsupported), run.vocab, run.random_init
+            )
+            if unsupported
+            else []
+        )
+        checks += [
+            (f"known issue {f['id']}", f["severity"] != "error", f"{f['title']}. Fix: {f['fix']}")
+            for f in self.findings
+        ]
         self._verdict_on(checks, "setup")
         self.step0 = ModuleWatch(run.model)
         self.entering = self.earlier = parameter_extremes(self.named)
         which = "every step" if self.every == 1 else f"one step in {self.every}"
         ranks = f" on {self.ranks.size} ranks, each judged" if self.ranks.distributed else ""
         if self.ranks.speaks:
-            _say(f"watching {run.cell.id} ({run.framework} run{ranks}, {len(self.named)} trainable tensors), judging {which}"
-                 f"{' (strict)' if self.strict else ''}; a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}")
+            _say(
+                f"watching {run.cell.id} ({run.framework} run{ranks}, {len(self.named)} trainable tensors), "
+                f"judging {which}{' (strict)' if self.strict else ''}; "
+                f"a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}"
+            )
 
     def checking(self, step: int) -> bool:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""
@@ -287,11 +354,16 @@ class Watch:
         if verdict.name == NO_LEARNING and not self.strict:  # a warning: the run may still start learning
             if NO_LEARNING not in self.warned:
                 self.warned.add(NO_LEARNING)
-                warnings.warn(f"nandoctor: {NO_LEARNING} in {self.run.cell.id} ({self.run.framework} run) at step {verdict.step}: "
-                              f"{verdict.reason}", stacklevel=3)
+                warnings.warn(
+                    f"nandoctor: {NO_LEARNING} in {self.run.cell.id} ({self.run.framework} run) "
+                    f"at step {verdict.step}: {verdict.reason}",
+                    stacklevel=3,
+                )
             return verdict
         if verdict.failed and self.failure is None:
-            self.failure = Failure(verdict, batch, state_copy(self.named, self.run.optimizer), self.entering, self.earlier, scale)
+            self.failure = Failure(
+                verdict, batch, state_copy(self.named, self.run.optimizer), self.entering, self.earlier, scale
+            )
         return verdict
 
     def end_step(self) -> bool:
@@ -328,10 +400,15 @@ class Watch:
             try:
                 self._report()
             except Exception as e:  # noqa: BLE001 - the run failed either way; it stops, with or without a report
-                self.report_dir, self.report_error = None, f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+                self.report_dir, self.report_error = (
+                    None,
+                    f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}",
+                )
                 f = self.failure.verdict
-                _say(f"{f.name} at step {f.step}: {f.reason}. Training stopped. "
-                     f"Internal error while writing the report ({self.report_error}): no report")
+                _say(
+                    f"{f.name} at step {f.step}: {f.reason}. Training stopped. "
+                    f"Internal error while writing the report ({self.report_error}): no report"
+                )
         return True
 
     def finish(self) -> str | None:
@@ -340,10 +417,21 @@ class Watch:
         more: `guarded` skips its hooks.)"""
         if self.run is None:
             return None
-        verdict = self.failure.verdict if self.failure else numeric_verdict(self.steps, None, THRESHOLDS) if self.steps else None
+        verdict = (
+            self.failure.verdict
+            if self.failure
+            else numeric_verdict(self.steps, None, THRESHOLDS)
+            if self.steps
+            else None
+        )
         said = "no step judged" if verdict is None else f"{verdict.name} ({verdict.reason})"
-        where = (f"report {self.report_dir / 'report.md'}" if self.report_dir else
-                 f"no report ({self.report_error})" if self.report_error else "no report (nothing stopped the run)")
+        where = (
+            f"report {self.report_dir / 'report.md'}"
+            if self.report_dir
+            else f"no report ({self.report_error})"
+            if self.report_error
+            else "no report (nothing stopped the run)"
+        )
         if self.stopped_by is not None:  # another rank saw the failure: its report, in the same directory
             said += f"; stopped with every rank when rank {self.stopped_by} failed"
             where = f"report by rank {self.stopped_by} in {Path(self.run.output_dir) / REPORT_DIR}"
@@ -356,11 +444,15 @@ class Watch:
     def _check_step0(self, record: Step) -> None:
         events = self.step0.end_step(record.step)
         self.step0.remove()
-        f = {"compute_dtype": self.run.cell.precision.compute, "activation_absmax": self.step0.activation_absmax,
-             "gradient_absmax": self.step0.gradient_absmax}
+        f = {
+            "compute_dtype": self.run.cell.precision.compute,
+            "activation_absmax": self.step0.activation_absmax,
+            "gradient_absmax": self.step0.gradient_absmax,
+        }
         self.step0 = None
-        checks = check_results(ProbeRecord(self.run.cell.id, self.run.cell, steps=[record]), self.run.vocab,
-                               self.run.random_init) + headroom_checks(f, events, record.scale)
+        checks = check_results(
+            ProbeRecord(self.run.cell.id, self.run.cell, steps=[record]), self.run.vocab, self.run.random_init
+        ) + headroom_checks(f, events, record.scale)
         self._verdict_on(checks, f"step-{record.step}")
 
     def _verdict_on(self, checks: list, what: str) -> None:
@@ -388,17 +480,30 @@ class Watch:
         recipe_path = self.report_dir / "recipe.yaml"
         data = {k: v for k, v in recipe_to_dict(recipe).items() if k != "name"}
         recipe_path.write_text(yaml.safe_dump(_plain(data), sort_keys=False))
-        self.bisect_command = shlex.join(["nandoctor", "bisect", "--recipe", str(recipe_path),
-                                          "--bad", f"dtype={run.cell.dtype},attn={run.cell.attn},compile={run.cell.compile}"])
+        self.bisect_command = shlex.join(
+            [
+                "nandoctor",
+                "bisect",
+                "--recipe",
+                str(recipe_path),
+                "--bad",
+                f"dtype={run.cell.dtype},attn={run.cell.attn},compile={run.cell.compile}",
+            ]
+        )
         write_reports(analyze_records(self._meta(recipe), [self._record(recipe, forensics)]), self.report_dir)
-        print(f"nandoctor: {f.verdict.name} at step {f.verdict.step}: {f.verdict.reason}. Training stopped.\n"
-              f"nandoctor: report {self.report_dir / 'report.md'}\n"
-              f"nandoctor: reproduce this setup as probes: {self.bisect_command}", file=sys.stderr, flush=True)
+        print(
+            f"nandoctor: {f.verdict.name} at step {f.verdict.step}: {f.verdict.reason}. Training stopped.\n"
+            f"nandoctor: report {self.report_dir / 'report.md'}\n"
+            f"nandoctor: reproduce this setup as probes: {self.bisect_command}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _replay(self) -> dict:
         """The failing step again, from the weights and optimizer state it started from, with the
         forensics hooks on the live model; the model and optimizer are left as the run left them."""
         import torch
+
         f, run, k = self.failure, self.run, self.failure.verdict.step
         t0 = time.perf_counter()
         after = state_copy(self.named, run.optimizer)
@@ -416,18 +521,27 @@ class Watch:
             state_restore(self.named, run.optimizer, after)
         out["events"] = earlier + out["events"]
         replayed = out.pop("steps")
-        return {"compute_dtype": run.cell.precision.compute, "weight_dtype": str(self.named[0][1].dtype).replace("torch.", ""),
-                "replayed_steps": 1, "compile": "off", **out, "steps": [st.to_dict() for st in replayed],
-                "reproduced": reproduced(self.steps[-1:], replayed),
-                "cost": replay_cost(self.steps[-1:], replayed, time.perf_counter() - t0),
-                "note": f"step {k} replayed in process on the live model, from the weights and optimizer state it started from"}
+        return {
+            "compute_dtype": run.cell.precision.compute,
+            "weight_dtype": str(self.named[0][1].dtype).replace("torch.", ""),
+            "replayed_steps": 1,
+            "compile": "off",
+            **out,
+            "steps": [st.to_dict() for st in replayed],
+            "reproduced": reproduced(self.steps[-1:], replayed),
+            "cost": replay_cost(self.steps[-1:], replayed, time.perf_counter() - t0),
+            "note": f"step {k} replayed in process on the live model, "
+            "from the weights and optimizer state it started from",
+        }
 
     def _earlier_update(self, k: int) -> list[dict]:
         """When the weights step k read were already non-finite, an optimizer step before it made them
         so: the first such parameter, its extremes one check earlier, and the optimizer state that update
         left (the live state is restored to where step k started)."""
         f = self.failure
-        bad = [i for i, (lo, hi) in enumerate(f.entering.cpu().tolist()) if not (math.isfinite(lo) and math.isfinite(hi))]
+        bad = [
+            i for i, (lo, hi) in enumerate(f.entering.cpu().tolist()) if not (math.isfinite(lo) and math.isfinite(hi))
+        ]
         if not bad:
             return []
         name, p = self.named[bad[0]]
@@ -436,17 +550,48 @@ class Watch:
     def _meta(self, recipe: Recipe) -> dict:
         run, config = self.run, self.run.model.config
         params = sum(p.numel() for p in run.model.parameters())
-        plan = ModelPlan("live-run", "full", config.model_type, params, params, sum(p.numel() for _, p in self.named),
-                         recipe.model.path, f"the model of this {run.framework} run, watched in process", shape_of(config))
-        return {"kind": "watch", "run_id": f"{run.framework}-{run.output_dir.name}", "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                "command": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]), "recipe": recipe_to_dict(recipe),
-                "model_plan": plan.to_dict(), "steps": len(self.steps), "seed": recipe.seed, "jobs": 1, "env": self.device, "planned": 1,
-                "doctor": {"capabilities": [], "setup": {"recipe": recipe.name, "cells": [run.cell.id]}, "findings": self.findings},
-                "run_dir": str(self.report_dir), "bisect_command": self.bisect_command}
+        plan = ModelPlan(
+            "live-run",
+            "full",
+            config.model_type,
+            params,
+            params,
+            sum(p.numel() for _, p in self.named),
+            recipe.model.path,
+            f"the model of this {run.framework} run, watched in process",
+            shape_of(config),
+        )
+        return {
+            "kind": "watch",
+            "run_id": f"{run.framework}-{run.output_dir.name}",
+            "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": shlex.join([Path(sys.argv[0]).name] + sys.argv[1:]),
+            "recipe": recipe_to_dict(recipe),
+            "model_plan": plan.to_dict(),
+            "steps": len(self.steps),
+            "seed": recipe.seed,
+            "jobs": 1,
+            "env": self.device,
+            "planned": 1,
+            "doctor": {
+                "capabilities": [],
+                "setup": {"recipe": recipe.name, "cells": [run.cell.id]},
+                "findings": self.findings,
+            },
+            "run_dir": str(self.report_dir),
+            "bisect_command": self.bisect_command,
+        }
 
     def _record(self, recipe: Recipe, forensics: dict) -> ProbeRecord:
-        return ProbeRecord(self.run.cell.id, self.run.cell, "ok", steps=self.steps, seed=recipe.seed,
-                           recipe=recipe_to_dict(recipe), forensics=forensics)
+        return ProbeRecord(
+            self.run.cell.id,
+            self.run.cell,
+            "ok",
+            steps=self.steps,
+            seed=recipe.seed,
+            recipe=recipe_to_dict(recipe),
+            forensics=forensics,
+        )
 
 
 def _plain(data):

@@ -4,6 +4,7 @@ and the small pure logic that matches them against facts or exception text.
 Imports nothing from nandoctor, so that verdicts can diagnose a crash without pulling in torch.
 Fact gathering lives in knowledge/facts.py.
 """
+
 from __future__ import annotations
 
 import functools
@@ -69,13 +70,17 @@ def _load(name: str) -> list[dict]:
 def rules() -> tuple[Rule, ...]:
     out = []
     for entry in _load("rules.yaml"):
-        rule = Rule(**{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())})
+        rule = Rule(
+            **{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())}
+        )
         unknown = [op for c in rule.when.values() if isinstance(c, dict) for op in c if op not in OPERATORS]
         if rule.severity not in SEVERITIES or unknown or not rule.evidence:
             raise ValueError(f"rules.yaml: rule {rule.id!r} is malformed (severity, operators {unknown} or evidence)")
         own = [e for e in rule.evidence if e.startswith(OWN_SOURCES)]
         if own:
-            raise ValueError(f"rules.yaml: rule {rule.id!r} cites nandoctor's own {own[0]!r} as evidence; list it under verified_by")
+            raise ValueError(
+                f"rules.yaml: rule {rule.id!r} cites nandoctor's own {own[0]!r} as evidence; list it under verified_by"
+            )
         out.append(rule)
     return tuple(out)
 
@@ -105,5 +110,13 @@ def diagnose_crash(text: str) -> Signature | None:
 
 def finding(rule: Rule, cells: list[str] | None = None) -> dict:
     """A fired rule as plain data, for run.json, summary.json and the renderers."""
-    return {"id": rule.id, "severity": rule.severity, "title": rule.title, "why": rule.why, "fix": rule.fix,
-            "evidence": list(rule.evidence), "verified_by": list(rule.verified_by), "cells": list(cells or [])}
+    return {
+        "id": rule.id,
+        "severity": rule.severity,
+        "title": rule.title,
+        "why": rule.why,
+        "fix": rule.fix,
+        "evidence": list(rule.evidence),
+        "verified_by": list(rule.verified_by),
+        "cells": list(cells or []),
+    }

@@ -9,6 +9,7 @@ MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16), so gradients are redu
 YAML has no key for a reduce dtype; FSDP version 1 builds MixedPrecision with the same reduce dtype.
 DDP (MULTI_GPU, and MULTI_CPU over gloo) all-reduces the gradients in their own dtype.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,6 +37,7 @@ def read_accelerate_config(path: str | Path) -> dict:
     """The config file as a dict, its cell-deciding keys checked and spelled out (a default where the
     file has none); a bad file is one NandoctorError line."""
     import yaml
+
     try:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as e:
@@ -63,15 +65,29 @@ def read_accelerate_config(path: str | Path) -> dict:
     processes = data.get("num_processes", 1)
     if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
         raise _bad(path, f"num_processes must be a positive integer, got {processes!r}")
-    return {**data, "distributed_type": distributed, "mixed_precision": mixed, "num_processes": processes,
-            "dynamo_config": {**(data.get("dynamo_config") or {}), "dynamo_backend": backend}}
+    return {
+        **data,
+        "distributed_type": distributed,
+        "mixed_precision": mixed,
+        "num_processes": processes,
+        "dynamo_config": {**(data.get("dynamo_config") or {}), "dynamo_backend": backend},
+    }
 
 
 def precision_of_accelerate(mixed: str) -> str:
     """The dtype value `mixed_precision` amounts to: autocast in that dtype over the load dtype's
     weights (an -amp row), or fp32 for 'no'."""
-    return next((p.name for p in PRECISIONS.values() if p.fp8 is None and p.weights is None and p.autocast
-                 and ACCELERATE_MIXED_PRECISION.get(p.autocast) == mixed), "fp32")
+    return next(
+        (
+            p.name
+            for p in PRECISIONS.values()
+            if p.fp8 is None
+            and p.weights is None
+            and p.autocast
+            and ACCELERATE_MIXED_PRECISION.get(p.autocast) == mixed
+        ),
+        "fp32",
+    )
 
 
 def parallel_of_accelerate(distributed: str, precision: str, processes: int) -> str:
@@ -87,8 +103,9 @@ def parallel_of_accelerate(distributed: str, precision: str, processes: int) -> 
 
 
 def accelerate_cell(config: dict, attn: str = "sdpa", precision: str | None = None, compile: str | None = None) -> Cell:
-    """The cell an accelerate config (as read_accelerate_config returns it) trains, with `attn`. `precision` and `compile` given (a
-    TrainingArguments file's own flags, which the Trainer hands to accelerate) take its place."""
+    """The cell an accelerate config (as read_accelerate_config returns it) trains, with `attn`. `precision`
+    and `compile` given (a TrainingArguments file's own flags, which the Trainer hands to accelerate) take
+    its place."""
     precision = precision or precision_of_accelerate(config["mixed_precision"])
     compile = compile or DYNAMO_BACKENDS[config["dynamo_config"]["dynamo_backend"]]
     parallel = parallel_of_accelerate(config["distributed_type"], precision, config["num_processes"])

@@ -2,6 +2,7 @@
 dict), the planned setup (recipe + cell + optional TrainingArguments JSON + tokenizer) and, after a
 run, from a probe's recorded steps. Every fact is a plain value; an unknown one is None.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,9 @@ from pathlib import Path
 
 from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
 from ..config import THRESHOLDS, Recipe
-from ..data import all_masked_batches, batches  # noqa: F401 -- all_masked_batches: the rules' fact, computed with the data
+
+# all_masked_batches: the rules' fact, computed with the data
+from ..data import all_masked_batches, batches  # noqa: F401
 from ..errors import NandoctorError
 from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
@@ -21,9 +24,12 @@ CONTROL_TOKEN = re.compile(r"^(<[^<>]*>|\[[A-Z_]+\])$")
 
 def env_facts(env: dict) -> dict:
     gpus = env.get("gpus") or []
-    return {"device": env.get("device"),
-            "gpu_capability": min(float(g["capability"]) for g in gpus) if gpus else None,
-            "cudnn_version": env.get("cudnn"), "flash_attn": env.get("flash_attn")}
+    return {
+        "device": env.get("device"),
+        "gpu_capability": min(float(g["capability"]) for g in gpus) if gpus else None,
+        "cudnn_version": env.get("cudnn"),
+        "flash_attn": env.get("flash_attn"),
+    }
 
 
 def read_trainer_args(path: str | Path) -> dict:
@@ -47,7 +53,9 @@ def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None
     precision and compile the TrainingArguments leave unset."""
     precision, compile = precision_of_training_args(trainer_args), compile_of_training_args(trainer_args)
     if accelerate is not None:
-        return accelerate_cell(accelerate, attn, None if precision == "fp32" else precision, None if compile == "off" else compile)
+        return accelerate_cell(
+            accelerate, attn, None if precision == "fp32" else precision, None if compile == "off" else compile
+        )
     parallel = parallel_of_accelerate("FSDP", precision, 1) if trainer_args.get("fsdp") else "none"
     return Cell(precision, attn, compile, parallel=parallel)
 
@@ -61,14 +69,24 @@ def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
 
 
 # The files a transformers tokenizer directory is loaded from (fast, config, BPE, WordPiece, SentencePiece)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model", "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
 
 
 def load_tokenizer(path: str | Path):
     """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
     from transformers import AutoTokenizer
+
     if not Path(path).is_dir():
-        raise NandoctorError(f"tokenizer directory {str(path)!r} does not exist; pass a local directory (nothing is downloaded)")
+        raise NandoctorError(
+            f"tokenizer directory {str(path)!r} does not exist; pass a local directory (nothing is downloaded)"
+        )
     if not has_tokenizer(path):
         raise NandoctorError(f"tokenizer directory {str(path)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     try:
@@ -83,9 +101,11 @@ def has_tokenizer(path: str | Path | None) -> bool:
 
 def tokenizer_facts(tokenizer) -> dict:
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    return {"tokenizer_has_pad": pad is not None,
-            "pad_id0_is_content": pad == 0 and not CONTROL_TOKEN.match(tokenizer.convert_ids_to_tokens(0) or ""),
-            "pad_is_eos": pad is not None and pad == eos}
+    return {
+        "tokenizer_has_pad": pad is not None,
+        "pad_id0_is_content": pad == 0 and not CONTROL_TOKEN.match(tokenizer.convert_ids_to_tokens(0) or ""),
+        "pad_is_eos": pad is not None and pad == eos,
+    }
 
 
 def recipe_pad_facts(recipe: Recipe) -> dict:
@@ -94,15 +114,24 @@ def recipe_pad_facts(recipe: Recipe) -> dict:
     return {"tokenizer_has_pad": True, "pad_id0_is_content": policy == "id0", "pad_is_eos": policy == "eos"}
 
 
-def setup_facts(recipe: Recipe, cell: Cell, model_config=None, trainer_args: dict | None = None,
-                tokenizer=None, eager_baseline: bool = False) -> dict:
+def setup_facts(
+    recipe: Recipe,
+    cell: Cell,
+    model_config=None,
+    trainer_args: dict | None = None,
+    tokenizer=None,
+    eager_baseline: bool = False,
+) -> dict:
     """Facts about one planned cell of a recipe (and the TrainingArguments / tokenizer when given)."""
     args = trainer_args or {}
     trained = trainable_dtype(recipe, cell)
     init_kwargs = args.get("model_init_kwargs") or {}
     fp8 = cell.precision.fp8
     facts = {
-        "dtype": cell.dtype, "attn": cell.attn, "compile": cell.compile, "optimizer": cell.optimizer,
+        "dtype": cell.dtype,
+        "attn": cell.attn,
+        "compile": cell.compile,
+        "optimizer": cell.optimizer,
         "uses_bf16": cell.precision.compute == "bfloat16" or trained == "bf16",  # the fp8 cells run in bf16 autocast
         "grad_scaler": cell.precision.scaler,
         "trainable_dtype": trained,
@@ -134,14 +163,18 @@ def observed_facts(record) -> dict:
     world-size times the one-process one."""
     scales = [s.scale / 2 if s.skipped else s.scale for s in record.steps if s.scale is not None]
     norms = [s.grad_norm for s in record.steps if not s.skipped]
-    facts = {"grad_scale_min": min(scales) if scales else None,
-             "grad_norm_all_zero": all(n == 0.0 for n in norms) if norms else None}
+    facts = {
+        "grad_scale_min": min(scales) if scales else None,
+        "grad_norm_all_zero": all(n == 0.0 for n in norms) if norms else None,
+    }
     parallel = record.parallel or {}
     masters = parallel.get("master_dtype") or []
     ratio = (parallel.get("grad_agreement") or {}).get("norm_ratio")
     world = parallel.get("world_size") or 0
     lowest = next((d for d in ("bfloat16", "float16", "float32") if d in masters), None)  # any half master counts
-    facts.update(master_dtype=SHORT_DTYPES.get(lowest),
-                 autocast=record.cell.precision.autocast is not None,
-                 grad_sum_factor=ratio is not None and world > 1 and abs(ratio / world - 1) <= THRESHOLDS.grad_ratio_rel)
+    facts.update(
+        master_dtype=SHORT_DTYPES.get(lowest),
+        autocast=record.cell.precision.autocast is not None,
+        grad_sum_factor=ratio is not None and world > 1 and abs(ratio / world - 1) <= THRESHOLDS.grad_ratio_rel,
+    )
     return facts

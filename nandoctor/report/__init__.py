@@ -1,5 +1,6 @@
 """Renderers. Each takes a RunAnalysis (or, for diff.*, a RunDiff) and returns text; write_reports puts
 them in the run dir."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,36 +12,43 @@ from ..run.store import write_atomic
 
 def _summary_json(a: RunAnalysis) -> str:
     from .summary import render_summary
+
     return jsonio.dumps(render_summary(a), indent=2)
 
 
 def _markdown(a: RunAnalysis) -> str:
     from .markdown import render_markdown
+
     return render_markdown(a)
 
 
 def _html(a: RunAnalysis) -> str:
     from .html import render_html
+
     return render_html(a)
 
 
 def _junit(a: RunAnalysis) -> str:
     from .junit import render_junit
+
     return render_junit(a)
 
 
 def _diff_markdown(d) -> str:
     from .diff import render_diff_markdown
+
     return render_diff_markdown(d)
 
 
 def _diff_html(d) -> str:
     from .diff import render_diff_html
+
     return render_diff_html(d)
 
 
 def _diff_json(d) -> str:
     from .diff import render_diff_summary
+
     return jsonio.dumps(render_diff_summary(d), indent=2)
 
 

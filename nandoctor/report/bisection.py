@@ -1,13 +1,20 @@
 """Rows and sentences of a `bisect` run (its bisect.json), shared by the terminal, Markdown, HTML and
 JUnit renderers so that they agree."""
+
 from __future__ import annotations
 
 from ..cells import AXES, Cell
 
-PHASE_TEXT = {"confirm-target": "confirm the target fails", "confirm-baseline": "confirm the baseline passes",
-              "ddmin": "ddmin: try a subset", "rerun": "rerun the failure", "minimality": "remove one culprit factor",
-              "revert": "target, culprits reverted", "recommend": "candidate recommendation",
-              "between": "a value between baseline and target"}
+PHASE_TEXT = {
+    "confirm-target": "confirm the target fails",
+    "confirm-baseline": "confirm the baseline passes",
+    "ddmin": "ddmin: try a subset",
+    "rerun": "rerun the failure",
+    "minimality": "remove one culprit factor",
+    "revert": "target, culprits reverted",
+    "recommend": "candidate recommendation",
+    "between": "a value between baseline and target",
+}
 
 
 def _value(v) -> str:
@@ -38,7 +45,9 @@ def describe_step(step: dict) -> str:
     extra = " (data-dependent)" if step["data_dependent"] else ""
     verdicts = "/".join(sorted(set(step["verdicts"])))
     applied = ", ".join(step["factors"] + [f"{k}={v}" for k, v in (step.get("between") or {}).items()]) or "baseline"
-    return f"  bisection step {step['index']:>2} {step['phase']:<16} {step['outcome']:<10} {verdicts}{extra}  [{applied}]"
+    return (
+        f"  bisection step {step['index']:>2} {step['phase']:<16} {step['outcome']:<10} {verdicts}{extra}  [{applied}]"
+    )
 
 
 def culprit_kind(c: dict) -> str:
@@ -58,34 +67,58 @@ def headline_lines(b: dict | None) -> list[str]:
         lines.append(f"Culprit ({culprit_kind(c)}): {factor_text(b, c['factors'])} -> {evidence_verdicts(b, c)}")
     for i in b["flaky"]:
         step = b["path"][i]
-        lines.append(f"Flaky, not used as a culprit: {factor_text(b, step['factors'])} "
-                     f"(verdicts {', '.join(step['verdicts'])} on identical reruns)")
+        lines.append(
+            f"Flaky, not used as a culprit: {factor_text(b, step['factors'])} "
+            f"(verdicts {', '.join(step['verdicts'])} on identical reruns)"
+        )
     rec = b.get("recommendation")
-    lines.append(f"Recommended: {config_text(rec['config'])} (stable at bisection step {b['recommended_step']})" if rec else
-                 "No configuration tried held up as stable.")
+    lines.append(
+        f"Recommended: {config_text(rec['config'])} (stable at bisection step {b['recommended_step']})"
+        if rec
+        else "No configuration tried held up as stable."
+    )
     k = len(b["factors"])
-    lines.append(f"Probes: {b['probes']} probe processes over {b['configurations']} configurations for {k} "
-                 f"factor(s); every mix of these factors is 2^{k} = {b['full_grid']} configurations.")
+    lines.append(
+        f"Probes: {b['probes']} probe processes over {b['configurations']} configurations for {k} "
+        f"factor(s); every mix of these factors is 2^{k} = {b['full_grid']} configurations."
+    )
     return lines
 
 
 def factor_rows(b: dict) -> list[dict]:
     culprits = {f for c in b["culprits"] for f in c["factors"]}
-    return [{"factor": n, "baseline": _value(g), "target": _value(t), "culprit": "yes" if n in culprits else ""}
-            for n, (g, t) in b["factors"].items()]
+    return [
+        {"factor": n, "baseline": _value(g), "target": _value(t), "culprit": "yes" if n in culprits else ""}
+        for n, (g, t) in b["factors"].items()
+    ]
 
 
 def path_rows(b: dict) -> list[dict]:
-    return [{"bisection step": s["index"], "tried": PHASE_TEXT.get(s["phase"], s["phase"]), "target factors applied": factor_text(b, s["factors"])
-             + "".join(f", {k}={_value(v)} (between)" for k, v in (s.get("between") or {}).items()),
-             "outcome": s["outcome"] + (" (data-dependent)" if s["data_dependent"] else ""),
-             "verdicts": ", ".join(s["verdicts"]), "probes": "; ".join(s["probe_ids"])} for s in b["path"]]
+    return [
+        {
+            "bisection step": s["index"],
+            "tried": PHASE_TEXT.get(s["phase"], s["phase"]),
+            "target factors applied": factor_text(b, s["factors"])
+            + "".join(f", {k}={_value(v)} (between)" for k, v in (s.get("between") or {}).items()),
+            "outcome": s["outcome"] + (" (data-dependent)" if s["data_dependent"] else ""),
+            "verdicts": ", ".join(s["verdicts"]),
+            "probes": "; ".join(s["probe_ids"]),
+        }
+        for s in b["path"]
+    ]
 
 
 def culprit_rows(b: dict) -> list[dict]:
-    return [{"culprit": factor_text(b, c["factors"]), "kind": culprit_kind(c), "verdict": evidence_verdicts(b, c),
-             "fails alone (bisection step)": c["evidence"], "passes without each factor (bisection steps)": ", ".join(map(str, c["minimality"]))}
-            for c in b["culprits"]]
+    return [
+        {
+            "culprit": factor_text(b, c["factors"]),
+            "kind": culprit_kind(c),
+            "verdict": evidence_verdicts(b, c),
+            "fails alone (bisection step)": c["evidence"],
+            "passes without each factor (bisection steps)": ", ".join(map(str, c["minimality"])),
+        }
+        for c in b["culprits"]
+    ]
 
 
 def recommendation_lines(b: dict) -> list[str]:

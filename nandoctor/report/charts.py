@@ -5,6 +5,7 @@ legend sits under the plot and wraps, so every label is shown whole.
 Any value may arrive: a diverging run's loss of 1e300, an int too large for a float, a subnormal.
 The y axis is laid out in a space where arithmetic cannot overflow (log10 for a log axis; values
 divided by a power of ten for a linear one) and its ticks are labelled from that space."""
+
 from __future__ import annotations
 
 import math
@@ -83,14 +84,14 @@ def fmt_tick(v: float, step: float) -> str:
     if not (math.isfinite(v) and math.isfinite(step)) or step < 1e-3 or abs(v) >= 1e5:
         return f"{v:.1e}"
     decimals = max(0, -math.floor(math.log10(step) + 1e-9)) if step < 1 else 0
-    decimals += 1 if step * 10 ** decimals % 1 else 0  # 2.5, 0.25
+    decimals += 1 if step * 10**decimals % 1 else 0  # 2.5, 0.25
     return f"{v:.{decimals}f}"
 
 
 def fmt_log_tick(t: float) -> str:
     """The label of a log-axis tick at log10 value t, computed without leaving log space."""
     if -300 < t < 300:
-        value = float(f"{10 ** t:.6g}")  # 10 ** log10(5) is 4.999...
+        value = float(f"{10**t:.6g}")  # 10 ** log10(5) is 4.999...
         return fmt_tick(value, value)
     decade = math.floor(t + 1e-9)
     return f"{float(f'{10 ** (t - decade):.2g}'):g}e{decade:+d}"
@@ -170,25 +171,37 @@ def _legend_rows(labels: list[str], width: int, x0: int) -> list[list[tuple[int,
     return rows
 
 
-def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: int | None = None,
-               mark_label: str = "", width: int = 420, height: int = 180) -> str:
+def line_chart(
+    series: list[dict],
+    title: str,
+    log_y: bool = False,
+    mark_step: int | None = None,
+    mark_label: str = "",
+    width: int = 420,
+    height: int = 180,
+) -> str:
     """series: [{'label', 'points': [(x, y)], 'dashed': bool, 'color', 'fail_step': int, 'fail_label': str}];
     a series with a fail_step gets a cross at that step on the top edge. Returns one <svg> element,
     `height` for the plot plus the legend's rows."""
     pad_l, pad_r, pad_t, pad_b = 52, 12, 22, 26
     finite = [(x, _plotted(y, log_y)) for s in series for x, y in s["points"] if _finite(y, log_y)]
-    xs = [x for s in series for x, _ in s["points"]] + [s["fail_step"] for s in series if s.get("fail_step") is not None]
+    xs = [x for s in series for x, _ in s["points"]] + [
+        s["fail_step"] for s in series if s.get("fail_step") is not None
+    ]
     xs += [mark_step] if mark_step is not None else []
     legend = _legend_rows([s["label"] for s in series], width - pad_r, pad_l) if finite and xs else []
     total = height + LEGEND_ROW * len(legend)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total}" viewBox="0 0 {width} {total}" role="img">',
-             f'<title>{escape(title)}</title>',
-             f'<text x="{pad_l}" y="14" font-size="12" font-weight="bold">{escape(title)}</text>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total}" '
+        f'viewBox="0 0 {width} {total}" role="img">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{pad_l}" y="14" font-size="12" font-weight="bold">{escape(title)}</text>',
+    ]
     if not finite or not xs:
         parts.append(f'<text x="{pad_l}" y="{height // 2}" font-size="12" fill="#888">no finite values</text></svg>')
         return "".join(parts)
     power = 0 if log_y else _linear_power([y for _, y in finite])
-    unit = 10.0 ** power  # a normal float for any power a finite value has
+    unit = 10.0**power  # a normal float for any power a finite value has
 
     def tf(y):  # the value in the y axis' space
         v = _plotted(y, log_y)
@@ -222,30 +235,46 @@ def line_chart(series: list[dict], title: str, log_y: bool = False, mark_step: i
     for s, color in zip(series, colors):
         pts = [(px(x), py(tf(y))) for x, y in s["points"] if _finite(y, log_y)]
         dash = ' stroke-dasharray="4 3"' if s.get("dashed") else ""
-        tip = f'<title>{escape(s["label"])}</title>'
+        tip = f"<title>{escape(s['label'])}</title>"
         if len(pts) > 1:
             d = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-            parts.append(f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.5"{dash}>{tip}</polyline>')
-        parts.append(f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="2.5" fill="{color}">{tip}</circle>' if pts else "")
+            parts.append(
+                f'<polyline points="{d}" fill="none" stroke="{color}" stroke-width="1.5"{dash}>{tip}</polyline>'
+            )
+        parts.append(
+            f'<circle cx="{pts[0][0]:.1f}" cy="{pts[0][1]:.1f}" r="2.5" fill="{color}">{tip}</circle>' if pts else ""
+        )
         if s.get("fail_step") is not None:
             x, y = px(s["fail_step"]), pad_t + 6
             if pts:
-                parts.append(f'<line x1="{pts[-1][0]:.1f}" y1="{pts[-1][1]:.1f}" x2="{x:.1f}" y2="{y}" stroke="{color}" stroke-dasharray="2 2"/>')
-            parts.append(f'<text x="{x:.1f}" y="{y + 4}" font-size="13" font-weight="bold" text-anchor="middle" fill="{color}">'
-                         f'×<title>{escape(s.get("fail_label") or s["label"])}</title></text>')
+                parts.append(
+                    f'<line x1="{pts[-1][0]:.1f}" y1="{pts[-1][1]:.1f}" x2="{x:.1f}" y2="{y}" '
+                    f'stroke="{color}" stroke-dasharray="2 2"/>'
+                )
+            parts.append(
+                f'<text x="{x:.1f}" y="{y + 4}" font-size="13" font-weight="bold" text-anchor="middle" fill="{color}">'
+                f"×<title>{escape(s.get('fail_label') or s['label'])}</title></text>"
+            )
     if mark_step is not None:
         x = px(mark_step)
-        parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{pad_t}" y2="{pad_t + h}" stroke="#d62728" stroke-width="2"/>')
+        parts.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{pad_t}" y2="{pad_t + h}" stroke="#d62728" stroke-width="2"/>'
+        )
         anchor = "end" if x > pad_l + w / 2 else "start"
-        parts.append(f'<text x="{x + (-3 if anchor == "end" else 3):.1f}" y="{pad_t + 12}" font-size="10" fill="#d62728" '
-                     f'text-anchor="{anchor}">{escape(mark_label)}</text>')
+        parts.append(
+            f'<text x="{x + (-3 if anchor == "end" else 3):.1f}" y="{pad_t + 12}" font-size="10" fill="#d62728" '
+            f'text-anchor="{anchor}">{escape(mark_label)}</text>'
+        )
     for r, row in enumerate(legend):
         y = height + LEGEND_ROW * r + 2
         for i, text, x in row:
             if i >= 0:
                 s = series[i]
                 dash = ' stroke-dasharray="4 3"' if s.get("dashed") else ""
-                parts.append(f'<line x1="{x}" x2="{x + 16}" y1="{y - 4}" y2="{y - 4}" stroke="{colors[i]}" stroke-width="2"{dash}/>')
+                parts.append(
+                    f'<line x1="{x}" x2="{x + 16}" y1="{y - 4}" y2="{y - 4}" '
+                    f'stroke="{colors[i]}" stroke-width="2"{dash}/>'
+                )
             parts.append(f'<text x="{x + 22}" y="{y}" font-size="{LEGEND_FONT}" fill="#333">{escape(text)}</text>')
     parts.append("</svg>")
     return "".join(parts)

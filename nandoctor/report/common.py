@@ -1,4 +1,5 @@
 """Rows and numbers shared by every renderer, so the terminal, Markdown, HTML and JSON agree."""
+
 from __future__ import annotations
 
 import math
@@ -10,8 +11,14 @@ from ..record import ModelPlan
 from . import timing
 from .charts import as_float
 
-AXIS_NOUNS = {"dtype": "precision", "attn": "attention", "compile": "compile mode", "optimizer": "optimizer", "parallel": "parallel setup",
-              "hardware": "kind of hardware"}
+AXIS_NOUNS = {
+    "dtype": "precision",
+    "attn": "attention",
+    "compile": "compile mode",
+    "optimizer": "optimizer",
+    "parallel": "parallel setup",
+    "hardware": "kind of hardware",
+}
 CELL_AXES = (*AXES, "hardware")  # what tells cells apart: the grid axes and the hardware they ran on
 
 
@@ -73,7 +80,9 @@ def cells_text(cells: list[Cell], universe: list[Cell]) -> str:
     product = math.prod(len(_values(cells, axis)) for axis in varying)
     if product != len(cells):  # not a full cross product: describe it one value of the first varying axis at a time
         first = varying[0]
-        return "; ".join(cells_text([c for c in cells if getattr(c, first) == v], universe) for v in _values(cells, first))
+        return "; ".join(
+            cells_text([c for c in cells if getattr(c, first) == v], universe) for v in _values(cells, first)
+        )
     fixed = [axis for axis in CELL_AXES if axis not in varying]
     peers = [u for u in universe if all(getattr(u, axis) == getattr(cells[0], axis) for axis in fixed)]
     named = [getattr(cells[0], axis) for axis in fixed if len(_values(universe, axis)) > 1]
@@ -82,8 +91,13 @@ def cells_text(cells: list[Cell], universe: list[Cell]) -> str:
         mine, every = _values(cells, axis), _values(peers, axis)
         missing = [v for v in every if v not in mine]
         noun = AXIS_NOUNS[axis]
-        spans.append(f"every {noun}" if not missing else
-                     f"every {noun} but {', '.join(missing)}" if len(missing) < len(mine) else f"{noun} {', '.join(mine)}")
+        spans.append(
+            f"every {noun}"
+            if not missing
+            else f"every {noun} but {', '.join(missing)}"
+            if len(missing) < len(mine)
+            else f"{noun} {', '.join(mine)}"
+        )
     return f"{'/'.join(named)} with {' and '.join(spans)}" if named else " and ".join(spans)
 
 
@@ -93,15 +107,33 @@ def last_loss(o: ProbeOutcome) -> float | None:
 
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
-    return [{"rank": i + 1, "config": label(o), "fidelity vs fp32": fmt_fidelity(o.fidelity),
-             "tokens/s": fmt_rate(o.tokens_per_s), "tokens/s IQR": timing.spread_text(o.throughput),
-             "timed over": timing.timing_note(o, a), "peak memory": fmt_bytes(o.peak_memory_bytes),
-             "final loss": fmt_loss(last_loss(o)), "flagged by": ", ".join(o.flags) or "-"} for i, o in enumerate(a.ranking)]
+    return [
+        {
+            "rank": i + 1,
+            "config": label(o),
+            "fidelity vs fp32": fmt_fidelity(o.fidelity),
+            "tokens/s": fmt_rate(o.tokens_per_s),
+            "tokens/s IQR": timing.spread_text(o.throughput),
+            "timed over": timing.timing_note(o, a),
+            "peak memory": fmt_bytes(o.peak_memory_bytes),
+            "final loss": fmt_loss(last_loss(o)),
+            "flagged by": ", ".join(o.flags) or "-",
+        }
+        for i, o in enumerate(a.ranking)
+    ]
 
 
 def failure_rows(a: RunAnalysis) -> list[dict]:
-    return [{"config": label(o), "verdict": o.verdict.name, "step": "-" if o.verdict.step is None else o.verdict.step,
-             "reason": o.verdict.reason} for o in a.outcomes if o.verdict.failed]
+    return [
+        {
+            "config": label(o),
+            "verdict": o.verdict.name,
+            "step": "-" if o.verdict.step is None else o.verdict.step,
+            "reason": o.verdict.reason,
+        }
+        for o in a.outcomes
+        if o.verdict.failed
+    ]
 
 
 def unsupported_rows(a: RunAnalysis) -> list[dict]:
@@ -115,14 +147,20 @@ def model_line(a: RunAnalysis) -> tuple[str, str]:
 
 def device_text(env: dict) -> str:
     gpus = env.get("gpus") or []
-    return ", ".join(f"{g['name']} (cc {g['capability']}, {fmt_bytes(g['memory_bytes'])})" for g in gpus) or \
-        f"CPU, {env.get('cpu_count')} cores, {fmt_bytes(env.get('ram_bytes'))} RAM"
+    return (
+        ", ".join(f"{g['name']} (cc {g['capability']}, {fmt_bytes(g['memory_bytes'])})" for g in gpus)
+        or f"CPU, {env.get('cpu_count')} cores, {fmt_bytes(env.get('ram_bytes'))} RAM"
+    )
 
 
 def gathered_text(env: dict) -> str:
     """Where an executor's device facts were gathered: the job, host and process that read them."""
     g = env.get("gathered") or {}
-    job = f"job {g['job']}" + (f" (partition {g['partition']})" if g.get("partition") else "") if g.get("job") else "a task"
+    job = (
+        f"job {g['job']}" + (f" (partition {g['partition']})" if g.get("partition") else "")
+        if g.get("job")
+        else "a task"
+    )
     return f"{device_text(env)}; read by {job} on {g.get('host')}, pid {g.get('pid')}"
 
 
@@ -130,11 +168,20 @@ def environment_rows(a: RunAnalysis) -> list[dict]:
     """The run's environment; a run placed by an executor adds, per kind of hardware, the facts its
     cells were planned with and which job on which node read them."""
     env = a.meta.get("env", {})
-    rows = [("device", device_text(env)), ("python", env.get("python")), ("torch", env.get("torch")),
-            ("transformers", env.get("transformers")), ("peft", env.get("peft")), ("CUDA", env.get("cuda") or "-"),
-            ("cuDNN", env.get("cudnn") or "-"), ("platform", env.get("platform"))]
-    rows += [(f"planned on {kind}" if kind else "planned on the cluster", gathered_text(facts))
-             for kind, facts in (a.meta.get("env_by_hardware") or {}).items()]
+    rows = [
+        ("device", device_text(env)),
+        ("python", env.get("python")),
+        ("torch", env.get("torch")),
+        ("transformers", env.get("transformers")),
+        ("peft", env.get("peft")),
+        ("CUDA", env.get("cuda") or "-"),
+        ("cuDNN", env.get("cudnn") or "-"),
+        ("platform", env.get("platform")),
+    ]
+    rows += [
+        (f"planned on {kind}" if kind else "planned on the cluster", gathered_text(facts))
+        for kind, facts in (a.meta.get("env_by_hardware") or {}).items()
+    ]
     return [{"fact": k, "value": v} for k, v in rows]
 
 
@@ -144,8 +191,11 @@ def hardware_line(a: RunAnalysis, hardware: str) -> str:
     if rec is None:
         return f"Recommended on {hardware}: none (no stable configuration there)"
     flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
-    return (f"Recommended on {hardware}: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
-            f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
+    return (
+        f"Recommended on {hardware}: {label(rec)} "
+        f"(fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
+        f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
+    )
 
 
 def headline(a: RunAnalysis) -> list[str]:
@@ -154,21 +204,29 @@ def headline(a: RunAnalysis) -> list[str]:
     rec, fast = a.recommended, a.fastest
     if a.meta["kind"] == "bisect":
         from .bisection import headline_lines
+
         lines += headline_lines(a.bisection)
     elif a.hardware:
         for h in a.hardware:
             lines.append(hardware_line(a, h))
             fast_here = a.fastest_on(h)
             if fast_here is not a.recommended_on(h):
-                lines.append(f"Fastest stable on {h}: {label(fast_here)} ({fmt_rate(fast_here.tokens_per_s)} tokens/s, "
-                             f"fidelity {fmt_fidelity(fast_here.fidelity)})")
+                lines.append(
+                    f"Fastest stable on {h}: {label(fast_here)} ({fmt_rate(fast_here.tokens_per_s)} tokens/s, "
+                    f"fidelity {fmt_fidelity(fast_here.fidelity)})"
+                )
         lines += timing.speed_lines(a)
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
-        lines.append(f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
-                     f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})")
+        lines.append(
+            f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
+            f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
+        )
         if fast is not rec:
-            lines.append(f"Fastest stable: {label(fast)} ({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})")
+            lines.append(
+                f"Fastest stable: {label(fast)} "
+                f"({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})"
+            )
         lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")

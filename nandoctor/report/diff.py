@@ -1,6 +1,7 @@
 """The comparison of a run with its baseline (analysis/diff.py) as rows and sentences every renderer
 shares, then the terminal, Markdown, HTML and JSON renderings. The first lines answer "did anything
 regress, and what changed around it?"; the numbers of cells stable in both follow."""
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,10 @@ def headline(d: RunDiff) -> list[str]:
     n = len(d.cells)
     regressed = d.regressions
     if regressed:
-        lines = [f"Regressed: {len(regressed)} of {n} cell(s): " + "; ".join(f"{c.probe_id} ({c.verdicts})" for c in regressed)]
+        lines = [
+            f"Regressed: {len(regressed)} of {n} cell(s): "
+            + "; ".join(f"{c.probe_id} ({c.verdicts})" for c in regressed)
+        ]
     elif d.unchanged:
         lines = [f"No change: {n} cell(s), same verdicts, every loss curve bit-identical."]
     else:
@@ -74,8 +78,17 @@ def _failure_class(c: CellChange, classes: list[dict]) -> str:
 def verdict_rows(d: RunDiff) -> list[dict]:
     """Every cell whose verdict changed (or, in a check, whose step-0 values moved), regressions first."""
     classes = failures.failure_classes(d.current)
-    return [{"cell": c.probe_id, "change": c.change, "verdict": c.verdicts, "why": c.why,
-             "where and fix": _failure_class(c, classes)} for c in d.cells if c.change != SAME]
+    return [
+        {
+            "cell": c.probe_id,
+            "change": c.change,
+            "verdict": c.verdicts,
+            "why": c.why,
+            "where and fix": _failure_class(c, classes),
+        }
+        for c in d.cells
+        if c.change != SAME
+    ]
 
 
 def _percent(x: float | None) -> str:
@@ -107,8 +120,15 @@ def stable_rows(d: RunDiff) -> list[dict]:
         fid = f"{fmt_fidelity(f.before)} -> {fmt_fidelity(f.after)}"
         rate = f"{fmt_rate(r.before)} -> {fmt_rate(r.after)} ({_percent(r.change)}, noise ±{100 * r.band:.0f}%)"
         memory = f"{fmt_bytes(m.before)} -> {fmt_bytes(m.after)} ({_percent(m.change)})"
-        rows.append({"cell": c.probe_id, "fidelity vs fp32": _moved(fid, f), "tokens/s": _moved(rate, r),
-                     "peak memory": _moved(memory, m), "loss curves": curve_text(c)})
+        rows.append(
+            {
+                "cell": c.probe_id,
+                "fidelity vs fp32": _moved(fid, f),
+                "tokens/s": _moved(rate, r),
+                "peak memory": _moved(memory, m),
+                "loss curves": curve_text(c),
+            }
+        )
     return rows
 
 
@@ -118,18 +138,30 @@ def _fmt_value(x: float) -> str:
 
 def golden_rows(d: RunDiff) -> list[dict]:
     """A check's step-0 values against the baseline's, with the tolerance of the cell's matmul dtype."""
-    return [{"cell": c.probe_id, "value": g.name, "baseline": _fmt_value(g.before), "this run": _fmt_value(g.after),
-             "change": f"{g.change:.3g}", "tolerance": f"±{g.tolerance:.3g}", "result": "ok" if g.passed else "MOVED"}
-            for c in d.cells for g in c.golden]
+    return [
+        {
+            "cell": c.probe_id,
+            "value": g.name,
+            "baseline": _fmt_value(g.before),
+            "this run": _fmt_value(g.after),
+            "change": f"{g.change:.3g}",
+            "tolerance": f"±{g.tolerance:.3g}",
+            "result": "ok" if g.passed else "MOVED",
+        }
+        for c in d.cells
+        for g in c.golden
+    ]
 
 
 def sections(d: RunDiff) -> list[tuple[str, list[dict], str]]:
     """(title, rows, what an empty table means) in the order every renderer shows them."""
-    return [("Environment differences", environment_rows(d), "none"),
-            ("Settings differences", settings_rows(d), "none"),
-            ("Verdict changes", verdict_rows(d), "none"),
-            ("Step-0 golden values", golden_rows(d), ""),
-            ("Cells stable in both", stable_rows(d), "none")]
+    return [
+        ("Environment differences", environment_rows(d), "none"),
+        ("Settings differences", settings_rows(d), "none"),
+        ("Verdict changes", verdict_rows(d), "none"),
+        ("Step-0 golden values", golden_rows(d), ""),
+        ("Cells stable in both", stable_rows(d), "none"),
+    ]
 
 
 def _intro(d: RunDiff) -> str:
@@ -140,7 +172,11 @@ def render_diff_terminal(d: RunDiff) -> str:
     out = [f"baseline: {run_name(d.baseline)}", f"this run: {run_name(d.current)}"]
     for title, rows, empty in sections(d):
         if rows or empty:
-            out += ["", f"{title}:", tabulate(rows, headers="keys", maxcolwidths=60, disable_numparse=True) if rows else f"  {empty}"]
+            out += [
+                "",
+                f"{title}:",
+                tabulate(rows, headers="keys", maxcolwidths=60, disable_numparse=True) if rows else f"  {empty}",
+            ]
     return "\n".join(out + [""] + headline(d))
 
 
@@ -163,11 +199,19 @@ def curve_charts(d: RunDiff) -> list[str]:
     for c in d.cells:
         if c.before is None or c.after is None or (c.curve and c.curve.status == BIT_IDENTICAL and c.change == SAME):
             continue
-        series = [{"label": f"baseline: {c.before.verdict.name}", "points": [(s.step, s.loss) for s in c.before.record.steps],
-                   "dashed": True, "color": "#888"},
-                  {"label": f"this run: {c.after.verdict.name}", "points": [(s.step, s.loss) for s in c.after.record.steps]}]
+        series = [
+            {
+                "label": f"baseline: {c.before.verdict.name}",
+                "points": [(s.step, s.loss) for s in c.before.record.steps],
+                "dashed": True,
+                "color": "#888",
+            },
+            {"label": f"this run: {c.after.verdict.name}", "points": [(s.step, s.loss) for s in c.after.record.steps]},
+        ]
         mark = c.curve.parted_at if c.curve else None
-        charts.append(line_chart(series, f"{c.probe_id}: loss", mark_step=mark, mark_label="parted" if mark is not None else ""))
+        charts.append(
+            line_chart(series, f"{c.probe_id}: loss", mark_step=mark, mark_label="parted" if mark is not None else "")
+        )
         if len(charts) == CURVES_DRAWN:
             break
     return charts
@@ -175,28 +219,73 @@ def curve_charts(d: RunDiff) -> list[str]:
 
 def render_diff_html(d: RunDiff) -> str:
     return _env.get_template("diff.html.j2").render(
-        title=f"nandoctor diff: {d.current.meta['recipe']['name']}", baseline=run_name(d.baseline), current=run_name(d.current),
-        headline=headline(d), sections=sections(d), colors=VERDICT_COLORS, unrecorded=d.unrecorded, charts=curve_charts(d))
+        title=f"nandoctor diff: {d.current.meta['recipe']['name']}",
+        baseline=run_name(d.baseline),
+        current=run_name(d.current),
+        headline=headline(d),
+        sections=sections(d),
+        colors=VERDICT_COLORS,
+        unrecorded=d.unrecorded,
+        charts=curve_charts(d),
+    )
 
 
 def _measured(m) -> dict | None:
-    return None if m is None else {"before": m.before, "after": m.after, "change": m.change, "band": m.band, "moved": m.moved}
+    return (
+        None
+        if m is None
+        else {"before": m.before, "after": m.after, "change": m.change, "band": m.band, "moved": m.moved}
+    )
 
 
 def render_diff_summary(d: RunDiff) -> dict:
     """diff.json: the comparison as data, for scripts that gate on it."""
+
     def cell(c: CellChange) -> dict:
         k = c.curve
-        return {"probe_id": c.probe_id, "change": c.change, "why": c.why,
-                "before": c.before.verdict.name if c.before else None, "after": c.after.verdict.name if c.after else None,
-                "curve": None if k is None else {"status": k.status, "steps": k.steps, "tolerance": k.tolerance,
-                                                 "first_difference": k.first_difference, "parted_at": k.parted_at, "largest": k.largest},
-                "fidelity": _measured(c.fidelity), "tokens_per_s": _measured(c.tokens_per_s), "peak_memory_bytes": _measured(c.peak_memory),
-                "golden": [{"name": g.name, "before": g.before, "after": g.after, "change": g.change, "tolerance": g.tolerance,
-                            "passed": g.passed} for g in c.golden]}
+        return {
+            "probe_id": c.probe_id,
+            "change": c.change,
+            "why": c.why,
+            "before": c.before.verdict.name if c.before else None,
+            "after": c.after.verdict.name if c.after else None,
+            "curve": None
+            if k is None
+            else {
+                "status": k.status,
+                "steps": k.steps,
+                "tolerance": k.tolerance,
+                "first_difference": k.first_difference,
+                "parted_at": k.parted_at,
+                "largest": k.largest,
+            },
+            "fidelity": _measured(c.fidelity),
+            "tokens_per_s": _measured(c.tokens_per_s),
+            "peak_memory_bytes": _measured(c.peak_memory),
+            "golden": [
+                {
+                    "name": g.name,
+                    "before": g.before,
+                    "after": g.after,
+                    "change": g.change,
+                    "tolerance": g.tolerance,
+                    "passed": g.passed,
+                }
+                for g in c.golden
+            ],
+        }
+
     before, after = d.recommendation
-    return {"baseline": run_name(d.baseline), "current": run_name(d.current), "exit_code": d.exit_code,
-            "unchanged": d.unchanged, "regressed": [c.probe_id for c in d.regressions], "headline": headline(d),
-            "environment": [vars(e) for e in d.environment], "settings": [vars(s) for s in d.settings],
-            "unrecorded": d.unrecorded, "recommendation": {"before": before, "after": after},
-            "cells": [cell(c) for c in d.cells]}
+    return {
+        "baseline": run_name(d.baseline),
+        "current": run_name(d.current),
+        "exit_code": d.exit_code,
+        "unchanged": d.unchanged,
+        "regressed": [c.probe_id for c in d.regressions],
+        "headline": headline(d),
+        "environment": [vars(e) for e in d.environment],
+        "settings": [vars(s) for s in d.settings],
+        "unrecorded": d.unrecorded,
+        "recommendation": {"before": before, "after": after},
+        "cells": [cell(c) for c in d.cells],
+    }

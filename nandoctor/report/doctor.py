@@ -1,7 +1,7 @@
 """The doctor section: environment facts, GPU capabilities and known-issue findings, as rows shared
 by the `nandoctor doctor` terminal output and the grid reports (Markdown, HTML, summary.json)."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 from tabulate import tabulate
 
@@ -14,9 +14,17 @@ def stack_facts(env: dict) -> list[dict]:
     """The facts the doctor adds to the run's environment table: NVML, CPU, libraries, kernels."""
     nvml = env.get("nvml") or {}
     rows = [
-        ("NVML", f"driver {nvml['driver']}, CUDA driver {nvml['cuda_driver']}, {len(nvml['devices'])} GPU(s)"
-         if nvml.get("available") else f"not available: {nvml.get('reason', 'not checked')}"),
-        ("CPU", f"{env.get('cpu_name') or '?'}, {env.get('cpu_count')} cores usable, SIMD {env.get('cpu_capability') or '?'}"),
+        (
+            "NVML",
+            f"driver {nvml['driver']}, CUDA driver {nvml['cuda_driver']}, {len(nvml['devices'])} GPU(s)"
+            if nvml.get("available")
+            else f"not available: {nvml.get('reason', 'not checked')}",
+        ),
+        (
+            "CPU",
+            f"{env.get('cpu_name') or '?'}, {env.get('cpu_count')} cores usable, "
+            f"SIMD {env.get('cpu_capability') or '?'}",
+        ),
         ("RAM", f"{fmt_bytes(env.get('ram_bytes'))} total, {fmt_bytes(env.get('ram_available_bytes'))} available"),
         ("NCCL", env.get("nccl") or "-"),
         ("SDPA backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in sdpa_backends(env).items()) or "-"),
@@ -29,17 +37,26 @@ def stack_facts(env: dict) -> list[dict]:
 
 def environment_facts(env: dict) -> list[dict]:
     gpus = env.get("gpus") or []
-    core = [("device", "cuda" if gpus else "cpu (no CUDA device visible to torch)"),
-            ("python / torch", f"{env.get('python')} / {env.get('torch')}"),
-            ("transformers / peft", f"{env.get('transformers')} / {env.get('peft')}"),
-            ("CUDA / cuDNN", f"{env.get('cuda') or '-'} / {env.get('cudnn') or '-'}")]
+    core = [
+        ("device", "cuda" if gpus else "cpu (no CUDA device visible to torch)"),
+        ("python / torch", f"{env.get('python')} / {env.get('torch')}"),
+        ("transformers / peft", f"{env.get('transformers')} / {env.get('peft')}"),
+        ("CUDA / cuDNN", f"{env.get('cuda') or '-'} / {env.get('cudnn') or '-'}"),
+    ]
     return [{"fact": k, "value": v} for k, v in core] + stack_facts(env)
 
 
 def capability_rows(env: dict) -> list[dict]:
-    return [{"GPU": f"{c['index']}: {c['name']}", "cc": c["capability"], "arch": c["architecture"],
-             "memory": fmt_bytes(c["memory_bytes"]), **{f: "yes" if c["native"][f] else "no" for f in GPU_FEATURES}}
-            for c in gpu_capabilities(env)]
+    return [
+        {
+            "GPU": f"{c['index']}: {c['name']}",
+            "cc": c["capability"],
+            "arch": c["architecture"],
+            "memory": fmt_bytes(c["memory_bytes"]),
+            **{f: "yes" if c["native"][f] else "no" for f in GPU_FEATURES},
+        }
+        for c in gpu_capabilities(env)
+    ]
 
 
 def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
@@ -47,9 +64,18 @@ def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
     for f in findings:
         cells = f.get("cells") or []
         shown = ", ".join(cells[:max_cells]) + (f" (+{len(cells) - max_cells} more)" if len(cells) > max_cells else "")
-        rows.append({"severity": f["severity"], "rule": f["id"], "finding": f["title"], "cells": shown or "-",
-                     "why": f["why"], "fix": f["fix"], "evidence": "; ".join(f["evidence"]),
-                     "verified_by": "; ".join(f.get("verified_by") or [])})
+        rows.append(
+            {
+                "severity": f["severity"],
+                "rule": f["id"],
+                "finding": f["title"],
+                "cells": shown or "-",
+                "why": f["why"],
+                "fix": f["fix"],
+                "evidence": "; ".join(f["evidence"]),
+                "verified_by": "; ".join(f.get("verified_by") or []),
+            }
+        )
     return rows
 
 
@@ -59,13 +85,30 @@ def _table(rows: list[dict], fmt: str) -> str:
 
 def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
     """The '## Doctor' section of report.md, as lines."""
-    parts = ["## Doctor", "", "Known issues for this setup (rules in nandoctor/knowledge/rules.yaml, each with its evidence):", ""]
-    parts += [_table([{k: r[k] for k in ("severity", "rule", "finding", "cells", "fix")} for r in finding_rows(findings)], "github"), ""]
+    parts = [
+        "## Doctor",
+        "",
+        "Known issues for this setup (rules in nandoctor/knowledge/rules.yaml, each with its evidence):",
+        "",
+    ]
+    parts += [
+        _table(
+            [{k: r[k] for k in ("severity", "rule", "finding", "cells", "fix")} for r in finding_rows(findings)],
+            "github",
+        ),
+        "",
+    ]
     for r in finding_rows(findings):
-        parts.append(f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}"
-                     + (f" Verified by: {r['verified_by']}" if r["verified_by"] else ""))
+        parts.append(
+            f"- **{r['rule']}**: {r['why']} Evidence: {r['evidence']}"
+            + (f" Verified by: {r['verified_by']}" if r["verified_by"] else "")
+        )
     caps = capability_rows(env)
-    parts += ["", "GPU capabilities: " + ("" if caps else "no GPU visible to torch or NVML; probes run on the CPU."), ""]
+    parts += [
+        "",
+        "GPU capabilities: " + ("" if caps else "no GPU visible to torch or NVML; probes run on the CPU."),
+        "",
+    ]
     if caps:
         parts += [_table(caps, "github"), ""]
     parts += [_table(stack_facts(env), "github"), ""]
@@ -77,15 +120,22 @@ def render_doctor_text(report: dict) -> str:
     env = report["environment"]
     out = ["Environment", tabulate([(r["fact"], r["value"]) for r in environment_facts(env)], tablefmt="plain"), ""]
     caps = capability_rows(env)
-    out += ["GPU capabilities (native support)", tabulate(caps, headers="keys") if caps else
-            "no GPU visible to torch or NVML: probes run on the CPU (fp32 native; bf16/fp16 in software)", ""]
+    out += [
+        "GPU capabilities (native support)",
+        tabulate(caps, headers="keys")
+        if caps
+        else "no GPU visible to torch or NVML: probes run on the CPU (fp32 native; bf16/fp16 in software)",
+        "",
+    ]
     setup = report.get("setup")
     if setup:
-        out.append(f"Planned setup: {setup['recipe']}, cells {', '.join(setup['cells']) or '-'}"
-                   + (f", trainer args {setup['trainer_args']}" if setup.get("trainer_args") else "")
-                   + (f", accelerate config {setup['accelerate_config']}" if setup.get("accelerate_config") else "")
-                   + (f", {setup['world_size']} ranks" if setup.get("world_size") else "")
-                   + (f", tokenizer {setup['tokenizer']}" if setup.get("tokenizer") else ""))
+        out.append(
+            f"Planned setup: {setup['recipe']}, cells {', '.join(setup['cells']) or '-'}"
+            + (f", trainer args {setup['trainer_args']}" if setup.get("trainer_args") else "")
+            + (f", accelerate config {setup['accelerate_config']}" if setup.get("accelerate_config") else "")
+            + (f", {setup['world_size']} ranks" if setup.get("world_size") else "")
+            + (f", tokenizer {setup['tokenizer']}" if setup.get("tokenizer") else "")
+        )
         for cell, why in (setup.get("unsupported") or {}).items():
             out.append(f"  {cell} cannot run here: {why}")
         out.append("")
@@ -95,8 +145,11 @@ def render_doctor_text(report: dict) -> str:
     out.append(f"Findings: {len(own)}" + ("" if own else " (no known issue applies)"))
     out += _finding_lines(own)
     if grid:
-        out += ["", f"What the grid will find: {len(grid)} known issue(s) that only some planned cells walk into "
-                    "(the grid probes them to show it; not a problem of this setup)"]
+        out += [
+            "",
+            f"What the grid will find: {len(grid)} known issue(s) that only some planned cells walk into "
+            "(the grid probes them to show it; not a problem of this setup)",
+        ]
         out += _finding_lines(grid)
     return "\n".join(out)
 
@@ -104,8 +157,13 @@ def render_doctor_text(report: dict) -> str:
 def _finding_lines(findings: list[dict]) -> list[str]:
     out = []
     for r in finding_rows(findings):
-        out += [f"  [{r['severity']}] {r['rule']}: {r['finding']}" + (f" (cells: {r['cells']})" if r["cells"] != "-" else ""),
-                f"      why: {r['why']}", f"      fix: {r['fix']}", f"      evidence: {r['evidence']}"]
+        out += [
+            f"  [{r['severity']}] {r['rule']}: {r['finding']}"
+            + (f" (cells: {r['cells']})" if r["cells"] != "-" else ""),
+            f"      why: {r['why']}",
+            f"      fix: {r['fix']}",
+            f"      evidence: {r['evidence']}",
+        ]
         if r["verified_by"]:
             out.append(f"      verified by: {r['verified_by']}")
     return out

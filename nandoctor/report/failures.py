@@ -2,6 +2,7 @@
 (verdict, step and the origin the forensics found, or the crash signature) are one class, described
 by what they share ('fp16-pure with every attention'), where it broke and the known fix. Cells the
 device cannot run are grouped by their reason the same way."""
+
 from __future__ import annotations
 
 from ..analysis.forensics import origin
@@ -30,8 +31,14 @@ def where_it_broke(e: dict, f: dict | None = None) -> str:
                 text += f" and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of it (update = m / 0)"
         return text
     if e["phase"] == "reduction":
-        return f"first NaN/inf at step {e['step']}{where} in the gradient reduction, {e['parameter']} (finite before it on that rank)"
-    return f"first NaN/inf at step {e['step']}{where} in the {e['phase']} pass, {e['tensor']} of {e.get('parameter') or e['module']}"
+        return (
+            f"first NaN/inf at step {e['step']}{where} in the gradient reduction, "
+            f"{e['parameter']} (finite before it on that rank)"
+        )
+    return (
+        f"first NaN/inf at step {e['step']}{where} in the {e['phase']} pass, "
+        f"{e['tensor']} of {e.get('parameter') or e['module']}"
+    )
 
 
 def _cause_key(o: ProbeOutcome) -> tuple:
@@ -67,7 +74,11 @@ def _what(probes: list[ProbeOutcome]) -> str:
     v = probes[0].verdict
     if len(reasons) == 1:
         return f"{v.name}: {reasons.pop()}"
-    return f"{v.name}" + (f" at step {v.step}" if v.step is not None else "") + f" (e.g. {v.reason.split(KNOWN_CRASH, 1)[0]})"
+    return (
+        f"{v.name}"
+        + (f" at step {v.step}" if v.step is not None else "")
+        + f" (e.g. {v.reason.split(KNOWN_CRASH, 1)[0]})"
+    )
 
 
 def failure_classes(a: RunAnalysis) -> list[dict]:
@@ -85,10 +96,18 @@ def failure_classes(a: RunAnalysis) -> list[dict]:
         fix = _fix(probes, a.findings)
         overrides = any(o.record.overrides for o in probes)
         subject = ", ".join(label(o) for o in probes) if overrides else cells_text([o.record.cell for o in probes], ran)
-        classes.append({"subject": subject, "probes": [o.probe_id for o in probes], "verdict": probes[0].verdict.name,
-                        "what": _what(probes), "where": where_it_broke(e, f) if e else None,
-                        "where_detail": event_line(e, f) if e else None,
-                        "fix": fix[0] if fix else None, "fix_source": fix[1] if fix else None})
+        classes.append(
+            {
+                "subject": subject,
+                "probes": [o.probe_id for o in probes],
+                "verdict": probes[0].verdict.name,
+                "what": _what(probes),
+                "where": where_it_broke(e, f) if e else None,
+                "where_detail": event_line(e, f) if e else None,
+                "fix": fix[0] if fix else None,
+                "fix_source": fix[1] if fix else None,
+            }
+        )
     return classes
 
 
@@ -110,5 +129,11 @@ def unsupported_classes(a: RunAnalysis) -> list[dict]:
     for o in a.outcomes:
         if o.verdict.name == UNSUPPORTED:
             groups.setdefault(o.verdict.reason, []).append(o)
-    return [{"subject": cells_text([o.record.cell for o in probes], every), "reason": reason,
-             "probes": [o.probe_id for o in probes]} for reason, probes in groups.items()]
+    return [
+        {
+            "subject": cells_text([o.record.cell for o in probes], every),
+            "reason": reason,
+            "probes": [o.probe_id for o in probes],
+        }
+        for reason, probes in groups.items()
+    ]

@@ -1,6 +1,7 @@
 """The forensics of each probe as rows and sentences, shared by report.md, report.html, summary.json
 and `nandoctor explain`: where a probe broke, how much headroom the tightest modules have, how much of
 the gradient underflows and how much of each update rounds away."""
+
 from __future__ import annotations
 
 import math
@@ -63,12 +64,17 @@ def event_line(e: dict, f: dict | None = None) -> str:
     saw the same in a parallel probe."""
     where = on_rank(e, f)
     if e["phase"] == "optimizer":
-        text = (f"step {e['step']}{where}, optimizer step: the update turned {e['parameter']} non-finite "
-                f"({e['nonfinite_elements']} elements; before it: {_stats(e['before'])})")
+        text = (
+            f"step {e['step']}{where}, optimizer step: the update turned {e['parameter']} non-finite "
+            f"({e['nonfinite_elements']} elements; before it: {_stats(e['before'])})"
+        )
         if e.get("eps") is not None and e.get("eps_in_dtype") == 0.0:
             text += f"; AdamW eps={e['eps']:g} is 0.0 in {e.get('state_dtype', 'the weight dtype')}"
         if e.get("exp_avg_sq_zero_fraction") is not None:
-            text += f", and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of its elements: update = m / 0"
+            text += (
+                f", and exp_avg_sq is 0 for {fmt_fraction(e['exp_avg_sq_zero_fraction'])} of its elements: "
+                "update = m / 0"
+            )
         return text
     what = f"reduction of {e['parameter']}" if e["phase"] == "reduction" else e.get("parameter") or e["module"]
     text = f"step {e['step']}{where}, {what}: {e['tensor']} holds NaN/inf ({_stats(e['stats'])})"
@@ -86,7 +92,9 @@ def first_offenders(f: dict) -> dict[str, dict]:
     if not root:
         return {}
     out = {f"origin ({root['phase']})": root}
-    later = sorted((e for e in f.get("events", []) if e["step"] >= root["step"]), key=lambda e: (e["step"], e.get("rank", 0)))
+    later = sorted(
+        (e for e in f.get("events", []) if e["step"] >= root["step"]), key=lambda e: (e["step"], e.get("rank", 0))
+    )
     for phase in ("forward", "backward", "reduction"):
         e = next((e for e in later if e["phase"] == phase), None)
         if e:
@@ -99,10 +107,16 @@ def headroom_rows(o: ProbeOutcome, n: int = TIGHTEST) -> list[dict]:
     if not f:
         return []
     dtype = SHORT_DTYPES.get(f["compute_dtype"], f["compute_dtype"])
-    return [{"module": r["module"], "max |activation|": fmt_value(r["activation_absmax"]),
-             f"{dtype} activation headroom": fmt_ratio(r["activation_headroom"]),
-             "max |gradient|": fmt_value(r["gradient_absmax"]),
-             f"{dtype} gradient headroom": fmt_ratio(r["gradient_headroom"])} for r in tightest(headroom(f), n)]
+    return [
+        {
+            "module": r["module"],
+            "max |activation|": fmt_value(r["activation_absmax"]),
+            f"{dtype} activation headroom": fmt_ratio(r["activation_headroom"]),
+            "max |gradient|": fmt_value(r["gradient_absmax"]),
+            f"{dtype} gradient headroom": fmt_ratio(r["gradient_headroom"]),
+        }
+        for r in tightest(headroom(f), n)
+    ]
 
 
 def tightest(rows: list[dict], n: int) -> list[dict]:
@@ -110,7 +124,9 @@ def tightest(rows: list[dict], n: int) -> list[dict]:
     big = math.inf
     by_grad = sorted(rows, key=lambda r: big if r["gradient_headroom"] is None else r["gradient_headroom"])
     chosen = {r["module"]: r for r in rows[:n] + by_grad[:n]}.values()
-    return sorted(chosen, key=lambda r: min(big if r[k] is None else r[k] for k in ("activation_headroom", "gradient_headroom")))
+    return sorted(
+        chosen, key=lambda r: min(big if r[k] is None else r[k] for k in ("activation_headroom", "gradient_headroom"))
+    )
 
 
 def tightest_line(o: ProbeOutcome) -> str | None:
@@ -136,11 +152,17 @@ def summary_row(o: ProbeOutcome) -> dict:
     uf = (f or {}).get("underflow")
     ul = update_loss(f)
     root = origin(f)
-    return {"config": label(o), "compute": f["compute_dtype"] if f else "-", "headroom": headroom_text(o),
-            "grad underflow": f"{fmt_fraction(uf['fraction'])} (scale {uf['loss_scale']:g})" if uf else "-",
-            "update loss": f"{fmt_fraction(ul['mean'])} ({ul['weight_dtype']})" if ul else "-",
-            "origin": f"{root['phase']} step {root['step']}{on_rank(root, f)}: {root.get('parameter') or root['module']}" if root else "-",
-            "replay": _replay_note(o)}
+    return {
+        "config": label(o),
+        "compute": f["compute_dtype"] if f else "-",
+        "headroom": headroom_text(o),
+        "grad underflow": f"{fmt_fraction(uf['fraction'])} (scale {uf['loss_scale']:g})" if uf else "-",
+        "update loss": f"{fmt_fraction(ul['mean'])} ({ul['weight_dtype']})" if ul else "-",
+        "origin": f"{root['phase']} step {root['step']}{on_rank(root, f)}: {root.get('parameter') or root['module']}"
+        if root
+        else "-",
+        "replay": _replay_note(o),
+    }
 
 
 def headroom_text(o: ProbeOutcome) -> str:
@@ -186,8 +208,11 @@ def probes_with_forensics(a: RunAnalysis) -> list[ProbeOutcome]:
 
 def headroom_sections(a: RunAnalysis) -> list[dict]:
     """The tightest modules of every fp16 probe that did not break."""
-    return [{"label": label(o), "line": tightest_line(o), "rows": headroom_rows(o)} for o in probes_with_forensics(a)
-            if headroom_applies(forensics_of(o)) and headroom_rows(o)]
+    return [
+        {"label": label(o), "line": tightest_line(o), "rows": headroom_rows(o)}
+        for o in probes_with_forensics(a)
+        if headroom_applies(forensics_of(o)) and headroom_rows(o)
+    ]
 
 
 def headroom_applies(f: dict | None) -> bool:
@@ -201,20 +226,28 @@ def forensics_markdown(a: RunAnalysis, table) -> list[str]:
     probes = probes_with_forensics(a)
     if not probes:
         return []
-    parts = ["## Numerics forensics", "",
-             "A probe that went non-finite (or ran compiled, or in fp8) replayed its first steps with hooks after "
-             "the timed run (same seed); a stable eager probe was measured by hooks that only read, on its timed "
-             "step 0 (a warm-up step: the throughput above leaves it out). Headroom = the compute dtype's largest finite value / the largest "
-             "|value| seen; grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
-             "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.", "",
-             table([summary_row(o) for o in probes]), ""]
+    parts = [
+        "## Numerics forensics",
+        "",
+        "A probe that went non-finite (or ran compiled, or in fp8) replayed its first steps with hooks after "
+        "the timed run (same seed); a stable eager probe was measured by hooks that only read, on its timed "
+        "step 0 (a warm-up step: the throughput above leaves it out). "
+        "Headroom = the compute dtype's largest finite value / the largest |value| seen; "
+        "grad underflow = non-zero fp32 gradient elements that round to 0 in the compute dtype "
+        "at the loss scale; update loss = elements whose AdamW update rounds away in the weights' dtype.",
+        "",
+        table([summary_row(o) for o in probes]),
+        "",
+    ]
     blocks: dict[tuple, tuple[list[str], list[str]]] = {}  # where and how it broke -> (its lines, the probes)
     for o in probes:
         f = forensics_of(o)
         offenders = first_offenders(f) if f else {}
         if offenders:
-            key = tuple((kind, e.get("step"), e.get("phase"), e.get("parameter") or e.get("module"), e.get("tensor"))
-                        for kind, e in offenders.items())
+            key = tuple(
+                (kind, e.get("step"), e.get("phase"), e.get("parameter") or e.get("module"), e.get("tensor"))
+                for kind, e in offenders.items()
+            )
             lines = [f"- {kind}: {event_line(e, f)}" for kind, e in offenders.items()]
             blocks.setdefault(key, (lines, []))[1].append(label(o))
     for lines, labels in blocks.values():  # one block per place of breaking, not one per probe that broke there
@@ -230,8 +263,10 @@ def fidelity_chart(o: ProbeOutcome) -> str:
     curve = fidelity_curve(o.record.steps, o.reference_steps)
     if sum(c["loss"] is not None for c in curve) < 2:  # one point is not a curve
         return ""
-    series = [{"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
-              {"label": "grad-norm rel. error", "points": [(c["step"], c["grad_norm"]) for c in curve], "dashed": True}]
+    series = [
+        {"label": "loss rel. error", "points": [(c["step"], c["loss"]) for c in curve]},
+        {"label": "grad-norm rel. error", "points": [(c["step"], c["grad_norm"]) for c in curve], "dashed": True},
+    ]
     return line_chart(series, "fidelity vs fp32 reference (relative error)")
 
 
@@ -243,8 +278,10 @@ def explain_text(o: ProbeOutcome) -> str:
         lines.append("  forensics: " + _replay_note(o))
         return "\n".join(lines)
     limit = FINFO_MAX[f["compute_dtype"]]
-    lines.append(f"  compute dtype {f['compute_dtype']} (largest finite {limit:.6g}), weights {f['weight_dtype']}; "
-                 f"replay: {_replay_note(o)}")
+    lines.append(
+        f"  compute dtype {f['compute_dtype']} (largest finite {limit:.6g}), weights {f['weight_dtype']}; "
+        f"replay: {_replay_note(o)}"
+    )
     for note in ("note", "underflow_note"):
         if f.get(note):
             lines.append(f"  note: {f[note]}")
@@ -253,15 +290,23 @@ def explain_text(o: ProbeOutcome) -> str:
     if headroom_applies(f):
         lines.append(f"  {tightest_line(o)}")
         for r in tightest(headroom(f), TIGHTEST):
-            lines.append(f"    {r['module']:<48} activation {fmt_value(r['activation_absmax']):>10} ({fmt_ratio(r['activation_headroom'])})"
-                         f"  gradient {fmt_value(r['gradient_absmax']):>10} ({fmt_ratio(r['gradient_headroom'])})")
+            lines.append(
+                f"    {r['module']:<48} "
+                f"activation {fmt_value(r['activation_absmax']):>10} ({fmt_ratio(r['activation_headroom'])})"
+                f"  gradient {fmt_value(r['gradient_absmax']):>10} ({fmt_ratio(r['gradient_headroom'])})"
+            )
     uf, ul = f.get("underflow"), update_loss(f)
     if uf:
         worst = ", ".join(f"{w['parameter']} {fmt_fraction(w['fraction'])}" for w in uf["worst"] if w["fraction"])
-        lines.append(f"  gradient underflow in {uf['dtype']} at loss scale {uf['loss_scale']:g}: {fmt_fraction(uf['fraction'])} "
-                     f"of {uf['nonzero_elements']} non-zero elements" + (f" (worst: {worst})" if worst else ""))
+        lines.append(
+            f"  gradient underflow in {uf['dtype']} at loss scale {uf['loss_scale']:g}: {fmt_fraction(uf['fraction'])} "
+            f"of {uf['nonzero_elements']} non-zero elements" + (f" (worst: {worst})" if worst else "")
+        )
     if ul:
-        lines.append(f"  update loss ({ul['weight_dtype']} weights): mean {fmt_fraction(ul['mean'])}, max {fmt_fraction(ul['max'])} over {ul['steps']} steps")
+        lines.append(
+            f"  update loss ({ul['weight_dtype']} weights): mean {fmt_fraction(ul['mean'])}, "
+            f"max {fmt_fraction(ul['max'])} over {ul['steps']} steps"
+        )
     lines += explain_lines(o)
     curve = fidelity_curve(o.record.steps, o.reference_steps)
     if curve:
@@ -275,6 +320,14 @@ def forensics_summary(o: ProbeOutcome) -> dict | None:
     if not f:
         return None
     rows = headroom(f)
-    return {"compute_dtype": f["compute_dtype"], "origin": origin(f), "first_offenders": first_offenders(f),
-            "tightest": rows[:TIGHTEST], "underflow": f.get("underflow"), "update_loss": update_loss(f),
-            "reproduced": f.get("reproduced"), "measured_on": f.get("measured_on", "replay"), "cost": f.get("cost")}
+    return {
+        "compute_dtype": f["compute_dtype"],
+        "origin": origin(f),
+        "first_offenders": first_offenders(f),
+        "tightest": rows[:TIGHTEST],
+        "underflow": f.get("underflow"),
+        "update_loss": update_loss(f),
+        "reproduced": f.get("reproduced"),
+        "measured_on": f.get("measured_on", "replay"),
+        "cost": f.get("cost"),
+    }

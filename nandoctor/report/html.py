@@ -4,6 +4,7 @@ content as report.md plus the loss and grad-norm curve of every probe. The first
 fail?" (one line per failure class); the tables and per-probe charts follow.
 
 Jinja2 renders the page: autoescaping keeps exception text from probes from breaking the markup."""
+
 from __future__ import annotations
 
 import math
@@ -30,15 +31,24 @@ def probe_charts(o: ProbeOutcome) -> tuple[str, str]:
     mark = o.verdict.step if o.verdict.failed else None
     ref = o.reference_steps or []
     charts = []
-    for key, title, log_y, name in (("loss", "loss", False, common.label(o)),
-                                    ("grad_norm", "grad-norm", True, "grad-norm (before clipping)")):
+    for key, title, log_y, name in (
+        ("loss", "loss", False, common.label(o)),
+        ("grad_norm", "grad-norm", True, "grad-norm (before clipping)"),
+    ):
         mine = [(s.step, getattr(s, key)) for s in steps]
         if _finite_points(mine) < 2:
             charts.append("")
             continue
         series = [{"label": name, "points": mine}]
         if ref:
-            series.append({"label": "fp32 reference", "points": [(s.step, getattr(s, key)) for s in ref], "dashed": True, "color": "#888"})
+            series.append(
+                {
+                    "label": "fp32 reference",
+                    "points": [(s.step, getattr(s, key)) for s in ref],
+                    "dashed": True,
+                    "color": "#888",
+                }
+            )
         charts.append(line_chart(series, title, log_y=log_y, mark_step=mark, mark_label=o.verdict.name))
     return charts[0], charts[1]
 
@@ -77,8 +87,15 @@ def overview_chart(a: RunAnalysis) -> str:
             name += f": {o.verdict.name}" + (f" at step {o.verdict.step}" if o.verdict.step is not None else "")
         elif o is a.recommended:
             name += " (recommended)"
-        drawn.append({"label": name, "points": g[0]["points"], "fail_step": g[0]["fail_step"], "fail_label": name,
-                      "dashed": o.verdict.failed})
+        drawn.append(
+            {
+                "label": name,
+                "points": g[0]["points"],
+                "fail_step": g[0]["fail_step"],
+                "fail_label": name,
+                "dashed": o.verdict.failed,
+            }
+        )
     hidden = len(groups) - len(drawn)
     title = "loss per step, every probe that ran" + (f" ({hidden} more curves not drawn)" if hidden else "")
     return line_chart(drawn, title, width=1060, height=260)
@@ -87,34 +104,65 @@ def overview_chart(a: RunAnalysis) -> str:
 def probe_card(o: ProbeOutcome) -> dict:
     loss_svg, gn_svg = probe_charts(o)
     rate = common.shown_rate(o)
-    facts = ([f"fidelity {common.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else []) + \
-        ([f"{common.fmt_rate(rate)} tokens/s"] if rate else []) + [f"peak {common.fmt_bytes(o.peak_memory_bytes)}"]
-    no_curve = "" if loss_svg else (f"No loss curve: {len(o.record.steps)} step(s) ran and fewer than two losses are finite.")
-    return {"label": common.label(o), "verdict": o.verdict, "loss_svg": loss_svg, "gn_svg": gn_svg, "facts": " · ".join(facts),
-            "no_curve": no_curve, "log_tail": o.record.log_tail, "fidelity_svg": forensics.fidelity_chart(o),
-            "explain": forensics.explain_text(o)}
+    facts = (
+        ([f"fidelity {common.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else [])
+        + ([f"{common.fmt_rate(rate)} tokens/s"] if rate else [])
+        + [f"peak {common.fmt_bytes(o.peak_memory_bytes)}"]
+    )
+    no_curve = (
+        "" if loss_svg else (f"No loss curve: {len(o.record.steps)} step(s) ran and fewer than two losses are finite.")
+    )
+    return {
+        "label": common.label(o),
+        "verdict": o.verdict,
+        "loss_svg": loss_svg,
+        "gn_svg": gn_svg,
+        "facts": " · ".join(facts),
+        "no_curve": no_curve,
+        "log_tail": o.record.log_tail,
+        "fidelity_svg": forensics.fidelity_chart(o),
+        "explain": forensics.explain_text(o),
+    }
 
 
 def render_html(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
     panels = matrix.matrix_panels(a)
     return _env.get_template("report.html.j2").render(
-        meta=a.meta, headline=common.headline(a), probed=probed, why=why,
-        panels=panels, key=matrix.verdicts_shown(panels), off_grid=matrix.off_grid_rows(a), colors=matrix.VERDICT_COLORS,
+        meta=a.meta,
+        headline=common.headline(a),
+        probed=probed,
+        why=why,
+        panels=panels,
+        key=matrix.verdicts_shown(panels),
+        off_grid=matrix.off_grid_rows(a),
+        colors=matrix.VERDICT_COLORS,
         classes=[{**c, "line": failures.failure_line(c)} for c in failures.failure_classes(a)],
         unsupported_classes=failures.unsupported_classes(a),
-        ranking=common.ranking_rows(a), failures=common.failure_rows(a),
-        environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})), findings=doctor.finding_rows(a.findings),
-        capabilities=doctor.capability_rows(a.meta.get("env", {})), order=timing.order_sentence(),
-        retime=timing.retime_rows(a), retime_meta=a.timing, load=timing.load_line(a),
+        ranking=common.ranking_rows(a),
+        failures=common.failure_rows(a),
+        environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})),
+        findings=doctor.finding_rows(a.findings),
+        capabilities=doctor.capability_rows(a.meta.get("env", {})),
+        order=timing.order_sentence(),
+        retime=timing.retime_rows(a),
+        retime_meta=a.timing,
+        load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],
         bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
         forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
-        headroom=forensics.headroom_sections(a), savings=savings.section(a),
-        parallel={"intro": parallel.INTRO.replace("`", ""), "rows": parallel.parallel_rows(a)})
+        headroom=forensics.headroom_sections(a),
+        savings=savings.section(a),
+        parallel={"intro": parallel.INTRO.replace("`", ""), "rows": parallel.parallel_rows(a)},
+    )
 
 
 def bisection_context(b: dict) -> dict:
-    return {"message": b["message"], "factors": bisection.factor_rows(b), "culprits": bisection.culprit_rows(b),
-            "recommendation": bisection.recommendation_lines(b), "path": bisection.path_rows(b)}
+    return {
+        "message": b["message"],
+        "factors": bisection.factor_rows(b),
+        "culprits": bisection.culprit_rows(b),
+        "recommendation": bisection.recommendation_lines(b),
+        "path": bisection.path_rows(b),
+    }

@@ -1,5 +1,6 @@
 """junit.xml: one test case per probe, so CI systems show failing configurations as failed tests; with
 a --baseline, one more per cell against the baseline, failed where the cell regressed."""
+
 from __future__ import annotations
 
 import math
@@ -20,14 +21,18 @@ def _seconds(x) -> str:
 
 
 def render_junit(a: RunAnalysis) -> str:
-    suite = ET.Element("testsuite", name=f"nandoctor {a.meta['kind']} {a.meta['recipe']['name']}",
-                       tests=str(len(a.outcomes)),
-                       failures=str(sum(o.verdict.failed and o.verdict.name not in HARNESS_FAILURES for o in a.outcomes)),
-                       errors=str(sum(o.verdict.name in HARNESS_FAILURES for o in a.outcomes)),
-                       skipped=str(sum(o.verdict.name == UNSUPPORTED for o in a.outcomes)))
+    suite = ET.Element(
+        "testsuite",
+        name=f"nandoctor {a.meta['kind']} {a.meta['recipe']['name']}",
+        tests=str(len(a.outcomes)),
+        failures=str(sum(o.verdict.failed and o.verdict.name not in HARNESS_FAILURES for o in a.outcomes)),
+        errors=str(sum(o.verdict.name in HARNESS_FAILURES for o in a.outcomes)),
+        skipped=str(sum(o.verdict.name == UNSUPPORTED for o in a.outcomes)),
+    )
     for o in a.outcomes:
-        case = ET.SubElement(suite, "testcase", classname=f"nandoctor.{a.meta['kind']}", name=label(o),
-                             time=_seconds(o.record.wall_s))
+        case = ET.SubElement(
+            suite, "testcase", classname=f"nandoctor.{a.meta['kind']}", name=label(o), time=_seconds(o.record.wall_s)
+        )
         if o.verdict.name == UNSUPPORTED:
             ET.SubElement(case, "skipped", message=o.verdict.reason)
         elif o.verdict.failed:
@@ -46,9 +51,16 @@ def bisection_cases(suite: ET.Element, b: dict) -> None:
     """A failed case per culprit (its evidence as the message) and a case for the recommendation, which
     fails when no configuration held up; the suite's counts are updated to include them."""
     for c in b["culprits"]:
-        case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect.culprit", name=bisection.factor_text(b, c["factors"]))
-        ET.SubElement(case, "failure", type="culprit", message=f"{bisection.culprit_kind(c)}: fails alone at bisection step "
-                      f"{c['evidence']}, passes without each factor at bisection steps {c['minimality']}")
+        case = ET.SubElement(
+            suite, "testcase", classname="nandoctor.bisect.culprit", name=bisection.factor_text(b, c["factors"])
+        )
+        ET.SubElement(
+            case,
+            "failure",
+            type="culprit",
+            message=f"{bisection.culprit_kind(c)}: fails alone at bisection step "
+            f"{c['evidence']}, passes without each factor at bisection steps {c['minimality']}",
+        )
     case = ET.SubElement(suite, "testcase", classname="nandoctor.bisect", name="recommended configuration")
     lines = bisection.recommendation_lines(b)
     if lines:

@@ -1,6 +1,7 @@
 """report.md: in the order of report.html — the recommendation, the verdict matrix, one line per
 failure class — then the ranked table, the failures, forensics, doctor and environment. Plain
 GitHub-flavoured Markdown: tables and lists, no HTML."""
+
 from __future__ import annotations
 
 from tabulate import tabulate
@@ -20,8 +21,12 @@ def _table(rows: list[dict]) -> str:
 def render_markdown(a: RunAnalysis) -> str:
     m = a.meta
     probed, why = common.model_line(a)
-    parts = [f"# nandoctor {m['kind']}: {m['recipe']['name']}", "",
-             f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.", ""]
+    parts = [
+        f"# nandoctor {m['kind']}: {m['recipe']['name']}",
+        "",
+        f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.",
+        "",
+    ]
     head = common.headline(a)
     first = len(a.hardware) if a.hardware and a.meta["kind"] != "bisect" else 1  # a recommendation per kind of hardware
     parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
@@ -49,17 +54,33 @@ def timing_section(a: RunAnalysis) -> list[str]:
     parts = ["## Timing", ""]
     if rows:
         t = a.timing
-        parts += [f"Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
-                  f"interleaved ({t['rounds']} rounds of {t['steps']} steps, run order: {', '.join(t['order'])}; {t['wall_s']:.0f} s). "
-                  "Their ranking uses the rounds' steady steps pooled.", "", _table(rows), ""]
+        parts += [
+            f"Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
+            f"interleaved ({t['rounds']} rounds of {t['steps']} steps, "
+            f"run order: {', '.join(t['order'])}; {t['wall_s']:.0f} s). "
+            "Their ranking uses the rounds' steady steps pooled.",
+            "",
+            _table(rows),
+            "",
+        ]
     if load:
         parts += [load, ""]
     return parts
 
 
 def bisection_section(b: dict) -> list[str]:
-    parts = ["## Bisection", "", b["message"][0].upper() + b["message"][1:] + ".", "", _table(bisection.factor_rows(b)), "",
-             "### Culprits", "", _table(bisection.culprit_rows(b)), ""]
+    parts = [
+        "## Bisection",
+        "",
+        b["message"][0].upper() + b["message"][1:] + ".",
+        "",
+        _table(bisection.factor_rows(b)),
+        "",
+        "### Culprits",
+        "",
+        _table(bisection.culprit_rows(b)),
+        "",
+    ]
     lines = bisection.recommendation_lines(b)
     if lines:
         parts += ["### Recommended configuration", "", "```", *lines, "```", ""]
@@ -87,13 +108,28 @@ def matrix_section(a: RunAnalysis) -> list[str]:
         return []
     parts = ["## Verdict per configuration", ""]
     for p in panels:
-        rows = [{"dtype \\ attention": r["dtype"], **{col: _md_cell(c) for col, c in zip(p["columns"], r["cells"])}} for r in p["rows"]]
+        rows = [
+            {"dtype \\ attention": r["dtype"], **{col: _md_cell(c) for col, c in zip(p["columns"], r["cells"])}}
+            for r in p["rows"]
+        ]
         parts += [f"{p['caption']}:", "", _table(rows), ""]
     if panels:
-        parts += ["★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step · – not run on this device", ""]
+        parts += [
+            "★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step "
+            "· – not run on this device",
+            "",
+        ]
     if off_grid:
-        parts += ["Probes with recipe overrides or other seeds (not in the matrix): "
-                  + "; ".join(("★ " if r["recommended"] else "") + f"`{r['config']}` {r['verdict']}" + ("" if r["step"] == "-" else f" at step {r['step']}") for r in off_grid), ""]
+        parts += [
+            "Probes with recipe overrides or other seeds (not in the matrix): "
+            + "; ".join(
+                ("★ " if r["recommended"] else "")
+                + f"`{r['config']}` {r['verdict']}"
+                + ("" if r["step"] == "-" else f" at step {r['step']}")
+                for r in off_grid
+            ),
+            "",
+        ]
     return parts
 
 

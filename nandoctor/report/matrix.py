@@ -1,9 +1,11 @@
 """The verdict matrix at the top of report.html and report.md: one panel per compile value (and per
-optimizer, parallel setup and kind of hardware, when a run probes several), a row per dtype and a column per attention. Rows, columns and panels are the axis values present in the run,
-in cells.AXES order, so a new dtype or attention value gets its row or column without a change here.
+optimizer, parallel setup and kind of hardware, when a run probes several), a row per dtype and a column
+per attention. Rows, columns and panels are the axis values present in the run, in cells.AXES order, so
+a new dtype or attention value gets its row or column without a change here.
 
 A cell holds the probe of the run's own recipe and seed; probes with recipe overrides or other seeds
 (bisect runs, --data-seeds) have no place in a dtype x attention grid and are listed beside it."""
+
 from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
@@ -14,10 +16,21 @@ from .forensics import forensics_of, headroom_applies, tightest_line
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
-VERDICT_COLORS = {"stable": ("#bfe5b4", "#1b4d14"), "drift": ("#fbe49a", "#5c4a00"), "grad-mismatch": ("#f9c185", "#6b3600"), "diverged": ("#f9c185", "#6b3600"),
-                  "zero-loss": ("#e7b3e6", "#5a1657"), "no-learning": ("#d9d2c5", "#4a3f2a"), "nonfinite": ("#f29a9a", "#6d0f0f"), "crash": ("#c98bd6", "#3f0a4d"),
-                  "oom": ("#c98bd6", "#3f0a4d"), "timeout": ("#c98bd6", "#3f0a4d"), "killed": ("#c98bd6", "#3f0a4d"),
-                  "unsupported": ("#eeeeee", "#9a9a9a"), PENDING: ("#ffffff", "#777777")}
+VERDICT_COLORS = {
+    "stable": ("#bfe5b4", "#1b4d14"),
+    "drift": ("#fbe49a", "#5c4a00"),
+    "grad-mismatch": ("#f9c185", "#6b3600"),
+    "diverged": ("#f9c185", "#6b3600"),
+    "zero-loss": ("#e7b3e6", "#5a1657"),
+    "no-learning": ("#d9d2c5", "#4a3f2a"),
+    "nonfinite": ("#f29a9a", "#6d0f0f"),
+    "crash": ("#c98bd6", "#3f0a4d"),
+    "oom": ("#c98bd6", "#3f0a4d"),
+    "timeout": ("#c98bd6", "#3f0a4d"),
+    "killed": ("#c98bd6", "#3f0a4d"),
+    "unsupported": ("#eeeeee", "#9a9a9a"),
+    PENDING: ("#ffffff", "#777777"),
+}
 
 
 def _in_grid(a: RunAnalysis, o: ProbeOutcome) -> bool:
@@ -71,15 +84,20 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str], fas
     title = [f"{label(p)}: {p.verdict.name}: {p.verdict.reason}" for p in probes]
     if forensics_of(o) and headroom_applies(forensics_of(o)):
         title.append(tightest_line(o))
-    return {"probe_id": o.probe_id, "verdict": v.name, "lines": lines, "title": "\n".join(title),
-            "recommended": o.probe_id in recommended,
-            "fastest": o.probe_id in fastest}
+    return {
+        "probe_id": o.probe_id,
+        "verdict": v.name,
+        "lines": lines,
+        "title": "\n".join(title),
+        "recommended": o.probe_id in recommended,
+        "fastest": o.probe_id in fastest,
+    }
 
 
 def matrix_panels(a: RunAnalysis) -> list[dict]:
-    """[{'compile', 'optimizer', 'caption', 'columns': [attn], 'rows': [{'dtype', 'cells': [cell dict or None]}]}]; a cell dict
-    has 'verdict' (a verdict name, or 'pending'), 'lines' (what the cell shows), 'title' (the hover
-    text: every probe's reason) and 'recommended' / 'fastest'. Empty when no probe fits the grid."""
+    """[{'compile', 'optimizer', 'caption', 'columns': [attn], 'rows': [{'dtype', 'cells': [cell dict or None]}]}];
+    a cell dict has 'verdict' (a verdict name, or 'pending'), 'lines' (what the cell shows), 'title' (the
+    hover text: every probe's reason) and 'recommended' / 'fastest'. Empty when no probe fits the grid."""
     by_cell: dict[Cell, list[ProbeOutcome]] = {}
     for o in a.outcomes:
         if _in_grid(a, o):
@@ -91,21 +109,48 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
     recommended, fastest = recommended_ids(a), fastest_ids(a)
     values = {axis: [v for v in AXES[axis] if any(getattr(c, axis) == v for c in cells)] for axis in AXES}
     kinds = list(dict.fromkeys(c.hardware for c in cells))
-    pending = {"verdict": PENDING, "lines": ["not reached"], "title": "the run was interrupted before this cell ran",
-               "recommended": False, "fastest": False}
+    pending = {
+        "verdict": PENDING,
+        "lines": ["not reached"],
+        "title": "the run was interrupted before this cell ran",
+        "recommended": False,
+        "fastest": False,
+    }
     panels = []
-    for hw, comp, opt, par in ((h, c, o, p) for h in kinds for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]):
+    for hw, comp, opt, par in (
+        (h, c, o, p) for h in kinds for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]
+    ):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
                 cell = Cell(dtype, attn, comp, opt, par, hw)
-                row.append(_cell(a, by_cell[cell], recommended, fastest) if cell in by_cell else {**pending, "probe_id": cell.id} if cell in planned else None)
+                row.append(
+                    _cell(a, by_cell[cell], recommended, fastest)
+                    if cell in by_cell
+                    else {**pending, "probe_id": cell.id}
+                    if cell in planned
+                    else None
+                )
             if any(row):
                 rows.append({"dtype": dtype, "cells": row})
-        caption = ((f"{hardware_name(a)}={hw}{ran_on(a, hw)}, " if hw else "") + f"compile={comp}" + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
-                   + (f", parallel={par}" if len(values["parallel"]) > 1 else ""))
-        panels.append({"hardware": hw, "compile": comp, "optimizer": opt, "parallel": par, "caption": caption, "columns": values["attn"], "rows": rows})
+        caption = (
+            (f"{hardware_name(a)}={hw}{ran_on(a, hw)}, " if hw else "")
+            + f"compile={comp}"
+            + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
+            + (f", parallel={par}" if len(values["parallel"]) > 1 else "")
+        )
+        panels.append(
+            {
+                "hardware": hw,
+                "compile": comp,
+                "optimizer": opt,
+                "parallel": par,
+                "caption": caption,
+                "columns": values["attn"],
+                "rows": rows,
+            }
+        )
     return panels
 
 
@@ -117,8 +162,13 @@ def hardware_name(a: RunAnalysis) -> str:
 def ran_on(a: RunAnalysis, hardware: str) -> str:
     """' (ran on node1: NVIDIA H100 80GB HBM3)': the hosts and GPUs the probes of one hardware kind
     measured on their node (the record's node and gpu), so a mislabelled partition shows."""
-    seen = sorted({f"{o.record.node}: {o.record.gpu}" if o.record.gpu else o.record.node
-                   for o in a.outcomes if o.record.cell.hardware == hardware and o.record.node})
+    seen = sorted(
+        {
+            f"{o.record.node}: {o.record.gpu}" if o.record.gpu else o.record.node
+            for o in a.outcomes
+            if o.record.cell.hardware == hardware and o.record.node
+        }
+    )
     return f" (ran on {'; '.join(seen[:3])}{'; ...' if len(seen) > 3 else ''})" if seen else ""
 
 
@@ -131,6 +181,13 @@ def verdicts_shown(panels: list[dict]) -> list[str]:
 def off_grid_rows(a: RunAnalysis) -> list[dict]:
     """The probes the matrix has no place for: recipe overrides (a bisection's factors) or other seeds."""
     recommended = recommended_ids(a)
-    return [{"config": label(o) + ("" if o.record.seed == a.meta.get("seed") else f" seed={o.record.seed}"),
-             "verdict": o.verdict.name, "step": "-" if o.verdict.step is None else o.verdict.step,
-             "recommended": o.probe_id in recommended} for o in a.outcomes if not _in_grid(a, o)]
+    return [
+        {
+            "config": label(o) + ("" if o.record.seed == a.meta.get("seed") else f" seed={o.record.seed}"),
+            "verdict": o.verdict.name,
+            "step": "-" if o.verdict.step is None else o.verdict.step,
+            "recommended": o.probe_id in recommended,
+        }
+        for o in a.outcomes
+        if not _in_grid(a, o)
+    ]

@@ -3,6 +3,7 @@ explain`: each low-precision probe against its baseline (analysis/savings.py) on
 bytes, peak memory, steady-state tokens/s and fidelity; the guide's claims beside the measured
 figures, with which held here; and, per fp8 probe, the linears kept in high precision and how the
 fp8 casts fared in the forensics replay."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,18 @@ def savings_row(o: ProbeOutcome) -> SavingsRow:
     r = o.record
     cell = r.cell
     variant = json.dumps([cell.attn, cell.compile, r.overrides, r.seed], sort_keys=True, default=str)
-    return SavingsRow(o.probe_id, cell.dtype, cell.optimizer, r.optimizer_state_bytes, r.peak_memory_bytes,
-                      o.tokens_per_s, o.fidelity, o.verdict.name, variant, r.device or "cpu")
+    return SavingsRow(
+        o.probe_id,
+        cell.dtype,
+        cell.optimizer,
+        r.optimizer_state_bytes,
+        r.peak_memory_bytes,
+        o.tokens_per_s,
+        o.fidelity,
+        o.verdict.name,
+        variant,
+        r.device or "cpu",
+    )
 
 
 def _ran(a: RunAnalysis) -> list[ProbeOutcome]:
@@ -37,34 +48,58 @@ def section(a: RunAnalysis) -> dict | None:
     by_id = {o.probe_id: o for o in outcomes}
     compared, checks = savings(rows)
     table = [_saving_row(s, by_id) for s in compared]
-    claims = [{"config": c.cell_id, "claim": f"\u201c{c.claim.quote}\u201d", "measured": _figure(c.claim.figure, c.figure),
-               "verdict": c.verdict, "why": c.why} for c in checks]
-    return {"intro": intro(a), "table": table, "claims": claims, "plain": plain_words(checks), "notes": notes(outcomes),
-            "fp8": [fp8_section(o) for o in outcomes if o.record.fp8_excluded is not None or _fp8_forensics(o)]}
+    claims = [
+        {
+            "config": c.cell_id,
+            "claim": f"\u201c{c.claim.quote}\u201d",
+            "measured": _figure(c.claim.figure, c.figure),
+            "verdict": c.verdict,
+            "why": c.why,
+        }
+        for c in checks
+    ]
+    return {
+        "intro": intro(a),
+        "table": table,
+        "claims": claims,
+        "plain": plain_words(checks),
+        "notes": notes(outcomes),
+        "fp8": [fp8_section(o) for o in outcomes if o.record.fp8_excluded is not None or _fp8_forensics(o)],
+    }
 
 
 def intro(a: RunAnalysis) -> list[str]:
     on_cpu = any((o.record.device or "cpu") != "cuda" for o in _ran(a))
-    lines = ["Each low-precision probe against the probe that differs from it only in that choice: bf16-amp for an "
-             "fp8 dtype, adamw for an optimizer (same attention, compile, recipe and seed). Optimizer state is "
-             "real storage after the first step (quantized state opened to the tensors it is made of), not "
-             "numel x element size; tokens/s is the median over the steps after the first."]
+    lines = [
+        "Each low-precision probe against the probe that differs from it only in that choice: bf16-amp for an "
+        "fp8 dtype, adamw for an optimizer (same attention, compile, recipe and seed). Optimizer state is "
+        "real storage after the first step (quantized state opened to the tensors it is made of), not "
+        "numel x element size; tokens/s is the median over the steps after the first."
+    ]
     if on_cpu:
-        lines.append("Measured on a CPU: tokens/s compares CPU kernels (no fp8 or tensor-core matmuls; bf16 runs "
-                     "several times slower than fp32 here) and says nothing about a GPU; peak memory is the process's "
-                     "peak RSS, interpreter and libraries included. Byte counts of optimizer state carry over to a GPU.")
+        lines.append(
+            "Measured on a CPU: tokens/s compares CPU kernels (no fp8 or tensor-core matmuls; bf16 runs "
+            "several times slower than fp32 here) and says nothing about a GPU; peak memory is the process's "
+            "peak RSS, interpreter and libraries included. Byte counts of optimizer state carry over to a GPU."
+        )
     return lines
 
 
 def _saving_row(s, by_id: dict) -> dict:
     o, base = by_id[s.cell_id], by_id.get(s.baseline_id)
-    return {"config": label(o), "baseline": s.baseline_id or "none in this run",
-            "optimizer state": fmt_bytes(o.record.optimizer_state_bytes),
-            "vs baseline": _pct(s.state_saving, "smaller"),
-            "peak memory": fmt_bytes(o.peak_memory_bytes), "peak vs baseline": _pct(s.peak_saving, "smaller"),
-            "tokens/s": fmt_rate(o.tokens_per_s), "speed vs baseline": f"{s.speedup:.2f}x" if s.speedup else "-",
-            "fidelity vs fp32": fmt_fidelity(o.fidelity),
-            "baseline fidelity": fmt_fidelity(base.fidelity) if base else "-", "verdict": o.verdict.name}
+    return {
+        "config": label(o),
+        "baseline": s.baseline_id or "none in this run",
+        "optimizer state": fmt_bytes(o.record.optimizer_state_bytes),
+        "vs baseline": _pct(s.state_saving, "smaller"),
+        "peak memory": fmt_bytes(o.peak_memory_bytes),
+        "peak vs baseline": _pct(s.peak_saving, "smaller"),
+        "tokens/s": fmt_rate(o.tokens_per_s),
+        "speed vs baseline": f"{s.speedup:.2f}x" if s.speedup else "-",
+        "fidelity vs fp32": fmt_fidelity(o.fidelity),
+        "baseline fidelity": fmt_fidelity(base.fidelity) if base else "-",
+        "verdict": o.verdict.name,
+    }
 
 
 def _pct(saving: float | None, word: str) -> str:
@@ -93,7 +128,10 @@ def plain_words(checks) -> list[str]:
         for verdict, words in ((HELD, "held"), (NOT_HELD, "did not hold"), (NOT_MEASURED, "was not measured")):
             cells = [c for c in mine if c.verdict == verdict]
             if cells:
-                detail = "; ".join(f"{c.cell_id}: {c.why if verdict == NOT_MEASURED else _figure(c.claim.figure, c.figure)}" for c in cells)
+                detail = "; ".join(
+                    f"{c.cell_id}: {c.why if verdict == NOT_MEASURED else _figure(c.claim.figure, c.figure)}"
+                    for c in cells
+                )
                 parts.append(f"{words} for {detail}")
         lines.append(f"\u201c{claim.quote}\u201d ({claim.source}): " + "; it ".join(parts) + ".")
     return lines
@@ -116,10 +154,19 @@ def cast_rows(o: ProbeOutcome, n: int = SHOWN_CASTS) -> list[dict]:
         for role in CAST_ROLES:
             s = roles.get(role)
             if s:
-                rows.append({"linear": module, "tensor": role, "amax": f"{s['amax']:.4g}",
-                             "scale": f"{s['scale_min']:.4g}" if s["scale_min"] == s["scale_max"] else f"{s['scale_min']:.3g}-{s['scale_max']:.3g}",
-                             "saturated": f"{100 * s['saturated']:.3g}%", "flushed to zero": f"{100 * s['flushed']:.3g}%",
-                             "_worst": max(s["saturated"], s["flushed"])})
+                rows.append(
+                    {
+                        "linear": module,
+                        "tensor": role,
+                        "amax": f"{s['amax']:.4g}",
+                        "scale": f"{s['scale_min']:.4g}"
+                        if s["scale_min"] == s["scale_max"]
+                        else f"{s['scale_min']:.3g}-{s['scale_max']:.3g}",
+                        "saturated": f"{100 * s['saturated']:.3g}%",
+                        "flushed to zero": f"{100 * s['flushed']:.3g}%",
+                        "_worst": max(s["saturated"], s["flushed"]),
+                    }
+                )
     rows.sort(key=lambda r: -r["_worst"])
     return [{k: v for k, v in r.items() if k != "_worst"} for r in rows[:n]]
 
@@ -135,8 +182,10 @@ def explain_lines(o: ProbeOutcome) -> list[str]:
     r = o.record
     lines = []
     if r.optimizer_state_bytes is not None:
-        lines.append(f"  memory after the first step ({r.cell.optimizer}): weights {fmt_bytes(r.weights_bytes)}, "
-                     f"gradients {fmt_bytes(r.grads_bytes)}, optimizer state {fmt_bytes(r.optimizer_state_bytes)}")
+        lines.append(
+            f"  memory after the first step ({r.cell.optimizer}): weights {fmt_bytes(r.weights_bytes)}, "
+            f"gradients {fmt_bytes(r.grads_bytes)}, optimizer state {fmt_bytes(r.optimizer_state_bytes)}"
+        )
     if r.optimizer_eager:
         lines.append(f"  note: {r.optimizer_eager}")
     if r.fp8_excluded is None and not _fp8_forensics(o):
@@ -144,8 +193,10 @@ def explain_lines(o: ProbeOutcome) -> list[str]:
     s = fp8_section(o)
     lines += [f"  kept in high precision: {m}" for m in s["excluded"]] or ["  every linear ran in fp8"]
     for r in s["casts"]:
-        lines.append(f"    fp8 {r['linear']} {r['tensor']}: amax {r['amax']}, scale {r['scale']}, "
-                     f"saturated {r['saturated']}, flushed {r['flushed to zero']}")
+        lines.append(
+            f"    fp8 {r['linear']} {r['tensor']}: amax {r['amax']}, scale {r['scale']}, "
+            f"saturated {r['saturated']}, flushed {r['flushed to zero']}"
+        )
     return lines
 
 

@@ -1,6 +1,7 @@
 """summary.json: the analysis as data, for scripts that gate on it. Strict JSON: a non-finite float
 (a diverged loss, an overflowed activation) is written as the string float() reads back: "NaN",
 "Infinity" or "-Infinity"."""
+
 from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
@@ -13,25 +14,53 @@ from .timing import timing_summary
 
 
 def _probe(o: ProbeOutcome) -> dict:
-    return {"probe_id": o.probe_id, "cell": o.record.cell.to_dict(), "overrides": o.record.overrides,
-            "hardware": o.record.cell.hardware or None, "node": o.record.node, "gpu": o.record.gpu,
-            "verdict": o.verdict.name, "reason": o.verdict.reason, "step": o.verdict.step,
-            "fidelity": o.fidelity, "tokens_per_s": o.tokens_per_s,
-            "throughput": o.throughput.to_dict() if o.throughput else None, "retimed": o.retimed,
-            "host_load": o.record.host_load, "peak_memory_bytes": o.peak_memory_bytes,
-            "optimizer_state_bytes": o.record.optimizer_state_bytes,
-            "steps_run": len(o.record.steps), "forensics": forensics_summary(o),
-            "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None}
+    return {
+        "probe_id": o.probe_id,
+        "cell": o.record.cell.to_dict(),
+        "overrides": o.record.overrides,
+        "hardware": o.record.cell.hardware or None,
+        "node": o.record.node,
+        "gpu": o.record.gpu,
+        "verdict": o.verdict.name,
+        "reason": o.verdict.reason,
+        "step": o.verdict.step,
+        "fidelity": o.fidelity,
+        "tokens_per_s": o.tokens_per_s,
+        "throughput": o.throughput.to_dict() if o.throughput else None,
+        "retimed": o.retimed,
+        "host_load": o.record.host_load,
+        "peak_memory_bytes": o.peak_memory_bytes,
+        "optimizer_state_bytes": o.record.optimizer_state_bytes,
+        "steps_run": len(o.record.steps),
+        "forensics": forensics_summary(o),
+        "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None,
+    }
 
 
 def render_summary(a: RunAnalysis) -> dict:
-    return json_safe({"run_id": a.meta["run_id"], "kind": a.meta["kind"], "recipe": a.meta["recipe"]["name"],
-            "model": a.meta["model_plan"], "planned": a.expected, "finished": len(a.outcomes),
+    return json_safe(
+        {
+            "run_id": a.meta["run_id"],
+            "kind": a.meta["kind"],
+            "recipe": a.meta["recipe"]["name"],
+            "model": a.meta["model_plan"],
+            "planned": a.expected,
+            "finished": len(a.outcomes),
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
-            "recommended_by_hardware": {h: (o.probe_id if o else None) for h, o in ((h, a.recommended_on(h)) for h in a.hardware)},
-            "fastest_by_hardware": {h: (o.probe_id if o else None) for h, o in ((h, a.fastest_on(h)) for h in a.hardware)},
-            "ranking": [o.probe_id for o in a.ranking], "timing": timing_summary(a), "exit_code": a.exit_code,
+            "recommended_by_hardware": {
+                h: (o.probe_id if o else None) for h, o in ((h, a.recommended_on(h)) for h in a.hardware)
+            },
+            "fastest_by_hardware": {
+                h: (o.probe_id if o else None) for h, o in ((h, a.fastest_on(h)) for h in a.hardware)
+            },
+            "ranking": [o.probe_id for o in a.ranking],
+            "timing": timing_summary(a),
+            "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),
-            "probes": [_probe(o) for o in a.outcomes], "env": a.meta.get("env"),
-            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings}, "savings": savings_summary(a)})
+            "probes": [_probe(o) for o in a.outcomes],
+            "env": a.meta.get("env"),
+            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings},
+            "savings": savings_summary(a),
+        }
+    )

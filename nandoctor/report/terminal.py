@@ -1,4 +1,5 @@
 """What the terminal shows: a line per probe as it finishes, then the ranked table."""
+
 from __future__ import annotations
 
 from tabulate import tabulate
@@ -22,10 +23,24 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
     fails = common.failure_rows(a)
     if fails:
-        out += ["", tabulate([{k: r[k] for k in ("config", "verdict", "step", "reason")} for r in fails], headers="keys", maxcolwidths=[None, None, None, 70])]
+        out += [
+            "",
+            tabulate(
+                [{k: r[k] for k in ("config", "verdict", "step", "reason")} for r in fails],
+                headers="keys",
+                maxcolwidths=[None, None, None, 70],
+            ),
+        ]
     if a.meta["kind"] == "bisect" and a.bisection:
-        out += ["", tabulate(bisection.culprit_rows(a.bisection), headers="keys") if a.bisection["culprits"] else "no culprits isolated"]
-        out += ["", "Recommended configuration:"] + [f"  {line}" for line in bisection.recommendation_lines(a.bisection)]
+        out += [
+            "",
+            tabulate(bisection.culprit_rows(a.bisection), headers="keys")
+            if a.bisection["culprits"]
+            else "no culprits isolated",
+        ]
+        out += ["", "Recommended configuration:"] + [
+            f"  {line}" for line in bisection.recommendation_lines(a.bisection)
+        ]
     out += [""] + common.headline(a)
     out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
     return "\n".join(out)

@@ -5,6 +5,7 @@ append-only probes.jsonl. Only outcomes that a rerun would repeat are kept: prob
 (whatever their numbers did) and probes that raised. Timeouts, signals and out-of-memory depend on
 the machine's load and memory at the time, so they are always rerun.
 """
+
 from __future__ import annotations
 
 import os

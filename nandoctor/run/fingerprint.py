@@ -12,6 +12,7 @@ the forensics replay's and the build's time budgets (they never change a number,
 them had none).
 Pure apart from stat()ing weight files; imports only the cell table.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,11 @@ def weights_stamp(path: str | None) -> list:
 # Specs written before the typed ProbeSpec carried this constant; hashing it still keeps the cache
 # entries of those runs reachable.
 LEGACY_SPEC = {"stop_on_nonfinite": True}
-NOT_NUMERICS = ("forensics_timeout_s", "build_timeout_s", "retime_rounds")  # recipe fields that decide no number of the probe
+NOT_NUMERICS = (
+    "forensics_timeout_s",
+    "build_timeout_s",
+    "retime_rounds",
+)  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
@@ -65,8 +70,12 @@ def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
         recipe = {k: v for k, v in recipe.items() if k != "fp8"}
     if cell.parallel_row.wrapper is None:
         recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
-    payload = {"spec": {**spec, "recipe": recipe, "model_plan": plan}, "overrides": overrides, "env": environment_key(env),
-               "weights": weights_stamp(plan.get("path"))}
+    payload = {
+        "spec": {**spec, "recipe": recipe, "model_plan": plan},
+        "overrides": overrides,
+        "env": environment_key(env),
+        "weights": weights_stamp(plan.get("path")),
+    }
     packages = package_versions(cell, env)
     if packages:  # only cells that use an optional package carry the key, so older fingerprints stay
         payload["packages"] = packages

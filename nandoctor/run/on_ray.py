@@ -1,7 +1,8 @@
 """Place probes on a Ray cluster: each probe one task with the CPUs / GPUs / custom resources the
-options give it, and a share of its hardware kind's custom resource (--axis node_type=, Cell.hardware). The task runs the probe in a scratch folder of its node and returns its files
-(placed.run_carried), so no shared filesystem is needed. It first yields its node's name (a streaming
-generator task): until then the probe is queued, waiting for resources, and its time budget has not begun.
+options give it, and a share of its hardware kind's custom resource (--axis node_type=, Cell.hardware).
+The task runs the probe in a scratch folder of its node and returns its files (placed.run_carried), so
+no shared filesystem is needed. It first yields its node's name (a streaming generator task): until then
+the probe is queued, waiting for resources, and its time budget has not begun.
 
 A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
 worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the parent's backstop
@@ -10,6 +11,7 @@ cancels with force=True. Without an `address` a local Ray is started on the loop
 Before the first probe, one task per kind of hardware gathers that kind's device facts (task_facts),
 which the run plans its cells with.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,6 +56,7 @@ def task_facts():
     then placed.node_facts with, in `gathered`, the Ray node it ran on and the resources Ray gave it
     (its node_type share among them)."""
     import ray
+
     yield socket.gethostname()
     facts = node_facts()
     context = ray.get_runtime_context()
@@ -85,8 +88,14 @@ class RayPlacement:
         self.started_ray = False
         if not ray.is_initialized():
             if address is None:
-                ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False,
-                         num_cpus=os.cpu_count(), configure_logging=False)
+                ray.init(
+                    address="local",
+                    _node_ip_address="127.0.0.1",
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    num_cpus=os.cpu_count(),
+                    configure_logging=False,
+                )
                 self.started_ray = True
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
@@ -100,9 +109,16 @@ class RayPlacement:
         missing = [name for name in executor.hardware if have.get(name, 0) <= 0]
         if missing:
             self.close()
-            known = sorted(k for k in have if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:"))
-            raise NandoctorError(f"--axis node_type={','.join(missing)}: no node of this Ray cluster has the custom resource"
-                                 f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; its custom resources: {', '.join(known) or 'none'}")
+            known = sorted(
+                k
+                for k in have
+                if k not in ("CPU", "GPU", "memory", "object_store_memory") and not k.startswith("node:")
+            )
+            raise NandoctorError(
+                f"--axis node_type={','.join(missing)}: no node of this Ray cluster has the custom resource"
+                f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                f"its custom resources: {', '.join(known) or 'none'}"
+            )
         self.resources = parse_resources(executor.option("resources"))
         self.executor = executor
         self.remote = ray.remote(run_announced)
@@ -122,25 +138,37 @@ class RayPlacement:
         gather = self.ray.remote(task_facts)
         wait = self.executor.option("queue_wait")
         for kind in self.executor.hardware or ("",):
-            task = gather.options(max_retries=0, num_returns="streaming", name="nandoctor-facts", resources=self._resources(kind),
-                                  **{**task_size(self.executor, 1), "num_cpus": 1}).remote()
+            task = gather.options(
+                max_retries=0,
+                num_returns="streaming",
+                name="nandoctor-facts",
+                resources=self._resources(kind),
+                **{**task_size(self.executor, 1), "num_cpus": 1},
+            ).remote()
             started, _ = self.ray.wait([task], timeout=wait)  # its first item: it started (queue_wait bounds only that)
             if not started:
                 self.ray.cancel(task, force=True)
                 where = f" on node_type {kind!r}" if kind else ""
-                raise NandoctorError(f"--executor ray: the cluster did not start the task that gathers the device facts{where} "
-                                     f"within {wait} s (queue_wait); does a node have its resources (ray status)?")
+                raise NandoctorError(
+                    f"--executor ray: the cluster did not start the task that gathers the device facts{where} "
+                    f"within {wait} s (queue_wait); does a node have its resources (ray status)?"
+                )
             next(task)
             self.facts[kind] = self.ray.get(next(task), timeout=FACTS_TIMEOUT_S)
         return self.facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         for probe in probes:
-            resources = self._resources(probe.task.spec.cell.hardware)  # the hardware axis: a node that has this custom resource
+            resources = self._resources(
+                probe.task.spec.cell.hardware
+            )  # the hardware axis: a node that has this custom resource
             size = task_size(self.executor, probe.ranks)
             probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
-                probe.task.spec.to_dict(), probe.task.timeout_s)
-            probe.job_id = probe.handle.completed().task_id().hex()  # its head is shared by a driver's first tasks: keep it whole
+                probe.task.spec.to_dict(), probe.task.timeout_s
+            )
+            probe.job_id = (
+                probe.handle.completed().task_id().hex()
+            )  # its head is shared by a driver's first tasks: keep it whole
             asked = {"CPU": size["num_cpus"], **({"GPU": size["num_gpus"]} if size["num_gpus"] else {}), **resources}
             probe.waiting = "no node has started it; it asks for " + ", ".join(f"{k}: {v:g}" for k, v in asked.items())
 
@@ -157,7 +185,12 @@ class RayPlacement:
                 ended.append((probe, Ending("CANCELLED")))
                 continue
             except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
-                ended.append((probe, Ending(type(e).__name__, detail=str(e).strip().splitlines()[0][:300] if str(e).strip() else "")))
+                ended.append(
+                    (
+                        probe,
+                        Ending(type(e).__name__, detail=str(e).strip().splitlines()[0][:300] if str(e).strip() else ""),
+                    )
+                )
                 continue
             if probe.state == "queued":
                 probe.state, probe.started, probe.waiting = "running", time.monotonic(), ""

@@ -7,6 +7,7 @@ that partition's device facts (placed.node_facts), which the run plans its cells
 from squeue (`--states=all`, which also lists jobs that ended within the cluster's MinJobAge), so no
 accounting database is needed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,11 +27,29 @@ from .placement import Ending, PlacedProbe, missing_extra
 
 CANARY_MINUTES = 3  # the canary's time limit: its import of torch to gather the device facts
 SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT")
+ACTIVE = (
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+)
 CANARY_CANCEL_WAIT_S = 15  # at most this long on close for cancelled canaries to leave the queue
 # submitit's parameter for each --executor-opt of the slurm kind
-PARAMETERS = {"partition": "partition", "account": "account", "qos": "qos", "constraint": "constraint",
-              "gpus": "gpus_per_node", "cpus": "cpus_per_task", "mem": "mem", "parallel": "array_parallelism"}
+PARAMETERS = {
+    "partition": "partition",
+    "account": "account",
+    "qos": "qos",
+    "constraint": "constraint",
+    "gpus": "gpus_per_node",
+    "cpus": "cpus_per_task",
+    "mem": "mem",
+    "parallel": "array_parallelism",
+}
 CANARY_PARAMETERS = {k: PARAMETERS[k] for k in ("partition", "account", "qos", "constraint")}
 
 
@@ -47,6 +66,7 @@ def write_canary(path: str, gather: bool) -> str:
         Path(path).write_text(jsonio.dumps(node_facts()))
     else:
         import socket
+
         Path(path).write_text(jsonio.dumps({"gathered": {"host": socket.gethostname()}}))
     return path
 
@@ -68,8 +88,12 @@ def squeue(job_ids: list[str]) -> dict[str, tuple[str, str]] | None:
     if not job_ids:
         return {}
     try:
-        out = subprocess.run(["squeue", "-h", "-r", "--states=all", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["squeue", "-h", "-r", "--states=all", "-j", ",".join(sorted(set(job_ids))), "-o", "%i|%T|%r"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0 and "Invalid job id" not in out.stderr:
@@ -132,7 +156,10 @@ class SlurmPlacement:
             slurm.update_parameters(partition=partition)
         with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
             try:
-                self.canaries[canary_file] = (partition or "", slurm.submit(write_canary, str(canary_file), self.gather))
+                self.canaries[canary_file] = (
+                    partition or "",
+                    slurm.submit(write_canary, str(canary_file), self.gather),
+                )
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
@@ -168,8 +195,10 @@ class SlurmPlacement:
         else:
             where = f" on partition {kind!r}" if kind else ""
             pending = f", pending: {reason}" if reason not in ("", "None") else ""
-            raise NandoctorError(f"--executor slurm: the cluster did not start the canary job {job}{where} within "
-                                 f"{wait} s (queue_wait{pending}); is the partition up (sinfo)?")
+            raise NandoctorError(
+                f"--executor slurm: the cluster did not start the canary job {job}{where} within "
+                f"{wait} s (queue_wait{pending}); is the partition up (sinfo)?"
+            )
         ended = states.get(job, ("GONE",))[0]
         # a canary that wrote its file may show it here late (NFS attribute caching); one that failed never
         # will: on a node that does not see the run directory it cannot even read its own job
@@ -178,24 +207,33 @@ class SlurmPlacement:
             time.sleep(0.2)
         if not canary_file.exists() and log.exists():  # the node wrote here: the filesystem is shared, the job failed
             said = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-            raise NandoctorError(f"--executor slurm: the canary job {job} ended {ended} without writing its file "
-                                 f"(its log, {log}: {said[-1][:300] if said else 'empty'})")
+            raise NandoctorError(
+                f"--executor slurm: the canary job {job} ended {ended} without writing its file "
+                f"(its log, {log}: {said[-1][:300] if said else 'empty'})"
+            )
         if not canary_file.exists():
-            raise NandoctorError(f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
-                                 f"(canary job {job} ended {ended} and its file never appeared); "
-                                 "pass --out on a shared filesystem")
+            raise NandoctorError(
+                f"--executor slurm: the run directory {self.run_dir} is not on a filesystem the nodes share "
+                f"(canary job {job} ended {ended} and its file never appeared); "
+                "pass --out on a shared filesystem"
+            )
         facts = jsonio.loads(canary_file.read_text())
         canary_file.unlink()
         return facts
 
     def submit(self, probes: list[PlacedProbe]) -> None:
-        budget = max(p.task.spec.recipe.build_timeout_s + p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s for p in probes)
+        budget = max(
+            p.task.spec.recipe.build_timeout_s + p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s
+            for p in probes
+        )
         self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
         arrays: dict[tuple, list[PlacedProbe]] = {}
         for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware) and size
             arrays.setdefault((probe.task.spec.cell.hardware, probe.ranks), []).append(probe)
         for (partition, ranks), batch in arrays.items():
-            self.executor.update_parameters(**job_size(self.options, ranks), **({"partition": partition} if partition else {}))
+            self.executor.update_parameters(
+                **job_size(self.options, ranks), **({"partition": partition} if partition else {})
+            )
             with self.executor.batch():
                 jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in batch]
             for probe, job in zip(batch, jobs):

@@ -7,6 +7,7 @@ process group when it overruns. It returns how the probe ended (and writes it to
 spec), so that the parent classifies it with runner.collect exactly as a local probe. It imports no torch:
 the job pays the child's imports once.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 from .. import jsonio
 from ..env import get_nvml
 from ..record import BUILT_FILE, STALE_FILES, ProbeSpec
-from .runner import MAX_WAIT_S, LOG_TAIL_CHARS, ProbeTask, RunningProbe
+from .runner import LOG_TAIL_CHARS, MAX_WAIT_S, ProbeTask, RunningProbe
 from .slots import child_command, kill_group, probe_env
 
 PLACED_FILE = "placed.json"
@@ -47,8 +48,13 @@ def node_facts() -> dict:
     sees them, and where they were gathered: `gathered` names the host, the process and the scheduler's
     job and partition (SLURM's environment; None under Ray)."""
     from ..env import collect_doctor
-    where = {"host": socket.gethostname(), "pid": os.getpid(), "job": os.environ.get("SLURM_JOB_ID"),
-             "partition": os.environ.get("SLURM_JOB_PARTITION")}
+
+    where = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "job": os.environ.get("SLURM_JOB_ID"),
+        "partition": os.environ.get("SLURM_JOB_PARTITION"),
+    }
     return {**collect_doctor(), "gathered": where}
 
 
@@ -64,8 +70,14 @@ def run_placed(folder: str, timeout_s: float) -> dict:
     for stale in (*STALE_FILES, PLACED_FILE):
         (folder / stale).unlink(missing_ok=True)
     with open(folder / "log.txt", "wb") as out:
-        proc = subprocess.Popen(child_command(folder / "spec.json", folder / "result.json"), stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            child_command(folder / "spec.json", folder / "result.json"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
     probe = RunningProbe(ProbeTask(spec, timeout_s), folder, time.monotonic(), pid=proc.pid)
     try:
         while True:
@@ -79,8 +91,15 @@ def run_placed(folder: str, timeout_s: float) -> dict:
                     kill_group(proc.pid)
     finally:
         kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
-    placed = {"returncode": returncode, "timed_out": probe.timed_out, "replay_overran": probe.replay_overran,
-              "wall_s": probe.elapsed, "node": socket.gethostname(), "gpus": gpus, "gpu": gpu_names(gpus)}
+    placed = {
+        "returncode": returncode,
+        "timed_out": probe.timed_out,
+        "replay_overran": probe.replay_overran,
+        "wall_s": probe.elapsed,
+        "node": socket.gethostname(),
+        "gpus": gpus,
+        "gpu": gpu_names(gpus),
+    }
     (folder / PLACED_FILE).write_text(jsonio.dumps(placed))
     return placed
 
@@ -92,7 +111,9 @@ def run_carried(spec: dict, timeout_s: float) -> dict:
         folder = Path(scratch)
         (folder / "spec.json").write_text(jsonio.dumps(spec))
         placed = run_placed(str(folder), timeout_s)
-        files = {name: (folder / name).read_text(errors="replace") for name in CARRIED_FILES if (folder / name).exists()}
-        log = (folder / "log.txt").read_bytes()[-16 * LOG_TAIL_CHARS:]
+        files = {
+            name: (folder / name).read_text(errors="replace") for name in CARRIED_FILES if (folder / name).exists()
+        }
+        log = (folder / "log.txt").read_bytes()[-16 * LOG_TAIL_CHARS :]
         files["log.txt"] = log.decode(errors="replace")
         return {"placed": placed, "files": files}

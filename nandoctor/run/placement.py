@@ -1,5 +1,6 @@
 """What a placement (on_slurm.py, on_ray.py) is handed and hands back: the probes it places, and how
 each one's job ended. Kept apart from remote.py, which imports the placements."""
+
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ from .runner import ProbeTask
 class Ending:
     """How a placed probe's job ended: the node's outcome (placed.run_placed's dict) when it wrote one,
     the scheduler's end state, and the files a placement without a shared filesystem carried back."""
+
     state: str
     placed: dict | None = None
     files: dict = field(default_factory=dict)

@@ -14,6 +14,7 @@ within the `queue_wait` option (held, pending on resources no node has, a partit
 is cancelled and counts as such a loss; the wait counts only while none of this run's probes runs, so
 a run larger than the cluster, queued behind its own probes, is not cut short.
 """
+
 from __future__ import annotations
 
 import time
@@ -37,17 +38,25 @@ CANCEL_WAIT_S = 20.0  # how long close() waits for the cancelled jobs to leave t
 SCHEDULER_ENDS = {
     "TIMEOUT": {"timed_out": True},
     "DEADLINE": {"timed_out": True},
-    "OUT_OF_MEMORY": {"ended_by": {"type": "OutOfMemory", "oom": True, "traceback": "",
-                                   "message": "the scheduler ended the job OUT_OF_MEMORY: the probe exceeded the job's memory limit"}},
+    "OUT_OF_MEMORY": {
+        "ended_by": {
+            "type": "OutOfMemory",
+            "oom": True,
+            "traceback": "",
+            "message": "the scheduler ended the job OUT_OF_MEMORY: the probe exceeded the job's memory limit",
+        }
+    },
 }
 
 
 def open_placement(executor: ExecutorConfig, run_dir: Path, gather: bool = True):
     if executor.kind == "slurm":
         from .on_slurm import SlurmPlacement
+
         return SlurmPlacement(executor, run_dir, gather)
     if executor.kind == "ray":
         from .on_ray import RayPlacement
+
         return RayPlacement(executor, gather)
     raise NandoctorError(f"--executor {executor.kind!r} does not place probes remotely")
 
@@ -58,7 +67,9 @@ class RemoteRunner:
     queue_wait) hears the queue whenever it changes (at most every QUEUE_LINE_S). gather: have the
     start-up jobs gather each hardware kind's device facts (hardware_facts)."""
 
-    def __init__(self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None, gather: bool = True):
+    def __init__(
+        self, run_dir: Path, store: ResultsStore, executor: ExecutorConfig, on_queue=None, gather: bool = True
+    ):
         self.run_dir, self.store, self.executor = Path(run_dir), store, executor
         self.placement = open_placement(executor, self.run_dir, gather)
         self.jobs = self.limit = min(executor.option("parallel"), self.placement.capacity)
@@ -70,13 +81,13 @@ class RemoteRunner:
         self.said_at = 0.0
         self.moved_at = 0.0  # when one of this run's probes last ran or ended: its queue was moving
 
-    def open(self, slots: int = 1) -> "RemoteRunner":
+    def open(self, slots: int = 1) -> RemoteRunner:
         return self
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
         pass  # each placed probe is a fresh process: nothing is imported ahead
 
-    def __enter__(self) -> "RemoteRunner":
+    def __enter__(self) -> RemoteRunner:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -99,10 +110,19 @@ class RemoteRunner:
         for stale in (*STALE_FILES, "placed.json"):
             (probe.folder / stale).unlink(missing_ok=True)
         (probe.folder / "spec.json").write_text(jsonio.dumps(probe.task.spec.to_dict()))
-        probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = None, None, "queued", None, False, None
+        probe.handle, probe.job_id, probe.state, probe.started, probe.cancelled, probe.seen_done = (
+            None,
+            None,
+            "queued",
+            None,
+            False,
+            None,
+        )
         probe.queued_at, probe.waiting = time.monotonic(), ""
 
-    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:
+    def run(
+        self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes"
+    ) -> list[ProbeRecord]:
         """Place every task, each in its folder under run_dir/`under`; each record is appended to the store
         the moment its probe ends (keep=False: only returned). on_wait(running probes) is called every
         POLL_S (a heartbeat hangs off it). A placement that batches sends all pending probes at once
@@ -152,8 +172,17 @@ class RemoteRunner:
         stuck = [p for p, t in since if p.state == "queued" and time.monotonic() - t > self.queue_wait]
         if stuck:
             self.placement.cancel(stuck, wait_s=0)
-        return [(p, Ending("NOT_STARTED", detail=f"still queued after {self.queue_wait} s (queue_wait)"
-                                                  + (f": {p.waiting}" if p.waiting else ""))) for p in stuck]
+        return [
+            (
+                p,
+                Ending(
+                    "NOT_STARTED",
+                    detail=f"still queued after {self.queue_wait} s (queue_wait)"
+                    + (f": {p.waiting}" if p.waiting else ""),
+                ),
+            )
+            for p in stuck
+        ]
 
     def _backstop(self) -> None:
         """The node kills a probe past its budget; a job that outlives it by the placement's grace (a
@@ -172,18 +201,36 @@ class RemoteRunner:
             (probe.folder / name).write_text(text)
         if ending.placed is not None:
             p = ending.placed
-            return collect(probe.task, probe.folder, p["returncode"], p["timed_out"], p["wall_s"],
-                           replay_overran=p["replay_overran"], node=p["node"], gpu=p.get("gpu"), **facts)
+            return collect(
+                probe.task,
+                probe.folder,
+                p["returncode"],
+                p["timed_out"],
+                p["wall_s"],
+                replay_overran=p["replay_overran"],
+                node=p["node"],
+                gpu=p.get("gpu"),
+                **facts,
+            )
         if probe.cancelled or ending.state in SCHEDULER_ENDS:
             end = {"timed_out": True} if probe.cancelled else SCHEDULER_ENDS[ending.state]
-            return collect(probe.task, probe.folder, None, end.get("timed_out", False), probe.elapsed,
-                           ended_by=end.get("ended_by"), **facts)
+            return collect(
+                probe.task,
+                probe.folder,
+                None,
+                end.get("timed_out", False),
+                probe.elapsed,
+                ended_by=end.get("ended_by"),
+                **facts,
+            )
         probe.lost.append(f"{ending.state}{': ' + ending.detail if ending.detail else ''}")
         if probe.attempt <= self.retries:
             return None
         attempts = f"all {probe.attempt} attempts" if probe.attempt > 1 else "its one attempt (retries=0)"
         why = f"the scheduler lost this probe on {attempts} ({'; '.join(probe.lost)[:600]})"
-        return ProbeRecord.lost(probe.task.spec, why, probe.elapsed, probe.task.timeout_s, **probe.task.run_facts, **facts)
+        return ProbeRecord.lost(
+            probe.task.spec, why, probe.elapsed, probe.task.timeout_s, **probe.task.run_facts, **facts
+        )
 
     def _say_queue(self, pending: int) -> None:
         if not self.on_queue:
@@ -192,4 +239,6 @@ class RemoteRunner:
         now = (pending + states.count("queued"), states.count("running"), self.done)
         if now != self.said and time.monotonic() - self.said_at >= QUEUE_LINE_S:
             self.said, self.said_at = now, time.monotonic()
-            self.on_queue(*now, sorted({p.job_id.split("_")[0] for p in self.in_flight.values() if p.job_id}), self.queue_wait)
+            self.on_queue(
+                *now, sorted({p.job_id.split("_")[0] for p in self.in_flight.values() if p.job_id}), self.queue_wait
+            )

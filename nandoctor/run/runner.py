@@ -12,6 +12,7 @@ and a replay that overruns (or dies) is noted in the record's `forensics`: the t
 A slow import on a busy machine or a long checkpoint load thus never eats the steps' budget, and a
 hung step is caught after timeout_s, not after the build's allowance too.
 """
+
 from __future__ import annotations
 
 import os
@@ -92,9 +93,17 @@ def _read_result(path: Path) -> dict:
         return {}
 
 
-def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bool, wall_s: float,
-            worker_died: int | None = None, replay_overran: bool = False, ended_by: dict | None = None,
-            **run_facts) -> ProbeRecord:
+def collect(
+    task: ProbeTask,
+    folder: Path,
+    returncode: int | None,
+    timed_out: bool,
+    wall_s: float,
+    worker_died: int | None = None,
+    replay_overran: bool = False,
+    ended_by: dict | None = None,
+    **run_facts,
+) -> ProbeRecord:
     """The probe's record from whatever the child left behind in its folder. A result whose replay
     never finished is the timed steps' result: the replay's end is noted in its forensics."""
     result = _read_result(folder / "result.json")
@@ -107,14 +116,29 @@ def collect(task: ProbeTask, folder: Path, returncode: int | None, timed_out: bo
         elif returncode is not None and returncode < 0:
             why = f"replay died of signal {-returncode}"
         else:
-            why = f"replay ended without a result (exit {returncode if worker_died is None else f'of its worker {worker_died}'})"
+            why = (
+                "replay ended without a result "
+                f"(exit {returncode if worker_died is None else f'of its worker {worker_died}'})"
+            )
         result["forensics"] = {"error": why}
     if replay_cut or (replay_overran and result):
         returncode, worker_died = 0, None  # the timed steps ended with a result: the verdict is theirs
     if timed_out:
         run_facts["timed_out_in"] = "steps" if (folder / BUILT_FILE).exists() else "build"
-    record = ProbeRecord.finished(task.spec, result, _read_steps(folder / "steps.jsonl"), returncode, timed_out, wall_s,
-                                  task.timeout_s, _tail(folder / "log.txt"), worker_died, ended_by, **task.run_facts, **run_facts)
+    record = ProbeRecord.finished(
+        task.spec,
+        result,
+        _read_steps(folder / "steps.jsonl"),
+        returncode,
+        timed_out,
+        wall_s,
+        task.timeout_s,
+        _tail(folder / "log.txt"),
+        worker_died,
+        ended_by,
+        **task.run_facts,
+        **run_facts,
+    )
     record.exit_code = exit_code
     return record
 
@@ -166,17 +190,18 @@ class ProbeRunner:
         self.limit = self.jobs
         self.retried: set[str] = set()
 
-    def open(self, slots: int = 1) -> "ProbeRunner":
+    def open(self, slots: int = 1) -> ProbeRunner:
         """Start the first `slots` workers now, so that their imports overlap with what the caller does
         next; run() starts as many more as it has probes for, up to `jobs`."""
         most = min(slots, self.limit)
-        for slot in self.slots[self.opened:most]:
+        for slot in self.slots[self.opened : most]:
             slot.open()
         self.opened = max(self.opened, most)
         return self
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        """Have the workers import this model type's modeling code (and peft, for an adapter) before their first probe."""
+        """Have the workers import this model type's modeling code (and peft, for an adapter) before their
+        first probe."""
         for slot in self.slots:
             slot.preload(model_type, adapter)
 
@@ -229,7 +254,7 @@ class ProbeRunner:
                 self.events.put(event)
             shutil.rmtree(folder, ignore_errors=True)
 
-    def __enter__(self) -> "ProbeRunner":
+    def __enter__(self) -> ProbeRunner:
         return self.open()
 
     def __exit__(self, *exc) -> None:
@@ -247,7 +272,9 @@ class ProbeRunner:
         slot.launch(folder / "spec.json", folder / "result.json", folder / "log.txt")
         return RunningProbe(task, folder, time.monotonic())
 
-    def run(self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes") -> list[ProbeRecord]:
+    def run(
+        self, tasks: list[ProbeTask], on_record=None, on_wait=None, keep: bool = True, under: str = "probes"
+    ) -> list[ProbeRecord]:
         """Run every task, each in its folder under run_dir/`under`; each record is appended to the store
         the moment its probe ends (keep=False: only returned, for probes run to time cells again).
         on_wait(running probes) is called at least every MAX_WAIT_S (a heartbeat hangs off it)."""
@@ -256,7 +283,7 @@ class ProbeRunner:
         records = []
         while pending or running:
             self.open(len(running) + len(pending))
-            for slot in self.slots[:min(self.opened, self.limit)]:
+            for slot in self.slots[: min(self.opened, self.limit)]:
                 if slot.ready and slot.index not in running and pending:
                     running[slot.index] = self._launch(slot, pending.pop(0), under)
             try:
@@ -288,7 +315,9 @@ class ProbeRunner:
         left = [p.left_s() for p in running.values() if not (p.timed_out or p.replay_overran)]
         return max(0.01, min([MAX_WAIT_S] + left))
 
-    def _handle(self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]) -> ProbeRecord | None:
+    def _handle(
+        self, slot, message: dict, running: dict[int, RunningProbe], pending: list[ProbeTask]
+    ) -> ProbeRecord | None:
         """Act on one slot event; returns a finished probe's record, if this event finished one."""
         if "ready" in message:
             slot.ready = True
@@ -302,8 +331,10 @@ class ProbeRunner:
             return self._record(slot, probe, message["returncode"])
         elif "died" in message:
             if not slot.ready:
-                raise RuntimeError(f"a warm worker exited {message['died']} before it finished importing "
-                                   "(its error is printed above); `--cold` runs probes without warm workers")
+                raise RuntimeError(
+                    f"a warm worker exited {message['died']} before it finished importing "
+                    "(its error is printed above); `--cold` runs probes without warm workers"
+                )
             slot.kill_probe()
             slot.pid = None
             worker = slot.worker.pid
@@ -313,11 +344,28 @@ class ProbeRunner:
                 self.retried.add(probe.task.probe_id)  # the worker died before forking it: not the probe's doing
                 pending.insert(0, probe.task)
             elif probe is not None:
-                return collect(probe.task, probe.folder, None, probe.timed_out, probe.elapsed, message["died"],
-                               probe.replay_overran, launch=slot.kind, worker_pid=worker)
+                return collect(
+                    probe.task,
+                    probe.folder,
+                    None,
+                    probe.timed_out,
+                    probe.elapsed,
+                    message["died"],
+                    probe.replay_overran,
+                    launch=slot.kind,
+                    worker_pid=worker,
+                )
         return None
 
     def _record(self, slot, probe: RunningProbe, returncode) -> ProbeRecord:
         worker = slot.worker.pid if slot.kind == "warm" else None
-        return collect(probe.task, probe.folder, returncode, probe.timed_out, probe.elapsed,
-                       replay_overran=probe.replay_overran, launch=slot.kind, worker_pid=worker)
+        return collect(
+            probe.task,
+            probe.folder,
+            returncode,
+            probe.timed_out,
+            probe.elapsed,
+            replay_overran=probe.replay_overran,
+            launch=slot.kind,
+            worker_pid=worker,
+        )

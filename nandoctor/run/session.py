@@ -1,5 +1,6 @@
 """One run directory being filled: its store, its device facts, the model plan and the runner. Grid,
 check and bisect all run their probes through a Session."""
+
 from __future__ import annotations
 
 import json
@@ -55,7 +56,9 @@ def refuse_used_out(path: Path) -> None:
     """--out must be a new or unused directory: appending to a run already there would mix two runs in
     one results.jsonl and judge the old probes against the new reference."""
     if path.exists() and not path.is_dir():
-        raise NandoctorError(f"--out {str(path)!r} is a file; pass a directory for the run (it is created when missing)")
+        raise NandoctorError(
+            f"--out {str(path)!r} is a file; pass a directory for the run (it is created when missing)"
+        )
     if not any((path / name).exists() for name in (RUN_FILE, RESULTS_FILE, "probes")):
         return
     try:
@@ -76,8 +79,14 @@ def refuse_unwritable(path: Path, named: str = "--out") -> None:
     if not there.is_dir():
         raise NandoctorError(f"{named} {str(path)!r} cannot be created: {str(there)!r} is a file, not a directory")
     if not os.access(there, os.W_OK | os.X_OK):
-        why = "is on a read-only file system" if os.statvfs(there).f_flag & os.ST_RDONLY else "is not writable by this user"
-        raise NandoctorError(f"{named} {str(path)!r} cannot be written: {str(there)!r} {why}; pass --out a writable directory")
+        why = (
+            "is on a read-only file system"
+            if os.statvfs(there).f_flag & os.ST_RDONLY
+            else "is not writable by this user"
+        )
+        raise NandoctorError(
+            f"{named} {str(path)!r} cannot be written: {str(there)!r} {why}; pass --out a writable directory"
+        )
 
 
 def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
@@ -96,12 +105,29 @@ def new_run_dir(out: str | Path | None, kind: str, recipe: Recipe) -> Path:
     return path
 
 
-def probe_spec(recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, device: dict, steps: int, jobs: int,
-               threads: int | None = None, replay_failed_only: bool = False) -> ProbeSpec:
+def probe_spec(
+    recipe: Recipe,
+    probe: PlannedProbe,
+    plan: ModelPlan,
+    device: dict,
+    steps: int,
+    jobs: int,
+    threads: int | None = None,
+    replay_failed_only: bool = False,
+) -> ProbeSpec:
     """threads: the probe's CPU threads (an executor's cores per probe); by default this host's cores over `jobs`.
     replay_failed_only: the forensics replay runs only after a non-finite step (check)."""
-    return ProbeSpec(probe.probe_id, recipe, probe.cell, plan, steps, recipe.seed + probe.seed_offset, device["device"],
-                     threads or threads_per_probe(jobs, device["cpu_count"]), replay_failed_only)
+    return ProbeSpec(
+        probe.probe_id,
+        recipe,
+        probe.cell,
+        plan,
+        steps,
+        recipe.seed + probe.seed_offset,
+        device["device"],
+        threads or threads_per_probe(jobs, device["cpu_count"]),
+        replay_failed_only,
+    )
 
 
 class RunInterrupted(KeyboardInterrupt):
@@ -175,10 +201,24 @@ class Session:
     `parallel` of them at once, each with `cpus` threads per rank; on_queue(queued, running, done, job_ids, queue_wait)
     hears its queue."""
 
-    def __init__(self, kind: str, recipe: Recipe, out=None, jobs: int | None = None, steps: int | None = None,
-                 device: dict | None = None, on_record=None, warm: bool = True, cache: ProbeCache | None = None,
-                 plan: ModelPlan | None = None, on_alive=None, resume: bool = False,
-                 executor: ExecutorConfig | None = None, on_queue=None, replay_failed_only: bool = False):
+    def __init__(
+        self,
+        kind: str,
+        recipe: Recipe,
+        out=None,
+        jobs: int | None = None,
+        steps: int | None = None,
+        device: dict | None = None,
+        on_record=None,
+        warm: bool = True,
+        cache: ProbeCache | None = None,
+        plan: ModelPlan | None = None,
+        on_alive=None,
+        resume: bool = False,
+        executor: ExecutorConfig | None = None,
+        on_queue=None,
+        replay_failed_only: bool = False,
+    ):
         self.kind, self.recipe = kind, recipe
         self.replay_failed_only = replay_failed_only
         self.steps = steps or recipe.steps
@@ -190,14 +230,17 @@ class Session:
         self.device = device
         # an executor's facts per kind of hardware: gathered on the cluster by the start-up jobs, or read
         # back from the run directory when resuming
-        self.devices: dict[str, dict] = (self.store.read_json(FACTS_FILE) or {}) if resume and self.executor.remote else {}
+        self.devices: dict[str, dict] = (
+            (self.store.read_json(FACTS_FILE) or {}) if resume and self.executor.remote else {}
+        )
         # the first warm worker (or a scheduler's canary) starts now, while this process gathers the
         # device facts and plans the model (prepare), which import torch / transformers too; until then
         # the slots go by the facts that need no torch
         guess = {"gpus": [{}] * get_gpu_count_guess(), "cpu_count": get_cpu_count()}
         self.runner = self._open_runner(device or guess)
         self.plan = plan
-        self.model_facts: dict | None = None  # models.config_facts of the recipe, when the worker's planning gathered them
+        # models.config_facts of the recipe, when the worker's planning gathered them
+        self.model_facts: dict | None = None
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.heartbeat = Heartbeat(on_alive) if on_alive else None
@@ -248,7 +291,9 @@ class Session:
         self.warnings = plan_warnings(self.recipe, self.plan, self.device) + ([self.short] if self.short else [])
         self.estimate = training_bytes(self.plan.params, self.plan.trainable_params)
         self.peak = 0  # the largest GPU memory peak a finished probe measured
-        self.jobs = self.runner.jobs if self.executor.remote else self.asked_jobs or packed_jobs(self.device, self.estimate)
+        self.jobs = (
+            self.runner.jobs if self.executor.remote else self.asked_jobs or packed_jobs(self.device, self.estimate)
+        )
         self.runner.limit = self.jobs
         self.plans = {self._key(self.recipe): self.plan}
 
@@ -306,7 +351,7 @@ class Session:
             return None
         return self.executor.size(recipe.world_size if probe.cell.parallel_row.wrapper else 1)[0]
 
-    def __enter__(self) -> "Session":
+    def __enter__(self) -> Session:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -316,12 +361,24 @@ class Session:
 
     def start(self, planned: int, extra: dict | None = None) -> None:
         self.planned = planned
-        self.store.create({"kind": self.kind, "run_id": self.dir.name, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
-                           "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
-                           "recipe": recipe_to_dict(self.recipe), "model_plan": self.plan.to_dict(),
-                           "steps": self.steps, "seed": self.recipe.seed, "jobs": self.jobs,
-                           "env": self.device, "planned": planned, "executor": self.executor.kind,
-                           **({"env_by_hardware": self.devices} if self.devices else {}), **(extra or {})})
+        self.store.create(
+            {
+                "kind": self.kind,
+                "run_id": self.dir.name,
+                "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+                "recipe": recipe_to_dict(self.recipe),
+                "model_plan": self.plan.to_dict(),
+                "steps": self.steps,
+                "seed": self.recipe.seed,
+                "jobs": self.jobs,
+                "env": self.device,
+                "planned": planned,
+                "executor": self.executor.kind,
+                **({"env_by_hardware": self.devices} if self.devices else {}),
+                **(extra or {}),
+            }
+        )
 
     def resume(self, planned: int) -> list[ProbeRecord]:
         """Continue a run directory: the probes its store holds count as done and are not rerun.
@@ -342,12 +399,16 @@ class Session:
             if p.probe_id in records:
                 continue
             own, device = p.recipe or recipe, self.device_of(p.cell.hardware)
-            spec = probe_spec(own, p, self.plan_for(own), device, self.steps, self.most, self.threads(own, p),
-                              self.replay_failed_only)
+            spec = probe_spec(
+                own, p, self.plan_for(own), device, self.steps, self.most, self.threads(own, p), self.replay_failed_only
+            )
             ranks = own.world_size if p.cell.parallel_row.wrapper else 1
-            unsupported = (p.unsupported or spec.plan.refuses.get(p.cell.attention.implementation)
-                           or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
-                           or parallel_support(p.cell, own.world_size, own.batch_size, self._job_device(device, ranks)))
+            unsupported = (
+                p.unsupported
+                or spec.plan.refuses.get(p.cell.attention.implementation)
+                or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
+                or parallel_support(p.cell, own.world_size, own.batch_size, self._job_device(device, ranks))
+            )
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
                 continue
@@ -355,10 +416,16 @@ class Session:
             hit = self.cache.lookup(fingerprint) if self.cache else None
             if hit:
                 cached, run_dir = hit
-                records[p.probe_id] = self._keep(cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint))
+                records[p.probe_id] = self._keep(
+                    cached.reused(p.probe_id, run_dir, overrides=p.overrides, fingerprint=fingerprint)
+                )
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
-        if not self.executor.remote and self.device.get("device") == "cuda" and any(t.spec.cell.parallel_row.wrapper for t in tasks):
+        if (
+            not self.executor.remote
+            and self.device.get("device") == "cuda"
+            and any(t.spec.cell.parallel_row.wrapper for t in tasks)
+        ):
             self.runner.limit = 1  # a parallel probe takes GPUs 0..W-1 (child/launch.py): one at a time
         for r in self.runner.run(tasks, on_record=self._measured, on_wait=self.heartbeat):
             records[r.probe_id] = r
@@ -370,12 +437,20 @@ class Session:
         """Run probes for their timing alone, in the given order, one at a time on the first slot (so that
         none competes with another), `steps` steps each: never cached, never in results.jsonl; the
         caller keeps what it needs. Their folders sit under retime/, apart from the run's probes."""
-        tasks = [ProbeTask(probe_spec(recipe, p, self.plan, self.device_of(p.cell.hardware), steps, self.most, self.threads(recipe, p)),
-                           recipe.timeout_s)
-                 for p in probes]
+        tasks = [
+            ProbeTask(
+                probe_spec(
+                    recipe, p, self.plan, self.device_of(p.cell.hardware), steps, self.most, self.threads(recipe, p)
+                ),
+                recipe.timeout_s,
+            )
+            for p in probes
+        ]
         limit, self.runner.limit = self.runner.limit, 1
         try:
-            records = {r.probe_id: r for r in self.runner.run(tasks, on_wait=self.heartbeat, keep=False, under="retime")}
+            records = {
+                r.probe_id: r for r in self.runner.run(tasks, on_wait=self.heartbeat, keep=False, under="retime")
+            }
         finally:
             self.runner.limit = limit
         return [records[t.probe_id] for t in tasks]

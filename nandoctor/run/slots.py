@@ -11,9 +11,9 @@ Messages: {"ready": pid, "threads": n}, {"started": pid}, {"exited": pid, "retur
 
 `packed_jobs` decides how many probes share a GPU host at once.
 """
+
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -59,8 +59,11 @@ def inductor_cache_env() -> dict:
     """Every probe of a run, and later runs, share inductor's FX-graph and autotune caches under the
     nandoctor cache directory, so that a compiled cell pays its compile once (names from
     torch/_inductor/config.py, torch/_functorch/config.py and torch/_inductor/runtime/cache_dir_utils.py)."""
-    return {"TORCHINDUCTOR_CACHE_DIR": str(default_cache_dir() / "inductor"),
-            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1", "TORCHINDUCTOR_AUTOGRAD_CACHE": "1"}
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(default_cache_dir() / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+    }
 
 
 def probe_env(gpu: int | None) -> dict:
@@ -108,13 +111,19 @@ class ColdSlot:
 
     def launch(self, spec: Path, result: Path, log: Path) -> None:
         with open(log, "wb") as out:
-            proc = subprocess.Popen(child_command(spec, result),
-                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=probe_env(self.gpu), start_new_session=True)
+            proc = subprocess.Popen(
+                child_command(spec, result),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=probe_env(self.gpu),
+                start_new_session=True,
+            )
         self.pid = proc.pid
 
         def wait():
             self.events.put((self.index, self.generation, {"exited": proc.pid, "returncode": proc.wait()}))
+
         threading.Thread(target=wait, daemon=True).start()
 
     def kill_probe(self) -> None:
@@ -144,8 +153,14 @@ class WarmSlot:
         self.generation += 1
         self.ready, self.pid = False, None
         # the worker is in the runner's process group (Ctrl-C reaches it); each probe gets its own
-        self.worker = subprocess.Popen([sys.executable, "-m", "nandoctor.child.worker"], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, env=probe_env(self.gpu), text=True, bufsize=1)
+        self.worker = subprocess.Popen(
+            [sys.executable, "-m", "nandoctor.child.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=probe_env(self.gpu),
+            text=True,
+            bufsize=1,
+        )
         threading.Thread(target=self._read, args=(self.worker, self.generation), daemon=True).start()
         for command in self.preloads:
             self._send(command)

@@ -1,5 +1,6 @@
 """The results store of one run directory: run.json (what was asked) and results.jsonl (one probe
 record per line, appended and fsynced as each probe finishes, so an interrupted run loses nothing)."""
+
 from __future__ import annotations
 
 import os
@@ -88,9 +89,14 @@ class ResultsStore:
     def meta(self) -> dict:
         path = self.dir / RUN_FILE
         if self.dir.exists() and not self.dir.is_dir():
-            raise NandoctorError(f"{str(self.dir)!r} is a file, not a run directory; pass the directory a run wrote, e.g. reports/<run-id>")
+            raise NandoctorError(
+                f"{str(self.dir)!r} is a file, not a run directory; "
+                "pass the directory a run wrote, e.g. reports/<run-id>"
+            )
         if not self.dir.is_dir():
-            raise NandoctorError(f"run directory {str(self.dir)!r} does not exist; pass the directory a run wrote, e.g. reports/<run-id>")
+            raise NandoctorError(
+                f"run directory {str(self.dir)!r} does not exist; pass the directory a run wrote, e.g. reports/<run-id>"
+            )
         try:
             return jsonio.loads(path.read_text())
         except FileNotFoundError:
