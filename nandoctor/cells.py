@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 
-from .errors import NandoctorError
+from .errors import NandoctorError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -585,7 +585,8 @@ def parse_axis_values(axis: str, values) -> list[str]:
     values, aliases resolved; returns the values as a list. Hardware values are the scheduler's names: only
     their spelling is checked here, the executor checks that they exist (config.hardware_of)."""
     if axis not in AXES and axis not in HARDWARE_AXES:
-        raise NandoctorError(f"unknown axis {axis!r}; valid axes: {', '.join((*AXES, *HARDWARE_AXES))}")
+        names = (*AXES, *HARDWARE_AXES)
+        raise NandoctorError(f"unknown axis {axis!r};{did_you_mean(axis, names)} valid axes: {', '.join(names)}")
     if isinstance(values, str):
         values = [v for v in values.split(",") if v]
     if axis in HARDWARE_AXES:
@@ -603,7 +604,10 @@ def parse_axis_values(axis: str, values) -> list[str]:
         if v not in AXES[axis]:
             aliases = ALIASES.get(axis)
             also = f" (or Lightning's {', '.join(aliases)})" if aliases else ""
-            raise NandoctorError(f"unknown {axis} value {v!r}; valid: {', '.join(AXES[axis])}{also}")
+            raise NandoctorError(
+                f"unknown {axis} value {v!r};{did_you_mean(v, (*AXES[axis], *(aliases or ())))} "
+                f"valid: {', '.join(AXES[axis])}{also}"
+            )
     return values
 
 

@@ -1,24 +1,30 @@
 """Typed configuration: the recipe tree, narrow dotted overrides, and the verdict thresholds.
 
-Foundation module: imports only errors and cells (what the axis values mean). Every other stage reads
-these frozen dataclasses; YAML files and CLI flags are only ways to fill them.
+Foundation module: imports only errors, cells (what the axis values mean) and typed (how a value takes its
+field's type). Every other stage reads these frozen dataclasses; YAML files and CLI flags are only ways to
+fill them, and both go through typed.typed_value, driven by the field annotations below.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .cells import GRAD_REDUCE_OPS, HARDWARE_AXES, LOAD_DTYPES, parse_axis_values
-from .errors import NandoctorError
+from .errors import NandoctorError, did_you_mean
+from .typed import field_types, typed_value
 
 ADAPTER_TYPES = ("none", "lora", "dora")
 DATA_SOURCES = ("synthetic", "file")
 PAD_POLICIES = ("dedicated", "eos", "id0")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SCALES = ("auto", "probe", "full")
+# how the loss of gradient_accumulation_steps micro-batches is averaged: per micro-batch then over the
+# steps, or over the supervised tokens of the whole step (transformers' num_items_in_batch)
+LOSS_NORMALIZATIONS = ("micro_batch", "tokens")
+GRADIENT_CHECKPOINTING = ("off", "reentrant", "non_reentrant")  # torch.utils.checkpoint's use_reentrant
 
 
 @dataclass(frozen=True)
@@ -36,14 +42,16 @@ class AdapterConfig:
     type: str = "none"
     r: int = 8
     alpha: int = 16
-    target_modules: tuple = ("q_proj", "v_proj")
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
     dropout: float = 0.0
+    modules_to_save: tuple[str, ...] = ()  # peft: modules trained in full beside the adapter, e.g. lm_head
+    autocast_adapter_dtype: bool = True  # peft: adapter weights in fp32 under a bf16/fp16 base (its default)
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
     lr: float = 1e-3
-    betas: tuple = (0.9, 0.999)
+    betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
 
@@ -86,6 +94,9 @@ class Recipe:
     grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
     batch_size: int = 4
     seq_len: int = 64
+    gradient_accumulation_steps: int = 1  # micro-batches of batch_size rows per optimizer step
+    loss_normalization: str = "tokens"  # LOSS_NORMALIZATIONS
+    gradient_checkpointing: str = "off"  # GRADIENT_CHECKPOINTING
     steps: int = 24
     seed: int = 0
     timeout_s: float = 600.0  # the timed steps' budget, counted from the end of the build
@@ -116,10 +127,15 @@ class Recipe:
             ("model.scale", self.model.scale, SCALES),
             ("fp8.amax_compute_algo", self.fp8.amax_compute_algo, AMAX_COMPUTE_ALGOS),
             ("grad_reduce", self.grad_reduce, GRAD_REDUCE_OPS),
+            ("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS),
+            ("gradient_checkpointing", self.gradient_checkpointing, GRADIENT_CHECKPOINTING),
         ]
         for key, value, valid in checks:
             if value not in valid:
-                raise NandoctorError(f"recipe {self.name!r}: {key}={value!r} is not valid; valid: {', '.join(valid)}")
+                raise NandoctorError(
+                    f"recipe {self.name!r}: {key}={value!r} is not valid;{did_you_mean(value, valid)} "
+                    f"valid: {', '.join(valid)}"
+                )
         positive = {
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
@@ -131,6 +147,7 @@ class Recipe:
             "data.batches": self.data.batches,
             "fp8.amax_history_len": self.fp8.amax_history_len,
             "world_size": self.world_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
         }
         for key, value in positive.items():
             if not value > 0:
@@ -152,32 +169,6 @@ class Recipe:
         return self
 
 
-def _coerce(key: str, text, current):
-    """Type a value like the default it replaces (nanoGPT configurator style)."""
-    if not isinstance(text, str):
-        return text
-    if isinstance(current, bool):
-        if text.lower() in ("true", "1", "yes"):
-            return True
-        if text.lower() in ("false", "0", "no"):
-            return False
-        raise NandoctorError(f"{key}: expected true or false, got {text!r}")
-    try:
-        if isinstance(current, int):
-            return int(text)
-        if isinstance(current, float):
-            return float(text)
-        if isinstance(current, tuple):
-            return tuple(json.loads(text)) if text.startswith("[") else tuple(x for x in text.split(",") if x)
-        if isinstance(current, dict):
-            return json.loads(text)
-    except ValueError:
-        raise NandoctorError(f"{key}: cannot read {text!r} as {type(current).__name__}") from None
-    if current is None and text.lower() in ("none", "null"):
-        return None
-    return text
-
-
 def dotted_fields(obj=None, prefix: str = "") -> list[str]:
     """Every settable dotted path of a Recipe ('optimizer.eps', 'grad_clip', ...)."""
     obj = obj if obj is not None else Recipe()
@@ -195,76 +186,65 @@ def get_field(recipe: Recipe, key: str):
     obj = recipe
     for part in key.split("."):
         if not dataclasses.is_dataclass(obj) or not any(f.name == part for f in dataclasses.fields(obj)):
-            raise NandoctorError(f"unknown recipe field {key!r}; valid: {', '.join(dotted_fields())}")
+            valid = dotted_fields()
+            raise NandoctorError(f"unknown recipe field {key!r};{did_you_mean(key, valid)} valid: {', '.join(valid)}")
         obj = getattr(obj, part)
     return obj
 
 
+@functools.cache
+def _hints(cls) -> dict:
+    return field_types(cls)
+
+
 def set_field(recipe: Recipe, key: str, value) -> Recipe:
-    """Return a copy of recipe with the dotted field set, typed like its current value."""
+    """A copy of recipe with the dotted field set. value: typed data, or the text of a `--set KEY=VALUE`
+    (read as YAML); either is typed by the field's annotation (typed.typed_value). An unknown key or a
+    value of the wrong type is one NandoctorError naming the field."""
     current = get_field(recipe, key)
     if dataclasses.is_dataclass(current):
         raise NandoctorError(
             f"{key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(current)[0].name}"
         )
-    head, _, rest = key.partition(".")
-    if not rest:
-        return dataclasses.replace(recipe, **{head: _coerce(key, value, current)})
-    return dataclasses.replace(recipe, **{head: _set_nested(getattr(recipe, head), rest, key, value)})
+    return _set_at(recipe, key.split("."), key, value)
 
 
-def _set_nested(obj, rest: str, key: str, value):
-    head, _, tail = rest.partition(".")
-    if not tail:
-        return dataclasses.replace(obj, **{head: _coerce(key, value, getattr(obj, head))})
-    return dataclasses.replace(obj, **{head: _set_nested(getattr(obj, head), tail, key, value)})
+def _set_at(obj, parts: list[str], key: str, value):
+    head, rest = parts[0], parts[1:]
+    if rest:
+        return dataclasses.replace(obj, **{head: _set_at(getattr(obj, head), rest, key, value)})
+    typed = typed_value(key, value, _hints(type(obj))[head], text=isinstance(value, str))
+    return dataclasses.replace(obj, **{head: typed})
 
 
 def recipe_from_dict(data: dict, name: str) -> Recipe:
-    """Build a Recipe from plain data (YAML), rejecting unknown keys with the list of valid ones."""
+    """Build a Recipe from plain data (a YAML file, run.json), each value typed by its field's annotation;
+    an unknown key (with the closest valid one) or a value of the wrong type is one NandoctorError."""
     if not isinstance(data, dict):
         raise NandoctorError(f"recipe {name!r}: expected a mapping at the top level")
     return _build(Recipe, {"name": name, **data}, name, "").validate()
 
 
 def _build(cls, data: dict, name: str, prefix: str):
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    defaults = cls()
+    hints = _hints(cls)
     kwargs = {}
     for key, value in data.items():
-        if key not in fields:
+        if key not in hints:
+            valid = [prefix + k for k in hints]
             raise NandoctorError(
-                f"recipe {name!r}: unknown key {prefix + key!r}; valid: {', '.join(prefix + k for k in fields)}"
+                f"recipe {name!r}: unknown key {prefix + key!r};{did_you_mean(prefix + key, valid)} "
+                f"valid: {', '.join(valid)}"
             )
-        default = getattr(defaults, key)
-        if dataclasses.is_dataclass(default):
+        if dataclasses.is_dataclass(hints[key]):
             if not isinstance(value, dict):
                 raise NandoctorError(f"recipe {name!r}: {prefix + key} must be a mapping")
-            kwargs[key] = _build(type(default), value, name, prefix + key + ".")
-        else:
-            kwargs[key] = _typed(name, prefix + key, value, default)
-    return cls(**kwargs)
-
-
-def _typed(name: str, key: str, value, default):
-    if isinstance(default, tuple) and isinstance(value, list):
-        return tuple(value)
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise NandoctorError(f"recipe {name!r}: {key} must be true or false, got {value!r}")
-    if isinstance(default, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(default, float) and isinstance(value, str):
+            kwargs[key] = _build(hints[key], value, name, prefix + key + ".")
+            continue
         try:
-            return float(value)  # YAML reads 1e-8 as a string
-        except ValueError:
-            raise NandoctorError(f"recipe {name!r}: {key} must be a number, got {value!r}") from None
-    if (
-        default is not None
-        and not isinstance(value, type(default))
-        and not (isinstance(default, dict) and value is None)
-    ):
-        raise NandoctorError(f"recipe {name!r}: {key} must be {type(default).__name__}, got {value!r}")
-    return value
+            kwargs[key] = typed_value(prefix + key, value, hints[key])
+        except NandoctorError as e:
+            raise NandoctorError(f"recipe {name!r}: {e}") from None
+    return cls(**kwargs)
 
 
 def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
@@ -469,6 +449,8 @@ def executor_config(kind: str | None, items: list[str] | tuple = ()) -> Executor
             options[key] = valid[key](value.strip())
         except ValueError:
             raise NandoctorError(f"bad --executor-opt {item!r}: {key} takes a {valid[key].__name__}") from None
+        if key == "retries" and options[key] < 0:
+            raise NandoctorError(f"bad --executor-opt {item!r}: retries must be >= 0 (0: never place a probe again)")
         if valid[key] in (int, float) and options[key] <= 0 and key != "retries":
             raise NandoctorError(f"bad --executor-opt {item!r}: {key} must be > 0")
     return ExecutorConfig(kind, options)

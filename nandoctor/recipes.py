@@ -12,6 +12,7 @@ import yaml
 
 from .config import Recipe, recipe_from_dict
 from .errors import NandoctorError
+from .typed import load_yaml
 
 RECIPE_DIRS = (
     Path(__file__).resolve().parent.parent / "recipes",  # a source checkout or an editable install
@@ -57,7 +58,7 @@ def _read_yaml(path: Path) -> dict:
             "a recipe is a YAML file, e.g. recipes/tiny-llama.yaml"
         ) from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)  # YAML 1.2 core: `off` is a string, 1e-8 a number
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

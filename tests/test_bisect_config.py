@@ -95,3 +95,9 @@ def test_timeouts_ooms_and_kills_are_unresolved_unless_the_user_hunts_them():
         False,
     ]
     assert resolved("timeout", ("timeout",)) and not resolved("oom", ("timeout",))
+
+
+def test_a_list_valued_factor_is_typed_by_its_field():
+    good, bad = parse_configurations(Recipe(), CPU, None, "dtype=bf16-amp,optimizer.betas=0.9,0.95", [])
+    assert good["optimizer.betas"] == (0.9, 0.999) and bad["optimizer.betas"] == (0.9, 0.95)
+    assert all(type(b) is float for b in bad["optimizer.betas"])

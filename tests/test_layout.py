@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nandoctor"
-FOUNDATION = {"nandoctor.errors", "nandoctor.cells", "nandoctor.config", "nandoctor.record", "nandoctor.env"}
+FOUNDATION = {
+    "nandoctor.errors",
+    "nandoctor.typed",
+    "nandoctor.cells",
+    "nandoctor.config",
+    "nandoctor.record",
+    "nandoctor.env",
+}
 # what each part may never import: later stages, and across the process boundary
 FORBIDDEN = {
     "nandoctor.child": (

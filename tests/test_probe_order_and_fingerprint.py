@@ -1,6 +1,7 @@
 """Pure logic of fast probes: grid order, fingerprints, the store's repair of a cut-off line."""
 
 import json
+import os
 
 from nandoctor.cells import REFERENCE_CELL, Cell
 from nandoctor.config import Recipe
@@ -106,3 +107,67 @@ def test_recipe_round_trips_through_run_json_for_resume():
     recipe = resolve_model(None)
     data = json.loads(json.dumps(recipe_to_dict(recipe)))  # as run.json holds it: tuples became lists
     assert recipe_from_dict({k: v for k, v in data.items() if k != "name"}, data["name"]) == recipe
+
+
+def data_spec(**data) -> dict:
+    return {**SPEC, "recipe": {**SPEC["recipe"], "data": {"source": "file", **data}}}
+
+
+def test_editing_the_data_file_in_place_invalidates_its_cache_entry(tmp_path):
+    from nandoctor.run.cache import ProbeCache
+
+    rows = tmp_path / "rows.txt"
+    rows.write_text("the first version of the data\n")
+    before = probe_fingerprint(data_spec(path=str(rows)), {}, ENV)
+    stat = rows.stat()
+    rows.write_text("the other version of the data\n")  # same size
+    os.utime(rows, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the same time, as a copy that keeps it
+    assert rows.stat().st_size == stat.st_size
+    after = probe_fingerprint(data_spec(path=str(rows)), {}, ENV)
+    assert after != before
+    cache = ProbeCache(tmp_path / "cache")
+    cache.add(ProbeRecord("fp32/sdpa/off", Cell(), "ok", fingerprint=before), tmp_path / "run")
+    assert cache.lookup(before) is not None and cache.lookup(after) is None
+
+
+def test_a_data_directory_is_fingerprinted_by_its_files_names_and_contents(tmp_path):
+    tok = tmp_path / "tok"
+    (tok / "sub").mkdir(parents=True)
+    (tok / "tokenizer.json").write_text('{"model": "a"}')
+    (tok / "sub" / "extra.txt").write_text("x")
+
+    def fingerprint():
+        return probe_fingerprint(data_spec(path=None, tokenizer=str(tok)), {}, ENV)
+
+    first = fingerprint()
+    assert fingerprint() == first
+    (tok / "tokenizer.json").write_text('{"model": "b"}')
+    edited = fingerprint()
+    (tok / "sub" / "extra.txt").rename(tok / "sub" / "renamed.txt")
+    assert len({first, edited, fingerprint()}) == 3
+
+
+def test_another_nandoctor_version_invalidates_every_cache_entry(monkeypatch):
+    import nandoctor
+
+    before = probe_fingerprint(SPEC, {}, ENV)
+    monkeypatch.setattr(nandoctor, "__version__", "99.0.0")
+    assert probe_fingerprint(SPEC, {}, ENV) != before
+
+
+def recipe_with(key=None, value=None) -> dict:
+    from nandoctor.config import recipe_to_dict, set_field
+
+    return recipe_to_dict(set_field(Recipe(), key, value) if key else Recipe())
+
+
+def test_the_new_training_fields_change_the_fingerprint():
+    base = probe_fingerprint({**SPEC, "recipe": recipe_with()}, {}, ENV)
+    for key, value in [
+        ("gradient_accumulation_steps", "2"),
+        ("loss_normalization", "micro_batch"),
+        ("gradient_checkpointing", "reentrant"),
+        ("adapter.modules_to_save", "[lm_head]"),
+        ("adapter.autocast_adapter_dtype", "false"),
+    ]:
+        assert probe_fingerprint({**SPEC, "recipe": recipe_with(key, value)}, {}, ENV) != base, key

@@ -103,3 +103,23 @@ def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli)
     changed = cli("grid", *one, "--set", "optimizer.lr=2e-3", "--out", tmp_path / "changed", env=env)
     assert changed.returncode == 0, changed.stdout + changed.stderr
     assert "cache: 0 probe(s) reused" in changed.stdout
+
+
+@pytest.mark.slow
+def test_cache_reruns_a_probe_whose_data_file_was_edited(tmp_path, cli):
+    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    rows = tmp_path / "rows.txt"
+    rows.write_text("the first version of the training text, long enough for a row. " * 4)
+    one = (
+        *("--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3", "--cache"),
+        *("--set", "data.source=file", "--set", f"data.path={rows}", "--set", "retime_rounds=0"),
+    )
+    first = cli("grid", *one, "--out", tmp_path / "first", env=env)
+    assert first.returncode == 0 and "cache: 0 probe(s) reused" in first.stdout, first.stdout + first.stderr
+    again = cli("grid", *one, "--out", tmp_path / "again", env=env)
+    assert "cache: 1 probe(s) reused" in again.stdout, again.stdout + again.stderr
+
+    rows.write_text(rows.read_text().replace("first", "other"))  # same size
+    edited = cli("grid", *one, "--out", tmp_path / "edited", env=env)
+    assert edited.returncode == 0, edited.stdout + edited.stderr
+    assert "cache: 0 probe(s) reused" in edited.stdout

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from ..analysis.verdicts import FAIL_ON
-from ..errors import NandoctorError
 from .common import (
     MODEL_FLAGS,
     add_executor_args,
+    add_jobs_arg,
     add_model_args,
     examples,
     executor_from_args,
@@ -52,7 +52,7 @@ def register(sub) -> None:
     )
     p.add_argument("--reruns", type=int, help="identical reruns of every decisive probe (default 1)")
     p.add_argument("--data-seeds", type=int, help="also rerun decisive probes on K other seeds (default 0)")
-    p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    add_jobs_arg(p)
     p.add_argument(
         "--resume",
         metavar="DIR",
@@ -71,7 +71,7 @@ def register(sub) -> None:
 def model_flags(args) -> list[str]:
     """The flags that name the model and recipe, for the recommended command line."""
     flags = []
-    for name in ("model", "recipe", "scale"):
+    for name in ("model", "recipe", "scale", "data", "tokenizer"):
         if getattr(args, name):
             flags += [f"--{name}", str(getattr(args, name))]
     for item in args.set:
@@ -80,8 +80,6 @@ def model_flags(args) -> list[str]:
 
 
 def run(args) -> int:
-    if args.jobs is not None and args.jobs <= 0:
-        raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     executor = executor_from_args(args)
     # imported here, not at the top: they pull in pandas, which `nandoctor --help` need not pay for
     from ..bisect.oracle import resume_bisect, run_bisect

@@ -5,13 +5,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..api import Listener
 from ..config import EXECUTOR_OPTIONS, SCALES, ExecutorConfig, Recipe, executor_config, set_field
 from ..errors import NandoctorError
 from ..recipes import executor_section, resolve_model
 
-MODEL_FLAGS = ("model", "recipe", "steps", "scale", "set", "trust_remote_code", "out", "world_size")
+MODEL_FLAGS = (
+    "model",
+    "recipe",
+    "steps",
+    "scale",
+    "set",
+    "trust_remote_code",
+    "out",
+    "world_size",
+    "data",
+    "tokenizer",
+)
 
 
 def examples(*commands: str) -> dict:
@@ -20,6 +32,39 @@ def examples(*commands: str) -> dict:
         "epilog": "examples:\n" + "\n".join(f"  {c}" for c in commands),
         "formatter_class": argparse.RawDescriptionHelpFormatter,
     }
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be > 0 (--jobs); a bad one is argparse's one-line usage error."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value {text!r}: expected a whole number > 0") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {number}")
+    return number
+
+
+def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        help="probes at once on this machine (default: on a GPU host as many as fit in the GPUs' memory, "
+        "at most one per 2 cores; 1 on a CPU)",
+    )
+
+
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="train the probes on this data file or directory (recipe fields data.path, data.source=file)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="a local tokenizer directory (recipe field data.tokenizer; default: the checkpoint's own)",
+    )
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -35,7 +80,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a recipe field, e.g. optimizer.eps=1e-4 (repeatable)",
+        help="override a recipe field, VALUE read as YAML: optimizer.eps=1e-4, optimizer.betas=[0.9,0.95] "
+        "(or 0.9,0.95), adapter.modules_to_save=[lm_head] (repeatable; docs/recipes.md)",
     )
     p.add_argument("--trust-remote-code", action="store_true", help="allow a local checkpoint's own modeling code")
     p.add_argument("--out", help="run directory, new or empty (default: reports/<run-id>)")
@@ -45,6 +91,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help="ranks of each parallel probe (the `parallel` axis; recipe field world_size, default 2)",
     )
+    add_data_args(p)
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
@@ -81,22 +128,41 @@ def executor_from_args(args) -> ExecutorConfig:
 
 
 def recipe_from_args(args) -> Recipe:
+    """The recipe of --model / --recipe with --set and the flags that name a recipe field applied, validated."""
     recipe = resolve_model(args.model, args.recipe)
-    overrides = list(args.set)
-    if args.scale:
-        overrides.append(f"model.scale={args.scale}")
-    if args.trust_remote_code:
-        overrides.append("model.trust_remote_code=true")
-    if args.world_size is not None:
-        overrides.append(f"world_size={args.world_size}")
-    for item in overrides:
+    for item in args.set:
         key, sep, value = item.partition("=")
         if not sep:
             raise NandoctorError(f"bad --set {item!r}: expected KEY=VALUE, e.g. optimizer.eps=1e-4")
-        recipe = set_field(recipe, key.strip(), value.strip())
+        try:
+            recipe = set_field(recipe, key.strip(), value.strip())
+        except NandoctorError as e:
+            raise NandoctorError(f"--set {item}: {e}") from None
+    for flag, key, value in field_flags(args):
+        try:
+            recipe = set_field(recipe, key, value)
+        except NandoctorError as e:
+            raise NandoctorError(f"{flag}: {e}") from None
     if args.steps is not None and args.steps <= 0:
         raise NandoctorError(f"--steps must be > 0, got {args.steps}")
     return recipe.validate()
+
+
+def field_flags(args) -> list[tuple[str, str, object]]:
+    """(flag, recipe field, typed value) of each flag given that sets a recipe field; applied after --set."""
+    out = []
+    if args.scale:
+        out.append(("--scale", "model.scale", args.scale))
+    if args.trust_remote_code:
+        out.append(("--trust-remote-code", "model.trust_remote_code", True))
+    if args.world_size is not None:
+        out.append(("--world-size", "world_size", args.world_size))
+    if getattr(args, "data", None):
+        path = str(Path(args.data).expanduser().resolve())  # a probe's working directory is not the user's
+        out += [("--data", "data.source", "file"), ("--data", "data.path", path)]
+    if getattr(args, "tokenizer", None):
+        out.append(("--tokenizer", "data.tokenizer", str(Path(args.tokenizer).expanduser().resolve())))
+    return out
 
 
 def _given(value) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..cells import AXES, parse_axis_flag, parse_axis_values
 from ..doctor import exit_code, run_doctor
-from .common import examples, recipe_from_args
+from .common import add_data_args, examples, recipe_from_args
 
 
 def register(sub) -> None:
@@ -32,7 +32,7 @@ def register(sub) -> None:
         help="an accelerate config YAML (as `accelerate config` writes it): lints its "
         "mixed_precision, distributed_type (DDP, FSDP and its reduce dtype) and dynamo backend",
     )
-    p.add_argument("--tokenizer", help="a local tokenizer directory (default: the checkpoint's own, when it has one)")
+    add_data_args(p)
     p.add_argument(
         "--attn",
         default="sdpa",
@@ -46,7 +46,7 @@ def register(sub) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a recipe field, e.g. model.dtype_on_load=bf16",
+        help="override a recipe field, VALUE read as YAML, e.g. model.dtype_on_load=bf16 (repeatable)",
     )
     p.set_defaults(func=run, steps=None, scale=None, trust_remote_code=False, world_size=None)
 
@@ -58,7 +58,7 @@ def run(args) -> int:
     )  # the report package loads pandas: not for --help
 
     parse_axis_values("attn", [args.attn])
-    linted = args.model or args.recipe or args.set
+    linted = args.model or args.recipe or args.set or args.data
     recipe = recipe_from_args(args) if linted or args.trainer_args or args.accelerate_config else None
     report = run_doctor(
         recipe,

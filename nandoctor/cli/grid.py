@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from ..api import resume_grid, run_grid
 from ..cells import parse_axis_flag
-from ..errors import NandoctorError
 from ..run.cache import ProbeCache, default_cache_dir
 from .common import (
     MODEL_FLAGS,
     add_executor_args,
+    add_jobs_arg,
     add_model_args,
     examples,
     executor_from_args,
@@ -39,7 +39,7 @@ def register(sub) -> None:
         help="choose an axis' values: dtype, attn, compile, optimizer or parallel (repeatable); "
         "opt-in values such as dtype=fp8-rowwise, optimizer=ao-adamw8bit or parallel=fsdp2 are probed only when named",
     )
-    p.add_argument("--jobs", type=int, help="probes at once (default: number of GPUs, or 1 on CPU)")
+    add_jobs_arg(p)
     p.add_argument(
         "--resume",
         metavar="DIR",
@@ -73,8 +73,6 @@ def progress(*args) -> None:
 
 
 def run(args) -> int:
-    if args.jobs is not None and args.jobs <= 0:
-        raise NandoctorError(f"--jobs must be > 0, got {args.jobs}")
     cache = ProbeCache() if args.cache else None
     executor = executor_from_args(args)
     hear = listener(progress)
