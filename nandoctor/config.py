@@ -62,6 +62,7 @@ class DataConfig:
     path: str | None = None  # for source=file: a local text file, encoded as bytes
     batches: int = 4  # distinct batches the stream cycles through
     pad_fraction: float = 0.0  # fraction of each sequence's tail that is padding
+    tokenizer: str | None = None  # a local tokenizer directory (--tokenizer); never downloaded
 
 
 @dataclass(frozen=True)
