@@ -6,7 +6,9 @@ from pathlib import Path
 import torch
 from training_runs import tiny_llama
 
-from nandoctor.integrations.watch import Cell, LiveRun, Watch, autocast_of, recipe_of
+from nandoctor.cells import Cell
+from nandoctor.integrations.live import autocast_of, recipe_of
+from nandoctor.integrations.watch import LiveRun, Watch
 
 INF = float("inf")
 

@@ -17,7 +17,10 @@ from types import SimpleNamespace
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from .watch import ALIASES, PRECISIONS, Cell, LiveRun, NandoctorError, Watch, guarded, local, recipe_of
+from ..cells import ALIASES, PRECISIONS, Cell
+from ..errors import NandoctorError
+from .live import LiveRun, local, recipe_of
+from .watch import Watch, guarded
 
 
 def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: str | None = None) -> Cell:

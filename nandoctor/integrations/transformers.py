@@ -14,7 +14,10 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .watch import PRECISIONS, Cell, LiveRun, Watch, autocast_of, guarded, local, recipe_of, trainer_cell
+from ..cells import PRECISIONS, Cell
+from ..knowledge.facts import trainer_cell
+from .live import LiveRun, autocast_of, local, recipe_of
+from .watch import Watch, guarded
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
 # stays in fp32 (accelerate/accelerator.py: native_amp is set for fp16 when device.type != "cpu"),

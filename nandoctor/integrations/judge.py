@@ -1,0 +1,169 @@
+"""The probes' rules judging a live run: the setup check before any step (can this device run the
+cell; the knowledge rules that fire on the setup), the step-0 checks of `nandoctor check` on the first
+judged step (with its activation and gradient headroom, from hooks on every module), then the probes'
+verdict rules (nonfinite, zero-loss, spike, divergence) on the curve so far at every judged step.
+
+A failed check warns, or under strict=True raises `CheckFailed`; a run that does not learn is a
+warning (once), unless strict, since it may still start learning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from ..analysis.forensics import headroom
+from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, numeric_verdict
+from ..capabilities import cell_support
+from ..child.hooks import ModuleWatch
+from ..config import THRESHOLDS
+from ..errors import NandoctorError
+from ..knowledge import evaluate, finding
+from ..knowledge.facts import env_facts, setup_facts
+from ..record import ProbeRecord, Step
+from .live import LiveRun
+
+
+class CheckFailed(NandoctorError):
+    """A check failed under strict=True: the one exception a callback lets into the user's run."""
+
+
+def check_line(name: str, passed: bool, detail: str) -> str:
+    return f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}"
+
+
+def headroom_checks(forensics: dict, events: list[dict], scale: float | None = None) -> list[tuple[str, bool, str]]:
+    """Activation and gradient headroom of step 0 in the compute dtype: its largest finite value over
+    the largest |value| seen, at the tightest module; where a value overflowed, the first module that did.
+    With a GradScaler (`scale`, the loss scale step 0 ran at) the hooks see loss-scaled gradients: their
+    overflow is the scaler's calibration (it skips the step and halves the scale), not a failure; the
+    check on skipped steps judges whether they would overflow even unscaled."""
+    rows, dtype = headroom(forensics), forensics["compute_dtype"]
+    out = []
+    for kind, phase in (("activation", "forward"), ("gradient", "backward")):
+        name = f"{kind} headroom in {dtype}"
+        first = next((e for e in events if e["phase"] == phase), None)
+        seen = [r for r in rows if r[f"{kind}_headroom"] is not None]
+        scaled = scale is not None and phase == "backward"
+        if first:
+            where = f"overflowed first at {first['module']} ({first['tensor']} abs-max {first['stats']['absmax']:.4g})"
+            out.append(
+                (
+                    name,
+                    scaled,
+                    f"{where} at loss scale {scale:g}: the GradScaler skips the step and halves its scale"
+                    if scaled
+                    else where,
+                )
+            )
+        elif seen:
+            r = min(seen, key=lambda r: r[f"{kind}_headroom"])
+            out.append(
+                (
+                    name,
+                    r[f"{kind}_headroom"] > 1,
+                    f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g}"
+                    f"{f', loss-scaled by {scale:g}' if scaled else ''})",
+                )
+            )
+    return out
+
+
+class Judge:
+    """The probes' rules on one live run's steps. strict: a failed setup or step-0 check raises
+    CheckFailed instead of warning, and a run that does not learn fails."""
+
+    def __init__(self, strict: bool = False):
+        self.strict = strict
+        self.run: LiveRun | None = None
+        self.steps: list[Step] = []  # the judged steps
+        self.step0: ModuleWatch | None = None  # hooks on every module until the first judged step
+        self.warned: set[str] = set()  # the warnings given once per run (no-learning)
+
+    def setup(self, run: LiveRun, device: dict) -> list[dict]:
+        """The setup check of `run` on `device` (env.collect_summary() facts), before any step; then hooks
+        that measure step 0's headroom. Returns the knowledge rules' findings on the setup."""
+        self.run = run
+        findings = [
+            finding(r, [run.cell.id])
+            for r in evaluate(
+                {**env_facts(device), **setup_facts(run.recipe, run.cell, run.model.config, run.trainer_args)}
+            )
+            if r.id not in run.moot_rules
+        ]
+        unsupported = cell_support(run.cell, device)
+        checks = (
+            check_results(
+                ProbeRecord(run.cell.id, run.cell, "unsupported", reason=unsupported), run.vocab, run.random_init
+            )
+            if unsupported
+            else []
+        )
+        checks += [
+            (f"known issue {f['id']}", f["severity"] != "error", f"{f['title']}. Fix: {f['fix']}") for f in findings
+        ]
+        self._verdict_on(checks, "setup")
+        self.step0 = ModuleWatch(run.model)
+        return findings
+
+    @property
+    def at_step0(self) -> bool:
+        """No step judged yet: the next judged step is the step-0 check."""
+        return self.step0 is not None
+
+    def step(self, step: int, loss: float, grad_norm: float, scale: float | None) -> Verdict:
+        """Judge one step (its loss, pre-clip grad-norm and GradScaler scale, None without one) with the
+        curve so far; returns its Verdict."""
+        # a GradScaler skips exactly the steps whose gradients hold inf/nan: calibration, judged by unrecoverable_at
+        record = Step(step, loss, grad_norm, skipped=scale is not None and not math.isfinite(grad_norm), scale=scale)
+        self.steps.append(record)
+        if self.step0 is not None:
+            self._check_step0(record)
+        verdict = numeric_verdict(self.steps, None, THRESHOLDS, since=len(self.steps) - 1)
+        if verdict.name == NO_LEARNING and not self.strict and NO_LEARNING not in self.warned:
+            self.warned.add(NO_LEARNING)
+            warnings.warn(
+                f"nandoctor: {NO_LEARNING} in {self.run.cell.id} ({self.run.framework} run) "
+                f"at step {verdict.step}: {verdict.reason}",
+                stacklevel=4,
+            )
+        return verdict
+
+    def stops(self, verdict: Verdict) -> bool:
+        """Does this verdict stop the run? Every failed one, but no-learning only under strict."""
+        return verdict.failed and (self.strict or verdict.name != NO_LEARNING)
+
+    def verdict(self) -> Verdict | None:
+        """The verdict of the whole curve judged so far; None before any step."""
+        return numeric_verdict(self.steps, None, THRESHOLDS) if self.steps else None
+
+    def unhook(self) -> None:
+        """Take the step-0 hooks off the model, if they are still on."""
+        step0, self.step0 = self.step0, None
+        if step0 is not None:
+            step0.remove()
+
+    def _check_step0(self, record: Step) -> None:
+        events = self.step0.end_step(record.step)
+        self.step0.remove()
+        f = {
+            "compute_dtype": self.run.cell.precision.compute,
+            "activation_absmax": self.step0.activation_absmax,
+            "gradient_absmax": self.step0.gradient_absmax,
+        }
+        self.step0 = None
+        checks = check_results(
+            ProbeRecord(self.run.cell.id, self.run.cell, steps=[record]), self.run.vocab, self.run.random_init
+        ) + headroom_checks(f, events, record.scale)
+        self._verdict_on(checks, f"step-{record.step}")
+
+    def _verdict_on(self, checks: list, what: str) -> None:
+        failed = [c for c in checks if not c[1]]
+        if not failed:
+            return
+        head = f"nandoctor: {what} check of {self.run.cell.id} ({self.run.framework} run) failed"
+        if self.strict:
+            raise CheckFailed(f"{head}: " + "; ".join(f"{n}: {d}" for n, _, d in failed))
+        if any(d.startswith(NO_LEARNING) for _, _, d in failed):
+            self.warned.add(NO_LEARNING)  # said here already: step() does not say it again
+        warnings.warn("\n".join([head] + [check_line(*c) for c in checks]), stacklevel=4)
