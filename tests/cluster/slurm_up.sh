@@ -28,9 +28,8 @@ if [ "${1:-}" = "--down" ]; then
     fi
     for name in slurmd slurmctld; do
         if running "$name"; then
-            pid=$(cat "$DIR/$name.pid")
-            kill "$pid"
-            for _ in $(seq 1 100); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+            kill "$(cat "$DIR/$name.pid")"
+            for _ in $(seq 1 100); do running "$name" || break; sleep 0.1; done  # a zombie's environ is empty
         fi
     done
     exit 0
