@@ -121,21 +121,23 @@ def nvml(monkeypatch):
     return install
 
 
-def visible(value: str | None) -> list[tuple]:
-    os.environ.pop("CUDA_VISIBLE_DEVICES", None) if value is None else os.environ.update(CUDA_VISIBLE_DEVICES=value)
+def visible(value: str | None, monkeypatch) -> list[tuple]:
+    if value is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)  # restored after the test
     return [(g["visible"], g["id"], g["index"], g["uuid"], g["mig"]) for g in get_visible_gpus()]
 
 
 def test_the_visible_list_maps_indices_uuids_and_mig_ids_to_nvml_devices(nvml, monkeypatch):
     nvml()
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # restored after the test
-    assert visible(None) == [(i, None, i, UUIDS[i], False) for i in range(4)]
-    assert visible("2,3") == [(0, "2", 2, UUIDS[2], False), (1, "3", 3, UUIDS[3], False)]
-    assert visible(f"{UUIDS[1]},0") == [(0, UUIDS[1], 1, UUIDS[1], False), (1, "0", 0, UUIDS[0], False)]
-    assert visible("GPU-cccc") == [(0, "GPU-cccc", 2, UUIDS[2], False)]  # a prefix naming one GPU
-    assert visible(MIGS[1]) == [(0, MIGS[1], 3, MIGS[1], True)]
-    assert visible("1,7,2") == [(0, "1", 1, UUIDS[1], False)]  # no GPU 7: CUDA's list ends there
-    assert visible("") == []
+    assert visible(None, monkeypatch) == [(i, None, i, UUIDS[i], False) for i in range(4)]
+    assert visible("2,3", monkeypatch) == [(0, "2", 2, UUIDS[2], False), (1, "3", 3, UUIDS[3], False)]
+    assert visible(f"{UUIDS[1]},0", monkeypatch) == [(0, UUIDS[1], 1, UUIDS[1], False), (1, "0", 0, UUIDS[0], False)]
+    assert visible("GPU-cccc", monkeypatch) == [(0, "GPU-cccc", 2, UUIDS[2], False)]  # a prefix naming one GPU
+    assert visible(MIGS[1], monkeypatch) == [(0, MIGS[1], 3, MIGS[1], True)]
+    assert visible("1,7,2", monkeypatch) == [(0, "1", 1, UUIDS[1], False)]  # no GPU 7: CUDA's list ends there
+    assert visible("", monkeypatch) == []
 
 
 def test_the_gpu_count_guess_is_the_number_of_visible_gpus_nvml_knows(nvml, monkeypatch):
