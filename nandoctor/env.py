@@ -14,6 +14,11 @@ import shutil
 import sys
 import time
 
+# Every probe process of one run carries its run directory in this variable (set by the scheduler): a
+# process whose environment holds the same value is the run's own, not another user's load.
+RUN_DIR_ENV = "NANDOCTOR_RUN_DIR"
+VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
 
 def get_version(dist: str) -> str | None:
     try:
@@ -75,23 +80,36 @@ def get_own_cpu_s() -> float:
 
 
 def get_gpu_load() -> list[dict] | None:
-    """Per visible GPU: NVML's utilisation (percent of its last sample period a kernel ran) and the
-    compute processes on it other than this one; None without NVML (nvidia-ml-py or the driver)."""
+    """Per GPU this process may use (get_visible_gpus: CUDA_VISIBLE_DEVICES mapped to NVML's devices; the
+    host's other GPUs are someone else's business): its index, UUID and visible position, NVML's
+    utilisation (percent of its last sample period a kernel ran; None where NVML does not measure it, a
+    MIG device), and the compute processes on it other than this one and this run's own (other_processes,
+    other_memory_bytes); None without NVML (nvidia-ml-py or the driver)."""
     try:
         import pynvml
 
         pynvml.nvmlInit()
     except Exception:  # ImportError, or NVMLError without a driver
         return None
+    run = os.environ.get(RUN_DIR_ENV)
     try:
         out = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            others = [p for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h) if p.pid != os.getpid()]
+        for gpu, h in _visible_handles(pynvml):
+            others = [
+                p
+                for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                if p.pid != os.getpid() and not (run and get_process_env(p.pid, RUN_DIR_ENV) == run)
+            ]
+            try:
+                util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+            except pynvml.NVMLError:
+                util = None
             out.append(
                 {
-                    "index": i,
-                    "util_percent": pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+                    "index": gpu["index"],
+                    "uuid": gpu["uuid"],
+                    "visible": gpu["visible"],
+                    "util_percent": util,
                     "other_processes": len(others),
                     "other_memory_bytes": sum(p.usedGpuMemory or 0 for p in others),
                 }
@@ -103,23 +121,70 @@ def get_gpu_load() -> list[dict] | None:
         pynvml.nvmlShutdown()
 
 
+def get_process_env(pid: int, name: str) -> str | None:
+    """The value of environment variable `name` in process `pid` as it started (/proc/PID/environ), or
+    None when it lacks it or its environment cannot be read (another user's process, one that ended,
+    a system without /proc)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            environ = f.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def get_run_cpu_s() -> dict | None:
+    """{(pid, start time): CPU seconds} of this run's other processes (RUN_DIR_ENV holding this process's
+    value, this process excluded); {} outside a run, None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    run = os.environ.get(RUN_DIR_ENV)
+    if not run:
+        return {}
+    out = {}
+    for pid in psutil.pids():
+        if pid == os.getpid() or get_process_env(pid, RUN_DIR_ENV) != run:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            with proc.oneshot():
+                t = proc.cpu_times()
+                out[(pid, proc.create_time())] = t.user + t.system
+        except psutil.Error:  # ended meanwhile
+            continue
+    return out
+
+
 def get_host_sample() -> dict:
-    """What host_load compares: wall clock, the host's and this process's CPU seconds."""
-    return {"wall": time.monotonic(), "busy_s": get_cpu_busy_s(), "own_s": get_own_cpu_s()}
+    """What host_load compares: wall clock, the host's, this process's and this run's other processes'
+    CPU seconds."""
+    return {"wall": time.monotonic(), "busy_s": get_cpu_busy_s(), "own_s": get_own_cpu_s(), "run_s": get_run_cpu_s()}
 
 
 def host_load(before: dict) -> dict:
     """Other processes' use of the host since `before` (a get_host_sample): the cores they kept busy on
-    average (None without psutil), the load averages now, and the GPUs' use by other processes."""
+    average (None without psutil), the load averages now, and the GPUs' use by other processes. This
+    run's own other processes (its sibling probes, RUN_DIR_ENV) are not "other": the cores they kept busy
+    are `run_cpu_cores`, apart. (A sibling that ended within the window took its CPU time with it: that
+    time stays in `other_cpu_cores`.)"""
     after = get_host_sample()
     wall = after["wall"] - before["wall"]
-    other = None
+    other = run = None
     if before["busy_s"] is not None and after["busy_s"] is not None and wall > 0:
-        other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"])) / wall)
+        run_s = sum(s - (before["run_s"] or {}).get(key, 0.0) for key, s in (after["run_s"] or {}).items())
+        other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"]) - run_s) / wall)
+        run = run_s / wall
     return {
         "wall_s": wall,
         "cpu_count": get_cpu_count(),
         "other_cpu_cores": other,
+        "run_cpu_cores": run,
         "loadavg": get_load_average(),
         "gpus": get_gpu_load(),
     }
@@ -199,18 +264,84 @@ def get_nvml() -> dict:
         pynvml.nvmlShutdown()
 
 
+def parse_visible_devices(value: str | None) -> list[str] | None:
+    """The devices a CUDA_VISIBLE_DEVICES value lets a process use, as it spells them (indices, GPU-<uuid>,
+    MIG-<uuid>), in its order: None when unset (every device); otherwise the entries CUDA reads, up to
+    the first that cannot name a device (so "", "-1" and "none" leave none, and "0,-1,1" only 0)."""
+    if value is None:
+        return None
+    entries = []
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not ((entry.isascii() and entry.isdigit()) or entry.startswith(("GPU-", "MIG-"))):
+            break
+        entries.append(entry)
+    return entries
+
+
+def get_visible_gpus() -> list[dict] | None:
+    """The GPUs this process may use (CUDA_VISIBLE_DEVICES), in the order CUDA numbers them, as NVML knows
+    them (NVML lists every GPU of the host and ignores the variable): [{"visible": CUDA's index here,
+    "id": the entry as spelled (None when the variable is unset), "index": NVML's index of the physical
+    GPU, "uuid", "name", "mig": whether it is a MIG device}]. An index names NVML's GPU of that index
+    (CUDA_DEVICE_ORDER=PCI_BUS_ID's order; CUDA's default orders the fastest first, the same order on a
+    host of one GPU model); a GPU- or MIG- identifier, or a prefix naming one device, names that device.
+    As CUDA does, the list ends at the first entry naming no device. None without NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # ImportError, or NVMLError without a driver
+        return None
+    try:
+        return [gpu for gpu, _ in _visible_handles(pynvml)]
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _visible_handles(pynvml) -> list[tuple[dict, object]]:
+    """get_visible_gpus's devices, each with its NVML handle; NVML initialised by the caller."""
+    devices = []  # every GPU, and every MIG device of a GPU in MIG mode
+    for i in range(pynvml.nvmlDeviceGetCount()):
+        h = pynvml.nvmlDeviceGetHandleByIndex(i)
+        name = _text(pynvml.nvmlDeviceGetName(h))
+        devices.append(({"index": i, "uuid": _text(pynvml.nvmlDeviceGetUUID(h)), "name": name, "mig": False}, h))
+        try:
+            mig_mode = pynvml.nvmlDeviceGetMigMode(h)[0]
+        except pynvml.NVMLError:  # not a MIG-capable GPU
+            mig_mode = 0
+        for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(h) if mig_mode else 0):
+            try:
+                m = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(h, j)
+            except pynvml.NVMLError:  # no MIG device in this slot
+                continue
+            devices.append(({"index": i, "uuid": _text(pynvml.nvmlDeviceGetUUID(m)), "name": name, "mig": True}, m))
+    entries = parse_visible_devices(os.environ.get(VISIBLE_DEVICES_ENV))
+    if entries is None:
+        return [
+            ({"visible": n, "id": None, **gpu}, h) for n, (gpu, h) in enumerate(d for d in devices if not d[0]["mig"])
+        ]
+    out = []
+    for entry in entries:
+        if entry.isdigit():
+            named = [d for d in devices if not d[0]["mig"] and d[0]["index"] == int(entry)]
+        else:
+            named = [d for d in devices if d[0]["uuid"].startswith(entry)]
+        if len(named) != 1:
+            break
+        gpu, h = named[0]
+        out.append(({"visible": len(out), "id": entry, **gpu}, h))
+    return out
+
+
 def get_gpu_count_guess() -> int:
-    """How many GPUs torch will see, read without importing torch (seconds of import): NVML's device
-    count, narrowed by CUDA_VISIBLE_DEVICES; 0 without NVML. A session starts its first warm worker
-    on this guess before it has the device facts, and starts it again if torch disagrees."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip() in ("", "-1"):
-        return 0
-    nvml = get_nvml()
-    count = len(nvml["devices"]) if nvml["available"] else 0
-    if visible is not None:
-        count = min(count, len([v for v in visible.split(",") if v.strip()]))
-    return count
+    """How many GPUs torch will see, read without importing torch (seconds of import): the GPUs
+    CUDA_VISIBLE_DEVICES names that NVML knows (get_visible_gpus); 0 without NVML. A session starts its
+    first warm worker on this guess before it has the device facts, and starts it again if torch
+    disagrees."""
+    return len(get_visible_gpus() or [])
 
 
 def _text(value) -> str:

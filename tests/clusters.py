@@ -4,6 +4,7 @@ results are compared with, made once per pytest process."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -14,13 +15,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+import pytest
 from checkpoints import save_custom_llama
 from conftest import run_cli, unpinned, verdicts
 
 SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
-SLURM_DIR = Path(tempfile.gettempdir()) / "nandoctor-slurm"
 
 # The small grid every executor runs: tiny-llama, the fp32 reference and pure fp16 (its loss is NaN at
 # step 1), one thread per probe everywhere (locally --jobs 2 on 2 cores; remotely cpus=1), so the losses
@@ -108,13 +111,22 @@ def slurm_skip_reason() -> str | None:
     return None
 
 
-def start_slurm() -> dict:
-    """Start (or reuse) the one-node cluster; returns the environment its clients need."""
+@contextlib.contextmanager
+def own_slurm(folder: Path) -> Iterator[dict]:
+    """A one-node cluster of this test run's own, its state, daemons and ports in `folder`
+    (tests/cluster/slurm_up.sh picks ports nothing listens on, so it runs beside any other SLURM on this
+    host); yields the environment its clients need, then cancels its jobs and stops its daemons. Skips
+    the test, with the reason, when the host has no free ports for it."""
     out = subprocess.run(
-        [str(SLURM_UP), str(SLURM_DIR)], capture_output=True, text=True, timeout=120, preexec_fn=unpinned
+        [str(SLURM_UP), str(folder)], capture_output=True, text=True, timeout=120, preexec_fn=unpinned
     )  # slurmd's jobs see the node's cores, not one xdist worker's
+    if out.returncode == 3:
+        pytest.skip(out.stderr.strip())
     assert out.returncode == 0, out.stdout + out.stderr
-    return {"SLURM_CONF": str(SLURM_DIR / "slurm.conf")}
+    try:
+        yield {"SLURM_CONF": str(folder / "slurm.conf")}
+    finally:
+        subprocess.run([str(SLURM_UP), "--down", str(folder)], capture_output=True, timeout=120)
 
 
 def active_slurm_jobs(env: dict) -> list[str]:
@@ -182,12 +194,55 @@ class LocalRay:
             self.proc.wait()
 
 
-def child_processes(marker: str) -> list[str]:
-    """Probe processes alive on this machine (`python -m nandoctor.child ...`) whose spec path holds
-    `marker` (a run directory; a Ray task's scratch folder prefix). `-ww`: without a terminal ps cuts
-    each line at 80 columns, and the marker, after the interpreter's path, was cut off with it."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True)
-    return [line for line in out.stdout.splitlines() if "-m nandoctor.child " in line and marker in line]
+def probe_processes(ours: Path | int) -> list[psutil.Process]:
+    """Probe processes (`python -m nandoctor.child SPEC RESULT`, a parallel probe's ranks included) alive
+    on this machine that belong to this test: with a run directory, those whose spec lies in it (a
+    SLURM job's probe: slurmd's job steps are not our descendants); with a pid, those descending from
+    that process (a Ray this test started: its raylet's workers start the probes in scratch folders any
+    other Ray's probes have too). Another checkout's probes, alike in every other way, are not listed."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        args = proc.info["cmdline"] or []
+        if args[1:3] != ["-m", "nandoctor.child"] or len(args) < 4:
+            continue
+        try:
+            if isinstance(ours, int):
+                mine = any(parent.pid == ours for parent in proc.parents())
+            else:
+                mine = (Path(proc.cwd()) / args[3]).resolve().is_relative_to(Path(ours).resolve())
+        except psutil.Error:  # ended meanwhile
+            continue
+        if mine:
+            found.append(proc)
+    return found
+
+
+FOREIGN_PROBE = "import time\ntime.sleep(3600)\n"
+
+
+@contextlib.contextmanager
+def another_checkouts_probe() -> Iterator[psutil.Process]:
+    """A process alike in every way a machine-wide look sees to a probe that another checkout runs on this
+    host (`python -m nandoctor.child .../nandoctor-probe-XXXX/spec.json ...`, its own package, a Ray
+    scratch folder's name), sleeping until the test ends: a test that takes it for its own is wrong."""
+    with tempfile.TemporaryDirectory(prefix="nandoctor-other-checkout-") as other:
+        child = Path(other, "nandoctor", "child")
+        child.mkdir(parents=True)
+        for init in (child.parent / "__init__.py", child / "__init__.py"):
+            init.write_text("")
+        (child / "__main__.py").write_text(FOREIGN_PROBE)
+        scratch = Path(tempfile.mkdtemp(prefix="nandoctor-probe-", dir=other))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "nandoctor.child", str(scratch / "spec.json"), str(scratch / "result.json")],
+            cwd=other,
+            env={**os.environ, "PYTHONPATH": other},
+            start_new_session=True,
+        )
+        try:
+            yield psutil.Process(proc.pid)
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 @functools.cache
@@ -212,14 +267,16 @@ def misbehaving_checkpoint() -> Path:
     )
 
 
-def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
+def interrupt_when_running(
+    args: list, env: dict, ours: Path | int, run_dir: Path, timeout: float = 300
+) -> tuple[int, str]:
     """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment its run has begun (run_dir/run.json)
-    and a probe process that was not there before runs on this machine (child_processes(marker): the
-    cluster's one node is this machine); returns its exit code and everything it printed. Watching the
+    and a probe process of ours that was not there before runs on this machine (probe_processes(ours):
+    the cluster's one node is this machine); returns its exit code and everything it printed. Watching the
     processes, not the queue line (said at most every QUEUE_LINE_S), so that on a fast machine the
     interrupt cannot come after the run's last probe (a clean-clone run of 2026-11-25 sent it once both
     4 s probes had ended: the run had finished and exited by SIGINT)."""
-    before = set(child_processes(marker))
+    before = set(probe_processes(ours))
     proc = subprocess.Popen(
         [sys.executable, "-m", "nandoctor", "grid", *map(str, args)],
         stdout=subprocess.PIPE,
@@ -231,7 +288,7 @@ def interrupt_when_running(args: list, env: dict, marker: str, run_dir: Path, ti
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     deadline = time.monotonic() + timeout
-    while not ((Path(run_dir) / "run.json").exists() and set(child_processes(marker)) - before):
+    while not ((Path(run_dir) / "run.json").exists() and set(probe_processes(ours)) - before):
         assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.1)

@@ -13,12 +13,13 @@ from clusters import (
     MISBEHAVING_CELLS,
     MISBEHAVING_VERDICTS,
     LocalRay,
+    another_checkouts_probe,
     assert_like_local,
-    child_processes,
     interrupt_when_running,
     local_run,
     losses,
     misbehaving_checkpoint,
+    probe_processes,
     ray_skip_reason,
     records,
 )
@@ -39,12 +40,19 @@ def on_ray(local_ray):
 
 
 @pytest.fixture(scope="module")
-def interrupted(local_ray, tmp_path_factory):
+def foreign_probe():
+    """Another checkout's probe on this host while these tests run: theirs must not be taken for ours."""
+    with another_checkouts_probe() as proc:
+        yield proc
+
+
+@pytest.fixture(scope="module")
+def interrupted(local_ray, foreign_probe, tmp_path_factory):
     out = tmp_path_factory.mktemp("ray-equal") / "run"
     code, printed = interrupt_when_running(
-        ["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, "nandoctor-probe-", out
+        ["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, local_ray.proc.pid, out
     )
-    children_after = child_processes("nandoctor-probe-")  # at once: the run waits for its cancelled tasks to end
+    children_after = probe_processes(local_ray.proc.pid)  # at once: the run waits for its cancelled tasks to end
     free_after = local_ray.free_cpus()
     resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
     return out, code, printed, free_after, children_after, resumed
@@ -53,7 +61,7 @@ def interrupted(local_ray, tmp_path_factory):
 CANCEL_A_RUNNING_PROBE = """
 import json, sys, time
 from pathlib import Path
-from clusters import child_processes
+from clusters import probe_processes
 from nandoctor.cells import Cell
 from nandoctor.config import executor_config
 from nandoctor.models import plan_model
@@ -69,18 +77,18 @@ try:
     probe = PlacedProbe(ProbeTask(spec, 600.0), Path(sys.argv[2]))
     placement.submit([probe])
     deadline = time.monotonic() + 120
-    while not (running := child_processes("nandoctor-probe-")) and time.monotonic() < deadline:
+    ray_head = int(sys.argv[3])  # the process that started the test's Ray: our probes descend from it
+    while not (running := probe_processes(ray_head)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    stat = Path("/proc/%s/stat" % running[0].split()[0]).read_text()
-    worker = stat.rsplit(")", 1)[1].split()[1]  # the probe's parent: the Ray worker running its task
+    worker = running[0].ppid()  # the probe's parent: the Ray worker running its task
     placement.cancel([probe], wait_s=30)  # poll() never read the node's name: it waits in the generator
-    print(json.dumps({"worker_alive": Path("/proc/" + worker).exists(), "probes": child_processes("nandoctor-probe-")}))
+    print(json.dumps({"worker_alive": Path(f"/proc/{worker}").exists(), "probes": len(probe_processes(ray_head))}))
 finally:
     placement.close()
 """
 
 
-def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, tmp_path):
+def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, foreign_probe, tmp_path):
     """A probe's task is a streaming generator. Waiting on the generator itself returns as soon as an item
     waits unread (its node's name), while the worker and the probe it started still run (measured here:
     back after 1 ms, the worker alive), so a Ctrl-C could leave the CLI with a probe still training (a
@@ -90,7 +98,14 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, t
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-c", CANCEL_A_RUNNING_PROBE, local_ray.address, str(tmp_path / "probe")],
+        [
+            sys.executable,
+            "-c",
+            CANCEL_A_RUNNING_PROBE,
+            local_ray.address,
+            str(tmp_path / "probe"),
+            str(local_ray.proc.pid),
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -102,7 +117,8 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, t
         },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"worker_alive": False, "probes": []}
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"worker_alive": False, "probes": 0}
+    assert foreign_probe.is_running()  # another checkout's probe, untouched and not counted
 
 
 def test_the_local_ray_listens_on_loopback_only(local_ray):

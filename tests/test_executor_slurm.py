@@ -17,14 +17,14 @@ from clusters import (
     MISBEHAVING_VERDICTS,
     active_slurm_jobs,
     assert_like_local,
-    child_processes,
     interrupt_when_running,
     local_run,
     losses,
     misbehaving_checkpoint,
+    own_slurm,
+    probe_processes,
     records,
     slurm_skip_reason,
-    start_slurm,
 )
 from conftest import ALL_CORES, run_cli, summary, verdicts
 
@@ -35,17 +35,19 @@ SLURM = ("--executor", "slurm", "--executor-opt", "cpus=1")
 
 
 @pytest.fixture(scope="module")
-def slurm_env():
-    return start_slurm()
+def slurm_env(tmp_path_factory):
+    """This module's own one-node SLURM, on ports free when it starts (beside any other on the host)."""
+    with own_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
 
 
 @pytest.fixture(scope="module")
 def interrupted(slurm_env, tmp_path_factory):
     """The small grid on SLURM, interrupted with Ctrl-C once a probe runs, then resumed on SLURM."""
     out = tmp_path_factory.mktemp("slurm-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, str(out), out)
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out, out)
     queue_after = active_slurm_jobs(slurm_env)
-    children_after = child_processes(str(out))
+    children_after = probe_processes(out)
     gathered = (out / "hardware.json").read_text()
     resumed = run_cli("grid", "--resume", out, *SLURM, env=slurm_env)
     return out, code, printed, queue_after, children_after, resumed, gathered

@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 
 from .. import jsonio
+from ..env import VISIBLE_DEVICES_ENV, parse_visible_devices
 from ..record import REPLAY_RUNNING, ProbeSpec
 from .lifetime import die_with_parent
 from .parallel import rank_file, rendezvous_file
@@ -36,11 +37,24 @@ POLL_S = 0.05
 
 
 def rank_env(rank: int, world_size: int, device: str) -> dict:
+    """The environment of rank `rank` of `world_size`: this process's, with the variables torchrun sets
+    and the one device the rank may use. A GPU rank r gets the r-th entry of the CUDA_VISIBLE_DEVICES this
+    launcher received, as spelled (an index, GPU-<uuid>, MIG-<uuid>; unset: GPU r), so that a probe never
+    touches a GPU it was not given; fewer entries than ranks is a RuntimeError (the planner places a
+    W-rank probe only where W GPUs are visible). CPU ranks run over gloo with CUDA hidden."""
     env = dict(
         os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size)
     )
-    # CPU ranks run over gloo with CUDA hidden; GPU ranks get one GPU each (rank r: the host's GPU r)
-    env["CUDA_VISIBLE_DEVICES"] = str(rank) if device == "cuda" else ""
+    if device != "cuda":
+        env[VISIBLE_DEVICES_ENV] = ""
+        return env
+    given = parse_visible_devices(os.environ.get(VISIBLE_DEVICES_ENV))
+    if given is not None and len(given) < world_size:
+        raise RuntimeError(
+            f"a {world_size}-rank probe was given {len(given)} GPU(s) "
+            f"({VISIBLE_DEVICES_ENV}={os.environ[VISIBLE_DEVICES_ENV]!r}); it needs one per rank"
+        )
+    env[VISIBLE_DEVICES_ENV] = str(rank) if given is None else given[rank]
     return env
 
 
