@@ -19,11 +19,12 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-# A template that renders the last assistant turn otherwise than earlier ones (as templates that drop
-# the reasoning of past turns do): the conversation up to a turn is then not a prefix of the whole.
+# A template that renders the last assistant turn otherwise than earlier ones, as Qwen3's does (empty
+# <think></think> in the last turn only): in a chat of several turns, the conversation up to an
+# earlier assistant turn is then not a prefix of the whole.
 LAST_TURN_TEMPLATE = (
-    "{% for m in messages %}{% if loop.last and m['role'] == 'assistant' %}<|assistant|> {{ m['content'] }}</s>"
-    "{% else %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if loop.last and m['role'] == 'assistant' %}<|assistant|><think></think>"
+    "{{ m['content'] }}</s>{% else %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
 
@@ -61,13 +62,18 @@ def save_chat_tokenizer(path: Path, pad: str | None = "<pad>", template: str = C
     return path
 
 
-def chat_rows(n: int, seed: int = 0, answer_words: tuple = (3, 12), question_words: tuple = (3, 12)) -> list[dict]:
+def chat_rows(n: int, seed: int = 0, answer_words: tuple = (3, 12), question_words: tuple = (3, 12), turns: int = 1):
+    """n chats of `turns` user / assistant exchanges."""
     rng = random.Random(seed)
     return [
         {
             "messages": [
-                {"role": "user", "content": sentence(rng, rng.randint(*question_words))},
-                {"role": "assistant", "content": sentence(rng, rng.randint(*answer_words))},
+                {
+                    "role": role,
+                    "content": sentence(rng, rng.randint(*(question_words if role == "user" else answer_words))),
+                }
+                for _ in range(turns)
+                for role in ("user", "assistant")
             ]
         }
         for _ in range(n)

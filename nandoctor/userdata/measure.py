@@ -34,8 +34,11 @@ def lint_model(recipe: Recipe, attn: str):
     config as the checkpoint or recipe gives it (use_cache included)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
     from ..models import model_config, probe_scale
+
+    logging.disable_progress_bar()  # the doctor's own lines say what runs
 
     remote = recipe.model.trust_remote_code
     path = recipe.model.path
