@@ -7,14 +7,14 @@ keyed by the rows, the options, the tokenizer and this code, so that every probe
 next run) reads it instead of tokenizing again.
 
 Columns written per row:
-  input_ids, labels           after truncation (labels: -100 where no loss is taken)
+  input_ids, labels           after truncation (labels: -100 where no loss is taken; null where they
+                              are the input_ids themselves, the common case, written once)
   attention_mask, position_ids  only for pre-tokenized rows that carry them
   length, cut                 tokens kept, tokens truncation removed
   supervised, supervised_before_cut
                               targets: labels other than -100 after the shift (position 0 is never one)
   content_pad                 content tokens equal to the pad id
   pad_targets                 padded positions (attention_mask 0) that still carry a label
-  special_targets             the special-token ids among the targets, one entry per occurrence
   misaligned                  a chat whose template output for a prefix of its turns is not a prefix
                               of the whole (the completion mask cannot be placed)
   segments                    sequences in the row (position_ids restarting at 0), 1 for most rows
@@ -71,11 +71,11 @@ def _texts(batch: dict, kind: str, tokenizer, completion_only: bool) -> tuple[li
     """(texts, supervised character spans per text or None for all, aligned flags, add_special_tokens)."""
     if kind == "text":
         return batch["text"], [None] * len(batch["text"]), [True] * len(batch["text"]), True
+    if kind == "messages" and not completion_only:  # one call renders the batch
+        n = len(batch["messages"])
+        return _render(tokenizer, batch["messages"]), [None] * n, [True] * n, False
     if kind == "messages":
-        rendered = [
-            _chat_spans(tokenizer, m) if completion_only else (_render(tokenizer, m), None, True)
-            for m in batch["messages"]
-        ]
+        rendered = [_chat_spans(tokenizer, m) for m in batch["messages"]]
         return [r[0] for r in rendered], [r[1] for r in rendered], [r[2] for r in rendered], False
     texts, spans, aligned = [], [], []
     conversational = isinstance(batch["prompt"][0], list)
@@ -95,10 +95,6 @@ def _supervised_mask(offsets: list, spans: list | None) -> list[bool]:
     if spans is None:
         return [True] * len(offsets)
     return [any(a <= start < b for a, b in spans) and end > start for start, end in offsets]
-
-
-def _truncate(values: list, keep: int, side: str) -> list:
-    return values[-keep:] if side == "left" else values[:keep]
 
 
 def encode_rows(batch: dict, tokenizer, enc: Encoding) -> dict:
@@ -136,38 +132,41 @@ def encode_rows(batch: dict, tokenizer, enc: Encoding) -> dict:
                     if chosen[i] is not None:
                         chosen[i] = chosen[i] + [bool(spans[i])]
         given_labels = masks = positions = [None] * n
-    out = {key: [] for key in ("input_ids", "labels", "length", "cut", "supervised", "supervised_before_cut")}
-    out.update({key: [] for key in ("content_pad", "pad_targets", "special_targets", "misaligned", "segments")})
-    if enc.kind == "tokens" and batch.get("attention_mask") is not None:
-        out["attention_mask"] = []
-    if enc.kind == "tokens" and batch.get("position_ids") is not None:
-        out["position_ids"] = []
-    special_ids = set(enc.special_ids)
+    cols = ("input_ids", "labels", "length", "cut", "supervised", "supervised_before_cut", "content_pad", "pad_targets")
+    out = {key: [] for key in cols}
+    given = [k for k in ("attention_mask", "position_ids") if enc.kind == "tokens" and batch.get(k) is not None]
+    out.update({k: [] for k in given})
+    keep_at_most, left, pad = enc.max_length, enc.truncation_side == "left", enc.pad_id
     for i in range(n):
-        ids = list(ids_rows[i])
-        mask = masks[i]
+        ids, mask, pos = ids_rows[i], masks[i], positions[i]
         labels = _labels(ids, given_labels[i], mask, chosen[i], enc)
-        before = _targets(labels)
-        keep = min(len(ids), enc.max_length)
-        ids, labels = _truncate(ids, keep, enc.truncation_side), _truncate(labels, keep, enc.truncation_side)
-        mask = _truncate(mask, keep, enc.truncation_side) if mask is not None else None
-        pos = _truncate(positions[i], keep, enc.truncation_side) if positions[i] is not None else None
-        content = ids if mask is None else [t for t, m in zip(ids, mask) if m]
+        total = len(ids)
+        before = after = _targets(labels)
+        if total > keep_at_most:
+            cut = (lambda v: v[-keep_at_most:]) if left else (lambda v: v[:keep_at_most])
+            same = labels is ids
+            ids = cut(ids)
+            labels = ids if same else cut(labels)
+            mask, pos = (cut(mask) if mask is not None else None), (cut(pos) if pos is not None else None)
+            after = _targets(labels)
         out["input_ids"].append(ids)
-        out["labels"].append(labels)
-        out["length"].append(keep)
-        out["cut"].append(len(ids_rows[i]) - keep)
-        out["supervised"].append(_targets(labels))
+        out["labels"].append(None if labels is ids else labels)  # null: the labels are the input_ids
+        out["length"].append(len(ids))
+        out["cut"].append(total - len(ids))
+        out["supervised"].append(after)
         out["supervised_before_cut"].append(before)
-        out["content_pad"].append(content.count(enc.pad_id))
-        out["pad_targets"].append(0 if mask is None else sum(1 for m, y in zip(mask, labels) if not m and y != IGNORE))
-        out["special_targets"].append([y for y in labels[1:] if y in special_ids])
-        out["misaligned"].append(not aligned[i])
-        out["segments"].append(max(1, pos.count(0)) if pos is not None else 1)
+        if mask is None:
+            out["content_pad"].append(ids.count(pad))
+            out["pad_targets"].append(0)
+        else:
+            out["content_pad"].append(sum(1 for t, m in zip(ids, mask) if m and t == pad))
+            out["pad_targets"].append(sum(1 for m, y in zip(mask, labels) if not m and y != IGNORE))
         if "attention_mask" in out:
             out["attention_mask"].append(mask)
         if "position_ids" in out:
             out["position_ids"].append(pos)
+    out["misaligned"] = [not a for a in aligned]
+    out["segments"] = [max(1, p.count(0)) if p is not None else 1 for p in positions]
     return out
 
 
@@ -182,16 +181,16 @@ def _labels(ids: list, given: list | None, mask: list | None, chosen: list | Non
         return list(given)
     if chosen is not None:
         return [t if c else IGNORE for t, c in zip(ids, chosen)]
-    if enc.labels == "pad_id":
-        return [IGNORE if enc.mask_pad_labels and t == enc.pad_id else t for t in ids]
-    if mask is not None:  # attention_mask
+    if enc.labels == "pad_id" and enc.mask_pad_labels and enc.pad_id in ids:
+        return [IGNORE if t == enc.pad_id else t for t in ids]
+    if enc.labels == "attention_mask" and mask is not None and 0 in mask:
         return [t if m else IGNORE for t, m in zip(ids, mask)]
-    return list(ids)
+    return ids  # every token a label: the same list serves both columns
 
 
 def _targets(labels: list) -> int:
     """Loss terms of a row: its labels after the causal shift (labels[1:]) that are not ignored."""
-    return sum(1 for y in labels[1:] if y != IGNORE)
+    return max(0, len(labels) - 1 - labels.count(IGNORE) + (labels[0] == IGNORE if labels else 0))
 
 
 def _features(kind: str, columns: list[str]):
@@ -200,7 +199,7 @@ def _features(kind: str, columns: list[str]):
     ids = List(Value("int32"))
     features = {"input_ids": ids, "labels": ids}
     features.update({k: Value("int32") for k in ("length", "cut", "supervised", "supervised_before_cut")})
-    features.update({"content_pad": Value("int32"), "pad_targets": Value("int32"), "special_targets": ids})
+    features.update({"content_pad": Value("int32"), "pad_targets": Value("int32")})
     features.update({"misaligned": Value("bool"), "segments": Value("int32")})
     if kind == "tokens":
         features.update({k: ids for k in ("attention_mask", "position_ids") if k in columns})

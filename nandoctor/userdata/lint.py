@@ -27,6 +27,7 @@ import yaml
 from ..config import Recipe
 from ..errors import NandoctorError
 from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
+from .encode import IGNORE
 from .rows import EncodedRows, encoded_rows, scan_columns
 
 HISTOGRAM_BINS = 12
@@ -112,33 +113,31 @@ def _examples(mask) -> str:
 
 
 def token_counts(encoded: EncodedRows, vocab: int) -> tuple:
-    """(times each id occurs as content, tokens with ids >= vocab, the largest id), read chunk by chunk
-    from the memory-mapped input_ids (and attention_mask) columns."""
+    """(times each id < vocab occurs as content, times each is a target, tokens with ids >= vocab, the
+    largest id), read chunk by chunk from the memory-mapped columns. A target is a label other than
+    -100 after the causal shift (a row's first label never is); a null labels row is its input_ids."""
     import numpy as np
 
-    counts = np.zeros(vocab, dtype=np.int64)
+    content, targets = np.zeros(vocab, dtype=np.int64), np.zeros(vocab, dtype=np.int64)
     beyond, largest = 0, -1
-    table = encoded.rows.data
-    masks = table.column("attention_mask").chunks if "attention_mask" in table.column_names else None
-    for i, chunk in enumerate(table.column("input_ids").chunks):
-        ids = chunk.flatten().to_numpy()
-        if masks is not None:
-            ids = ids[masks[i].flatten().to_numpy(zero_copy_only=False).astype(bool)]
-        if not len(ids):
-            continue
-        largest = max(largest, int(ids.max()))
-        inside = ids[ids < vocab]
-        beyond += len(ids) - len(inside)
-        counts += np.bincount(inside, minlength=vocab)
-    return counts, beyond, largest
-
-
-def special_target_counts(encoded: EncodedRows) -> dict:
-    """{special id: times it is a target}, from the special_targets column."""
-    import pyarrow.compute as pc
-
-    flat = pc.list_flatten(encoded.rows.data.column("special_targets"))
-    return {int(v["values"]): int(v["counts"]) for v in pc.value_counts(flat).to_pylist()} if len(flat) else {}
+    for batch in encoded.rows.data.to_batches():  # aligned slices of every column, memory-mapped
+        ids, labels = batch.column("input_ids"), batch.column("labels")
+        values = ids.flatten().to_numpy()
+        if "attention_mask" in batch.schema.names:
+            values = values[batch.column("attention_mask").flatten().to_numpy(zero_copy_only=False).astype(bool)]
+        if len(values):
+            largest = max(largest, int(values.max()))
+            beyond += int((values >= vocab).sum())
+            content += np.bincount(values[values < vocab], minlength=vocab)
+        for part in (ids.filter(labels.is_null()), labels.filter(labels.is_valid())):
+            ys = part.flatten().to_numpy()
+            offsets = part.offsets.to_numpy()
+            firsts = offsets[:-1][offsets[1:] > offsets[:-1]] - offsets[0]
+            keep = np.ones(len(ys), dtype=bool)
+            keep[firsts] = False
+            ys = ys[keep & (ys != IGNORE)]
+            targets += np.bincount(ys[ys < vocab], minlength=vocab)
+    return content, targets, beyond, largest
 
 
 def _token_text(tokenizer, token_id) -> str:
@@ -170,8 +169,8 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
     misaligned = c["misaligned"].astype(bool)
     in_order = [int(c["supervised"][i : i + B].sum()) for i in range(0, n, B)]
     vocab = model_config.vocab_size
-    content, beyond, largest = token_counts(encoded, vocab)
-    targets = special_target_counts(encoded)
+    content, target_counts, beyond, largest = token_counts(encoded, vocab)
+    targets = {t: int(target_counts[t]) for t in encoded.encoding.special_ids if t < vocab}
     enc, tok = encoded.encoding, encoded.tokenizer
     facts = {
         "rows": n,
@@ -236,15 +235,11 @@ def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", 
         raise NandoctorError("the data lint reads the user's rows: pass --data PATH")
     encoded = encoded_rows(recipe, model_config, tokenizer)
     facts, section, content = scan(encoded, recipe, model_config)
-    batches = [
-        make_batch(t, rows, kind)
-        for kind, rows, t in user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
-    ]
-    if model is None and facts["ids_beyond_vocab"] == 0:
-        model, described = measure.lint_model(recipe, attn)
-    else:
-        described = measure.describe_model(model) if model is not None else None
-    measured = measure.measure(recipe, encoded, batches, model, described, content) if model is not None else {}
+    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
+    batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
+    fits = facts["ids_beyond_vocab"] == 0
+    measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
     facts.update(measured)
     return {
         "source": encoded.describe(),

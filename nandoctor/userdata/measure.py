@@ -41,12 +41,10 @@ def lint_model(recipe: Recipe, attn: str):
     logging.disable_progress_bar()  # the doctor's own lines say what runs
 
     remote = recipe.model.trust_remote_code
-    path = recipe.model.path
-    weights = sorted(Path(path).glob("*.safetensors")) if path else []
     torch.manual_seed(recipe.seed)
-    if weights and sum(w.stat().st_size for w in weights) <= LINT_WEIGHTS_BYTES:
+    if local_weights(recipe):
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
+            recipe.model.path, dtype=torch.float32, attn_implementation=attn, trust_remote_code=remote
         )
         where = "your weights"
     else:
@@ -232,14 +230,27 @@ def accumulation_of(recipe: Recipe) -> tuple[int, str | None]:
     return getattr(recipe, "gradient_accumulation_steps", 1), getattr(recipe, "loss_normalization", None)
 
 
-def measure(recipe: Recipe, encoded: EncodedRows, batches: list, model, described: str, content) -> dict:
-    """Every measured check that applies to this setup, as figures for the rules."""
-    out = {"measured_on": described, "adapter": _adapter_text(recipe), "embeddings_trained": trains_embeddings(recipe)}
+def local_weights(recipe: Recipe) -> list:
+    """The checkpoint's safetensors files when they are small enough to measure on (LINT_WEIGHTS_BYTES)."""
+    path = recipe.model.path
+    weights = sorted(Path(path).glob("*.safetensors")) if path else []
+    return weights if weights and sum(w.stat().st_size for w in weights) <= LINT_WEIGHTS_BYTES else []
+
+
+def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: str, model=None) -> dict:
+    """Every measured check that applies to this setup, as figures for the rules: packing isolation
+    when anything is packed, accumulation when a step has several micro-batches, embedding rows on
+    the checkpoint's own weights. The model (lint_model, unless given) is built only when one applies."""
+    steps, normalization = accumulation_of(recipe)
+    out = {"adapter": _adapter_text(recipe), "embeddings_trained": trains_embeddings(recipe)}
+    out["loss_normalization"] = normalization
     inputs = packed_inputs(encoded, batches)
+    if inputs is None and steps == 1 and model is None and not local_weights(recipe):
+        return out
+    model, described = (model, describe_model(model)) if model is not None else lint_model(recipe, attn)
+    out["measured_on"] = described
     if inputs is not None:
         out.update(packing_isolation(model, inputs), packing_model=described)
-    steps, normalization = accumulation_of(recipe)
-    out["loss_normalization"] = normalization
     if steps > 1:
         first = [b for b in batches if b.kind == "first"] or batches
         out.update(accumulation(model, encoded, [first[i % len(first)] for i in range(steps)]))

@@ -104,7 +104,10 @@ def row_dicts(encoded: EncodedRows, indices) -> list[dict]:
     """The encoded rows at these indices, as dicts of lists (what collate takes)."""
     keys = ("input_ids", "labels", "attention_mask", "position_ids")
     picked = encoded.rows.select(list(indices)).select_columns([k for k in keys if k in encoded.rows.column_names])
-    return [dict(r) for r in picked]
+    rows = [dict(r) for r in picked]
+    for r in rows:
+        r["labels"] = r["input_ids"] if r["labels"] is None else r["labels"]  # null: the ids are the labels
+    return rows
 
 
 def scan_columns(encoded: EncodedRows, names: tuple) -> dict:
