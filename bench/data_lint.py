@@ -64,10 +64,18 @@ def child(mode: str, rows: str, tok: str) -> None:
 
 def measure(mode: str, rows: Path, tok: Path, scratch: Path) -> dict:
     cache = Path(tempfile.mkdtemp(dir=scratch, prefix="hf-datasets-"))
-    env = {**os.environ, "HF_DATASETS_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "HF_DATASETS_CACHE": str(cache),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS.parent), os.environ.get("PYTHONPATH")])),
+    }
     try:
         out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, str(rows), str(tok)], capture_output=True, text=True, env=env, check=True
+            [sys.executable, __file__, "--child", mode, str(rows), str(tok)],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=True,
         ).stdout
     finally:
         shutil.rmtree(cache, ignore_errors=True)

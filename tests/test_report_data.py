@@ -39,6 +39,18 @@ def test_a_run_on_the_synthetic_stream_says_so(tmp_path):
     assert '<h2 id="data">Data</h2><p>The synthetic stream' in (run / "report.html").read_text()
 
 
+def test_a_run_that_read_the_users_rows_says_so_without_the_lint_section(tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(OLD_RUN, run)
+    meta = json.loads((run / "run.json").read_text())
+    meta["recipe"]["data"].update(source="file", path="data/chat.jsonl", tokenizer="./tok", packing="position_ids")
+    (run / "run.json").write_text(json.dumps(meta))
+    main(["report", str(run)])
+    md = (run / "report.md").read_text()
+    assert "Your rows: data/chat.jsonl, tokenized with ./tok;" in md and "packing position_ids" in md
+    assert "synthetic" not in md.split("## Data")[1].split("##")[0]
+
+
 def test_a_run_on_the_users_rows_shows_histograms_findings_and_batches(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(OLD_RUN, run)

@@ -238,6 +238,19 @@ def test_the_encoded_rows_are_read_back_from_the_datasets_cache(tmp_path, tok, c
     assert other.rows.cache_files[0]["filename"] != first
 
 
+def test_a_change_to_the_encoding_code_is_not_served_from_the_cache(tmp_path, tok, config, monkeypatch):
+    """datasets hashes a module's functions by name: a cache keyed by them served rows encoded by the old
+    code (and its old columns) after encode.py changed. The file's own text keys the cache."""
+    import nandoctor.userdata.encode as encode
+
+    r = recipe(write_jsonl(tmp_path / "t.jsonl", text_rows(8)), tok)
+    before = encoded_rows(r, config).rows.cache_files[0]["filename"]
+    edited = tmp_path / "encode.py"
+    edited.write_text(Path(encode.__file__).read_text() + "\n# an edit\n")
+    monkeypatch.setattr(encode, "__file__", str(edited))
+    assert encoded_rows(r, config).rows.cache_files[0]["filename"] != before
+
+
 @pytest.mark.parametrize(
     "name, content, says",
     [

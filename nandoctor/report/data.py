@@ -23,6 +23,12 @@ def source_sentence(source: dict | None, recipe: dict | None = None) -> str:
             f"pad id {source['pad_id']} ({source['pad']})."
         )
     data = (recipe or {}).get("data") or {}
+    if data.get("source") == "file":  # a run that read the user's rows without storing the lint's section
+        return (
+            f"Your rows: {data['path']}, tokenized with {data.get('tokenizer') or 'the checkpoint tokenizer'}; "
+            f"max_length {data.get('max_length') or 'seq_len'}, labels by {data.get('labels', 'pad_id')}, "
+            f"packing {data.get('packing', 'none')}."
+        )
     return (
         f"The synthetic stream: {data.get('batches', 4)} distinct batches of random 8-token motifs repeated "
         f"(pad_fraction {data.get('pad_fraction', 0.0)}), drawn from the seed; not your data. Pass --data PATH "

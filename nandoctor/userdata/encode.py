@@ -226,7 +226,8 @@ def encode(rows, tokenizer, enc: Encoding):
                 "the tokenizer has no chat template; chat rows (messages, or prompt/completion turns) are "
                 "rendered with it: pass a tokenizer directory whose tokenizer_config.json has one"
             )
-    fingerprint = Hasher.hash((rows._fingerprint, enc, tokenizer, encode_rows, _chat_spans, _texts, _labels))
+    # datasets hashes a module's functions by name, not by code: this file's text keys the cache instead
+    fingerprint = Hasher.hash((rows._fingerprint, enc, tokenizer, Path(__file__).read_bytes()))
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     try:
