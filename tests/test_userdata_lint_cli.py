@@ -15,7 +15,6 @@ from userdata_fixtures import (
     write_jsonl,
 )
 
-from nandoctor.config import dotted_fields
 from nandoctor.userdata.tokenizer import load_tokenizer
 
 ONE_CELL = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--json")
@@ -163,6 +162,10 @@ def test_a_resized_pad_row_that_lora_never_trains_is_found(tmp_path, files):
     )
     code, found, _ = doctor(*args)  # a full fine-tune trains the row
     assert "untrained-embedding-rows" not in found
+    code, found, _ = doctor(
+        *args, "--set", "adapter.type=lora", "--set", "adapter.modules_to_save=[embed_tokens,lm_head]"
+    )
+    assert "untrained-embedding-rows" not in found
 
 
 def test_ids_beyond_the_vocabulary_are_an_error(tmp_path, files):
@@ -174,10 +177,6 @@ def test_ids_beyond_the_vocabulary_are_an_error(tmp_path, files):
     )
 
 
-@pytest.mark.skipif(
-    "gradient_accumulation_steps" not in dotted_fields(),
-    reason="needs the recipe's gradient_accumulation_steps and loss_normalization (the training options of issue 30)",
-)
 def test_per_micro_batch_accumulation_on_uneven_rows_is_a_warning(files):
     rows = write_jsonl(files["dir"] / "uneven.jsonl", [{"input_ids": list(range(10, 10 + n))} for n in (32, 4, 4, 4)])
     args = (

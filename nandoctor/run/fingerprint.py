@@ -94,16 +94,6 @@ NOT_NUMERICS = (
     "retime_rounds",
 )  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
-# The data options of the user's rows (issue 30), left out while they hold their defaults: runs written
-# before they existed keep their fingerprints, and the synthetic stream reads none of them.
-DATA_DEFAULTS = {
-    "tokenizer": None,
-    "max_length": 0,
-    "truncation_side": "right",
-    "padding_side": "right",
-    "labels": "pad_id",
-    "packing": "none",
-}
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
 
@@ -127,9 +117,6 @@ def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
         recipe = {k: v for k, v in recipe.items() if k != "fp8"}
     if cell.parallel_row.wrapper is None:
         recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
-    if "data" in recipe:
-        data = {k: v for k, v in recipe["data"].items() if k not in DATA_DEFAULTS or v != DATA_DEFAULTS[k]}
-        recipe = {**recipe, "data": data}
     payload = {
         "spec": {**spec, "recipe": recipe, "model_plan": plan},
         "overrides": overrides,

@@ -193,11 +193,11 @@ def accumulation(model, encoded: EncodedRows, micro_batches: list) -> dict:
 
 def trains_embeddings(recipe: Recipe) -> bool:
     """Whether the recipe's fine-tune updates the embedding rows: a full fine-tune does; an adapter
-    only when it targets or saves embed_tokens / lm_head (modules_to_save: the adapter option of issue 30)."""
+    only when it targets embed_tokens / lm_head or trains them in full (peft's modules_to_save)."""
     a = recipe.adapter
     if a.type == "none":
         return True
-    named = set(a.target_modules) | set(getattr(a, "modules_to_save", None) or ())
+    named = set(a.target_modules) | set(a.modules_to_save)
     return bool(named & {"embed_tokens", "lm_head", "wte", "embed_in", "embed_out"})
 
 
@@ -223,13 +223,6 @@ def embedding_rows(model, content, tokenizer) -> dict:
     }
 
 
-def accumulation_of(recipe: Recipe) -> tuple[int, str | None]:
-    """(micro-batches per optimizer step, how the loss is normalised): the recipe's
-    gradient_accumulation_steps and loss_normalization, training options of issue 30; a recipe
-    without them steps once per micro-batch."""
-    return getattr(recipe, "gradient_accumulation_steps", 1), getattr(recipe, "loss_normalization", None)
-
-
 def local_weights(recipe: Recipe) -> list:
     """The checkpoint's safetensors files when they are small enough to measure on (LINT_WEIGHTS_BYTES)."""
     path = recipe.model.path
@@ -241,7 +234,7 @@ def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: 
     """Every measured check that applies to this setup, as figures for the rules: packing isolation
     when anything is packed, accumulation when a step has several micro-batches, embedding rows on
     the checkpoint's own weights. The model (lint_model, unless given) is built only when one applies."""
-    steps, normalization = accumulation_of(recipe)
+    steps, normalization = recipe.gradient_accumulation_steps, recipe.loss_normalization
     out = {"adapter": _adapter_text(recipe), "embeddings_trained": trains_embeddings(recipe)}
     out["loss_normalization"] = normalization
     inputs = packed_inputs(encoded, batches)
