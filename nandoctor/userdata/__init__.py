@@ -9,6 +9,7 @@ The stages, in the order the data flows through them:
   encode.py     rows to token ids and labels, with per-row figures (length, supervised tokens, ...)
   collate.py    rows to one batch of tensors: padded, or packed by position_ids or a block mask
   select.py     which batches: the first ones in order, then the worst ones the scan finds
+  rows.py       the stages above run for a recipe: the encoded rows the stream and the lint share
   lint.py       the data and setup lint (findings with their figures, rules.yaml) over the scan
   measure.py    the lint's measured checks on the user's model class: packing isolation,
                 accumulation, embedding rows

@@ -215,18 +215,19 @@ def cache_root() -> Path:
 
 def encode(rows, tokenizer, enc: Encoding):
     """The encoded rows (columns above) as a memory-mapped Dataset, computed once per (rows, options,
-    tokenizer, this code) and read from the datasets cache afterwards. A template or tokenizer that
-    fails on a row is a NandoctorError naming it."""
+    tokenizer, this code) and read from the datasets cache afterwards. A chat template that fails on a
+    row, or rows the options cannot label, is a NandoctorError saying what failed."""
     from datasets.fingerprint import Hasher
     from jinja2 import TemplateError
 
-    if enc.kind in ("messages",) or (enc.kind == "prompt_completion" and isinstance(rows[0]["prompt"], list)):
+    if enc.kind == "messages" or (enc.kind == "prompt_completion" and isinstance(rows[0]["prompt"], list)):
         if tokenizer.chat_template is None:
             raise NandoctorError(
                 "the tokenizer has no chat template; chat rows (messages, or prompt/completion turns) are "
                 "rendered with it: pass a tokenizer directory whose tokenizer_config.json has one"
             )
-    # datasets hashes a module's functions by name, not by code: this file's text keys the cache instead
+    # datasets hashes a module's functions by name, not by code: this file's text keys the cache instead;
+    # _fingerprint is how datasets itself identifies a data set's content (no public accessor)
     fingerprint = Hasher.hash((rows._fingerprint, enc, tokenizer, Path(__file__).read_bytes()))
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)

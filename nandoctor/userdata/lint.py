@@ -149,6 +149,7 @@ def _token_text(tokenizer, token_id) -> str:
 def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict, object]:
     """(facts, section, content counts): the figures the rules read, the data section's tables and
     histograms, and how often each id occurs as content (token_counts)."""
+    import numpy as np
 
     c = scan_columns(
         encoded,
@@ -167,7 +168,7 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
     none = c["supervised"] == 0
     cut_to_none = none & (c["supervised_before_cut"] > 0)
     misaligned = c["misaligned"].astype(bool)
-    in_order = [int(c["supervised"][i : i + B].sum()) for i in range(0, n, B)]
+    in_order = np.add.reduceat(c["supervised"], np.arange(0, n, B))  # supervised tokens per batch, in order
     vocab = model_config.vocab_size
     content, target_counts, beyond, largest = token_counts(encoded, vocab)
     targets = {t: int(target_counts[t]) for t in encoded.encoding.special_ids if t < vocab}
@@ -185,7 +186,7 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "rows_misaligned_examples": _examples(misaligned),
         "rows_never_supervised": int((none & ~cut_to_none & ~misaligned).sum()),
         "batches_in_order": len(in_order),
-        "batches_without_supervised": sum(t == 0 for t in in_order),
+        "batches_without_supervised": int((in_order == 0).sum()),
         "rows_truncated": int((c["cut"] > 0).sum()),
         "pad_id": enc.pad_id,
         "pad_token": _token_text(tok, enc.pad_id),
@@ -200,7 +201,6 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "ids_beyond_vocab": beyond,
         "max_id": largest,
         "vocab_size": vocab,
-        "prepacked_rows": int((c["segments"] > 1).sum()),
     }
     section = {
         "rows": n,
