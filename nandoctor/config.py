@@ -18,6 +18,15 @@ from .typed import field_types, typed_value
 
 ADAPTER_TYPES = ("none", "lora", "dora")
 DATA_SOURCES = ("synthetic", "file")
+TRUNCATION_SIDES = ("right", "left")
+PADDING_SIDES = ("right", "left")
+# which positions get label -100: pad ids (DataCollatorForLanguageModeling), padding by the attention
+# mask, or everything but the completion / the assistant turns (TRL's completion-only loss)
+LABEL_MASKS = ("pad_id", "attention_mask", "completion_only")
+# none: rows padded to the longest of their batch; position_ids: a batch's rows flattened into one row,
+# position_ids restarting per row and no attention mask (DataCollatorWithFlattening); block_mask: the
+# same row with an explicit 4-D block-diagonal causal mask
+PACKINGS = ("none", "position_ids", "block_mask")
 PAD_POLICIES = ("dedicated", "eos", "id0")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SCALES = ("auto", "probe", "full")
@@ -58,11 +67,27 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """What the probes train on: the synthetic stream, or the user's rows (docs/data.md).
+
+    A path makes the source `file`: JSONL / JSON / Parquet / CSV, a `datasets.save_to_disk` directory,
+    or plain text, read through Hugging Face `datasets`; rows of `text`, `messages`, `prompt` +
+    `completion`, or pre-tokenized `input_ids`. The tokenizer is `tokenizer` (a local directory), else
+    the local checkpoint's own; nothing is downloaded."""
+
     source: str = "synthetic"  # synthetic: a deterministic, learnable token stream from the seed
-    path: str | None = None  # for source=file: a local text file, encoded as bytes
-    batches: int = 4  # distinct batches the stream cycles through
-    pad_fraction: float = 0.0  # fraction of each sequence's tail that is padding
+    path: str | None = None  # the user's rows (source=file)
+    batches: int = 4  # synthetic: distinct batches cycled through; file: the first batches, in order
+    pad_fraction: float = 0.0  # synthetic only: fraction of each sequence's tail that is padding
     tokenizer: str | None = None  # a local tokenizer directory (--tokenizer); never downloaded
+    max_length: int = 0  # tokens a row keeps after truncation; 0: seq_len
+    truncation_side: str = "right"
+    padding_side: str = "right"
+    labels: str = "pad_id"  # LABEL_MASKS
+    packing: str = "none"  # PACKINGS
+
+    def __post_init__(self):
+        if self.path and self.source == "synthetic":  # a path given is the user's data
+            object.__setattr__(self, "source", "file")
 
 
 @dataclass(frozen=True)
@@ -123,6 +148,10 @@ class Recipe:
         checks = [
             ("adapter.type", self.adapter.type, ADAPTER_TYPES),
             ("data.source", self.data.source, DATA_SOURCES),
+            ("data.truncation_side", self.data.truncation_side, TRUNCATION_SIDES),
+            ("data.padding_side", self.data.padding_side, PADDING_SIDES),
+            ("data.labels", self.data.labels, LABEL_MASKS),
+            ("data.packing", self.data.packing, PACKINGS),
             ("pad_token.policy", self.pad_token.policy, PAD_POLICIES),
             ("model.dtype_on_load", self.model.dtype_on_load, LOAD_DTYPES),
             ("model.scale", self.model.scale, SCALES),
@@ -165,6 +194,20 @@ class Recipe:
             )
         if self.data.source == "file" and not self.data.path:
             raise NandoctorError(f"recipe {self.name!r}: data.source=file needs data.path")
+        if self.data.max_length < 0:
+            raise NandoctorError(
+                f"recipe {self.name!r}: data.max_length must be >= 0 (0: seq_len), got {self.data.max_length!r}"
+            )
+        if self.data.source == "file" and self.data.pad_fraction:
+            raise NandoctorError(
+                f"recipe {self.name!r}: data.pad_fraction shapes the synthetic stream only; "
+                "the rows of data.path are padded to the longest row of their batch"
+            )
+        if self.data.source == "synthetic" and self.data.labels == "completion_only":
+            raise NandoctorError(
+                f"recipe {self.name!r}: data.labels=completion_only needs rows with a completion "
+                "(prompt + completion, or messages): pass data.path"
+            )
         for axis, values in self.axes.items():
             parse_axis_values(axis, values)
         return self

@@ -1,53 +1,110 @@
-"""The data a probe trains on: a deterministic stream of batches from the recipe and the seed.
+"""The data a probe trains on: `stream(recipe, model_config, seed)`, the one entry point.
 
-Runs in the probe child (training) and in the parent (the doctor counts fully masked batches).
-Imports only config; torch is imported where a batch is made.
+Two sources stand behind it. With no data given, the synthetic stream: a deterministic, learnable
+token stream from the recipe and the seed. With data.path, the user's rows (userdata/): read through
+Hugging Face `datasets`, tokenized with their tokenizer and chat template, labelled and collated as
+their options say, and the batches chosen from a scan of every row (the first ones, then the worst).
+
+Each batch is a `Batch`: the model's inputs plus which rows it holds and its loss terms, so that a
+step of several micro-batches can normalise by their token count (`DataStream.steps`).
+
+Runs in the probe child (training) and in the parent (the doctor, the lint). Imports only config and
+userdata; torch is imported where a batch is made.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from pathlib import Path
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from .config import Recipe
-from .errors import NandoctorError
+from .userdata.collate import Collation, batch_figures, collate
+from .userdata.tokenizer import config_pad_id
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch. inputs: the tensors the model takes (input_ids, labels, and attention_mask
+    and / or position_ids as the collator builds them). rows: the data set's row indices it holds
+    (empty for the synthetic stream). kind: first, longest, most_padded, fewest_supervised (select.py)
+    or synthetic. supervised: its loss terms, labels other than -100 after the causal shift; the sum
+    over a step's micro-batches is transformers' num_items_in_batch."""
+
+    inputs: dict
+    rows: tuple = ()
+    kind: str = "synthetic"
+    tokens: int = 0
+    padded: int = 0
+    supervised: int = 0
+
+    def to(self, device, float_dtype=None) -> dict:
+        """The inputs on `device`; a floating mask (block_mask packing) in `float_dtype` when given,
+        since SDPA wants its additive mask in the query's dtype."""
+        return {
+            k: v.to(device, float_dtype) if float_dtype is not None and v.is_floating_point() else v.to(device)
+            for k, v in self.inputs.items()
+        }
+
+    def describe(self) -> dict:
+        return {
+            "kind": self.kind,
+            "rows": list(self.rows),
+            "tokens": self.tokens,
+            "padded": self.padded,
+            "supervised": self.supervised,
+        }
+
+
+def make_batch(inputs: dict, rows: tuple = (), kind: str = "synthetic") -> Batch:
+    return Batch(inputs, tuple(rows), kind, **batch_figures(inputs))
+
+
+@dataclass
+class DataStream:
+    """The distinct batches a probe cycles through, and where they came from (`source`: the
+    synthetic stream's parameters, or the user's file and options)."""
+
+    batches: list
+    source: dict = field(default_factory=dict)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return itertools.cycle(self.batches)
+
+    def steps(self, micro_batches: int = 1) -> Iterator[tuple[list, int]]:
+        """Endless optimizer steps: (the step's micro-batches, their loss terms together). A loss
+        normalised by tokens divides each micro-batch's summed loss by that count
+        (num_items_in_batch); one normalised per micro-batch divides by its own and by the steps."""
+        cycle = iter(self)
+        while True:
+            group = [next(cycle) for _ in range(micro_batches)]
+            yield group, sum(b.supervised for b in group)
+
+    def describe(self) -> dict:
+        return {**self.source, "batches": [b.describe() for b in self.batches]}
 
 
 def pad_id(recipe: Recipe, config) -> int:
-    policy = recipe.pad_token.policy
-    if policy == "id0":
-        return 0
-    if policy == "eos":
-        eos = getattr(config, "eos_token_id", None)
-        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        return eos if eos is not None else config.vocab_size - 2
-    return config.vocab_size - 1  # dedicated: an id the content never uses
+    """The synthetic stream's pad id under pad_token.policy."""
+    return config_pad_id(recipe.pad_token.policy, config)
 
 
-def batches(recipe: Recipe, config, seed: int):
-    """An endless, deterministic stream of training batches, cycling through `data.batches` of them.
+def synthetic_batches(recipe: Recipe, config, seed: int) -> list[dict]:
+    """The synthetic stream's `data.batches` distinct batches.
 
-    Synthetic rows repeat a random 8-token motif, so a model that learns to copy drives the loss down
-    quickly: a probe that stops learning is visible within a few dozen steps."""
+    Rows repeat a random 8-token motif, so a model that learns to copy drives the loss down quickly:
+    a probe that stops learning is visible within a few dozen steps."""
     import torch
 
     vocab = config.vocab_size
     pad = pad_id(recipe, config)
     B, T = recipe.batch_size, recipe.seq_len
-    if recipe.data.source == "file":
-        raw = Path(recipe.data.path).read_bytes()
-        if len(raw) < T + 1:
-            raise NandoctorError(f"data file {recipe.data.path!r} is shorter than seq_len={T} bytes")
-        tokens = torch.tensor(list(raw), dtype=torch.long) % (vocab - 1)
     fixed = []
     for i in range(recipe.data.batches):
         g = torch.Generator().manual_seed(seed * 1000 + i)
-        if recipe.data.source == "file":
-            starts = torch.randint(0, len(tokens) - T, (B,), generator=g)
-            ids = torch.stack([tokens[s : s + T] for s in starts.tolist()])
-        else:
-            motif = torch.randint(0, vocab - 1, (B, 8), generator=g)  # never the dedicated pad id
-            ids = motif.repeat(1, math.ceil(T / 8))[:, :T]
+        motif = torch.randint(0, vocab - 1, (B, 8), generator=g)  # never the dedicated pad id
+        ids = motif.repeat(1, math.ceil(T / 8))[:, :T]
         mask = torch.ones_like(ids)
         max_pad = int(recipe.data.pad_fraction * T)
         if max_pad:
@@ -56,15 +113,42 @@ def batches(recipe: Recipe, config, seed: int):
             ids = torch.where(mask.bool(), ids, torch.full_like(ids, pad))
         labels = ids.clone()
         if recipe.pad_token.mask_labels:
-            labels[ids == pad] = -100
+            labels[(mask == 0) if recipe.data.labels == "attention_mask" else (ids == pad)] = -100
         fixed.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
-    step = 0
-    while True:
-        yield fixed[step % len(fixed)]
-        step += 1
+    return fixed
+
+
+def _repacked(batch: dict, recipe: Recipe, pad: int) -> dict:
+    """A synthetic batch collated again under data.packing (its rows without their padding)."""
+    rows = [
+        {"input_ids": ids[m.bool()].tolist(), "labels": y[m.bool()].tolist()}
+        for ids, m, y in zip(batch["input_ids"], batch["attention_mask"], batch["labels"])
+    ]
+    return collate(rows, Collation(recipe.data.padding_side, recipe.data.packing, pad, -100))
+
+
+def stream(recipe: Recipe, model_config, seed: int, tokenizer=None) -> DataStream:
+    """The probe's data: the synthetic stream, or the user's rows when data.path is given (tokenized
+    with `tokenizer`, else the one data.tokenizer or the local checkpoint names). The user's rows
+    give data.batches batches in order, then the worst ones the scan finds, each with its rows."""
+    if recipe.data.source == "file":
+        from .userdata.rows import encoded_rows, user_batches
+
+        encoded = encoded_rows(recipe, model_config, tokenizer)
+        chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, seed)
+        return DataStream([make_batch(t, rows, kind) for kind, rows, t in chosen], encoded.describe())
+    fixed = synthetic_batches(recipe, model_config, seed)
+    if recipe.data.packing != "none":
+        fixed = [_repacked(b, recipe, pad_id(recipe, model_config)) for b in fixed]
+    source = {"source": "synthetic", "batches_cycled": recipe.data.batches, "pad_fraction": recipe.data.pad_fraction}
+    return DataStream([make_batch(b) for b in fixed], {**source, "packing": recipe.data.packing})
+
+
+def batches(recipe: Recipe, config, seed: int):
+    """An endless, deterministic stream of the model inputs of `stream`'s batches, cycled."""
+    return (b.inputs for b in stream(recipe, config, seed))
 
 
 def all_masked_batches(recipe: Recipe, config) -> int:
-    """How many of the recipe's distinct batches have every label -100 (their mean loss is 0/0)."""
-    stream = batches(recipe, config, recipe.seed)
-    return sum(bool((next(stream)["labels"] == -100).all()) for _ in range(recipe.data.batches))
+    """How many of the stream's distinct batches have no loss term (their mean loss is 0/0)."""
+    return sum(b.supervised == 0 for b in stream(recipe, config, recipe.seed).batches)

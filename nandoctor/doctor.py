@@ -14,9 +14,10 @@ from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
-from .knowledge.facts import env_facts, has_tokenizer, load_tokenizer, read_trainer_args, setup_facts, trainer_cell
-from .models import config_facts
+from .knowledge.facts import env_facts, read_trainer_args, setup_facts, trainer_cell
+from .models import config_facts, model_config
 from .plan import plan_grid
+from .userdata.tokenizer import has_tokenizer, load_tokenizer
 
 
 def planned_findings(
@@ -88,7 +89,8 @@ def run_doctor(
     """The doctor report as data: environment, capabilities and, when a recipe, a TrainingArguments
     JSON or an accelerate config file is given, the findings for that planned setup. Either file plans
     one cell (precision, compile and, from the accelerate config or TrainingArguments `fsdp`, the
-    parallel setup; with `attn`); a recipe alone plans the cells `grid` would run."""
+    parallel setup; with `attn`); a recipe alone plans the cells `grid` would run. A recipe with
+    data.path adds the data lint (userdata/lint.py) as `data`, its findings among the others."""
     env = env or collect_doctor()
     trainer_args = read_trainer_args(trainer_args_path) if trainer_args_path else None
     accelerate = read_accelerate_config(accelerate_config_path) if accelerate_config_path else None
@@ -100,6 +102,8 @@ def run_doctor(
             )
         return {"environment": env, **doctor_section(env)}
     recipe = recipe or Recipe()
+    if tokenizer_path is None and recipe.data.tokenizer:
+        tokenizer_path = recipe.data.tokenizer
     if tokenizer_path is None and has_tokenizer(recipe.model.path):
         tokenizer_path = recipe.model.path
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
@@ -121,7 +125,14 @@ def run_doctor(
         "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
         "tokenizer": str(tokenizer_path) if tokenizer_path else None,
     }
-    return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
+    if recipe.data.source != "file":
+        return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
+    from .userdata.lint import lint_data
+
+    data = lint_data(recipe, model_config(recipe), tokenizer, attn)
+    setup["data"] = recipe.data.path
+    section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)
+    return {"environment": env, **section, "findings": data["findings"] + section["findings"], "data": data}
 
 
 def exit_code(report: dict) -> int:

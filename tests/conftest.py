@@ -55,6 +55,14 @@ _one_core_per_worker()
 pytest_plugins = ("runs",)  # the shared session runs (tests/runs.py)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def datasets_cache(tmp_path_factory):
+    """The Hugging Face datasets cache the user's rows are converted and encoded into (userdata/read.py
+    reads HF_DATASETS_CACHE when it runs): one of the session's, not the user's ~/.cache."""
+    os.environ["HF_DATASETS_CACHE"] = str(tmp_path_factory.mktemp("hf-datasets"))
+    return os.environ["HF_DATASETS_CACHE"]
+
+
 def run_cli(*args, cwd=None, env=None, timeout=900):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess."""
     full_env = {**os.environ, **(env or {})}

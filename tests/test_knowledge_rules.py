@@ -75,8 +75,8 @@ def gemma2():
 
 
 def masked_file_recipe(tmp_path):
-    path = tmp_path / "nul.bin"
-    path.write_bytes(bytes(4096))  # every byte 0 -> token 0 -> the pad id under policy id0
+    path = tmp_path / "zeros.jsonl"
+    path.write_text('{"input_ids": [0, 0, 0, 0, 0, 0, 0, 0]}\n' * 16)  # every token 0: the pad id under policy id0
     return recipe(data__source="file", data__path=str(path), pad_token__policy="id0")
 
 

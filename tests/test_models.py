@@ -44,28 +44,20 @@ def test_dora_adapter_makes_only_adapter_params_trainable():
     assert 0 < plan.trainable_params < plan.params / 10
 
 
-def test_file_data_and_padding_follow_the_recipe(tmp_path):
-    from nandoctor.config import recipe_from_dict
-    from nandoctor.data import batches
+def test_a_text_file_is_tokenized_and_each_batch_padded_to_its_longest_row(tmp_path):
+    from userdata_fixtures import save_chat_tokenizer, text_rows, write_rows
 
-    text = tmp_path / "corpus.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog. " * 20)
-    recipe = recipe_from_dict(
-        {
-            "data": {"source": "file", "path": str(text), "pad_fraction": 0.5},
-            "pad_token": {"policy": "dedicated"},
-            "seq_len": 32,
-            "batch_size": 3,
-        },
-        "r",
-    )
-    config = model_config(resolve_model(None))
-    first = next(batches(recipe, config, seed=0))
-    pad = config.vocab_size - 1
-    assert first["input_ids"].shape == (3, 32)
-    assert ((first["input_ids"] == pad) == (first["attention_mask"] == 0)).all()
-    assert (first["labels"][first["attention_mask"] == 0] == -100).all()
-    assert (first["labels"][first["attention_mask"] == 1] < 256).all()  # bytes of the file
+    from nandoctor.config import recipe_from_dict
+    from nandoctor.data import stream
+
+    text = write_rows(tmp_path / "corpus.txt", text_rows(12, words=(3, 20)))
+    data = {"path": str(text), "tokenizer": str(save_chat_tokenizer(tmp_path / "tok")), "labels": "attention_mask"}
+    recipe = recipe_from_dict({"data": data, "seq_len": 32, "batch_size": 3}, "r")
+    first = stream(recipe, model_config(resolve_model(None)), seed=0).batches[0]
+    ids, mask, labels = (first.inputs[k] for k in ("input_ids", "attention_mask", "labels"))
+    assert recipe.data.source == "file" and first.rows == (0, 1, 2) and ids.shape[0] == 3
+    assert ids.shape[1] == int(mask.sum(dim=1).max()) <= 32  # padded to the longest row, truncated at seq_len
+    assert (labels[mask == 0] == -100).all() and (labels[mask == 1] == ids[mask == 1]).all()
 
 
 def test_same_seed_same_batches_other_seed_other_batches():

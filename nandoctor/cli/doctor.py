@@ -12,12 +12,14 @@ def register(sub) -> None:
     p = sub.add_parser(
         "doctor",
         help="environment and capability report; with --model / --trainer-args / --accelerate-config, "
-        "lint a planned setup",
+        "lint a planned setup; with --data, lint your training rows (docs/data.md)",
         **examples(
             "nandoctor doctor",
             "nandoctor doctor --model gemma-2-2b --axis dtype=bf16-amp,fp16-amp",
             "nandoctor doctor --model ./my-checkpoint --trainer-args args.json --json",
             "nandoctor doctor --model ./my-checkpoint --accelerate-config fsdp.yaml",
+            "nandoctor doctor --data chat.jsonl --model ./my-checkpoint",
+            "nandoctor doctor --data rows.parquet --tokenizer ./my-tokenizer --set data.packing=position_ids",
         ),
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")

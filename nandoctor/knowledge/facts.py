@@ -15,6 +15,7 @@ from ..config import THRESHOLDS, Recipe
 # all_masked_batches: the rules' fact, computed with the data
 from ..data import all_masked_batches, batches  # noqa: F401
 from ..errors import NandoctorError
+from ..userdata.tokenizer import has_tokenizer, load_tokenizer  # noqa: F401  (where the doctor found them)
 from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
@@ -66,37 +67,6 @@ def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     if cell.precision.weights:
         return SHORT_DTYPES[cell.precision.weights]
     return "fp32" if recipe.adapter.type != "none" else recipe.model.dtype_on_load
-
-
-# The files a transformers tokenizer directory is loaded from (fast, config, BPE, WordPiece, SentencePiece)
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "vocab.json",
-    "vocab.txt",
-    "tokenizer.model",
-    "spiece.model",
-)
-
-
-def load_tokenizer(path: str | Path):
-    """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
-    from transformers import AutoTokenizer
-
-    if not Path(path).is_dir():
-        raise NandoctorError(
-            f"tokenizer directory {str(path)!r} does not exist; pass a local directory (nothing is downloaded)"
-        )
-    if not has_tokenizer(path):
-        raise NandoctorError(f"tokenizer directory {str(path)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
-    try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {' '.join(str(e).split())}") from None
-
-
-def has_tokenizer(path: str | Path | None) -> bool:
-    return bool(path) and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
 def tokenizer_facts(tokenizer) -> dict:

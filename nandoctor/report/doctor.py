@@ -8,6 +8,7 @@ from tabulate import tabulate
 from .. import jsonio
 from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
 from .common import fmt_bytes
+from .data import data_text
 
 
 def stack_facts(env: dict) -> list[dict]:
@@ -70,6 +71,7 @@ def finding_rows(findings: list[dict], max_cells: int = 6) -> list[dict]:
                 "rule": f["id"],
                 "finding": f["title"],
                 "cells": shown or "-",
+                "figure": f.get("figure") or "",
                 "why": f["why"],
                 "fix": f["fix"],
                 "evidence": "; ".join(f["evidence"]),
@@ -139,6 +141,8 @@ def render_doctor_text(report: dict) -> str:
         for cell, why in (setup.get("unsupported") or {}).items():
             out.append(f"  {cell} cannot run here: {why}")
         out.append("")
+    if report.get("data"):
+        out += data_text(report["data"])
     findings = report["findings"]
     own = [f for f in findings if f.get("scope", "setup") == "setup"]
     grid = [f for f in findings if f.get("scope", "setup") == "grid"]
@@ -160,6 +164,7 @@ def _finding_lines(findings: list[dict]) -> list[str]:
         out += [
             f"  [{r['severity']}] {r['rule']}: {r['finding']}"
             + (f" (cells: {r['cells']})" if r["cells"] != "-" else ""),
+            *([f"      measured: {r['figure']}"] if r["figure"] else []),
             f"      why: {r['why']}",
             f"      fix: {r['fix']}",
             f"      evidence: {r['evidence']}",

@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from . import bisection, common, doctor, failures, forensics, matrix, parallel, savings, timing
+from . import bisection, common, data, doctor, failures, forensics, matrix, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -133,6 +133,7 @@ def render_html(a: RunAnalysis) -> str:
         headline=common.headline(a),
         probed=probed,
         why=why,
+        data=data.data_html(a.meta, a.outcomes),
         panels=panels,
         key=matrix.verdicts_shown(panels),
         off_grid=matrix.off_grid_rows(a),

@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
 from . import bisection, common, failures, matrix, timing
+from .data import data_markdown
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
 from .parallel import parallel_markdown
@@ -34,6 +35,7 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
     if m["kind"] == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
+    parts += data_markdown(m, a.outcomes, _table)
     parts += ["## Stable configurations, ranked", "", timing.order_sentence(), "", _table(common.ranking_rows(a)), ""]
     parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]

@@ -1,0 +1,165 @@
+"""The Data section: what the probes trained on. The synthetic stream says so in one sentence; the
+user's rows show what was read (file, kind of rows, tokenizer, options), the rows scanned, the length
+and supervised-token histograms (inline SVG in HTML, tables in Markdown and the terminal), which
+special tokens are targets, the lint's findings with their figures, and the rows each batch (and,
+when the probes' records carry their stream, each probe) trained on. Shared by the doctor's terminal
+output and the run reports."""
+
+from __future__ import annotations
+
+from html import escape
+
+BAR = "#1f77b4"
+
+
+def source_sentence(source: dict | None, recipe: dict | None = None) -> str:
+    """One sentence on where the data came from (the lint's `source`, or the recipe's data section)."""
+    if source and source.get("source") == "file":
+        return (
+            f"Your rows: {source['path']} ({source['rows']} {source['kind'].replace('_', ' + ')} rows), tokenized with "
+            f"{source['tokenizer'] or 'no tokenizer (pre-tokenized ids)'}; max_length {source['max_length']} "
+            f"(truncation {source['truncation_side']}), labels by {source['labels']}, "
+            f"padding {source['padding_side']}, packing {source['packing']}, "
+            f"pad id {source['pad_id']} ({source['pad']})."
+        )
+    data = (recipe or {}).get("data") or {}
+    if data.get("source") == "file":  # a run that read the user's rows without storing the lint's section
+        return (
+            f"Your rows: {data['path']}, tokenized with {data.get('tokenizer') or 'the checkpoint tokenizer'}; "
+            f"max_length {data.get('max_length') or 'seq_len'}, labels by {data.get('labels', 'pad_id')}, "
+            f"packing {data.get('packing', 'none')}."
+        )
+    return (
+        f"The synthetic stream: {data.get('batches', 4)} distinct batches of random 8-token motifs repeated "
+        f"(pad_fraction {data.get('pad_fraction', 0.0)}), drawn from the seed; not your data. Pass --data PATH "
+        "to probe your own rows (docs/data.md)."
+    )
+
+
+def histogram_rows(hist: dict, name: str) -> list[dict]:
+    edges, counts = hist["edges"], hist["counts"]
+    last = len(counts) - 1
+    return [{name: f"{edges[i]}-{edges[i + 1] - (0 if i == last else 1)}", "rows": c} for i, c in enumerate(counts)]
+
+
+def histogram_svg(hist: dict, title: str, width: int = 380, height: int = 150) -> str:
+    """An inline SVG bar chart of a histogram: bars with their counts, the bin edges under them."""
+    counts, edges = hist["counts"], hist["edges"]
+    left, bottom, top = 8, 28, 22
+    plot_w, plot_h = width - 2 * left, height - bottom - top
+    peak = max(counts) or 1
+    bar = plot_w / max(1, len(counts))
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img">',
+        f'<text x="{left}" y="14" font-size="12" font-weight="bold">{escape(title)}</text>',
+    ]
+    for i, c in enumerate(counts):
+        h = plot_h * c / peak
+        x, y = left + i * bar, top + plot_h - h
+        rect = f'x="{x + 1:.1f}" y="{y:.1f}" width="{bar - 2:.1f}" height="{h:.1f}"'
+        parts.append(f'<rect {rect} fill="{BAR}"><title>{c}</title></rect>')
+        if c:
+            parts.append(f'<text x="{x + bar / 2:.1f}" y="{y - 2:.1f}" font-size="9" text-anchor="middle">{c}</text>')
+    for i in (0, len(edges) // 2, len(edges) - 1):
+        x = left + i * bar
+        parts.append(f'<text x="{x:.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{edges[i]}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def batch_rows(batches: list[dict], shown: int = 8) -> list[dict]:
+    """One row per batch: its kind, its rows (the first `shown`), tokens, padding and loss terms."""
+    return [
+        {
+            "batch": i,
+            "kind": b["kind"],
+            "rows": ", ".join(map(str, b["rows"][:shown]))
+            + (f" (+{len(b['rows']) - shown})" if len(b["rows"]) > shown else ""),
+            "tokens": b["tokens"],
+            "padded": b["padded"],
+            "supervised": b["supervised"],
+        }
+        for i, b in enumerate(batches)
+    ]
+
+
+def probe_rows(outcomes) -> list[dict]:
+    """The rows each probe trained on, for records that carry their stream (`record.data`)."""
+    out = []
+    for o in outcomes:
+        data = getattr(o.record, "data", None) or {}
+        for b in data.get("batches") or []:
+            if b.get("rows"):
+                out.append({"probe": o.record.probe_id, "kind": b["kind"], "rows": ", ".join(map(str, b["rows"]))})
+    return out
+
+
+def finding_lines(findings: list[dict]) -> list[str]:
+    return [f"[{f['severity']}] {f['id']}: {f['figure']}" for f in findings if f.get("figure")]
+
+
+def data_text(section: dict) -> list[str]:
+    """What `nandoctor doctor --data` prints before its findings."""
+    from tabulate import tabulate
+
+    out = ["Data", source_sentence(section["source"])]
+    out.append(
+        f"{section['rows']} rows scanned, {section['tokens']} tokens kept; {section['rows_truncated']} rows truncated "
+        f"({section['tokens_cut']} tokens cut); {section['rows_without_supervised']} rows with no supervised token"
+    )
+    for key, name in (("length", "tokens per row"), ("supervised", "supervised tokens per row")):
+        out += ["", tabulate(histogram_rows(section["histograms"][key], name), headers="keys")]
+    out += ["", "Special tokens (as content / as a target):"]
+    out += [f"  {s['token']} (id {s['id']}): {s['content']} / {s['targets']}" for s in section["special_tokens"]]
+    out += [
+        "",
+        "Batches a probe trains on (rows of the data set):",
+        tabulate(batch_rows(section["batches"]), headers="keys"),
+    ]
+    measured = section.get("measured") or {}
+    if measured.get("measured_on"):
+        out.append(f"Measured on {measured['measured_on']}.")
+    return out + [""]
+
+
+def data_markdown(meta: dict, outcomes, table) -> list[str]:
+    """The '## Data' section of report.md, as lines; `table` renders rows as a Markdown table."""
+    section = meta.get("data")
+    parts = ["## Data", "", source_sentence((section or {}).get("source"), meta.get("recipe")), ""]
+    if section:
+        parts += [
+            f"{section['rows']} rows scanned, {section['tokens']} tokens kept, {section['rows_truncated']} truncated, "
+            f"{section['rows_without_supervised']} with no supervised token.",
+            "",
+            table(histogram_rows(section["histograms"]["length"], "tokens per row")),
+            "",
+            table(histogram_rows(section["histograms"]["supervised"], "supervised tokens per row")),
+            "",
+        ]
+        parts += [f"- {line}" for line in finding_lines(section.get("findings") or [])]
+        parts += ["", "Batches the probes train on:", "", table(batch_rows(section["batches"])), ""]
+    trained = probe_rows(outcomes)
+    if trained:
+        parts += ["Rows each probe trained on:", "", table(trained), ""]
+    return parts
+
+
+def data_html(meta: dict, outcomes) -> dict:
+    """The template's context for the Data section."""
+    section = meta.get("data")
+    context = {
+        "sentence": source_sentence((section or {}).get("source"), meta.get("recipe")),
+        "probes": probe_rows(outcomes),
+    }
+    if section:
+        context.update(
+            summary=f"{section['rows']} rows scanned, {section['tokens']} tokens kept, {section['rows_truncated']} "
+            f"truncated, {section['rows_without_supervised']} with no supervised token.",
+            svgs=[
+                histogram_svg(section["histograms"]["length"], "tokens per row"),
+                histogram_svg(section["histograms"]["supervised"], "supervised tokens per row"),
+            ],
+            findings=finding_lines(section.get("findings") or []),
+            batches=batch_rows(section["batches"]),
+        )
+    return context

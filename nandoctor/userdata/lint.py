@@ -1,0 +1,250 @@
+"""The data and setup lint: every row of the user's data measured, with no training, and the findings
+of rules.yaml that the figures fire, each with its measured sentence, a public reference and a fix.
+
+`lint_data` is what `nandoctor doctor --data` runs. It scans the encoded rows (encode.py) column by
+column from the memory-mapped Arrow file, so its memory stays flat in the file's size:
+
+- label coverage: supervised tokens per row (a histogram), the rows and in-order batches with none,
+  and why (truncation, a chat the completion mask cannot be placed in, nothing to learn to begin with);
+- special tokens: how often each is content and how often a target (is EOS ever one?);
+- pad token: a pad id that is also content, and padded positions that carry a label;
+- token ids beyond the model's vocabulary;
+
+and, on the user's model class (measure.py), packing isolation, gradient accumulation against the
+full batch, and embedding rows the data uses that were never trained and that nothing trains.
+Checkpointing x adapters (trainable groups that get no gradient) needs the recipe's training options
+(gradient_checkpointing, modules_to_save): it belongs beside the measured checks in measure.py.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..config import Recipe
+from ..errors import NandoctorError
+from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
+from .encode import IGNORE
+from .rows import EncodedRows, encoded_rows, scan_columns
+
+HISTOGRAM_BINS = 12
+EXAMPLES = 5  # rows named in a finding's figure
+
+
+@dataclass(frozen=True)
+class DataRule:
+    id: str
+    severity: str
+    title: str
+    when: dict
+    figure: str
+    why: str
+    fix: str
+    evidence: tuple
+    verified_by: tuple = ()
+
+    def matches(self, facts: dict) -> bool:
+        """Every condition of `when` holds (knowledge.OPERATORS; a figure that is None fails comparisons)."""
+        for name, condition in self.when.items():
+            ops = condition if isinstance(condition, dict) else {"eq": condition}
+            if not all(OPERATORS[op](facts.get(name), value) for op, value in ops.items()):
+                return False
+        return True
+
+
+@functools.cache
+def data_rules() -> tuple[DataRule, ...]:
+    out = []
+    for entry in yaml.safe_load((Path(__file__).parent / "rules.yaml").read_text()):
+        rule = DataRule(
+            **{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())}
+        )
+        if (
+            rule.severity not in SEVERITIES
+            or not rule.evidence
+            or any(e.startswith(OWN_SOURCES) for e in rule.evidence)
+        ):
+            raise ValueError(f"userdata/rules.yaml: rule {rule.id!r} is malformed (severity or evidence)")
+        out.append(rule)
+    return tuple(out)
+
+
+def findings(facts: dict) -> list[dict]:
+    """The rules the figures fire, most severe first, as the doctor's findings (with `figure`)."""
+    fired = sorted((r for r in data_rules() if r.matches(facts)), key=lambda r: SEVERITIES.index(r.severity))
+    return [
+        {
+            "id": r.id,
+            "severity": r.severity,
+            "title": r.title,
+            "figure": " ".join(r.figure.format(**facts).split()),
+            "why": r.why,
+            "fix": r.fix,
+            "evidence": list(r.evidence),
+            "verified_by": list(r.verified_by),
+            "cells": [],
+            "scope": "setup",
+        }
+        for r in fired
+    ]
+
+
+def histogram(values, bins: int = HISTOGRAM_BINS) -> dict:
+    """Integer-edged histogram of non-negative counts: {"edges": [b0, ..., bn], "counts": [...]}, bin i
+    holding values in [edges[i], edges[i+1]) (the last bin closed)."""
+    import numpy as np
+
+    values = np.asarray(values)
+    top = int(values.max()) if len(values) else 0
+    width = max(1, -(-(top + 1) // bins))
+    edges = list(range(0, top + width + 1, width))[: bins + 1]
+    counts, _ = np.histogram(values, bins=edges)
+    return {"edges": [int(e) for e in edges], "counts": [int(c) for c in counts]}
+
+
+def _examples(mask) -> str:
+    import numpy as np
+
+    rows = np.flatnonzero(mask)[:EXAMPLES].tolist()
+    return ", ".join(map(str, rows)) + (" ..." if int(mask.sum()) > EXAMPLES else "") if rows else "-"
+
+
+def token_counts(encoded: EncodedRows, vocab: int) -> tuple:
+    """(times each id < vocab occurs as content, times each is a target, tokens with ids >= vocab, the
+    largest id), read chunk by chunk from the memory-mapped columns. A target is a label other than
+    -100 after the causal shift (a row's first label never is); a null labels row is its input_ids."""
+    import numpy as np
+
+    content, targets = np.zeros(vocab, dtype=np.int64), np.zeros(vocab, dtype=np.int64)
+    beyond, largest = 0, -1
+    for batch in encoded.rows.data.to_batches():  # aligned slices of every column, memory-mapped
+        ids, labels = batch.column("input_ids"), batch.column("labels")
+        values = ids.flatten().to_numpy()
+        if "attention_mask" in batch.schema.names:
+            values = values[batch.column("attention_mask").flatten().to_numpy(zero_copy_only=False).astype(bool)]
+        if len(values):
+            largest = max(largest, int(values.max()))
+            beyond += int((values >= vocab).sum())
+            content += np.bincount(values[values < vocab], minlength=vocab)
+        for part in (ids.filter(labels.is_null()), labels.filter(labels.is_valid())):
+            ys = part.flatten().to_numpy()
+            offsets = part.offsets.to_numpy()
+            firsts = offsets[:-1][offsets[1:] > offsets[:-1]] - offsets[0]
+            keep = np.ones(len(ys), dtype=bool)
+            keep[firsts] = False
+            ys = ys[keep & (ys != IGNORE)]
+            targets += np.bincount(ys[ys < vocab], minlength=vocab)
+    return content, targets, beyond, largest
+
+
+def _token_text(tokenizer, token_id) -> str:
+    if tokenizer is None or token_id is None:
+        return f"id {token_id}"
+    return repr(tokenizer.convert_ids_to_tokens(int(token_id)))
+
+
+def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict, object]:
+    """(facts, section, content counts): the figures the rules read, the data section's tables and
+    histograms, and how often each id occurs as content (token_counts)."""
+    import numpy as np
+
+    c = scan_columns(
+        encoded,
+        (
+            "length",
+            "cut",
+            "supervised",
+            "supervised_before_cut",
+            "content_pad",
+            "pad_targets",
+            "misaligned",
+            "segments",
+        ),
+    )
+    n, B = len(c["length"]), recipe.batch_size
+    none = c["supervised"] == 0
+    cut_to_none = none & (c["supervised_before_cut"] > 0)
+    misaligned = c["misaligned"].astype(bool)
+    in_order = np.add.reduceat(c["supervised"], np.arange(0, n, B))  # supervised tokens per batch, in order
+    vocab = model_config.vocab_size
+    content, target_counts, beyond, largest = token_counts(encoded, vocab)
+    targets = {t: int(target_counts[t]) for t in encoded.encoding.special_ids if t < vocab}
+    enc, tok = encoded.encoding, encoded.tokenizer
+    facts = {
+        "rows": n,
+        "batch_size": B,
+        "max_length": enc.max_length,
+        "truncation_side": enc.truncation_side,
+        "labels": enc.labels,
+        "rows_without_supervised": int(none.sum()),
+        "rows_without_supervised_examples": _examples(none),
+        "rows_cut_to_none": int(cut_to_none.sum()),
+        "rows_misaligned": int(misaligned.sum()),
+        "rows_misaligned_examples": _examples(misaligned),
+        "rows_never_supervised": int((none & ~cut_to_none & ~misaligned).sum()),
+        "batches_in_order": len(in_order),
+        "batches_without_supervised": int((in_order == 0).sum()),
+        "rows_truncated": int((c["cut"] > 0).sum()),
+        "pad_id": enc.pad_id,
+        "pad_token": _token_text(tok, enc.pad_id),
+        "content_pad_tokens": int(c["content_pad"].sum()),
+        "content_pad_rows": int((c["content_pad"] > 0).sum()),
+        "pad_targets": int(c["pad_targets"].sum()),
+        "pad_target_rows": int((c["pad_targets"] > 0).sum()),
+        "eos_id": enc.eos_id,
+        "eos_token": _token_text(tok, enc.eos_id),
+        "eos_in_content": int(content[enc.eos_id]) if enc.eos_id is not None and enc.eos_id < vocab else 0,
+        "eos_targets": targets.get(enc.eos_id, 0) if enc.eos_id is not None else None,
+        "ids_beyond_vocab": beyond,
+        "max_id": largest,
+        "vocab_size": vocab,
+    }
+    section = {
+        "rows": n,
+        "tokens": int(c["length"].sum()),
+        "rows_truncated": facts["rows_truncated"],
+        "tokens_cut": int(c["cut"].sum()),
+        "rows_without_supervised": facts["rows_without_supervised"],
+        "histograms": {"length": histogram(c["length"]), "supervised": histogram(c["supervised"])},
+        "special_tokens": [
+            {
+                "token": _token_text(tok, t),
+                "id": t,
+                "content": int(content[t]) if t < vocab else 0,
+                "targets": targets.get(t, 0),
+            }
+            for t in enc.special_ids
+        ],
+    }
+    return facts, section, content
+
+
+def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", model=None) -> dict:
+    """The data section of the doctor's report for recipe.data.path: what was read, the scan's
+    histograms and tables, the batches a probe of this recipe trains on (with their rows), the
+    measured checks and the findings. model: the model the measured checks run on (default: built by
+    measure.lint_model from the recipe, the user's class and `attn`)."""
+    from ..data import make_batch
+    from . import measure
+    from .rows import user_batches
+
+    if recipe.data.source != "file":
+        raise NandoctorError("the data lint reads the user's rows: pass --data PATH")
+    encoded = encoded_rows(recipe, model_config, tokenizer)
+    facts, section, content = scan(encoded, recipe, model_config)
+    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
+    batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
+    fits = facts["ids_beyond_vocab"] == 0
+    measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
+    facts.update(measured)
+    return {
+        "source": encoded.describe(),
+        **section,
+        "batches": [b.describe() for b in batches],
+        "measured": measured,
+        "findings": findings(facts),
+    }

@@ -1,0 +1,123 @@
+"""The user's rows, read, tokenized and measured once: what the probe's stream and the lint share.
+
+`encoded_rows` resolves the recipe's data options against the tokenizer and the model config (which
+id pads, how long a row may be) and returns the encoded, memory-mapped rows; `user_batches` picks
+the batches a probe trains on from them and collates each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Recipe
+from ..errors import NandoctorError
+from .collate import Collation, collate
+from .encode import IGNORE, Encoding, encode
+from .read import open_rows, row_kind
+from .select import choose_batches
+from .tokenizer import config_pad_id, load_tokenizer, pad_token_id, tokenizer_dir
+
+
+@dataclass
+class EncodedRows:
+    """The user's rows after the scan: `rows` holds the encoded columns (encode.py) of every row."""
+
+    path: str
+    kind: str  # read.ROW_KINDS
+    rows: Any  # datasets.Dataset
+    encoding: Encoding
+    collation: Collation
+    tokenizer: Any  # None for pre-tokenized rows read without one
+    tokenizer_path: str | None
+    pad_why: str  # how the pad id was chosen, in words
+
+    def describe(self) -> dict:
+        return {
+            "source": "file",
+            "path": self.path,
+            "kind": self.kind,
+            "rows": len(self.rows),
+            "tokenizer": self.tokenizer_path,
+            "pad_id": self.encoding.pad_id,
+            "pad": self.pad_why,
+            "max_length": self.encoding.max_length,
+            "truncation_side": self.encoding.truncation_side,
+            "labels": self.encoding.labels,
+            "padding_side": self.collation.padding_side,
+            "packing": self.collation.packing,
+        }
+
+
+def resolve_tokenizer(recipe: Recipe, kind: str, tokenizer=None):
+    """(tokenizer, its directory): the one given, else the recipe's (data.tokenizer, then the local
+    checkpoint's). Rows other than pre-tokenized ones without any is one NandoctorError."""
+    path = tokenizer_dir(recipe)
+    if tokenizer is not None:
+        return tokenizer, getattr(tokenizer, "name_or_path", None) or path
+    if path is not None:
+        return load_tokenizer(path), path
+    if kind != "tokens":
+        raise NandoctorError(
+            f"data {recipe.data.path!r} holds {kind.replace('_', ' + ')} rows and the model "
+            f"({recipe.model.hub_id or recipe.model.path or recipe.name}) has no local tokenizer: pass --tokenizer DIR "
+            "(data.tokenizer, a local directory; nothing is downloaded), or give pre-tokenized input_ids"
+        )
+    return None, None
+
+
+def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
+    """Read, tokenize and measure the recipe's data.path (cached by datasets after the first time)."""
+    d = recipe.data
+    rows = open_rows(d.path)
+    kind = row_kind(rows.column_names, d.path)
+    tokenizer, path = resolve_tokenizer(recipe, kind, tokenizer)
+    if tokenizer is not None:
+        pad, why = pad_token_id(tokenizer, recipe.pad_token.policy)
+        special = tuple(sorted(set(tokenizer.all_special_ids)))
+        eos = tokenizer.eos_token_id
+    else:
+        own = getattr(model_config, "pad_token_id", None)
+        pad = own if own is not None and recipe.pad_token.policy == "dedicated" else None
+        pad = config_pad_id(recipe.pad_token.policy, model_config) if pad is None else pad
+        why = "the model config's pad_token_id" if own == pad else f"pad_token.policy={recipe.pad_token.policy}"
+        eos = getattr(model_config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+        special = tuple(sorted({t for t in (getattr(model_config, "bos_token_id", None), eos, pad) if t is not None}))
+    encoding = Encoding(
+        kind=kind,
+        max_length=d.max_length or recipe.seq_len,
+        truncation_side=d.truncation_side,
+        labels=d.labels,
+        pad_id=pad,
+        mask_pad_labels=recipe.pad_token.mask_labels,
+        eos_id=eos,
+        special_ids=special,
+    )
+    pad_label = IGNORE if d.labels != "pad_id" or recipe.pad_token.mask_labels else pad
+    collation = Collation(padding_side=d.padding_side, packing=d.packing, pad_id=pad, pad_label=pad_label)
+    encoded = encode(rows, tokenizer, encoding)
+    return EncodedRows(str(d.path), kind, encoded, encoding, collation, tokenizer, path, why)
+
+
+def row_dicts(encoded: EncodedRows, indices) -> list[dict]:
+    """The encoded rows at these indices, as dicts of lists (what collate takes)."""
+    keys = ("input_ids", "labels", "attention_mask", "position_ids")
+    picked = encoded.rows.select(list(indices)).select_columns([k for k in keys if k in encoded.rows.column_names])
+    rows = [dict(r) for r in picked]
+    for r in rows:
+        r["labels"] = r["input_ids"] if r["labels"] is None else r["labels"]  # null: the ids are the labels
+    return rows
+
+
+def scan_columns(encoded: EncodedRows, names: tuple) -> dict:
+    """Per-row figures as numpy arrays, read from the memory-mapped columns."""
+    return {name: encoded.rows.data.column(name).to_numpy() for name in names}
+
+
+def user_batches(encoded: EncodedRows, batch_size: int, first: int, seed: int) -> list[tuple[str, tuple, dict]]:
+    """[(kind, row indices, tensors)] of the batches a probe trains on (select.py)."""
+    columns = scan_columns(encoded, ("length", "supervised"))
+    packed = encoded.collation.packing != "none"
+    chosen = choose_batches(columns["length"], columns["supervised"], batch_size, first, seed, packed)
+    return [(kind, rows, collate(row_dicts(encoded, rows), encoded.collation)) for kind, rows in chosen]

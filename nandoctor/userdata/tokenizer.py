@@ -1,0 +1,79 @@
+"""Which tokenizer reads the user's rows, and which id pads them.
+
+The tokenizer is a local directory: `data.tokenizer`, else the local checkpoint's own. Nothing is
+downloaded (local_files_only), so a wrong path says so in one line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Recipe
+from ..errors import NandoctorError
+
+# The files a transformers tokenizer directory is loaded from (fast, config, BPE, WordPiece, SentencePiece)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+)
+
+
+def has_tokenizer(path: str | Path | None) -> bool:
+    return bool(path) and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str | Path):
+    """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
+    from transformers import AutoTokenizer
+
+    if not Path(path).is_dir():
+        raise NandoctorError(
+            f"tokenizer directory {str(path)!r} does not exist; pass a local directory (nothing is downloaded)"
+        )
+    if not has_tokenizer(path):
+        raise NandoctorError(f"tokenizer directory {str(path)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {' '.join(str(e).split())}") from None
+
+
+def tokenizer_dir(recipe: Recipe) -> str | None:
+    """The directory the recipe's tokenizer loads from: data.tokenizer, else the local checkpoint's
+    own when it has tokenizer files; None for a model without one (a hub twin, a recipe's arch)."""
+    if recipe.data.tokenizer:
+        return recipe.data.tokenizer
+    return recipe.model.path if has_tokenizer(recipe.model.path) else None
+
+
+def config_pad_id(policy: str, config) -> int:
+    """The pad id under pad_token.policy without a tokenizer (the synthetic stream, pre-tokenized rows):
+    `dedicated` is the last id of the model's vocabulary, which no synthetic row uses."""
+    if policy == "id0":
+        return 0
+    if policy == "eos":
+        eos = getattr(config, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) else eos
+        return eos if eos is not None else config.vocab_size - 2
+    return config.vocab_size - 1
+
+
+def pad_token_id(tokenizer, policy: str) -> tuple[int, str]:
+    """(the id that pads, how it was chosen) under pad_token.policy: `dedicated` is the tokenizer's own
+    pad token, or its EOS when it has none (as TRL's SFTTrainer falls back); `eos` the EOS id; `id0` id 0."""
+    eos = tokenizer.eos_token_id
+    if policy == "id0":
+        return 0, "id 0 (pad_token.policy=id0)"
+    if policy == "eos" or tokenizer.pad_token_id is None:
+        if eos is None:
+            raise NandoctorError(
+                "the tokenizer has neither a pad token nor an EOS token to pad with; "
+                "add a pad token to it, or set pad_token.policy=id0"
+            )
+        why = "its EOS (pad_token.policy=eos)" if policy == "eos" else "its EOS: the tokenizer has no pad token"
+        return eos, why
+    return tokenizer.pad_token_id, "the tokenizer's pad token"
