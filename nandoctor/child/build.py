@@ -91,12 +91,17 @@ def within(outer: Callable, inner: Callable) -> Callable:
     return both
 
 
+def whole(stream):
+    """Every row of every global batch: the share of a one-process probe."""
+    return stream
+
+
 @dataclass
 class Setup:
     """Everything `train.train` needs for one probe."""
 
     model: Any
-    data: Any  # an endless iterator of batches already on the device
+    data: Any  # an endless iterator of this process's batches (rows(global stream)), already on the device
     optimizer: Any
     autocast: Callable
     scaler: Any
@@ -105,10 +110,14 @@ class Setup:
     fp8_excluded: dict = field(default_factory=dict)  # fp8 cells: {linear left in high precision: why}
     optimizer_eager: str | None = None  # why the optimizer step runs eagerly here, when it does
     build_s: float = 0.0  # constructing the model on its device (init or weight load)
+    # this process's rows of each global batch: all of them, or a rank's shard (parallel.shards); the
+    # stream `data` and `restart` make, so that the replay trains the same rows as the timed steps
+    rows: Callable = whole
 
 
-def _data(spec: ProbeSpec, model):
-    return ({k: v.to(spec.device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
+def _data(spec: ProbeSpec, model, rows: Callable = whole):
+    stream = rows(batches(spec.recipe, model.config, spec.seed))
+    return ({k: v.to(spec.device) for k, v in b.items()} for b in stream)
 
 
 def _optimizer(spec: ProbeSpec, model):
@@ -148,8 +157,8 @@ def setup(spec: ProbeSpec) -> Setup:
 
 def restart(spec: ProbeSpec, s: Setup) -> Setup:
     """The same model (its weights restored by the caller) with a fresh optimizer, GradScaler and data
-    stream: what the replay trains, without building the model a second time."""
+    stream of `s.rows`: what the replay trains, without building the model a second time."""
     s.optimizer = None  # free the timed run's optimizer state before the fresh one is made
     _, scaler = precision(spec.cell, spec.device)
     optimizer, _ = _optimizer(spec, s.model)
-    return replace(s, data=_data(spec, s.model), optimizer=optimizer, scaler=scaler)
+    return replace(s, data=_data(spec, s.model, s.rows), optimizer=optimizer, scaler=scaler)
