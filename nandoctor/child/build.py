@@ -116,8 +116,18 @@ class Setup:
 
 
 def _data(spec: ProbeSpec, model, rows: Callable = whole):
+    """The stream the training loop draws one optimizer step's batch from: the recipe's global batches,
+    this process's rows of each, on the device. An option that changes what a step trains on (a
+    collator's position_ids, micro-batches to accumulate) is a stage here, after `rows`, so that a
+    rank's share of the global batch stays the same whatever the option does."""
     stream = rows(batches(spec.recipe, model.config, spec.seed))
     return ({k: v.to(spec.device) for k, v in b.items()} for b in stream)
+
+
+def first_batch(spec: ProbeSpec, model) -> dict:
+    """The first global batch of the probe's stream, whole, on its device: what one process would train
+    at step 0 (the step-0 gradient agreement's reference, the replay's gradient underflow)."""
+    return next(_data(spec, model))
 
 
 def _optimizer(spec: ProbeSpec, model):

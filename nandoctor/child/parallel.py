@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import jsonio
 from ..record import ProbeRecord, ProbeSpec, Step
-from .build import Setup, restart
+from .build import Setup, first_batch, restart
 from .probe import probe
 from .ranks import Ranks
 
@@ -262,7 +262,7 @@ class DistributedRanks(Ranks):
         backward of each rank's rows and the reduction give the gradient rank 0 compares with it. Then
         an optimizer over the wrapped parameters (FSDP2 replaced them) and this rank's rows of the
         stream from its start. Records what the ranks run with in record.parallel."""
-        first = next(s.data)
+        first = first_batch(spec, s.model)
         reference = one_process_gradient(s.model, first, s) if self.rank == 0 else {}
         self.wrapped = wrap(s.model, spec)
         mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget

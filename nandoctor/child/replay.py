@@ -21,9 +21,8 @@ import time
 import traceback
 
 from ..cells import weight_dtype
-from ..data import batches
 from ..record import ProbeRecord, ProbeSpec, Step
-from .build import Setup, restart
+from .build import Setup, first_batch, restart
 from .fp8 import fp8_watch
 from .instruments import StepZeroWatch, gradient_underflow, hooked_steps
 from .ranks import ONE_PROCESS, Ranks
@@ -58,7 +57,7 @@ def underflow(spec: ProbeSpec, timed: ProbeRecord, s: Setup) -> dict:
     """gradient_underflow on the first batch of the probe's stream, at the timed run's last loss scale."""
     t1 = time.perf_counter()
     scales = [st.scale for st in timed.steps if st.scale]
-    first = {k: v.to(spec.device) for k, v in next(batches(spec.recipe, s.model.config, spec.seed)).items()}
+    first = first_batch(spec, s.model)
     out = gradient_underflow(s.model, first, spec.cell.precision.compute, scales[-1] if scales else 1.0)
     out["seconds"] = time.perf_counter() - t1
     return out
