@@ -91,9 +91,9 @@ def within(outer: Callable, inner: Callable) -> Callable:
     return both
 
 
-def whole(stream):
-    """Every row of every global batch: the share of a one-process probe."""
-    return stream
+def whole(batch: dict) -> dict:
+    """Every row of a global batch: the share of a one-process probe."""
+    return batch
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Setup:
     """Everything `train.train` needs for one probe."""
 
     model: Any
-    data: Any  # an endless iterator of this process's batches (rows(global stream)), already on the device
+    data: Any  # an endless iterator of this process's rows of each global batch, already on the device
     optimizer: Any
     autocast: Callable
     scaler: Any
@@ -110,18 +110,17 @@ class Setup:
     fp8_excluded: dict = field(default_factory=dict)  # fp8 cells: {linear left in high precision: why}
     optimizer_eager: str | None = None  # why the optimizer step runs eagerly here, when it does
     build_s: float = 0.0  # constructing the model on its device (init or weight load)
-    # this process's rows of each global batch: all of them, or a rank's shard (parallel.shards); the
-    # stream `data` and `restart` make, so that the replay trains the same rows as the timed steps
-    rows: Callable = whole
+    # this process's rows of one global batch (its model inputs): all of them, or a rank's shard
+    # (parallel.shard); `data` and `restart`'s stream apply it, so the replay trains the timed steps' rows
+    rows: Callable[[dict], dict] = whole
 
 
-def _data(spec: ProbeSpec, model, rows: Callable = whole):
-    """The stream the training loop draws one optimizer step's batch from: the recipe's global batches,
-    this process's rows of each, on the device. An option that changes what a step trains on (a
-    collator's position_ids, micro-batches to accumulate) is a stage here, after `rows`, so that a
-    rank's share of the global batch stays the same whatever the option does."""
-    stream = rows(batches(spec.recipe, model.config, spec.seed))
-    return ({k: v.to(spec.device) for k, v in b.items()} for b in stream)
+def _data(spec: ProbeSpec, model, rows: Callable[[dict], dict] = whole):
+    """The stream the training loop draws one optimizer step's batch from: this process's rows of each
+    of the recipe's global batches, on the device. An option that changes what a step trains on (the
+    collator's position_ids, several micro-batches a step: data.DataStream.steps) changes this stream
+    and the loop only; `rows` takes its share of each batch whatever the batch holds."""
+    return ({k: v.to(spec.device) for k, v in rows(b).items()} for b in batches(spec.recipe, model.config, spec.seed))
 
 
 def first_batch(spec: ProbeSpec, model) -> dict:

@@ -46,11 +46,6 @@ def shard(batch: dict, rank: int, world_size: int) -> dict:
     return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
 
 
-def shards(stream, rank: int, world_size: int):
-    for batch in stream:
-        yield shard(batch, rank, world_size)
-
-
 def decoder_layers(model) -> list:
     """The modules FSDP2 shards one by one: transformers names them in `_no_split_modules`."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -267,7 +262,7 @@ class DistributedRanks(Ranks):
         self.wrapped = wrap(s.model, spec)
         mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget
         reduced = reduced_gradient(self.wrapped, s.model, shard(first, self.rank, self.world_size), s, self.rank)
-        s = restart(spec, replace(s, rows=partial(shards, rank=self.rank, world_size=self.world_size)))
+        s = restart(spec, replace(s, rows=partial(shard, rank=self.rank, world_size=self.world_size)))
         row = spec.cell.parallel_row
         record.parallel = {
             "world_size": self.world_size,
