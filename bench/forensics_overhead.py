@@ -10,7 +10,7 @@ import time
 
 from nandoctor.cells import Cell
 from nandoctor.child.build import setup
-from nandoctor.child.hooks import ModuleWatch, OptimizerWatch
+from nandoctor.child.instruments import ModuleWatch, OptimizerWatch
 from nandoctor.child.train import train
 from nandoctor.env import collect_summary
 from nandoctor.models import plan_model

@@ -179,7 +179,8 @@ def warmup_steps(rates: list[float]) -> int:
 @dataclass(frozen=True)
 class Throughput:
     """Tokens/s of a probe's steady steps: the median and the spread of the per-step rates (quartiles,
-    min, max), warm-up steps left out. The spread is what the ranking calls noise."""
+    min, max), warm-up steps left out. The spread is what the ranking calls noise. A W-rank probe's
+    rates count every rank's tokens (`devices` = W); `per_device` is what one of its devices did."""
 
     median: float
     q1: float
@@ -188,26 +189,33 @@ class Throughput:
     high: float
     steps: int  # steady steps measured
     warmup: int  # leading steps left out
+    devices: int = 1  # the devices (ranks) whose tokens the rates count; records before it: one process
 
     @classmethod
-    def of_rates(cls, rates: list[float], warmup: int = 0) -> Throughput | None:
+    def of_rates(cls, rates: list[float], warmup: int = 0, devices: int = 1) -> Throughput | None:
         """From steady per-step rates (already without warm-up); None when there are none."""
         if not rates:
             return None
         q1, _, q3 = statistics.quantiles(rates, n=4, method="inclusive") if len(rates) > 1 else rates * 3
-        return cls(statistics.median(rates), q1, q3, min(rates), max(rates), len(rates), warmup)
+        return cls(statistics.median(rates), q1, q3, min(rates), max(rates), len(rates), warmup, devices)
 
     @classmethod
-    def of(cls, steps: list[Step]) -> Throughput | None:
+    def of(cls, steps: list[Step], devices: int = 1) -> Throughput | None:
         rates = steady_rates(steps)
-        return cls.of_rates(rates[0], rates[1])
+        return cls.of_rates(rates[0], rates[1], devices)
 
     @classmethod
-    def pooled(cls, runs: list[list[Step]]) -> Throughput | None:
+    def pooled(cls, runs: list[list[Step]], devices: int = 1) -> Throughput | None:
         """One figure from several probes of the same cell (re-timing rounds): their steady rates
         together, so that the spread covers the differences between rounds too."""
         steady = [steady_rates(steps) for steps in runs]
-        return cls.of_rates([r for rates, _ in steady for r in rates], sum(w for _, w in steady))
+        return cls.of_rates([r for rates, _ in steady for r in rates], sum(w for _, w in steady), devices)
+
+    @property
+    def per_device(self) -> Throughput:
+        """The same rates divided among the devices: what compares a W-rank probe with a one-process one."""
+        rates = {name: getattr(self, name) / self.devices for name in ("median", "q1", "q3", "low", "high")}
+        return dataclasses.replace(self, **rates, devices=1)
 
     @property
     def spread(self) -> float:

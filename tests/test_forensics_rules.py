@@ -5,7 +5,7 @@ import math
 from nandoctor.analysis.forensics import FINFO_MAX, headroom, origin, update_loss
 from nandoctor.analysis.verdicts import fidelity_curve
 from nandoctor.cells import AXES, Cell
-from nandoctor.child.hooks import replay_cost, reproduced
+from nandoctor.child.replay import replay_cost, reproduced
 from nandoctor.record import Step
 
 NAN = math.nan

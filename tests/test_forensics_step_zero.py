@@ -26,13 +26,15 @@ def spec_for(cell: Cell, steps: int = 2, **fields) -> ProbeSpec:
 def probe(spec: ProbeSpec, monkeypatch=None):
     """Train the spec's probe and take its forensics as the child does; a replay raises when
     monkeypatch is given (the stable path must not reach it)."""
-    from nandoctor.child import entry
+    from nandoctor.child import replay
+    from nandoctor.child.probe import run_probe
+    from nandoctor.child.ranks import ONE_PROCESS
 
     if monkeypatch:
-        monkeypatch.setattr(entry, "replay", lambda *a: pytest.fail("a stable eager probe was replayed"))
+        monkeypatch.setattr(replay, "replay", lambda *a: pytest.fail("a stable eager probe was replayed"))
     record = ProbeRecord(spec.probe_id, spec.cell)
-    s, snapshot, watch = entry.run_probe(spec, record, None)
-    return record, s, snapshot, watch, entry.forensics_of(spec, record, s, snapshot, watch)
+    s, snapshot, watch = run_probe(spec, record, ONE_PROCESS, None)
+    return record, s, snapshot, watch, replay.forensics_of(spec, record, s, snapshot, watch, ONE_PROCESS)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def test_its_headroom_is_reported_from_step_0(fp16_amp):
 
 
 def test_step_0_figures_equal_a_one_step_replay_bit_for_bit(fp16_amp):
-    from nandoctor.child.hooks import replay
+    from nandoctor.child.replay import replay
 
     record, s, snapshot, _, f = fp16_amp
     one = dataclasses.replace(
@@ -78,11 +80,12 @@ def test_step_0_figures_equal_a_one_step_replay_bit_for_bit(fp16_amp):
 
 
 def test_the_hooks_leave_losses_and_grad_norms_bit_identical(fp16_amp):
-    from nandoctor.child.entry import run_probe
+    from nandoctor.child.probe import run_probe
+    from nandoctor.child.ranks import ONE_PROCESS
 
     record = fp16_amp[0]
     bare = ProbeRecord(record.probe_id, record.cell)
-    _, snapshot, watch = run_probe(spec_for(record.cell, forensics_steps="0"), bare, None)
+    _, snapshot, watch = run_probe(spec_for(record.cell, forensics_steps="0"), bare, ONE_PROCESS, None)
     assert snapshot is None and watch is None
     assert [(s.loss, s.grad_norm, s.scale) for s in bare.steps] == [
         (s.loss, s.grad_norm, s.scale) for s in record.steps
@@ -107,7 +110,7 @@ def test_a_probe_that_goes_nonfinite_is_replayed_up_to_its_failure():
     ],
 )
 def test_cells_that_keep_the_replay_or_have_none(cell, steps, fields):
-    from nandoctor.child.hooks import eager_forensics
+    from nandoctor.child.replay import eager_forensics
 
     assert not eager_forensics(spec_for(cell, steps, **fields))
     assert not eager_forensics(dataclasses.replace(spec_for(Cell("fp32", "sdpa", "off"), 4), replay_failed_only=True))

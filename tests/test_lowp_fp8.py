@@ -160,7 +160,9 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     pytest.importorskip("torchao")
     skip_without_fp8_matmul()
     from nandoctor.cells import Cell
-    from nandoctor.child.entry import forensics_of, run_probe
+    from nandoctor.child.probe import run_probe
+    from nandoctor.child.ranks import ONE_PROCESS
+    from nandoctor.child.replay import forensics_of
     from nandoctor.config import set_field
     from nandoctor.models import plan_model
     from nandoctor.recipes import recipe_by_name
@@ -174,13 +176,13 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     cell = Cell(dtype)
     spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 2, 0, "cpu", 1)
     record = ProbeRecord(spec.probe_id, cell)
-    s, snapshot, _ = run_probe(spec, record, None)
+    s, snapshot, _ = run_probe(spec, record, ONE_PROCESS, None)
     assert len(record.steps) == 2 and all(torch.isfinite(torch.tensor(s.loss)) for s in record.steps)
     assert set(record.fp8_excluded) == {"lm_head"}
     assert (
         record.optimizer_state_bytes >= 2 * record.weights_bytes > 0
     )  # AdamW's two fp32 moments over fp32 master weights
-    f = forensics_of(spec, record, s, snapshot, None)
+    f = forensics_of(spec, record, s, snapshot, None, ONE_PROCESS)
     assert "error" not in f, f.get("traceback")
     assert f["reproduced"]  # the replay restored the converted model from its snapshot
     casts = f["fp8"]["casts"]

@@ -41,17 +41,19 @@ def test_a_lora_snapshot_keeps_only_the_adapter():
 
 
 def test_the_replay_builds_no_second_model_and_retraces_the_timed_losses(monkeypatch):
-    from nandoctor.child import build, entry
+    from nandoctor.child import build
+    from nandoctor.child.probe import run_probe
+    from nandoctor.child.ranks import ONE_PROCESS
+    from nandoctor.child.replay import forensics_of
 
     built = []
     real = build.build_model
     monkeypatch.setattr(build, "build_model", lambda *a: built.append(a) or real(*a))
     spec = spec_for(resolve_model("tiny-llama"), Cell("bf16-amp", "sdpa", "off"))
     record = ProbeRecord(spec.probe_id, spec.cell)
-    s, snapshot, _ = entry.run_probe(spec, record, None)
-    forensics = entry.forensics_of(
-        spec, record, s, snapshot, None
-    )  # the replay: what compiled and fp8 cells, and failing probes, get
+    s, snapshot, _ = run_probe(spec, record, ONE_PROCESS, None)
+    # the replay: what compiled and fp8 cells, and failing probes, get
+    forensics = forensics_of(spec, record, s, snapshot, None, ONE_PROCESS)
     assert len(built) == 1
     assert forensics["reproduced"] is True, forensics.get("error")
     assert forensics["snapshot"]["where"] == "cpu" and forensics["snapshot"]["bytes"] > 0

@@ -91,12 +91,17 @@ def within(outer: Callable, inner: Callable) -> Callable:
     return both
 
 
+def whole(batch: dict) -> dict:
+    """Every row of a global batch: the share of a one-process probe."""
+    return batch
+
+
 @dataclass
 class Setup:
     """Everything `train.train` needs for one probe."""
 
     model: Any
-    data: Any  # an endless iterator of batches already on the device
+    data: Any  # an endless iterator of this process's rows of each global batch, already on the device
     optimizer: Any
     autocast: Callable
     scaler: Any
@@ -105,10 +110,23 @@ class Setup:
     fp8_excluded: dict = field(default_factory=dict)  # fp8 cells: {linear left in high precision: why}
     optimizer_eager: str | None = None  # why the optimizer step runs eagerly here, when it does
     build_s: float = 0.0  # constructing the model on its device (init or weight load)
+    # this process's rows of one global batch (its model inputs): all of them, or a rank's shard
+    # (parallel.shard); `data` and `restart`'s stream apply it, so the replay trains the timed steps' rows
+    rows: Callable[[dict], dict] = whole
 
 
-def _data(spec: ProbeSpec, model):
-    return ({k: v.to(spec.device) for k, v in b.items()} for b in batches(spec.recipe, model.config, spec.seed))
+def _data(spec: ProbeSpec, model, rows: Callable[[dict], dict] = whole):
+    """The stream the training loop draws one optimizer step's batch from: this process's rows of each
+    of the recipe's global batches, on the device. An option that changes what a step trains on (the
+    collator's position_ids, several micro-batches a step: data.DataStream.steps) changes this stream
+    and the loop only; `rows` takes its share of each batch whatever the batch holds."""
+    return ({k: v.to(spec.device) for k, v in rows(b).items()} for b in batches(spec.recipe, model.config, spec.seed))
+
+
+def first_batch(spec: ProbeSpec, model) -> dict:
+    """The first global batch of the probe's stream, whole, on its device: what one process would train
+    at step 0 (the step-0 gradient agreement's reference, the replay's gradient underflow)."""
+    return next(_data(spec, model))
 
 
 def _optimizer(spec: ProbeSpec, model):
@@ -148,8 +166,8 @@ def setup(spec: ProbeSpec) -> Setup:
 
 def restart(spec: ProbeSpec, s: Setup) -> Setup:
     """The same model (its weights restored by the caller) with a fresh optimizer, GradScaler and data
-    stream: what the replay trains, without building the model a second time."""
+    stream of `s.rows`: what the replay trains, without building the model a second time."""
     s.optimizer = None  # free the timed run's optimizer state before the fresh one is made
     _, scaler = precision(spec.cell, spec.device)
     optimizer, _ = _optimizer(spec, s.model)
-    return replace(s, data=_data(spec, s.model), optimizer=optimizer, scaler=scaler)
+    return replace(s, data=_data(spec, s.model, s.rows), optimizer=optimizer, scaler=scaler)

@@ -1,6 +1,6 @@
 """How a probe process reports: the warnings it emitted, what it raised, and its record written
-whole (the runner never reads half a file). Shared by a one-process probe (entry.py) and each rank of
-a parallel one (parallel.py)."""
+whole (the runner never reads half a file). Shared by the probe body (probe.py), in one process and in
+each rank of a parallel probe."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""One rank of a parallel probe, forked by launch.py with RANK and WORLD_SIZE in its environment.
+"""One rank of a parallel probe, forked by launch.py with RANK and WORLD_SIZE in its environment: the
+probe body (probe.py) with DistributedRanks, the part of it only W ranks have.
 
 Every rank builds the same model from the same seed (DDP and FSDP assume identical starts) and trains
 its rows of each global batch: rank r of W takes rows [r B/W, (r+1) B/W) of the batch_size B the
@@ -6,27 +7,27 @@ one-process probe trains, so that probe is this one's exact reference. Before wr
 the one-process gradient of the first global batch; after wrapping, one backward on each rank's rows
 and the reduction give the gradient the ranks will step with, and rank 0 compares the two (step-0
 gradient agreement). Then the same training loop as a one-process probe runs on the wrapped model;
-each step's loss is the mean over the ranks, its grad-norm that of the full gradient.
+each step's loss is the mean over the ranks, its tokens their sum, its grad-norm that of the full
+gradient. The forensics replay runs on every rank, with a watch on the reduction (reduction_watch.py).
 
-Each rank writes its own record to rank{r}.json; the launcher merges them into result.json.
+Each rank writes its own record to rank{r}.json; the launcher merges them into result.json, and
+publishes the timed result once every rank has written its own.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
-import traceback
+from dataclasses import replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 from .. import jsonio
-from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step
-from .build import restart, setup
-from .memory import split_after_first_step
-from .outcome import WarningLog, built, error_of, write
-from .snapshot import Snapshot
-from .train import StepLog, peak_memory, step_times, train
+from ..record import ProbeRecord, ProbeSpec, Step
+from .build import Setup, first_batch, restart
+from .probe import probe
+from .ranks import Ranks
 
 
 def rank_file(result: Path, rank: int) -> Path:
@@ -43,11 +44,6 @@ def shard(batch: dict, rank: int, world_size: int) -> dict:
     """This rank's rows of a global batch."""
     rows = next(iter(batch.values())).shape[0] // world_size
     return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
-
-
-def shards(stream, rank: int, world_size: int):
-    for batch in stream:
-        yield shard(batch, rank, world_size)
 
 
 def decoder_layers(model) -> list:
@@ -230,131 +226,103 @@ def agree(step: Step, world_size: int) -> None:
         step.tokens_per_s = step.tokens / step.time_s if step.time_s else None
 
 
-class RankSteps:
-    """Each rank's step, made the probe's (agree); rank 0's log streams them to steps.jsonl."""
+class DistributedRanks(Ranks):
+    """Rank `rank` of a W-rank DDP or FSDP2 probe (ranks.Ranks says what each hook is for)."""
 
-    def __init__(self, log: StepLog, world_size: int):
-        self.log, self.world_size = log, world_size
+    def __init__(self, spec: ProbeSpec, rank: int, world_size: int, result: Path):
+        self.spec, self.rank, self.world_size, self.result = spec, rank, world_size, result
+        self.wrapped = None
 
-    def __call__(self, step: Step) -> bool:
-        agree(step, self.world_size)
-        return self.log(step)
+    @property
+    def underflow_note(self) -> str | None:
+        if self.spec.cell.parallel_row.wrapper == "fsdp2":
+            return "gradient underflow not measured under FSDP2: its parameters are sharded"
+        return None
 
+    def join(self, spec: ProbeSpec) -> None:
+        import torch.distributed as dist
 
-def run_rank(spec: ProbeSpec, record: ProbeRecord, rank: int, world_size: int, result: Path) -> tuple:
-    """Build, wrap, measure the step-0 agreement and train this rank; fills `record`. Returns the live
-    wrapper, the setup and, when the recipe asks for forensics, the snapshot of the wrapped model's
-    state before the timed steps: the caller ends the process without freeing them (see main)."""
-    import torch
-    import torch.distributed as dist
-    from transformers.utils import logging as hf_logging
-
-    from ..env import collect_summary
-
-    hf_logging.disable_progress_bar()
-    torch.set_num_threads(max(1, spec.threads // world_size))  # the ranks share the probe's cores
-    if rank == 0:
-        record.env = collect_summary()
-    backend = "nccl" if spec.device == "cuda" else "gloo"
-    dist.init_process_group(
-        backend,
-        init_method=f"file://{rendezvous_file(result)}",
-        rank=rank,
-        world_size=world_size,
-        # past every budget the runner holds: a rank stuck in a collective is the runner's
-        # timeout (the probe's verdict), never a collective's own error on its peer
-        timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60),
-    )
-    t0 = time.perf_counter()
-    s = setup(spec)
-    record.build_s = s.build_s
-    first = next(s.data)
-    reference = one_process_gradient(s.model, first, s) if rank == 0 else {}
-    wrapped = wrap(s.model, spec)
-    if rank == 0:  # built and wrapped: the first collective (the gradient check) is on the steps' budget
-        built(result.with_name(BUILT_FILE))
-    reduced = reduced_gradient(wrapped, s.model, shard(first, rank, world_size), s, rank)
-    s = restart(spec, s)  # an optimizer over the wrapped parameters (FSDP2 replaced them), the stream from its start
-    s.data = shards(s.data, rank, world_size)
-    snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None  # FSDP2: this rank's shards
-    backend_name = spec.cell.compilation.backend
-    forward = wrapped if backend_name is None else torch.compile(wrapped, backend=backend_name)
-    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
-    record.parallel = {
-        "world_size": world_size,
-        "backend": backend,
-        "wrapper": spec.cell.parallel_row.wrapper,
-        "comm_hook": ddp_hook(spec)[1] if spec.cell.parallel_row.wrapper == "ddp" else None,
-        "grad_reduce": spec.recipe.grad_reduce,
-        "rows_per_rank": spec.recipe.batch_size // world_size,
-        "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
-        "reduce_dtype": reduce_dtypes(wrapped, spec),
-        "grad_agreement": agreement(reduced, reference) if rank == 0 else None,
-    }
-    log = StepLog(result.with_name("steps.jsonl") if rank == 0 else None, spec.steps)
-    record.steps = log.steps
-    split = split_after_first_step(s.model, s.optimizer)
-    t1 = time.perf_counter()
-    try:
-        train(forward, s, spec.recipe.grad_clip, spec.steps, RankSteps(log, world_size))
-    finally:
-        record.train_s = time.perf_counter() - t1
-        record.first_nonfinite, record.stopped_early = log.first_nonfinite, log.stopped_early
-        record.compile_s, record.steady_step_s = step_times(log.steps, compiled=backend_name is not None)
-        record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
-        record.weights_bytes = split.get("weights_bytes")  # this rank's: FSDP2 holds a shard
-        record.grads_bytes = split.get("grads_bytes")
-        record.optimizer_state_bytes = split.get("optimizer_state_bytes")
-    return wrapped, s, snapshot
-
-
-def forensics_on_rank(
-    spec: ProbeSpec, record: ProbeRecord, s, wrapped, snapshot: Snapshot, rank: int, world_size: int
-) -> dict:
-    """This rank's replay with hooks (rank_forensics.py); a failure is recorded, never the probe's."""
-    from .rank_forensics import replay_on_rank
-
-    try:
-        return replay_on_rank(
-            spec,
-            record,
-            s,
-            wrapped,
-            snapshot,
-            rank,
-            world_size,
-            rows=lambda stream: shards(stream, rank, world_size),
-            agree=lambda step: agree(step, world_size),
+        dist.init_process_group(
+            "nccl" if spec.device == "cuda" else "gloo",
+            init_method=f"file://{rendezvous_file(self.result)}",
+            rank=self.rank,
+            world_size=self.world_size,
+            # past every budget the runner holds: a rank stuck in a collective is the runner's
+            # timeout (the probe's verdict), never a collective's own error on its peer
+            timeout=timedelta(seconds=spec.recipe.build_timeout_s + spec.recipe.timeout_s + 60),
         )
-    except Exception as e:
-        return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+
+    def prepare(self, spec: ProbeSpec, s: Setup, record: ProbeRecord, mark_built) -> Setup:
+        """Rank 0 takes the one-process gradient of the first global batch; the model is wrapped; one
+        backward of each rank's rows and the reduction give the gradient rank 0 compares with it. Then
+        an optimizer over the wrapped parameters (FSDP2 replaced them) and this rank's rows of the
+        stream from its start. Records what the ranks run with in record.parallel."""
+        first = first_batch(spec, s.model)
+        reference = one_process_gradient(s.model, first, s) if self.rank == 0 else {}
+        self.wrapped = wrap(s.model, spec)
+        mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget
+        reduced = reduced_gradient(self.wrapped, s.model, shard(first, self.rank, self.world_size), s, self.rank)
+        s = restart(spec, replace(s, rows=partial(shard, rank=self.rank, world_size=self.world_size)))
+        row = spec.cell.parallel_row
+        record.parallel = {
+            "world_size": self.world_size,
+            "backend": "nccl" if spec.device == "cuda" else "gloo",
+            "wrapper": row.wrapper,
+            "comm_hook": ddp_hook(spec)[1] if row.wrapper == "ddp" else None,
+            "grad_reduce": spec.recipe.grad_reduce,
+            "rows_per_rank": spec.recipe.batch_size // self.world_size,
+            "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
+            "reduce_dtype": reduce_dtypes(self.wrapped, spec),
+            "grad_agreement": agreement(reduced, reference) if self.rank == 0 else None,
+        }
+        return s
+
+    def model(self, s: Setup):
+        return self.wrapped
+
+    def agree(self, step: Step) -> None:
+        agree(step, self.world_size)
+
+    def peers(self) -> list[int]:
+        """The launcher and the other ranks (the launcher's other children)."""
+        import psutil
+
+        launcher = psutil.Process().parent()
+        if launcher is None:
+            return []
+        return [launcher.pid] + [p.pid for p in launcher.children() if p.pid != os.getpid()]
+
+    def replay_watches(self, s: Setup) -> tuple[Setup, list]:
+        """A watch on each parameter's gradient before and after the reduction, read where the loop
+        unscales (reduction_watch.py)."""
+        from .reduction_watch import ObservedScaler, ReductionWatch, differentiated
+
+        trained = [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
+        watch = ReductionWatch(differentiated(self.wrapped, s.model), trained)
+        return replace(s, scaler=ObservedScaler(s.scaler, watch)), [watch]
+
+    def mark(self, forensics: dict) -> dict:
+        forensics["rank"], forensics["world_size"] = self.rank, self.world_size
+        for e in forensics["events"]:
+            e["rank"] = self.rank
+        return forensics
+
+    def exit_code(self, forensics: dict) -> int:
+        """1 when the replay raised: the launcher then stops the peers at once, instead of leaving them in
+        a collective (it publishes the timed result with the replay's error)."""
+        return 1 if "error" in forensics else 0
 
 
 def main(argv: list[str]) -> None:
-    """Run this rank, write its record and end the process with 0 (trained) or 1 (raised). When the
-    recipe asks for forensics, a rank that trained writes its timed record with `forensics` set to
-    REPLAY_RUNNING (the launcher publishes the probe's timed result once every rank has), replays, and
-    writes it again; a replay that raised ends the rank with 1, so that the launcher stops its peers
-    at once instead of leaving them in a collective. It never returns: freeing a DDP reducer or a gloo
-    process group after training was seen to wait forever on a futex (a rank of a DDP probe, torch
-    2.13), and nothing is left to free once the record is written."""
+    """Run this rank through the probe body, write its record to rank{r}.json and end the process with
+    its code. It never returns: freeing a DDP reducer or a gloo process group after training was seen
+    to wait forever on a futex (a rank of a DDP probe, torch 2.13), and nothing is left to free once the
+    record is written."""
     spec_path, result = Path(argv[0]), Path(argv[1])
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     spec = ProbeSpec.from_dict(jsonio.loads(spec_path.read_text()))
-    record = ProbeRecord(spec.probe_id, spec.cell)
-    emitted = WarningLog()
-    code = 0
-    try:
-        wrapped, s, snapshot = run_rank(spec, record, rank, world_size, result)  # held until the process ends
-    except BaseException as e:  # becomes data for the verdict, like a one-process probe's
-        record.error = error_of(e, emitted)
-        code, snapshot = 1, None
-    if code == 0 and snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only):
-        record.forensics = REPLAY_RUNNING
-        write(record, rank_file(result, rank))
-        record.forensics = forensics_on_rank(spec, record, s, wrapped, snapshot, rank, world_size)
-        code = 1 if "error" in record.forensics else 0
-    write(record, rank_file(result, rank))
+    ranks = DistributedRanks(spec, rank, world_size, result)
+    code = probe(spec, ranks, rank_file(result, rank), result.parent if rank == 0 else None)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

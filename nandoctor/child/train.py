@@ -15,7 +15,8 @@ from .build import Setup
 
 def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
     """Forward, backward, unscale, grad-norm, clip, step. `model` is the module to call (the compiled
-    one in compile cells). on_step(Step) returns False to stop early."""
+    one in compile cells, a rank's DDP/FSDP2 wrapper); `next(s.data)` is one optimizer step's batch, a
+    dict of the model's keyword arguments. on_step(Step) returns False to stop early."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -36,20 +37,17 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         s.sync()
         seconds = time.perf_counter() - t0
         skipped = scale is not None and s.scaler.get_scale() < scale
-        mask = batch.get("attention_mask")  # a live run's batch, replayed by the training callbacks, may carry none
-        tokens = int(mask.sum()) if mask is not None else None
-        record = Step(
-            step,
-            loss.item(),
-            grad_norm.item(),
-            skipped,
-            scale,
-            seconds,
-            tokens,
-            tokens / seconds if tokens is not None and seconds > 0 else None,
-        )
-        if not on_step(record):
+        tokens = batch_tokens(batch)
+        rate = tokens / seconds if tokens is not None and seconds > 0 else None
+        if not on_step(Step(step, loss.item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)):
             break
+
+
+def batch_tokens(batch: dict) -> int | None:
+    """The tokens a batch trains on: its attention mask's ones; None for a batch without a mask (a live
+    run's, replayed by the training callbacks), which then has no tokens/s."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else None
 
 
 class StepLog:

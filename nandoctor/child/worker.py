@@ -61,7 +61,7 @@ def _preload(model_type: str | None, adapter: bool) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
 
     from .. import env  # noqa: F401
-    from . import build, entry, hooks, plan, train  # noqa: F401
+    from . import build, entry, plan, train  # noqa: F401
 
     if model_type:
         from transformers.models.auto.configuration_auto import model_type_to_module_name

@@ -15,7 +15,7 @@ import warnings
 from ..analysis.forensics import headroom
 from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, numeric_verdict
 from ..capabilities import cell_support
-from ..child.hooks import ModuleWatch
+from ..child.instruments import ModuleWatch
 from ..config import THRESHOLDS
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding

@@ -1,6 +1,6 @@
 """The replay of a live run's failing step: what the watch keeps when a step fails (the batch, and a
 copy of the weights and optimizer state the step started from), and that step trained again on the
-live model with the forensics hooks of child/hooks.py, after which the run's own state is put back.
+live model with the forensics hooks of child/instruments.py, after which the run's own state is put back.
 
 Every read of a parameter here is this rank's own (its FSDP2 shard, `live.local`): a rank never
 starts a collective that the others do not join.
@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass
 
 from ..child.build import Setup
-from ..child.hooks import hooked_steps, replay_cost, reproduced, update_event
+from ..child.instruments import hooked_steps, update_event
+from ..child.replay import replay_cost, reproduced
 from ..record import Step
 from .live import LiveRun, local
 

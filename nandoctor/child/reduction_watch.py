@@ -1,6 +1,7 @@
-"""Numerics forensics on the ranks of a parallel probe: each rank replays its first steps with the hooks
-of a one-process replay (hooks.py) on its own DDP or FSDP2 wrapper, and adds what only a parallel step
-has, the reduction between the backward and the optimizer step.
+"""Numerics forensics on the ranks of a parallel probe: each rank replays its first steps with the
+instruments of a one-process replay (replay.py, instruments.py) on its own DDP or FSDP2 wrapper, and
+adds this watch of what only a parallel step has, the reduction between the backward and the optimizer
+step (parallel.DistributedRanks.replay_watches).
 
 Per rank, tensor hooks on the parameters autograd differentiates (DDP: the module's own; FSDP2: its
 unsharded parameters) read this rank's gradient before the reduction, and the loop's unscale (right
@@ -16,14 +17,9 @@ All ranks replay the same steps: each step's loss is averaged over them before t
 
 from __future__ import annotations
 
-import time
-from dataclasses import replace
 from functools import partial
 
-from ..record import ProbeRecord, ProbeSpec
-from .build import Setup
-from .hooks import _as_dict, _stats, finished, hooked_steps, local, replayed_steps, restored, underflow
-from .snapshot import Snapshot
+from .instruments import local, minmax, minmax_dict
 
 
 def _module(name: str) -> str:
@@ -40,11 +36,11 @@ class ReductionWatch:
         self.handles = [t.register_hook(partial(self._own, name)) for name, t in differentiated]
 
     def _own(self, name: str, grad) -> None:
-        self.before[name] = _stats([grad])
+        self.before[name] = minmax([grad])
 
     def observe(self) -> None:
         """Read the reduced gradients (called where the loop unscales them)."""
-        self.after = [(n, _stats([local(p.grad)])) for n, p in self.reduced if p.grad is not None]
+        self.after = [(n, minmax([local(p.grad)])) for n, p in self.reduced if p.grad is not None]
 
     def end_step(self, step: int) -> list[dict]:
         import torch
@@ -66,7 +62,7 @@ class ReductionWatch:
                     "module": _module(bad),
                     "parameter": bad,
                     "tensor": "this rank's gradient of the parameter, before the reduction",
-                    "stats": _as_dict(own[bad]),
+                    "stats": minmax_dict(own[bad]),
                 }
             )
         lost = next((n for n in names if n in reduced and _finite(own[n]) and not _finite(reduced[n])), None)
@@ -78,11 +74,11 @@ class ReductionWatch:
                     "module": _module(lost),
                     "parameter": lost,
                     "tensor": "gradient after the reduction",
-                    "stats": _as_dict(reduced[lost]),
+                    "stats": minmax_dict(reduced[lost]),
                     "before": {
                         "what": "this rank's gradient of it before the reduction",
                         "module": lost,
-                        **_as_dict(own[lost]),
+                        **minmax_dict(own[lost]),
                     },
                 }
             )
@@ -124,29 +120,3 @@ def differentiated(wrapped, inner) -> list[tuple]:
     if out:
         return out
     return [(n, p) for n, p in inner.named_parameters() if p.requires_grad]
-
-
-def replay_on_rank(
-    spec: ProbeSpec, timed: ProbeRecord, s: Setup, wrapped, snapshot: Snapshot, rank: int, world_size: int, rows, agree
-) -> dict:
-    """This rank's forensics record: its model restored to the state before the timed steps, its first
-    steps replayed with hooks on its wrapper. `rows` turns a data stream into this rank's rows, `agree`
-    makes a rank's Step the probe's (both from parallel.py)."""
-    t0 = time.perf_counter()
-    n_steps = replayed_steps(spec, timed)
-    s, out = restored(spec, s, snapshot, n_steps)
-    sharded = spec.cell.parallel_row.wrapper == "fsdp2"
-    if spec.cell.precision.compute != "float32":
-        if sharded:
-            out["underflow_note"] = "gradient underflow not measured under FSDP2: its parameters are sharded"
-        else:
-            out["underflow"] = underflow(spec, timed, s)  # on the whole first global batch, as one process
-    watch = ReductionWatch(
-        differentiated(wrapped, s.model), [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
-    )
-    s = replace(s, data=rows(s.data), scaler=ObservedScaler(s.scaler, watch))
-    out.update(hooked_steps(wrapped, s, spec.recipe.grad_clip, n_steps, watched=s.model, more=[watch], agree=agree))
-    out["rank"], out["world_size"] = rank, world_size
-    for e in out["events"]:
-        e["rank"] = rank
-    return finished(spec, timed, out, t0)

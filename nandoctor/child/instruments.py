@@ -1,29 +1,19 @@
-"""Numerics forensics, the measuring half (in the probe process): where a probe broke, and how much
-margin a stable one has. analysis/forensics.py reads what this writes.
-
-After its timed steps, the probe's child restores the model's initial state from the snapshot taken
-before them (snapshot.py), takes a fresh optimizer, GradScaler and data stream, and replays the first
-steps eagerly with instrumentation hung off the unchanged training loop (`train.train`):
+"""Numerics forensics, the instruments (in the probe process): read-only hooks hung off the unchanged
+training loop (`train.train`) that say where a probe broke and how much margin a stable one has.
+analysis/forensics.py reads what they measure; replay.py decides when they run.
 
 - forward hooks on every module record the output's min / max / abs-max and the primary input's, and
   hang a tensor hook on each output for its gradient; the first module whose output (forward) or output
-  gradient (backward) holds NaN/inf is the first offender of that phase;
+  gradient (backward) holds NaN/inf is the first offender of that phase (ModuleWatch);
 - optimizer step pre/post hooks snapshot the weights, name the first parameter an update turns
   non-finite (an optimizer-step origin, e.g. AdamW's eps rounding to 0 in fp16) and count the elements
-  whose update rounds away in the weights' storage dtype (update loss);
+  whose update rounds away in the weights' storage dtype, the update loss (OptimizerWatch);
 - one fp32 shadow backward on the first batch measures the fraction of gradient elements that are
-  non-zero in fp32 but round to zero in the compute dtype (after loss scaling).
+  non-zero in fp32 but round to zero in the compute dtype after loss scaling (gradient_underflow).
 
-The timed steps run without any of this, so throughput stays honest; the replay measures its own cost.
-
-A probe whose steps all stay finite has no offender to find, and replaying it only re-measures its
-margin. So when the cell runs eagerly (no torch.compile, no fp8 casts to watch) the same ModuleWatch
-and update-loss hooks hang off its timed step 0 instead (StepZeroWatch), and come off after it; the
-fp32 shadow backward runs after the timed steps on the restored initial weights, as in the replay.
-Every one of these hooks only reads: none returns a tensor, none keeps an input alive, none draws a
-random number, so the step's loss and grad-norm are those of an unhooked step, bit for bit. Step 0 is
-a warm-up step that no throughput figure uses (record.warmup_steps). A probe that went non-finite is
-replayed as above, hooks on every step up to its failure.
+Every hook only reads: none returns a tensor, none keeps an input alive past its step, none draws a
+random number, so a hooked step's loss and grad-norm are those of an unhooked step, bit for bit
+(StepZeroWatch relies on it).
 """
 
 from __future__ import annotations
@@ -31,14 +21,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import statistics
-import time
 
-from ..cells import weight_dtype
-from ..data import batches
-from ..record import ProbeRecord, ProbeSpec, Step
-from .build import Setup, restart
-from .fp8 import fp8_watch
+from ..record import Step
+from .build import Setup
 from .optimizers import dense
 from .snapshot import Snapshot
 from .train import train
@@ -62,7 +47,7 @@ def _floating(obj, out: list) -> list:
     return out
 
 
-def _stats(tensors):
+def minmax(tensors):
     """A float [min, max] tensor over the given tensors, without a device sync. NaN propagates."""
     import torch
 
@@ -83,7 +68,7 @@ def _absmax(lo: float, hi: float) -> float:
     return math.nan if math.isnan(lo) or math.isnan(hi) else max(abs(lo), abs(hi))
 
 
-def _as_dict(row) -> dict:
+def minmax_dict(row) -> dict:
     lo, hi = (float(x) for x in row)
     return {"min": lo, "max": hi, "absmax": _absmax(lo, hi)}
 
@@ -104,7 +89,7 @@ class ModuleWatch:
     def _forward(self, module, args, kwargs, output):
         name = self.names[module]
         outs = _floating(output, [])
-        stats = _stats(outs)
+        stats = minmax(outs)
         if stats is None:
             return
         first = _floating(list(args[:1]) or list(kwargs.values())[:1], [])[:1] if self.keep_inputs else []
@@ -112,7 +97,7 @@ class ModuleWatch:
         self.forward_calls.append((name, stats, first[0].detach() if first else None))
         for t in outs if name != ROOT else []:  # the root's output gradient is the loss scale itself
             if t.requires_grad:
-                t.register_hook(lambda g, name=name: self.backward_calls.append((name, _stats([g]))))
+                t.register_hook(lambda g, name=name: self.backward_calls.append((name, minmax([g]))))
 
     def end_step(self, step: int) -> list[dict]:
         """Fold this step's calls into the running abs-max per module; return its first offenders."""
@@ -139,14 +124,14 @@ class ModuleWatch:
     @staticmethod
     def _offender(step, phase, what, calls, rows, i) -> dict:
         name = calls[i][0]
-        event = {"step": step, "phase": phase, "module": name, "tensor": what, "stats": _as_dict(rows[i])}
+        event = {"step": step, "phase": phase, "module": name, "tensor": what, "stats": minmax_dict(rows[i])}
         if phase == "forward" and calls[i][2] is not None:
-            event["before"] = {"what": "its input", "module": name, **_as_dict(_stats([calls[i][2]]).cpu().tolist())}
+            event["before"] = {"what": "its input", "module": name, **minmax_dict(minmax([calls[i][2]]).cpu().tolist())}
         elif i > 0:  # in backward order, the gradient computed just before this one
             event["before"] = {
                 "what": "the gradient computed just before",
                 "module": calls[i - 1][0],
-                **_as_dict(rows[i - 1]),
+                **minmax_dict(rows[i - 1]),
             }
         return event
 
@@ -168,8 +153,8 @@ def update_event(name: str, p, optimizer, before: list[float]) -> dict:
         "module": name.rsplit(".", 1)[0] if "." in name else name,
         "parameter": name,
         "tensor": "parameter after the update",
-        "stats": _as_dict(_stats([local(p)]).cpu().tolist()),
-        "before": {"what": "the parameter before the update", "module": name, **_as_dict(before)},
+        "stats": minmax_dict(minmax([local(p)]).cpu().tolist()),
+        "before": {"what": "the parameter before the update", "module": name, **minmax_dict(before)},
         "nonfinite_elements": int((~torch.isfinite(local(p).detach())).sum()),
     }
     if "exp_avg_sq" in state:
@@ -237,7 +222,7 @@ class OptimizerWatch:
 
     def _describe(self, i: int) -> dict:
         name, p = self.named[i]
-        return update_event(name, p, self.optimizer, _stats([self.before[i]]).cpu().tolist())
+        return update_event(name, p, self.optimizer, minmax([self.before[i]]).cpu().tolist())
 
     def take(self) -> tuple[float | None, dict | None]:
         if self.stepped:
@@ -318,75 +303,6 @@ def hooked_steps(
     return out
 
 
-def replayed_steps(spec: ProbeSpec, timed: ProbeRecord) -> int:
-    """How many steps the replay runs: up to the timed run's first non-finite step, else forensics_steps."""
-    first_bad = timed.first_nonfinite
-    return first_bad["step"] + 1 if first_bad else min(len(timed.steps), spec.recipe.forensics_steps)
-
-
-def restored(spec: ProbeSpec, s: Setup, snapshot: Snapshot, n_steps: int) -> tuple[Setup, dict]:
-    """The model back at its state before the timed steps, with a fresh optimizer, GradScaler and data
-    stream; and the head of the forensics record."""
-    seconds = snapshot.restore(s.model)
-    s = restart(spec, s)
-    cell = spec.cell
-    out = {
-        "compute_dtype": cell.precision.compute,
-        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
-        "replayed_steps": n_steps,
-        "compile": "off",
-        "snapshot": {**snapshot.describe(), "restore_seconds": seconds},
-    }
-    if cell.compile != "off":
-        out["note"] = f"replayed without torch.compile ({cell.compile}): module hooks need eager execution"
-    return s, out
-
-
-def underflow(spec: ProbeSpec, timed: ProbeRecord, s: Setup) -> dict:
-    """gradient_underflow on the first batch of the probe's stream, at the timed run's last loss scale."""
-    t1 = time.perf_counter()
-    scales = [st.scale for st in timed.steps if st.scale]
-    first = {k: v.to(spec.device) for k, v in next(batches(spec.recipe, s.model.config, spec.seed)).items()}
-    out = gradient_underflow(s.model, first, spec.cell.precision.compute, scales[-1] if scales else 1.0)
-    out["seconds"] = time.perf_counter() - t1
-    return out
-
-
-def finished(spec: ProbeSpec, timed: ProbeRecord, out: dict, t0: float) -> dict:
-    """The forensics record completed: reproduced, cost, peak memory, steps as dicts."""
-    out["reproduced"] = reproduced(timed.steps, out["steps"])
-    out["cost"] = replay_cost(timed.steps, out["steps"], time.perf_counter() - t0)
-    if spec.device == "cuda":  # the whole process's allocator peak, replay included: what packing probes must allow for
-        import torch
-
-        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
-    out["steps"] = [st.to_dict() for st in out["steps"]]
-    return out
-
-
-def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot) -> dict:
-    """Restore the probe's model to its state before the timed steps, replay its first steps with hooks
-    on a fresh optimizer, GradScaler and data stream, and return the forensics record. `timed` is the
-    record of the timed run (steps, first_nonfinite)."""
-    t0 = time.perf_counter()
-    n_steps = replayed_steps(spec, timed)
-    s, out = restored(spec, s, snapshot, n_steps)
-    if spec.cell.precision.compute != "float32":
-        out["underflow"] = underflow(spec, timed, s)
-    casts = fp8_watch(s.model, spec.cell, spec.recipe)
-    try:
-        out.update(hooked_steps(s.model, s, spec.recipe.grad_clip, n_steps))
-    finally:
-        if casts:
-            casts.remove()
-    if casts:
-        out["fp8"] = {"recipe": spec.cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
-    return finished(spec, timed, out, t0)
-
-
-MEASURED_ON = "timed step 0"  # forensics["measured_on"] of a probe measured without a replay
-
-
 class StepZeroWatch:
     """ModuleWatch and the update loss hung off a probe's timed step 0 (see the module docstring): wrap
     the step log with `on_step`, and the hooks come off once step 0 is done (or with `remove`)."""
@@ -415,68 +331,3 @@ class StepZeroWatch:
     def remove(self):
         self.modules.remove()
         self.updates.remove()
-
-
-def eager_forensics(spec: ProbeSpec) -> bool:
-    """Whether a stable probe of this spec is measured on its timed step 0 rather than replayed: the
-    cell runs eagerly without fp8 casts to watch, and step 0 is a warm-up step (at least 2 steps)."""
-    cell = spec.cell
-    return (
-        spec.recipe.forensics_steps > 0
-        and not spec.replay_failed_only
-        and cell.compilation.backend is None
-        and not cell.precision.fp8
-        and spec.steps >= 2
-    )
-
-
-def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -> dict:
-    """The head of a forensics record measured in the timed run: the dtypes, the snapshot restored, and
-    for a half-precision cell the gradient underflow of the initial weights on the first batch."""
-    cell = spec.cell
-    out = {
-        "compute_dtype": cell.precision.compute,
-        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
-        "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)},
-    }
-    if cell.precision.compute != "float32":
-        out["underflow"] = underflow(spec, timed, s)
-    return out
-
-
-def measured_in_run(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, watch: StepZeroWatch) -> dict:
-    """The forensics record of a probe whose timed steps stayed finite, from its hooked step 0: the
-    same fields as a replay's (a one-step 'steps'), with measured_on saying where they came from."""
-    t0 = time.perf_counter()
-    out = _header(spec, s, timed, snapshot)
-    out.update(
-        {
-            "measured_on": MEASURED_ON,
-            "replayed_steps": 0,
-            "compile": "off",
-            "events": watch.events,
-            "steps": [watch.step.to_dict()],
-            "activation_absmax": watch.modules.activation_absmax,
-            "gradient_absmax": watch.modules.gradient_absmax,
-            "reproduced": None,
-        }
-    )
-    out["cost"] = {"seconds": time.perf_counter() - t0, "hooked_step_overhead": None}
-    return out
-
-
-def _same(a: float, b: float) -> bool:
-    return a == b or (math.isnan(a) and math.isnan(b))
-
-
-def reproduced(timed: list[Step], replayed: list[Step]) -> bool:
-    """Did the replay retrace the timed run: the same loss, bit for bit, at every replayed step?"""
-    return bool(replayed) and all(_same(a.loss, b.loss) for a, b in zip(timed, replayed))
-
-
-def replay_cost(timed: list[Step], replayed: list[Step], seconds: float) -> dict:
-    """The replay's wall time and how much slower a hooked step is than the same timed step (median of
-    the per-step ratios, step 0 left out when there are others: it carries allocator warm-up)."""
-    pairs = [(b.time_s, a.time_s) for a, b in zip(timed, replayed) if a.time_s and b.time_s]
-    pairs = pairs[1:] or pairs
-    return {"seconds": seconds, "hooked_step_overhead": statistics.median(h / t for h, t in pairs) if pairs else None}

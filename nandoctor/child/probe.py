@@ -1,0 +1,122 @@
+"""The probe body: build, train, time and record one probe, then replay it, written once for a
+one-process probe (entry.py) and for each rank of a W-rank one (parallel.py). What differs between
+them is `ranks` (ranks.py): how many processes share the probe and how the model is wrapped.
+
+The body builds what the spec names, lets the strategy prepare it (a rank: the step-0 gradient
+agreement, then DDP or FSDP2), snapshots the model for the forensics, and trains. Each step goes to
+steps.jsonl as it ends (so a hang or a segfault still leaves the curve; a W-rank probe's rank 0 writes
+the steps agreed over the ranks). The record is written whole: before the replay with `forensics` set
+to REPLAY_RUNNING, so that the timed steps alone decide the verdict (the runner gives the replay a
+budget of its own), and again once the replay is done. A spec with replay_failed_only (`nandoctor
+check`) replays only a probe that hit a non-finite step.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+from ..capabilities import cell_packages
+from ..cells import PACKAGES
+from ..optional import hidden
+from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
+from .build import Setup, setup
+from .instruments import StepZeroWatch
+from .memory import split_after_first_step
+from .outcome import WarningLog, built, error_of, write
+from .ranks import Ranks, host_sample, probe_load
+from .replay import eager_forensics, forensics_of
+from .snapshot import Snapshot
+from .train import StepLog, peak_memory, step_times, train
+
+
+def run_probe(
+    spec: ProbeSpec, record: ProbeRecord, ranks: Ranks, folder: Path | None
+) -> tuple[Setup, Snapshot | None, StepZeroWatch | None]:
+    """Build what the spec names, prepare it as `ranks` says and train; fills `record` as it goes.
+    `folder` takes steps.jsonl and the built marker (None: neither, as on a rank other than 0). Returns
+    the setup and, when the recipe asks for forensics, the snapshot of the model's state before the
+    timed steps and the watch that measured step 0 (None where a stable probe is replayed instead)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from ..env import collect_summary
+
+    hf_logging.disable_progress_bar()  # keep log.txt to what a reader of a failed probe needs
+    torch.set_num_threads(max(1, spec.threads // ranks.world_size))  # the ranks share the probe's cores
+    ranks.join(spec)
+    if ranks.rank == 0:
+        record.env = collect_summary()
+    t0 = time.perf_counter()
+    with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
+        s = setup(spec)
+    record.build_s = s.build_s
+    mark_built = partial(built, folder / BUILT_FILE) if folder else (lambda: None)
+    s = ranks.prepare(spec, s, record, mark_built)
+    snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None  # FSDP2: this rank's shards
+    backend = spec.cell.compilation.backend
+    forward = ranks.model(s) if backend is None else torch.compile(ranks.model(s), backend=backend)
+    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
+    mark_built()
+    record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
+    record.optimizer_eager = s.optimizer_eager
+    log = StepLog(folder / "steps.jsonl" if folder else None, spec.steps)
+    record.steps = log.steps
+
+    def on_step(step: Step) -> bool:
+        ranks.agree(step)  # every rank decides to stop on the same numbers
+        return log(step)
+
+    watch = StepZeroWatch(s.model, s.optimizer, snapshot) if snapshot and eager_forensics(spec) else None
+    # after the watch: this step post-hook removes itself while torch iterates the hooks, so it must be the last
+    split = split_after_first_step(s.model, s.optimizer)
+    t1 = time.perf_counter()
+    before = host_sample(ranks)
+    try:
+        train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
+    finally:
+        if watch:
+            watch.remove()
+        record.train_s = time.perf_counter() - t1
+        record.host_load = probe_load(before)
+        measured(record, spec, log, split, ranks.world_size)
+        if snapshot and snapshot.where == "cuda":
+            record.peak_memory_bytes -= snapshot.bytes  # allocated before training and held through it: not training's
+    return s, snapshot, watch
+
+
+def measured(record: ProbeRecord, spec: ProbeSpec, log: StepLog, split: dict, devices: int) -> None:
+    """Fill what the timed steps measured: their throughput over `devices` (with the warm-up it found),
+    the steady step time past that warm-up, where they stopped, peak memory and its split (this
+    process's: a rank under FSDP2 holds a shard)."""
+    record.throughput = Throughput.of(log.steps, devices)
+    record.first_nonfinite, record.stopped_early = log.first_nonfinite, log.stopped_early
+    record.compile_s, record.steady_step_s = step_times(
+        log.steps, spec.cell.compilation.backend is not None, record.throughput.warmup if record.throughput else 1
+    )
+    record.peak_memory_bytes, record.peak_memory_kind = peak_memory(spec.device)
+    record.weights_bytes = split.get("weights_bytes")
+    record.grads_bytes = split.get("grads_bytes")
+    record.optimizer_state_bytes = split.get("optimizer_state_bytes")
+
+
+def probe(spec: ProbeSpec, ranks: Ranks, result: Path, folder: Path | None) -> int:
+    """Run the probe in this process, write its record to `result` (before the replay, and after it)
+    and return the exit code: 0 trained (whatever the numbers did), 1 raised; after a replay, the
+    strategy's (a rank whose replay raised ends with 1, so that its peers are stopped at once)."""
+    record = ProbeRecord(spec.probe_id, spec.cell)
+    emitted = WarningLog()
+    code = 0
+    try:
+        s, snapshot, watch = run_probe(spec, record, ranks, folder)  # held until the process ends
+    except BaseException as e:  # everything the probe raises becomes data for the verdict
+        record.error = error_of(e, emitted)
+        code, snapshot = 1, None
+    if snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only):
+        record.forensics = REPLAY_RUNNING
+        write(record, result)  # the timed result: the verdict stands whatever the replay does
+        record.forensics = forensics_of(spec, record, s, snapshot, watch, ranks)
+        code = ranks.exit_code(record.forensics)
+    write(record, result)
+    return code
