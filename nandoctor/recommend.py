@@ -41,6 +41,33 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
     return shlex.join(parts)
 
 
+# The flags of a run's command line that choose the model and recipe: a `check` of the recommendation
+# passes them again (bisect's CLI hands them over itself).
+MODEL_FLAG_NAMES = ("--model", "--recipe", "--scale", "--set", "--world-size")
+
+
+def model_flags_of(command: str, recipe: Recipe) -> list[str]:
+    """The model and recipe flags of a recorded command line (run.json's `command`), in their order;
+    `--model` naming the recipe's checkpoint or name when the command had neither --model nor --recipe
+    (a run from Python)."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # run.json keeps argv joined by spaces: an unbalanced quote inside a value
+        words = (command or "").split()
+    flags, i = [], 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if name in MODEL_FLAG_NAMES and (eq or i + 1 < len(words)):
+            flags += [name, value] if eq else [name, words[i + 1]]
+            i += 0 if eq else 1
+        elif words[i] == "--trust-remote-code":
+            flags.append(words[i])
+        i += 1
+    if "--model" not in flags and "--recipe" not in flags:
+        flags = ["--model", recipe.model.hub_id or recipe.model.path or recipe.name] + flags
+    return flags
+
+
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
     args = {

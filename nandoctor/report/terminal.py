@@ -6,7 +6,7 @@ from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
 from ..record import ProbeRecord
-from . import bisection, common
+from . import bisection, code, common
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
@@ -21,6 +21,9 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
     out = [f"model: {probed}", f"       {why}", ""]
     rows = common.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
+    note = common.ranking_note(a)
+    if note:
+        out += ["", note]
     fails = common.failure_rows(a)
     if fails:
         out += [
@@ -41,6 +44,8 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
         out += ["", "Recommended configuration:"] + [
             f"  {line}" for line in bisection.recommendation_lines(a.bisection)
         ]
+    for hardware, rec in code.grid_recommendations(a):
+        out += ["", f"{code.title(hardware)}:"] + [f"  {line}" for line in code.code_lines(rec)]
     out += [""] + common.headline(a)
     out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
     return "\n".join(out)
