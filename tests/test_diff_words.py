@@ -47,9 +47,9 @@ def test_no_change_is_never_said_above_a_number_that_moved_beyond_noise():
     before = run([record(c, rated(quiet)) for c in CELLS])
     after = run([record(c, rated(quiet)) for c in CELLS[:2]] + [record(CELLS[2], rated(slower))])
     d = compare_runs(before, after)
-    assert [c.probe_id for c in d.moved] == [CELLS[2]] and not d.unchanged and d.exit_code == 0
     text = render_diff_terminal(d)
     assert "No change" not in text and "(beyond noise)" in text
+    assert [c.probe_id for c in d.moved] == [CELLS[2]] and not d.unchanged and d.exit_code == 0
     said = [line for line in text.splitlines() if line.startswith("Beyond noise: ")]
     assert said == [f"Beyond noise: {CELLS[2]} tokens/s 9,032 -> 7,969 (-11.8%, noise ±0.44%)"]
     assert render_diff_markdown(d).splitlines()[4] == "**No regression: 3 cell(s) compared.**"

@@ -32,7 +32,7 @@ def test_report_md_names_the_loaded_margin_it_applied_not_the_quiet_one():
             probe("fp32/sdpa/off", [1000] + [1250] * 7, host=busy(1.0)),
         ],
     )
-    assert loaded.loaded and loaded.recommended.probe_id == "fp32/sdpa/off"  # 15% faster: under the 25% applied
+    assert loaded.load["significant"] and loaded.recommended.probe_id == "fp32/sdpa/off"  # 15%: under the 25%
     order = ranked_section(render_markdown(loaded)).splitlines()[2]
     assert "higher by more than 25% (the host was loaded while probes were timed; 5% on a quiet host)" in order
     assert "faster by more than 5%" not in order.replace("faster by more than 5% at the one-sided", "")

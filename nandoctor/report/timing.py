@@ -117,9 +117,11 @@ def _retimed_how(a: RunAnalysis) -> str:
         f"{o.probe_id} {rate_text(o)} tokens/s (IQR {spread_text(o.throughput)})" for o in a.ranking if o.retimed
     )
     least = t.get("min_rounds", t["rounds"])
+    extra = list(dict.fromkeys(p["of"] for p in t["probes"] if (p.get("round") or 0) > least))
     more = (
-        f" ({least} at least, then more while the gap to the fastest was neither proven nor within the margin)"
-        if t["rounds"] > least
+        f" ({least} of every cell, then {t['rounds'] - least} more of {', '.join(extra)} while the gap between "
+        "them was neither proven nor within the margin)"
+        if extra
         else ""
     )
     return (
