@@ -24,7 +24,7 @@ import dataclasses
 import time
 
 from .analysis.ranking import undecided
-from .analysis.run import analyze, speed_decides
+from .analysis.run import analyze, speed_decides, tie_order_added
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
@@ -83,10 +83,12 @@ def retime_leaders(session: Session, recipe: Recipe, on_start=None) -> dict | No
     rounds = recipe.retime_rounds
     if not rounds or session.store.read_json(RETIME_FILE) is not None:
         return None
-    leaders = speed_decides(analyze(session.dir), RETIME_MOST_CELLS)
+    grid = analyze(session.dir)
+    leaders = speed_decides(grid, RETIME_MOST_CELLS)
     if not leaders:
         return None
     cells = [o.probe_id for o in leaders]
+    added = [o.probe_id for o in tie_order_added(grid, RETIME_MOST_CELLS)]
     of = {o.probe_id: o for o in leaders}
     world = {o.probe_id: devices(o.record) for o in leaders}
     timing_recipe = dataclasses.replace(recipe, forensics_steps=0)  # the replay times nothing
@@ -98,7 +100,7 @@ def retime_leaders(session: Session, recipe: Recipe, on_start=None) -> dict | No
         extra = interleaved(more, n, first)
         records += run_rounds(session, timing_recipe, recipe, of, extra)
         order += extra
-        timing = timing_record(cells, rounds, order, records, t0)
+        timing = {**timing_record(cells, rounds, order, records, t0), "tie_order_added": added}
         more = plan_more(timing, world, time.monotonic() - t0)
     session.store.write_json(RETIME_FILE, timing)
     return timing

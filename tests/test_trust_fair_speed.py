@@ -109,7 +109,8 @@ def test_re_timed_figures_are_marked_beside_the_grids_own_in_the_matrix_and_tabl
             "fp32/eager/off": [[40, 80, 82, 84, 86], [40, 86, 88, 90, 92]],
             "fp32/sdpa:math/off": [[40, 82, 84, 86, 88], [40, 84, 86, 88, 90]],
             "fp32/sdpa/off": [[40, 84, 86, 88, 90], [40, 82, 86, 88, 90]],
-        }
+        },
+        tie_order_added=["fp32/sdpa/off"],
     )
     a = analyze_records(meta(steps=24), records, rounds)
     rec = a.recommended
@@ -126,6 +127,10 @@ def test_re_timed_figures_are_marked_beside_the_grids_own_in_the_matrix_and_tabl
     assert any(line.startswith(legend) for line in timing.speed_lines(a))
     md = render_markdown(a)
     assert "87† tok/s" in md and legend in md
+    assert timing.speed_lines(a)[0].startswith(
+        "5 configurations share the top fidelity bucket, so speed decides between them: the first 2 of the grid's "
+        "ranking and fp32/sdpa/off, first in the tie order (the winner if they all tie), were re-timed back to back"
+    )
 
 
 def test_the_grid_report_gives_the_recommendation_as_code_to_paste():

@@ -346,13 +346,10 @@ def tie_first(outcomes: list[ProbeOutcome]) -> ProbeOutcome:
     return min(outcomes, key=lambda o: tie_key({**o.record.cell.to_dict(), "probe_id": o.probe_id}))
 
 
-def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
-    """The ranked probes whose speed decides the winner: those sharing the recommended one's fidelity
-    bucket and flag status, when there are two or more; at most `most`, in rank order (the likeliest
-    winners), and always the one the tie order puts first (the winner if they all tie: on a busy host
-    it can rank low on its grid probe alone). Empty when fidelity or nandoctor's rules alone decide.
-    With a hardware axis, each kind's winner is decided among that kind's probes only."""
-    leaders = []
+def speed_buckets(a: RunAnalysis) -> list[list[ProbeOutcome]]:
+    """The ranked probes sharing each recommendation's fidelity bucket and flag status, in rank order,
+    where there are two or more: the probes speed decides between (one list per kind of hardware)."""
+    buckets = []
     for rec in [a.recommended_on(h) for h in a.hardware] if a.hardware else [a.recommended]:
         if rec is None:
             continue
@@ -363,12 +360,29 @@ def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
             and same_bucket(o, rec)
             and bool(o.flags) == bool(rec.flags)
         ]
-        if len(top) < 2:
-            continue
+        if len(top) > 1:
+            buckets.append(top)
+    return buckets
+
+
+def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The ranked probes whose speed decides the winner (speed_buckets): at most `most` per bucket, in rank
+    order (the likeliest winners), and always the one the tie order puts first (the winner if they all
+    tie: on a busy host it can rank low on its grid probe alone; tie_order_added names it then). Empty
+    when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's winner is decided
+    among that kind's probes only."""
+    leaders = []
+    for top in speed_buckets(a):
         first = tie_first(top)
         picked = top[:most] if first in top[:most] else top[: most - 1] + [first]
         leaders += [o for o in top if o in picked]
     return leaders
+
+
+def tie_order_added(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The probes speed_decides takes only because the tie order puts them first in their bucket (they
+    are not among its first `most` by rank)."""
+    return [first for first, top in ((tie_first(t), t) for t in speed_buckets(a)) if first not in top[:most]]
 
 
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:

@@ -6,7 +6,7 @@ from the re-timing (short interleaved probes) is marked RETIMED wherever it stan
 from __future__ import annotations
 
 from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
-from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides, tie_first
+from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides
 from ..analysis.speed import grid_throughput
 from ..config import THRESHOLDS
 from ..record import Throughput
@@ -130,13 +130,15 @@ def _retimed_how(a: RunAnalysis) -> str:
     )
 
 
-def _chosen_text(a: RunAnalysis, timed: int, sharing: list[ProbeOutcome]) -> str:
+def _chosen_text(a: RunAnalysis, timed: int) -> str:
     """Which of the configurations sharing the top bucket were re-timed, in words."""
-    first = tie_first(sharing)
-    by_rank = [o for o in sharing[:timed] if o.retimed]
-    if first.retimed and first not in sharing[:timed]:
-        return f"the first {len(by_rank)} of the grid's ranking and {first.probe_id}, first in the tie order, were"
-    return f"the first {timed} of the grid's ranking were"
+    added = a.timing.get("tie_order_added") or []
+    if not added:
+        return f"the first {timed} of the grid's ranking were"
+    return (
+        f"the first {timed - len(added)} of the grid's ranking and {', '.join(added)}, first in the tie order "
+        "(the winner if they all tie), were"
+    )
 
 
 def interval_text(c: SpeedComparison) -> str:
@@ -208,7 +210,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
             )
             lines.append(
                 f"{len(sharing)} configurations share the top fidelity bucket, so speed decides between them: "
-                f"{_chosen_text(a, timed, sharing)} {how}; {after}."
+                f"{_chosen_text(a, timed)} {how}; {after}."
             )
         else:
             lines.append(
