@@ -149,7 +149,7 @@ def render_html(a: RunAnalysis) -> str:
         order=timing.order_sentence(a),
         ranking_note=common.ranking_note(a),
         retime=timing.retime_rows(a),
-        retime_meta=a.timing,
+        retime_intro=timing.retime_intro(a) if a.timing else None,
         load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],

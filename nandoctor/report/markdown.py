@@ -65,12 +65,8 @@ def timing_section(a: RunAnalysis) -> list[str]:
         return []
     parts = ["## Timing", ""]
     if rows:
-        t = a.timing
         parts += [
-            f"Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
-            f"interleaved ({t['rounds']} rounds of {t['steps']} steps, "
-            f"run order: {', '.join(t['order'])}; {t['wall_s']:.0f} s). "
-            "Their ranking uses the rounds' steady steps pooled.",
+            timing.retime_intro(a),
             "",
             _table(rows),
             "",

@@ -241,6 +241,22 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     return lines
 
 
+def retime_intro(a: RunAnalysis) -> str:
+    """The Timing section's first sentence: how the re-timing ran and how its figures are used."""
+    t = a.timing
+    stopped = {
+        "decided": "every gap to the fastest was proven or within the margin",
+        "budget": f"its {t.get('budget_s', 0):.0f} s budget was spent",
+    }.get(t.get("stopped"))
+    return (
+        "Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
+        f"interleaved ({t['rounds']} rounds of {t['steps']} steps, run order: {', '.join(t['order'])}; "
+        f"{t['wall_s']:.0f} s" + (f"; stopped when {stopped}" if stopped else "") + "). Their figures are the "
+        "rounds' steady steps pooled, and two of them are compared round by round (the ratio of their tokens/s in "
+        "each round, and its one-sided 95% lower bound)."
+    )
+
+
 def retime_rows(a: RunAnalysis) -> list[dict]:
     """One row per re-timed cell: the grid probe's tokens/s and the interleaved rounds', per device."""
     if not a.timing:
