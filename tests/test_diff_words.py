@@ -49,8 +49,9 @@ def test_no_change_is_never_said_above_a_number_that_moved_beyond_noise():
     d = compare_runs(before, after)
     text = render_diff_terminal(d)
     assert "No change" not in text and "(beyond noise)" in text
-    assert [c.probe_id for c in d.moved] == [CELLS[2]] and not d.unchanged and d.exit_code == 0
+    assert [c.probe_id for c in d.moved] == [CELLS[2]] and d.unchanged and d.exit_code == 0  # same numerics
     said = [line for line in text.splitlines() if line.startswith("Beyond noise: ")]
     assert said == [f"Beyond noise: {CELLS[2]} tokens/s 9,032 -> 7,969 (-11.8%, noise ±0.44%)"]
-    assert render_diff_markdown(d).splitlines()[4] == "**No regression: 3 cell(s) compared.**"
-    assert not render_diff_summary(d)["unchanged"]
+    first = "No regression: 3 cell(s), same verdicts, every loss curve bit-identical."
+    assert render_diff_markdown(d).splitlines()[4] == f"**{first}**"
+    assert render_diff_summary(d)["moved"] == [CELLS[2]]

@@ -32,7 +32,9 @@ def test_more_rounds_prove_the_gap_the_loaded_margin_had_turned_into_a_tie():
     # 1.45x and 1.20x: above 1.05x on average, lower bound 0.42x; two more rounds at 1.35x and 1.28x put
     # the lower bound at 1.20x. Under the old rule the loaded 25% margin made 1.20x a tie: fp32/sdpa won.
     two = analyze_records(meta(steps=16), GRID, timing_of(rounds_at([1.45, 1.20]), host=busy(1.8)))
-    assert two.load["significant"] and two.recommended.probe_id == PLAIN and [o.probe_id for o in two.speed_ties] == [FAST]
+    assert (
+        two.load["significant"] and two.recommended.probe_id == PLAIN and [o.probe_id for o in two.speed_ties] == [FAST]
+    )
     four = timing_of(rounds_at([1.45, 1.20, 1.35, 1.28]), host=busy(1.8))
     assert plan_more(four, WORLD, elapsed_s=20.0) == [] and four["stopped"] == DECIDED
     a = analyze_records(meta(steps=16), GRID, four)

@@ -32,8 +32,10 @@ def headline(d: RunDiff) -> list[str]:
             f"Regressed: {len(regressed)} of {n} cell(s): "
             + "; ".join(f"{c.probe_id} ({c.verdicts})" for c in regressed)
         ]
-    elif d.unchanged:
+    elif d.unchanged and not d.moved:
         lines = [f"No change: {n} cell(s), same verdicts, every loss curve bit-identical."]
+    elif d.unchanged:  # the numerics are the same; speed or memory moved (Beyond noise, below)
+        lines = [f"No regression: {n} cell(s), same verdicts, every loss curve bit-identical."]
     else:
         lines = [f"No regression: {n} cell(s) compared."]
     changed = [c for c in d.cells if c.change != SAME and not c.regressed]
@@ -300,6 +302,7 @@ def render_diff_summary(d: RunDiff) -> dict:
         "current": run_name(d.current),
         "exit_code": d.exit_code,
         "unchanged": d.unchanged,
+        "moved": [c.probe_id for c in d.moved],
         "regressed": [c.probe_id for c in d.regressions],
         "headline": headline(d),
         "environment": [vars(e) for e in d.environment],
