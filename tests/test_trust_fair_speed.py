@@ -10,6 +10,7 @@ from nandoctor.report import timing
 from nandoctor.report.common import headline, ranking_rows
 from nandoctor.report.markdown import render_markdown
 from nandoctor.report.matrix import matrix_panels
+from nandoctor.report.savings import section as savings_section
 from nandoctor.report.summary import render_summary
 
 # Steady per-step tokens/s after one warm-up step, around the figures on this CPU: the 2-rank
@@ -147,3 +148,16 @@ def test_the_grid_report_gives_the_recommendation_as_code_to_paste():
     assert block[3].startswith("lightning.Trainer(precision='bf16-mixed'")
     assert md.index("## Train with it") < md.index("## Stable configurations, ranked")
     assert render_summary(a)["recommendation"][0]["command"] == block[0]
+
+
+def test_the_savings_table_compares_grid_figures_only_never_a_re_timed_one_with_a_grid_one():
+    # the baseline's re-timed 100 tokens/s (5-step probes) against the 8-bit optimizer's grid 1,800 read 18x
+    records = [
+        probe("bf16-amp/eager/off", [500] + [2000] * 7),
+        probe("bf16-amp/eager/off/ao-adamw8bit", [500] + [1800] * 7),
+    ]
+    rounds = timing_of({"bf16-amp/eager/off": [[40, 100, 100, 100, 100], [40, 100, 100, 100, 100]]})
+    rows = savings_section(analyze_records(meta(), records, rounds))["table"]
+    assert [(r["config"], r["tokens/s"], r["speed vs baseline"]) for r in rows] == [
+        ("bf16-amp/eager/off/ao-adamw8bit", "1,800", "0.90x")
+    ]
