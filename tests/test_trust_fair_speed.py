@@ -6,6 +6,7 @@ grid's recommendation as code to paste. Pure: recorded figures in, the analysis 
 from recorded import busy, meta, probe, timing_of
 
 from nandoctor.analysis.run import analyze_records, ranked_table, speed_decides
+from nandoctor.record import Throughput
 from nandoctor.report import timing
 from nandoctor.report.common import headline, ranking_rows
 from nandoctor.report.markdown import render_markdown
@@ -161,3 +162,13 @@ def test_the_savings_table_compares_grid_figures_only_never_a_re_timed_one_with_
     assert [(r["config"], r["tokens/s"], r["speed vs baseline"]) for r in rows] == [
         ("bf16-amp/eager/off/ao-adamw8bit", "1,800", "0.90x")
     ]
+
+
+def test_a_record_whose_throughput_says_its_devices_ranks_the_same_per_device():
+    # the probe body now records Throughput.devices (its rates count both ranks' tokens); records written
+    # before it have no throughput of their own and say parallel.world_size
+    ddp = probe("bf16-amp/sdpa/off/ddp", DDP, world_size=4)  # the recorded throughput's devices win
+    ddp.throughput = Throughput.of(ddp.steps, 2)
+    a = analyze_records(meta(), [probe("fp32/eager/off", EAGER), ddp])
+    assert a.recommended.probe_id == "fp32/eager/off"
+    assert [(o.devices, o.tokens_per_s) for o in a.ranking] == [(1, 1436.0), (2, 1612.5)]

@@ -1,10 +1,11 @@
 """How fast each probe ran, as the ranking compares it: tokens/s per device, from the grid's own probe or
 from the interleaved re-timing rounds (retime.json), and the per-round figures those rounds pair up.
 
-Per device: a parallel probe's steps count the tokens of all its W ranks (child/parallel.py sums them),
-so its tokens/s is W devices' work; ranked against one-process cells on that figure, a 2-rank probe
-would win on the second device alone. Every figure the ranking reads is divided by the probe's world
-size (1 for one process), and the reports say so. Pure: reads records and retime.json."""
+Per device: a parallel probe's steps count the tokens of all its W ranks, so its tokens/s is W devices'
+work; ranked against one-process cells on that figure, a 2-rank probe would win on the second device
+alone. Every figure the ranking reads is divided by the probe's devices (its Throughput.devices, or its
+world size for records written before that field; 1 for one process), and the reports say so. Pure:
+reads records and retime.json."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from ..record import ProbeRecord, Step, Throughput
 
 
 def devices(record: ProbeRecord) -> int:
-    """The devices (ranks) a probe trained on: its measured world size, else the recipe's for a parallel
-    cell, else 1."""
+    """The devices (ranks) a probe trained on: its throughput's (Throughput.devices, which the probe
+    body records), else its measured world size, else the recipe's for a parallel cell (records written
+    before either), else 1."""
+    if record.throughput is not None and record.throughput.devices > 1:
+        return record.throughput.devices
     measured = (record.parallel or {}).get("world_size")
     if isinstance(measured, int) and measured > 0:
         return measured
@@ -25,10 +29,13 @@ def devices(record: ProbeRecord) -> int:
 
 
 def per_device(t: Throughput | None, n: int) -> Throughput | None:
-    """A probe's throughput divided over its n devices (the spread with it); unchanged for one."""
-    if t is None or n <= 1:
-        return t
-    return dataclasses.replace(t, median=t.median / n, q1=t.q1 / n, q3=t.q3 / n, low=t.low / n, high=t.high / n)
+    """A throughput whose rates count n devices' tokens, as one device's (Throughput.per_device); a
+    figure that does not say its devices (steps pooled here, an older record) counts n."""
+    if t is None:
+        return None
+    if t.devices == 1 and n > 1:
+        t = dataclasses.replace(t, devices=n)
+    return t.per_device if t.devices > 1 else t
 
 
 def grid_throughput(record: ProbeRecord) -> Throughput | None:
