@@ -3,8 +3,9 @@
 A cell is one point of the grid (precision x attention x compile x optimizer x parallel). Each axis value is one
 row below, and every other module reads these rows: the probe builds its autocast, weights, GradScaler,
 fp8 conversion, SDPA pin and optimizer from them, the planner checks their hardware and package needs,
-the forensics read their compute dtype, and the recommendation turns them into TrainingArguments,
-`from_pretrained` and Lightning arguments. Adding a value is adding a row (plus whatever code is truly new).
+the forensics read their compute dtype, and the recommendation (recommend.py) turns them into
+TrainingArguments, `from_pretrained` and Lightning arguments and the code no flag writes. Adding a value is
+adding a row (plus whatever code is truly new).
 
 Foundation module: imports only errors, and no optional package (whether one is installed is an
 environment fact, env.get_package). Dtypes are torch attribute names ("bfloat16"), so that nothing
@@ -78,7 +79,6 @@ class Precision:
     training_args: dict = field(default_factory=dict)  # transformers.TrainingArguments flags
     lightning: str = "32-true"  # lightning.Trainer(precision=...)
     fp8: Fp8Recipe | None = None  # the fp8 recipe the probe converts the model's linears with
-    code: str | None = None  # what the user adds to their own training code (no TrainingArguments flag does it)
     default_grid: bool = True  # False: probed only when asked for (--axis dtype=...)
 
 
@@ -124,18 +124,6 @@ class Optimizer:
 FP8_CUDA_ONLY = (
     "fp8 matmuls need fp8 tensor cores (CUDA compute capability >= 8.9: Ada, Hopper, Blackwell); this device is a CPU"
 )
-TORCHAO_CODE = (
-    'convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{recipe}"), '
-    "module_filter_fn=lambda m, fqn: fqn not in KEEP_HIGH_PRECISION)  # from torchao.float8; "
-    "KEEP_HIGH_PRECISION: the modules the report lists"
-)
-# {{amax_history_len}} and {{amax_compute_algo}} are the recipe's fp8 section (config.Fp8Config)
-TE_CODE = (
-    "swap the eligible nn.Linear layers for te.Linear, then train under te.autocast(recipe=DelayedScaling("
-    'fp8_format=Format.{format}, amax_history_len={{amax_history_len}}, amax_compute_algo="{{amax_compute_algo}}"))'
-    "  # transformer_engine"
-)
-
 PRECISIONS = {
     p.name: p
     for p in (
@@ -178,7 +166,6 @@ PRECISIONS = {
             training_args={"bf16": True},
             lightning="bf16-mixed",
             fp8=Fp8Recipe("torchao", "tensorwise", "e4m3", "e5m2", "tensorwise"),
-            code=TORCHAO_CODE.format(recipe="tensorwise"),
             default_grid=False,
         ),
         Precision(
@@ -192,7 +179,6 @@ PRECISIONS = {
             training_args={"bf16": True},
             lightning="bf16-mixed",
             fp8=Fp8Recipe("torchao", "rowwise", "e4m3", "e4m3", "rowwise"),
-            code=TORCHAO_CODE.format(recipe="rowwise"),
             default_grid=False,
         ),
         # Transformer Engine with DelayedScaling: Format.HYBRID is e4m3 forward, e5m2 backward; Format.E4M3
@@ -208,7 +194,6 @@ PRECISIONS = {
             training_args={"bf16": True},
             lightning="transformer-engine",
             fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e5m2", te_format="HYBRID"),
-            code=TE_CODE.format(format="HYBRID"),
             default_grid=False,
         ),
         Precision(
@@ -222,7 +207,6 @@ PRECISIONS = {
             training_args={"bf16": True},
             lightning="transformer-engine",
             fp8=Fp8Recipe("transformer_engine", "delayed", "e4m3", "e4m3", te_format="E4M3"),
-            code=TE_CODE.format(format="E4M3"),
             default_grid=False,
         ),
     )
@@ -289,18 +273,8 @@ class Parallel:
     lightning_strategy: str | None = None  # lightning.Trainer(strategy=...)
     accelerate: dict = field(default_factory=dict)  # accelerate config keys (`accelerate config` YAML)
     training_args: dict = field(default_factory=dict)  # transformers.TrainingArguments flags
-    code: str | None = None  # the lines a custom training loop writes ({dtype}: the compute dtype)
-    # accelerate's FSDP2 plugin, in code: its YAML has no reduce dtype, and `mixed_precision: bf16`
-    # alone builds MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (accelerate 1.15,
-    # utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision)
-    accelerate_code: str | None = None
 
 
-FSDP2_CODE = (
-    "mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  # torch.distributed.fsdp\n"
-    "for layer in model.model.layers: fully_shard(layer, mp_policy=mp)\n"
-    "fully_shard(model, mp_policy=mp)  # then build the optimizer over model.parameters()"
-)
 FSDP_ACCELERATE = {
     "distributed_type": "FSDP",
     "fsdp_config": {
@@ -310,10 +284,6 @@ FSDP_ACCELERATE = {
     },
 }
 FSDP_TRAINING_ARGS = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 2}}
-ACCELERATE_FSDP2_CODE = (
-    "accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="
-    '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))'
-)
 PARALLELS = {
     p.name: p
     for p in (
@@ -324,8 +294,6 @@ PARALLELS = {
             "weights",
             lightning_strategy="ddp",
             accelerate={"distributed_type": "MULTI_GPU"},
-            code="model = DistributedDataParallel(model, device_ids=[local_rank])  "
-            "# all-reduce in the gradients' dtype",
         ),
         # The hooks compress each gradient bucket to 16 bits for the all-reduce and decompress it after:
         # they halve the traffic and round every reduced gradient (torch ddp_comm_hooks/default_hooks.py).
@@ -338,8 +306,6 @@ PARALLELS = {
             "it probes the hook, not a precision this cell trains in; pair it with a bf16 dtype",
             lightning_strategy="ddp",
             accelerate={"distributed_type": "MULTI_GPU"},
-            code="model = DistributedDataParallel(model, device_ids=[local_rank])\n"
-            "model.register_comm_hook(None, default_hooks.bf16_compress_hook)  # a bf16 all-reduce",
         ),
         Parallel(
             "fsdp2",
@@ -348,8 +314,6 @@ PARALLELS = {
             lightning_strategy="fsdp",
             accelerate=FSDP_ACCELERATE,
             training_args=FSDP_TRAINING_ARGS,
-            code=FSDP2_CODE.replace("{reduce}", "torch.float32"),
-            accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "float32") + "  # accelerate: an fp32 reduction",
         ),
         # MixedPrecisionPolicy(reduce_dtype=None) reduces in param_dtype: "bf16 params" then silently means
         # a bf16 reduction (pytorch/pytorch#106395).
@@ -361,11 +325,6 @@ PARALLELS = {
             lightning_strategy="fsdp",
             accelerate=FSDP_ACCELERATE,
             training_args=FSDP_TRAINING_ARGS,
-            code=FSDP2_CODE.replace("{reduce}", "None").replace(
-                "# torch.distributed.fsdp", "# gradients reduced in param_dtype"
-            ),
-            accelerate_code=ACCELERATE_FSDP2_CODE.replace("{reduce}", "{dtype}")
-            + "  # what `mixed_precision: bf16` alone does",
         ),
     )
 }

@@ -1,6 +1,7 @@
 """A probed configuration as the arguments a user passes to train with it: a `nandoctor check` command
 line, `transformers.TrainingArguments`, the model-loading call, Lightning's `precision`, and the code
-that no flag writes (an fp8 conversion, an optimizer built by hand), each read from the cell table.
+that no flag writes (an fp8 conversion, an optimizer built by hand, a DDP / FSDP2 wrapping), each
+rendered here from what the cell table's rows say (their fp8 recipe, wrapper, reduce dtype, comm hook).
 Pure: imports only cells and config.
 
 Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
@@ -14,8 +15,36 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, Cell, weight_dtype
+from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, SHORT_DTYPES, Cell, weight_dtype
 from .config import Recipe, get_field
+
+# The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
+# from the row, {amax_history_len} / {amax_compute_algo} from the recipe's fp8 section (config.Fp8Config).
+FP8_CODE = {
+    "torchao": (
+        'convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("{torchao_recipe}"), '
+        "module_filter_fn=lambda m, fqn: fqn not in KEEP_HIGH_PRECISION)  # from torchao.float8; "
+        "KEEP_HIGH_PRECISION: the modules the report lists"
+    ),
+    "transformer_engine": (
+        "swap the eligible nn.Linear layers for te.Linear, then train under te.autocast(recipe=DelayedScaling("
+        'fp8_format=Format.{te_format}, amax_history_len={amax_history_len}, amax_compute_algo="{amax_compute_algo}"))'
+        "  # transformer_engine"
+    ),
+}
+DDP_CODE = "model = DistributedDataParallel(model, device_ids=[local_rank])"
+FSDP2_CODE = (
+    "mp = MixedPrecisionPolicy(param_dtype=torch.{dtype}, reduce_dtype={reduce})  {why}\n"
+    "for layer in model.model.layers: fully_shard(layer, mp_policy=mp)\n"
+    "fully_shard(model, mp_policy=mp)  # then build the optimizer over model.parameters()"
+)
+# accelerate's FSDP2 plugin, in code: its YAML has no reduce dtype, and `mixed_precision: bf16` alone
+# builds MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16) (accelerate 1.15,
+# utils/dataclasses.py FullyShardedDataParallelPlugin.set_mixed_precision)
+ACCELERATE_FSDP2_CODE = (
+    "accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2, mixed_precision_policy="
+    '{{"param_dtype": torch.{dtype}, "reduce_dtype": torch.{reduce}, "output_dtype": torch.{dtype}}}))  {why}'
+)
 
 
 def call_text(name: str, kwargs: dict) -> str:
@@ -39,6 +68,33 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
             text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
             parts += ["--set", f"{name}={text}"]
     return shlex.join(parts)
+
+
+# The flags of a run's command line that choose the model and recipe: a `check` of the recommendation
+# passes them again (bisect's CLI hands them over itself).
+MODEL_FLAG_NAMES = ("--model", "--recipe", "--scale", "--set", "--world-size")
+
+
+def model_flags_of(command: str, recipe: Recipe) -> list[str]:
+    """The model and recipe flags of a recorded command line (run.json's `command`), in their order;
+    `--model` naming the recipe's checkpoint or name when the command had neither --model nor --recipe
+    (a run from Python)."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:  # run.json keeps argv joined by spaces: an unbalanced quote inside a value
+        words = (command or "").split()
+    flags, i = [], 0
+    while i < len(words):
+        name, eq, value = words[i].partition("=")
+        if name in MODEL_FLAG_NAMES and (eq or i + 1 < len(words)):
+            flags += [name, value] if eq else [name, words[i + 1]]
+            i += 0 if eq else 1
+        elif words[i] == "--trust-remote-code":
+            flags.append(words[i])
+        i += 1
+    if "--model" not in flags and "--recipe" not in flags:
+        flags = ["--model", recipe.model.hub_id or recipe.model.path or recipe.name] + flags
+    return flags
 
 
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
@@ -92,23 +148,40 @@ def accelerate_config(cell: Cell, recipe: Recipe) -> dict | None:
 
 
 def parallel_code(cell: Cell) -> list[str]:
-    """The lines a custom training loop writes for a parallel cell (DDP and its hook, or FSDP2's
-    fully_shard with its MixedPrecisionPolicy)."""
-    row = cell.parallel_row
-    return [
-        line.format(dtype=cell.precision.compute)
-        for text in (row.code, row.accelerate_code)
-        if text
-        for line in text.splitlines()
-    ]
+    """The lines a custom training loop writes for a parallel cell, from its row: DDP (and its comm hook),
+    or FSDP2's fully_shard with a MixedPrecisionPolicy reducing in the row's reduce dtype (None, param_dtype,
+    for "compute"), then the same through accelerate's plugin."""
+    row, dtype = cell.parallel_row, cell.precision.compute
+    if row.wrapper == "ddp":
+        if row.comm_hook:
+            short = SHORT_DTYPES.get(row.reduce, row.reduce)
+            return [DDP_CODE, f"model.register_comm_hook(None, default_hooks.{row.comm_hook})  # a {short} all-reduce"]
+        return [f"{DDP_CODE}  # all-reduce in the gradients' dtype"]
+    if row.wrapper != "fsdp2":
+        return []
+    low = row.reduce == "compute"  # reduce_dtype=None: FSDP2 reduces in param_dtype
+    code = FSDP2_CODE.format(
+        dtype=dtype,
+        reduce="None" if low else f"torch.{row.reduce}",
+        why="# gradients reduced in param_dtype" if low else "# torch.distributed.fsdp",
+    )
+    accelerate = ACCELERATE_FSDP2_CODE.format(
+        dtype=dtype,
+        reduce=dtype if low else row.reduce,
+        why="# what `mixed_precision: bf16` alone does"
+        if low
+        else f"# accelerate: an {SHORT_DTYPES.get(row.reduce, row.reduce)} reduction",
+    )
+    return code.splitlines() + [accelerate]
 
 
 def own_code(cell: Cell, recipe: Recipe) -> list[str]:
-    """Lines for what no TrainingArguments flag does: the fp8 conversion (the row's `code`, with the
-    recipe's fp8 settings), and building the optimizer by hand for Lightning or a custom loop."""
+    """Lines for what no TrainingArguments flag does: the fp8 conversion (FP8_CODE, with the row's fp8
+    recipe and the recipe's fp8 settings), and building the optimizer by hand for Lightning or a custom loop."""
     lines = []
-    if cell.precision.code:
-        lines.append(cell.precision.code.format(**dataclasses.asdict(recipe.fp8)))
+    fp8 = cell.precision.fp8
+    if fp8 is not None:
+        lines.append(FP8_CODE[fp8.package].format(**dataclasses.asdict(fp8), **dataclasses.asdict(recipe.fp8)))
     row = cell.optimizer_row
     if row.name != DEFAULT_OPTIMIZER:
         o = recipe.optimizer

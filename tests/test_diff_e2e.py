@@ -40,9 +40,11 @@ def test_two_identical_cpu_runs_diff_to_no_change_with_bit_identical_losses(runs
     d = diff_json(root / "b")
     assert d["unchanged"] and d["regressed"] == [] and not d["environment"] and not d["settings"]
     assert [c["curve"]["status"] for c in d["cells"]] == ["bit-identical"] * 3
-    assert "No change: 3 cell(s)" in procs["b"].stdout
+    # the same numerics; a busy host may move tokens/s beyond their noise, and then it is said
+    same = "No change: 3 cell(s)" if not d["moved"] else "No regression: 3 cell(s), same verdicts, every loss curve"
+    assert same in procs["b"].stdout and ("Beyond noise: " in procs["b"].stdout) == bool(d["moved"])
     again = cli("diff", root / "a", root / "b")
-    assert again.returncode == 0 and "No change" in again.stdout
+    assert again.returncode == 0 and same in again.stdout
 
 
 def test_a_learning_rate_bf16_pure_cannot_train_at_regresses_it_and_fails_its_junit_case(runs):

@@ -194,7 +194,7 @@ def test_the_re_timed_figure_replaces_the_grid_probes_and_decides_the_ranking():
     assert (
         "so speed decides between them: they were re-timed back to back, interleaved, 2 rounds of 4 steps" in lines[0]
     )
-    assert "As fast as fp32/eager/off within their measured spread" in lines[1]
+    assert "As fast as fp32/eager/off within their measured noise" in lines[1]
     assert [r["rounds ok"] for r in timing.retime_rows(analysis)] == ["2/2", "2/2"]
 
 
@@ -260,7 +260,7 @@ def test_on_a_loaded_host_only_a_gain_above_the_loaded_margin_counts_so_both_run
     assert loaded.load["significant"] and not quiet.load["significant"]
     assert quiet.recommended.probe_id == loaded.recommended.probe_id == "fp32/sdpa/off"
     assert [o.probe_id for o in loaded.speed_ties] == ["fp32/eager/off"]  # 17% and 25% faster per round: under 25%
-    assert "faster only by more than 25% (not 5%)" in timing.speed_lines(loaded)[-1]
+    assert "faster on its grid probe only by more than 25% (not 5%)" in timing.speed_lines(loaded)[-1]
 
 
 def test_on_a_loaded_host_a_gain_well_above_the_loaded_margin_still_wins():

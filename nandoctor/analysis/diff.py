@@ -4,7 +4,9 @@ moved. Pure (no torch): two RunAnalysis in, one RunDiff out; `nandoctor diff` an
 
 A cell regressed when it was stable and now fails, when it crashes now and did not before, when its
 fidelity got worse by more than Thresholds.fidelity_regression, or (a `check` run) when its step-0 loss
-or grad-norm moved beyond the golden tolerance of its matmul dtype."""
+or grad-norm moved beyond the golden tolerance of its matmul dtype. A probe the scheduler lost (its
+record's status `lost`: a node failure, a preemption, a job never started) is no verdict about the
+configuration in either run: it is NOT_COMPARED, never a regression."""
 
 from __future__ import annotations
 
@@ -23,17 +25,18 @@ from .run import ProbeOutcome, RunAnalysis
 from .verdicts import CRASH, STABLE, UNSUPPORTED
 
 # How a cell's verdict moved, in the order a report lists them: regressions first.
-REGRESSED, FIXED, CHANGED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME = (
+REGRESSED, FIXED, CHANGED, NOT_COMPARED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME = (
     "regressed",
     "fixed",
     "changed",
+    "not compared",  # the scheduler lost the probe in one of the runs: nothing is known about the cell there
     "now unsupported",
     "now supported",
     "added",
     "removed",
     "same",
 )
-CHANGE_ORDER = (REGRESSED, FIXED, CHANGED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME)
+CHANGE_ORDER = (REGRESSED, FIXED, CHANGED, NOT_COMPARED, NOW_UNSUPPORTED, NOW_SUPPORTED, ADDED, REMOVED, SAME)
 # How two loss curves of one cell compare
 BIT_IDENTICAL, WITHIN_TOLERANCE, PARTED = "bit-identical", "within tolerance", "parted"
 RUN_FACTS = ("kind", "steps", "seed")  # run.json facts beside the recipe that change what a probe does
@@ -265,6 +268,11 @@ class CellChange:
         return self.change == REGRESSED
 
     @property
+    def measured(self) -> tuple[Measured | None, Measured | None, Measured | None]:
+        """(fidelity, tokens/s, peak memory) of a cell stable in both runs; Nones otherwise."""
+        return self.fidelity, self.tokens_per_s, self.peak_memory
+
+    @property
     def verdicts(self) -> str:
         return f"{self.before.verdict.name if self.before else '-'} -> {self.after.verdict.name if self.after else '-'}"
 
@@ -278,6 +286,10 @@ def _verdict_change(before: ProbeOutcome | None, after: ProbeOutcome | None) -> 
         )
     if after is None:
         return REMOVED, f"not in this run; {before.verdict.name} in the baseline"
+    lost = [(run, o) for run, o in (("this run", after), ("the baseline", before)) if o.record.status == "lost"]
+    if lost:
+        run, o = lost[0]
+        return NOT_COMPARED, f"lost in {run}: {o.verdict.reason}"
     was, now = before.verdict.name, after.verdict.name
     if was == now:
         return SAME, f"{now} in both"
@@ -374,8 +386,15 @@ class RunDiff:
         return bool(old.tokens_per_s and new.tokens_per_s) and abs(new.tokens_per_s / old.tokens_per_s - 1) <= band
 
     @property
+    def moved(self) -> list[CellChange]:
+        """Cells stable in both runs whose fidelity, tokens/s or peak memory moved beyond its noise band."""
+        return [c for c in self.cells if any(m is not None and m.moved for m in c.measured)]
+
+    @property
     def unchanged(self) -> bool:
-        """Same environment and settings, same verdicts, and every common loss curve bit-identical."""
+        """Same environment and settings, same verdicts, and every common loss curve bit-identical: the
+        numerics did not change. Speed and memory may still have moved beyond their noise (`moved`): a
+        busy host moves tokens/s between two identical runs."""
         return (
             not self.environment
             and not self.settings

@@ -4,12 +4,15 @@ The order, best first:
 1. fidelity to the fp32 reference, in buckets (Thresholds.fidelity_bucket), so that near-equal
    fidelity lets what follows decide;
 2. configurations no nandoctor rule flags before flagged ones;
-3. speed, but only where it is told apart from noise: two probes are equally fast unless the faster
-   one's median tokens/s is above the other's by more than Thresholds.speed_margin AND its lower
-   quartile is above the other's upper quartile (their per-step spreads do not overlap), and, for
-   cells re-timed in interleaved rounds, it won each round by the margin and by more than the
-   round-to-round change of that ratio (paired_ratios: a busy host moves it). Starting
-   from the fastest probe left, every probe not clearly slower than it forms one speed class;
+3. speed per device (a W-rank probe's tokens/s over W: the probe table's `tokens_per_s`), but only
+   where it is told apart from noise (`compare_speed`). Two cells re-timed in the same interleaved
+   rounds are compared on their paired per-round ratios: one is faster only when the one-sided 95%
+   lower bound of that ratio (Student's t over the rounds' log ratios, `ratio_interval`) is above
+   1 + Thresholds.speed_margin, so the swing between rounds that a busy host makes is measured, not
+   guessed. Any other pair is compared on its grid probes: faster only when the median is above the
+   other's by more than the margin (Thresholds.loaded_speed_margin on a loaded host) AND the lower
+   quartile is above the other's upper quartile. Starting from the fastest probe left, every probe
+   not clearly slower than it forms one speed class;
 4. inside a speed class, a fixed order of adoption (`adoption_key`): compile off before compiled
    ones (nothing to wait for, nothing to break), then precisions that keep fp32 master weights, no
    GradScaler and no fp8 conversion before those that do (the more robust first), then attention:
@@ -22,12 +25,15 @@ The order, best first:
 A probe whose fidelity is unknown (no reference to compare with) ranks after every measured one.
 
 So a recommendation changes between two runs only when one configuration is faster by more than
-the noise both measured; otherwise the same fixed order picks the same one.
+the noise both measured; otherwise the same fixed order picks the same one. docs/ranking.md says the
+same for users.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -107,22 +113,89 @@ def _speed(row) -> tuple[float, float, float]:
     return median, _number(row, "tokens_per_s_q1", median), _number(row, "tokens_per_s_q3", median)
 
 
+# One-sided 95% quantiles of Student's t distribution for 1..30 degrees of freedom (any table of it, e.g.
+# the NIST/SEMATECH e-Handbook of Statistical Methods, 1.3.6.7.2); past 30, the normal quantile.
+T95 = (
+    6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812,
+    1.796, 1.782, 1.771, 1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725,
+    1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701, 1.699, 1.697,
+)  # fmt: skip
+NORMAL95 = 1.645
+
+
+@dataclass(frozen=True)
+class RatioInterval:
+    """a's tokens/s over b's across interleaved rounds both ran: the geometric mean of the per-round
+    ratios and its one-sided 95% bounds (Student's t on the log ratios, the rounds' own swing as the noise)."""
+
+    ratio: float
+    low: float
+    high: float
+    ratios: tuple[float, ...]  # per round, in round order
+
+
+def ratio_interval(ratios: list[float] | None) -> RatioInterval | None:
+    """The RatioInterval of per-round ratios (paired_ratios); None for fewer than two."""
+    if not ratios or len(ratios) < 2 or min(ratios) <= 0:
+        return None
+    logs = [math.log(r) for r in ratios]
+    mean, n = statistics.fmean(logs), len(logs)
+    bound = (T95[n - 2] if n - 1 <= len(T95) else NORMAL95) * statistics.stdev(logs) / math.sqrt(n)
+    return RatioInterval(math.exp(mean), math.exp(mean - bound), math.exp(mean + bound), tuple(ratios))
+
+
+ROUNDS, MARGIN, SPREAD = "rounds", "margin", "spread"  # which rule decided a comparison
+
+
+@dataclass(frozen=True)
+class SpeedComparison:
+    """Whether speed a beats speed b beyond their noise, and the rule and figures that decided it."""
+
+    faster: bool
+    rule: str  # ROUNDS: the paired re-timing rounds; MARGIN: the medians; SPREAD: the interquartile ranges
+    margin: float  # the relative gain a had to exceed
+    a: tuple[float, float, float]  # (median, q1, q3) tokens/s per device
+    b: tuple[float, float, float]
+    interval: RatioInterval | None = None  # ROUNDS: the per-round ratios a / b and their bounds
+
+    @property
+    def gain(self) -> float:
+        """a's median over b's (the rounds' geometric mean ratio when the rounds decided)."""
+        if self.interval is not None:
+            return self.interval.ratio
+        return self.a[0] / self.b[0] if self.b[0] else math.inf
+
+
+def compare_speed(
+    a: tuple[float, float, float],
+    b: tuple[float, float, float],
+    t: Thresholds = THRESHOLDS,
+    ratios: list[float] | None = None,
+    loaded: bool = False,
+) -> SpeedComparison:
+    """Whether speed a = (median, q1, q3) beats b beyond their measured noise (see the module docstring).
+    ratios: a's tokens/s over b's in each interleaved re-timing round both ran (paired_ratios); with two
+    or more, they alone decide, with Thresholds.speed_margin: a must be faster than b by more than the
+    margin at the one-sided 95% lower bound of their mean ratio. Otherwise the medians must differ by more
+    than the margin (the loaded margin when `loaded`) and the interquartile ranges must not overlap."""
+    interval = ratio_interval(ratios)
+    if interval is not None:
+        return SpeedComparison(interval.low > 1 + t.speed_margin, ROUNDS, t.speed_margin, a, b, interval)
+    margin = max(t.speed_margin, t.loaded_speed_margin) if loaded else t.speed_margin
+    if not a[0] > b[0] * (1 + margin):
+        return SpeedComparison(False, MARGIN, margin, a, b)
+    return SpeedComparison(a[1] > b[2], SPREAD, margin, a, b)
+
+
 def clearly_faster(
     a: tuple[float, float, float],
     b: tuple[float, float, float],
     t: Thresholds = THRESHOLDS,
     ratios: list[float] | None = None,
+    loaded: bool = False,
 ) -> bool:
-    """Whether speed a = (median, q1, q3) beats b by more than their measured noise (and the margin).
-    ratios: a's tokens/s over b's in each interleaved re-timing round both ran (paired_ratios), when
-    there are two or more; then a must also win every round by the margin, and by more than the ratio
-    itself moved between rounds (a gain that the host's load changes as much as that is not a gain)."""
-    if not (a[0] > b[0] * (1 + t.speed_margin) and a[1] > b[2]):
-        return False
-    if ratios is None or len(ratios) < 2:
-        return True
-    low, high = min(ratios), max(ratios)
-    return low > 1 + t.speed_margin and low - 1 > high - low
+    """compare_speed(...).faster."""
+    return compare_speed(a, b, t, ratios, loaded).faster
 
 
 def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) -> list[float] | None:
@@ -133,7 +206,20 @@ def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) ->
     return ratios if len(ratios) >= 2 else None
 
 
-def _tie_key(row) -> tuple:
+def undecided(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The re-timed probes the interleaved rounds cannot yet tell from `lead` (the fastest of them): the
+    geometric mean of lead's per-round ratio over theirs is above 1 + speed_margin, but the one-sided 95%
+    lower bound is not. More rounds may prove that gain; a cell whose mean ratio is already within the
+    margin is a tie that more rounds would only confirm, so it is not listed (retime.py stops for it)."""
+    out = []
+    for other in rounds:
+        interval = ratio_interval(paired_ratios(rounds, lead, other)) if other != lead else None
+        if interval is not None and interval.ratio > 1 + t.speed_margin >= interval.low:
+            out.append(other)
+    return out
+
+
+def tie_key(row) -> tuple:
     """Adoption order, then lower peak memory (unknown last), then closer fidelity (unknown last), then the
     probe id, so that the order does not depend on the order the rows came in."""
     cell = [row.get(axis) if hasattr(row, "get") else None for axis in ("dtype", "attn", "compile", "optimizer")]
@@ -147,14 +233,18 @@ def _tie_key(row) -> tuple:
 
 
 def rank(
-    table: pd.DataFrame, t: Thresholds = THRESHOLDS, rounds: dict[str, dict[int, float]] | None = None
+    table: pd.DataFrame,
+    t: Thresholds = THRESHOLDS,
+    rounds: dict[str, dict[int, float]] | None = None,
+    loaded: bool = False,
 ) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
     fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
-    tokens_per_s, peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags, retimed (the
-    re-timed rows of a bucket rank ahead of the others) and the cell's dtype / attn / compile /
-    optimizer (the tie order). rounds: the re-timed probes' median tokens/s per interleaved round
-    (round_medians), compared round by round (clearly_faster)."""
+    tokens_per_s (per device), peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags,
+    retimed (the re-timed rows of a bucket rank ahead of the others) and the cell's dtype / attn /
+    compile / optimizer (the tie order). rounds: the re-timed probes' median tokens/s per interleaved
+    round (round_medians), compared round by round; loaded: the host was loaded while the grid's probes
+    were timed (compare_speed)."""
     rows = {i: table.loc[i] for i in table.index}
     flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
     retimed = table["retimed"].fillna(False).astype(bool) if "retimed" in table else pd.Series(False, index=table.index)
@@ -169,17 +259,17 @@ def rank(
         # longer probe at another time, is not compared with theirs.
         speed_class = 0
         for part in ([i for i in groups[key] if retimed[i]], [i for i in groups[key] if not retimed[i]]):
-            left = sorted(part, key=lambda i: (-_speed(rows[i])[0], _tie_key(rows[i])))
+            left = sorted(part, key=lambda i: (-_speed(rows[i])[0], tie_key(rows[i])))
             while left:
                 lead, lead_id = _speed(rows[left[0]]), str(rows[left[0]].get("probe_id"))
                 tied = [left[0]] + [
                     i
                     for i in left[1:]
                     if not clearly_faster(
-                        lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id")))
+                        lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))), loaded
                     )
                 ]
-                tied.sort(key=lambda i: _tie_key(rows[i]))
+                tied.sort(key=lambda i: tie_key(rows[i]))
                 order += tied
                 classes.update({i: speed_class for i in tied})
                 left = [i for i in left if i not in tied]

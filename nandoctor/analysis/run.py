@@ -4,7 +4,6 @@ the exit code."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -15,7 +14,8 @@ from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
 from .load import load_summary
-from .ranking import clearly_faster, fidelity_bucket, paired_ratios, rank
+from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
+from .speed import devices, grid_throughput, retimed_throughput, round_medians
 from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
@@ -26,16 +26,25 @@ class ProbeOutcome:
     record: ProbeRecord
     verdict: Verdict
     fidelity: float | None
-    throughput: Throughput | None  # the re-timed figure when the leading cells were re-timed, else the probe's
+    # tokens/s per device (analysis/speed.py): the re-timed figure when the leading cells were re-timed,
+    # else the probe's own
+    throughput: Throughput | None
     reference_steps: list[Step] | None = None
     flags: list[str] = field(default_factory=list)  # ids of the error / warning findings that name this probe
     exact_fidelity: float | None = None  # a parallel probe against the one-process probe of its cell
     retimed: bool = False  # throughput comes from the interleaved re-timing rounds (retime.json)
     speed_class: int | None = None  # ranked probes: equal numbers in one fidelity bucket are equally fast within noise
+    devices: int = 1  # the devices (ranks) the probe trained on: its tokens/s is its figure over these
 
     @property
     def tokens_per_s(self) -> float | None:
+        """Median tokens/s per device."""
         return self.throughput.median if self.throughput else None
+
+    @property
+    def tokens_per_s_all_devices(self) -> float | None:
+        """Median tokens/s of the whole probe, every rank's tokens counted."""
+        return self.throughput.median * self.devices if self.throughput else None
 
     @property
     def probe_id(self) -> str:
@@ -61,6 +70,13 @@ class RunAnalysis:
     unwritten: list[tuple[str, bool]] = field(
         default_factory=list
     )  # (line, the OS refused it) per report file not written
+    rounds: dict[str, dict[int, float]] = field(default_factory=dict)  # speed.round_medians of the re-timing
+
+    @property
+    def loaded(self) -> bool:
+        """Other processes loaded the host while probes were timed (load_summary): the grid's own figures
+        are compared with Thresholds.loaded_speed_margin."""
+        return bool(self.load and self.load.get("significant"))
 
     @property
     def recommended(self) -> ProbeOutcome | None:
@@ -105,18 +121,34 @@ class RunAnalysis:
         return self.fastest_on(self.recommended.record.cell.hardware) if self.recommended else None
 
     def fastest_on(self, hardware: str) -> ProbeOutcome | None:
-        """The stable probe on this kind of hardware with the highest median tokens/s in the grid; its
-        recommended one unless that is clearly faster (beyond both measured spreads: ranking.clearly_faster).
-        Two probes the re-timing measured are compared on its rounds; any other pair on the grid's own
-        probes, never a re-timed figure (short probes, another time) against a grid one."""
+        """The stable probe on this kind of hardware with the highest median tokens/s per device in the
+        grid; its recommended one unless that is clearly faster (ranking.compare_speed). Two probes the
+        re-timing measured are compared on its rounds; any other pair on the grid's own probes, never a
+        re-timed figure (short probes, another time) against a grid one."""
         rec = self.recommended_on(hardware)
         if rec is None:
             return None
         best = max((o for o in self.ranking if o.record.cell.hardware == hardware), key=lambda o: grid_speed(o)[0])
-        both = best.retimed and rec.retimed
+        return best if self.compare(best, rec).faster else rec
+
+    def compare(self, a: ProbeOutcome, b: ProbeOutcome) -> SpeedComparison:
+        """Speed a against speed b as the ranking compares them: on the re-timing rounds when both were
+        re-timed, else on the grid's own probes (the loaded margin when the host was loaded)."""
+        both = a.retimed and b.retimed
         measured = speed if both else grid_speed
-        ratios = paired_ratios(round_medians(self.timing), best.probe_id, rec.probe_id) if both else None
-        return best if clearly_faster(measured(best), measured(rec), speed_thresholds(self.load), ratios) else rec
+        ratios = paired_ratios(self.rounds, a.probe_id, b.probe_id) if both else None
+        return compare_speed(measured(a), measured(b), THRESHOLDS, ratios, self.loaded)
+
+    def tie_reasons_on(self, hardware: str) -> list[tuple[ProbeOutcome, ProbeOutcome, SpeedComparison]]:
+        """Why the recommendation on this kind of hardware ties with its speed_ties_on: (the fastest of
+        them, another of them, how the fastest compared with it: not clearly faster), for each other one;
+        the same rule ranking.rank applied between each probe and its class's fastest."""
+        rec = self.recommended_on(hardware)
+        ties = self.speed_ties_on(hardware)
+        if rec is None or not ties:
+            return []
+        lead = max([rec, *ties], key=lambda o: speed(o)[0])
+        return [(lead, o, self.compare(lead, o)) for o in [rec, *ties] if o is not lead]
 
     @property
     def complete(self) -> bool:
@@ -138,9 +170,45 @@ class RunAnalysis:
         return self.comparison.exit_code if self.comparison else 0
 
 
+# The probe table (RunAnalysis.table; load_run and `report --csv` add `rank`): column -> what it holds.
+# docs/python-api.md lists the same columns; tests/test_report_words.py holds the two together.
+PROBE_COLUMNS = {
+    "probe_id": "the probe's id: its cell (dtype/attn/compile[/optimizer][/parallel][@hardware]); a bisection "
+    "probe's recipe overrides, seed and rerun follow it",
+    "dtype": "the precision axis value (fp32, bf16-amp, ...)",
+    "attn": "the attention axis value (eager, sdpa, sdpa:flash, ...)",
+    "compile": "the compile axis value (off, inductor, aot_eager)",
+    "optimizer": "the optimizer axis value (adamw, ...)",
+    "parallel": "the parallel axis value (none, ddp, fsdp2, ...)",
+    "hardware": "the kind of hardware (a SLURM partition or Ray node type); empty without a hardware axis",
+    "node": "the host an executor placed the probe on; None on this machine",
+    "gpu": "the GPUs the scheduler gave the probe there; None without",
+    "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
+    "seed": "the probe's seed",
+    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, grad-mismatch, crash, oom, timeout, "
+    "killed or unsupported",
+    "step": "the failing step (the first step the verdict is about); NA when none",
+    "reason": "the verdict's one-line reason",
+    "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%)",
+    "world_size": "the devices (ranks) the probe trained on: 1 for one process",
+    "tokens_per_s": "median tokens/s per device over the steady steps (the probe's over its world_size): "
+    "what the ranking compares; the re-timed figure when `retimed`",
+    "tokens_per_s_q1": "lower quartile of the per-step tokens/s per device",
+    "tokens_per_s_q3": "upper quartile of the per-step tokens/s per device",
+    "tokens_per_s_all_devices": "median tokens/s of the whole probe, every rank's tokens counted",
+    "retimed": "True when the tokens/s come from the interleaved re-timing rounds (retime.json), which "
+    "run shorter probes than the grid's",
+    "peak_memory_bytes": "peak memory (the CUDA allocator's peak on a GPU, the process's peak RSS on a CPU)",
+    "optimizer_state_bytes": "bytes of optimizer state after the first optimizer step",
+    "steps_run": "training steps the probe ran",
+    "wall_s": "the probe process's wall time, in seconds",
+    "flags": "ids of the nandoctor rules (errors, warnings) that name this probe, comma-separated",
+}
+RANK_COLUMN = {"rank": "1 for the recommended configuration, then the ranking's order; NA for a probe not ranked"}
+
+
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
-    """One row per probe: its cell and overrides, verdict, failing step, fidelity, tokens/s (and whether
-    the interleaved re-timing measured it), peak memory, optimizer-state bytes."""
+    """One row per probe, the columns of PROBE_COLUMNS in that order."""
     rows = [
         {
             "probe_id": o.probe_id,
@@ -158,57 +226,34 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
             "step": o.verdict.step,
             "reason": o.verdict.reason,
             "fidelity": o.fidelity,
+            "world_size": o.devices,
             "tokens_per_s": o.tokens_per_s,
             "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
             "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
+            "tokens_per_s_all_devices": o.tokens_per_s_all_devices,
+            "retimed": o.retimed,
             "peak_memory_bytes": o.peak_memory_bytes,
             "optimizer_state_bytes": o.record.optimizer_state_bytes,
             "steps_run": len(o.record.steps),
             "wall_s": o.record.wall_s,
             "flags": ",".join(o.flags),
-            "retimed": o.retimed,
         }
         for o in outcomes
     ]
-    columns = [
-        "probe_id",
-        "dtype",
-        "attn",
-        "compile",
-        "optimizer",
-        "parallel",
-        "hardware",
-        "node",
-        "gpu",
-        "overrides",
-        "seed",
-        "verdict",
-        "step",
-        "reason",
-        "fidelity",
-        "tokens_per_s",
-        "tokens_per_s_q1",
-        "tokens_per_s_q3",
-        "peak_memory_bytes",
-        "optimizer_state_bytes",
-        "steps_run",
-        "wall_s",
-        "flags",
-        "retimed",
-    ]
-    return pd.DataFrame(rows, columns=columns).astype(
+    return pd.DataFrame(rows, columns=list(PROBE_COLUMNS)).astype(
         {"step": "Int64", "peak_memory_bytes": "Int64", "optimizer_state_bytes": "Int64"}
     )
 
 
 def speed(o: ProbeOutcome) -> tuple[float, float, float]:
+    """(median, q1, q3) tokens/s per device, re-timed when the probe was."""
     t = o.throughput
     return (t.median, t.q1, t.q3) if t else (0.0, 0.0, 0.0)
 
 
 def grid_speed(o: ProbeOutcome) -> tuple[float, float, float]:
     """speed() as the grid's own probe measured it, before any re-timing replaced it."""
-    t = o.record.throughput or Throughput.of(o.record.steps)
+    t = grid_throughput(o.record)
     return (t.median, t.q1, t.q3) if t else (0.0, 0.0, 0.0)
 
 
@@ -235,55 +280,17 @@ def rank_per_hardware(
     hardware: list[str],
     rounds: dict[str, dict[int, float]] | None = None,
     t: Thresholds = THRESHOLDS,
+    loaded: bool = False,
 ) -> pd.DataFrame:
     """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
     measured on the same kind), the kinds in the order they first appear; hardware: one per table row
     of the whole probe table, by position."""
     kinds = list(dict.fromkeys(hardware[i] for i in table.index))
     return (
-        pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds) for h in kinds])
+        pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds, loaded) for h in kinds])
         if len(kinds) > 1
-        else rank(table, t, rounds)
+        else rank(table, t, rounds, loaded)
     )
-
-
-def retimed_rounds(timing: dict | None) -> list[tuple[str, object, list[Step]]]:
-    """(probe id, round, steps) of each re-timing round that trained to the end (retime.json)."""
-    return [
-        (p["of"], p.get("round"), [Step.from_dict(s) for s in p.get("steps") or []])
-        for p in (timing or {}).get("probes", [])
-        if p.get("status") == "ok"
-    ]
-
-
-def retimed_throughput(timing: dict | None) -> dict[str, Throughput]:
-    """Probe id -> its throughput over the re-timing rounds that trained to the end (retime.json)."""
-    runs: dict[str, list[list[Step]]] = {}
-    for of, _, steps in retimed_rounds(timing):
-        runs.setdefault(of, []).append(steps)
-    pooled = {of: Throughput.pooled(steps) for of, steps in runs.items()}
-    return {of: t for of, t in pooled.items() if t}
-
-
-def speed_thresholds(load: dict | None) -> Thresholds:
-    """The thresholds speeds are compared with: the loaded margin (Thresholds.loaded_speed_margin) in
-    place of the quiet one when the host was loaded while probes were timed (load_summary)."""
-    if load and load.get("significant"):
-        return dataclasses.replace(
-            THRESHOLDS, speed_margin=max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin)
-        )
-    return THRESHOLDS
-
-
-def round_medians(timing: dict | None) -> dict[str, dict[int, float]]:
-    """Probe id -> {re-timing round: the median tokens/s of that round's steady steps}, for the rounds
-    that trained to the end (retime.json): what ranking.paired_ratios compares round by round."""
-    out: dict[str, dict[int, float]] = {}
-    for of, n, steps in retimed_rounds(timing):
-        t = Throughput.of(steps)
-        if t and isinstance(n, int):
-            out.setdefault(of, {})[n] = t.median
-    return out
 
 
 def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None = None) -> RunAnalysis:
@@ -293,11 +300,12 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
     for r in records:
         references.learn(r)
     findings = findings_of(meta, records)
-    retimed = retimed_throughput(timing)
+    world = {r.probe_id: devices(r) for r in records}
+    retimed = retimed_throughput(timing, world)
     outcomes = []
     for r in records:
         v = references.judge(r)
-        throughput = retimed.get(r.probe_id) or r.throughput or Throughput.of(r.steps)
+        throughput = retimed.get(r.probe_id) or grid_throughput(r)
         outcomes.append(
             ProbeOutcome(
                 r,
@@ -308,36 +316,40 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
                 flags_of(r, findings),
                 fidelity(r.steps, references.exact(r)),
                 retimed=r.probe_id in retimed,
+                devices=world[r.probe_id],
             )
         )
     table = probe_table(outcomes)
     load = load_summary(records, timing)
-    ranked = rank_per_hardware(
-        table.iloc[rankable(outcomes)],
-        [o.record.cell.hardware for o in outcomes],
-        round_medians(timing),
-        speed_thresholds(load),
-    )
-    for i, speed_class in zip(ranked.index, ranked["speed_class"]):
-        outcomes[i].speed_class = int(speed_class)
-    return RunAnalysis(
+    rounds = round_medians(timing, world)
+    analysis = RunAnalysis(
         meta=meta,
         outcomes=outcomes,
         table=table,
-        ranking=[outcomes[i] for i in ranked.index],
         expected=meta.get("planned", len(records)),
         findings=findings,
         timing=timing,
         load=load,
+        rounds=rounds,
     )
+    ranked = rank_per_hardware(
+        table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], rounds, THRESHOLDS, analysis.loaded
+    )
+    for i, speed_class in zip(ranked.index, ranked["speed_class"]):
+        outcomes[i].speed_class = int(speed_class)
+    analysis.ranking = [outcomes[i] for i in ranked.index]
+    return analysis
 
 
-def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
-    """The ranked probes whose speed decides the winner: those sharing the recommended one's fidelity
-    bucket and flag status, when there are two or more; at most `most`, in rank order (the likeliest
-    winners). Empty when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's
-    winner is decided among that kind's probes only."""
-    leaders = []
+def tie_first(outcomes: list[ProbeOutcome]) -> ProbeOutcome:
+    """The one of these the fixed tie order puts first, whatever their speeds (ranking.tie_key)."""
+    return min(outcomes, key=lambda o: tie_key({**o.record.cell.to_dict(), "probe_id": o.probe_id}))
+
+
+def speed_buckets(a: RunAnalysis) -> list[list[ProbeOutcome]]:
+    """The ranked probes sharing each recommendation's fidelity bucket and flag status, in rank order,
+    where there are two or more: the probes speed decides between (one list per kind of hardware)."""
+    buckets = []
     for rec in [a.recommended_on(h) for h in a.hardware] if a.hardware else [a.recommended]:
         if rec is None:
             continue
@@ -348,8 +360,29 @@ def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
             and same_bucket(o, rec)
             and bool(o.flags) == bool(rec.flags)
         ]
-        leaders += top[:most] if len(top) > 1 else []
+        if len(top) > 1:
+            buckets.append(top)
+    return buckets
+
+
+def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The ranked probes whose speed decides the winner (speed_buckets): at most `most` per bucket, in rank
+    order (the likeliest winners), and always the one the tie order puts first (the winner if they all
+    tie: on a busy host it can rank low on its grid probe alone; tie_order_added names it then). Empty
+    when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's winner is decided
+    among that kind's probes only."""
+    leaders = []
+    for top in speed_buckets(a):
+        first = tie_first(top)
+        picked = top[:most] if first in top[:most] else top[: most - 1] + [first]
+        leaders += [o for o in top if o in picked]
     return leaders
+
+
+def tie_order_added(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
+    """The probes speed_decides takes only because the tie order puts them first in their bucket (they
+    are not among its first `most` by rank)."""
+    return [first for first, top in ((tie_first(t), t) for t in speed_buckets(a)) if first not in top[:most]]
 
 
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
@@ -394,6 +427,6 @@ def ranked_table(analysis: RunAnalysis) -> pd.DataFrame:
 
 
 def load_run(run_dir) -> pd.DataFrame:
-    """A run directory's probes as a DataFrame, one row per probe: cell (dtype, attn, compile, optimizer) and
-    overrides, verdict, failing step, fidelity, tokens/s, peak memory and rank."""
+    """A run directory's probes as a DataFrame, one row per probe: the columns of PROBE_COLUMNS, then
+    `rank` (docs/python-api.md lists them with their meaning)."""
     return ranked_table(analyze(run_dir))

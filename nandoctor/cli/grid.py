@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..analysis.verdicts import UNSUPPORTED
 from ..api import resume_grid, run_grid
 from ..cells import parse_axis_flag
 from ..run.cache import ProbeCache, default_cache_dir
@@ -66,38 +67,73 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def progress(*args) -> None:
-    from ..report.terminal import progress_line  # pandas: loaded by then (api.open_session), not before the first line
+class GridProgress:
+    """What a grid prints per probe: a line per probe that ran. The cells the device cannot run are
+    recorded before any probe runs; they are held back and said in one line (report/terminal.py
+    unsupported_line) before the first probe that ran, or before anything else is said."""
 
-    say(progress_line(*args))
+    def __init__(self):
+        self.held: list = []  # the unsupported records not said yet
+        self.counts = (0, 0)  # (done, planned) at the last of them
+        self.ran = False
+
+    def probe(self, done, total, record, verdict) -> None:
+        from ..report.terminal import progress_line  # pandas: loaded by then (api.open_session), not before
+
+        if verdict.name == UNSUPPORTED and not self.ran:
+            self.held.append(record)
+            self.counts = (done, total)
+            return
+        self.flush()
+        self.ran = True
+        say(progress_line(done, total, record, verdict))
+
+    def flush(self, *_) -> None:
+        """Say the held unsupported cells, if any (also called before a heartbeat, a queue line, the
+        re-timing line and the final report)."""
+        if self.held:
+            from ..report.terminal import unsupported_line
+
+            say(unsupported_line(*self.counts, self.held))
+            self.held = []
+
+
+def probe_grid(args, hear, cache, executor):
+    """Run or resume the grid the arguments describe; its analysis."""
+    if args.resume:
+        refuse_with_resume(
+            args, MODEL_FLAGS + ("axis", "baseline"), "the recipe, axes, steps, baseline and run directory"
+        )
+        return resume_grid(
+            args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache, executor=executor
+        )
+    axes = dict(parse_axis_flag(a) for a in args.axis)
+    return run_grid(
+        recipe_from_args(args),
+        axes=axes,
+        steps=args.steps,
+        jobs=args.jobs,
+        out=args.out,
+        listener=hear,
+        warm=not args.cold,
+        cache=cache,
+        baseline=args.baseline,
+        executor=executor,
+    )
 
 
 def run(args) -> int:
     cache = ProbeCache() if args.cache else None
     executor = executor_from_args(args)
-    hear = listener(progress)
-    if args.resume:
-        refuse_with_resume(
-            args, MODEL_FLAGS + ("axis", "baseline"), "the recipe, axes, steps, baseline and run directory"
-        )
-        analysis = resume_grid(
-            args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache, executor=executor
-        )
-    else:
-        axes = dict(parse_axis_flag(a) for a in args.axis)
-        recipe = recipe_from_args(args)
-        analysis = run_grid(
-            recipe,
-            axes=axes,
-            steps=args.steps,
-            jobs=args.jobs,
-            out=args.out,
-            listener=hear,
-            warm=not args.cold,
-            cache=cache,
-            baseline=args.baseline,
-            executor=executor,
-        )
+    printer = GridProgress()
+    hear = listener(printer.probe)
+    for hook in ("alive", "queue", "retiming"):  # anything else said goes after the held line
+        said = getattr(hear, hook)
+        setattr(hear, hook, lambda *a, said=said: (printer.flush(), said(*a)))
+    try:
+        analysis = probe_grid(args, hear, cache, executor)
+    finally:  # an interrupted grid says its unsupported cells too
+        printer.flush()
     from ..report.diff import render_diff_terminal
     from ..report.terminal import render_terminal
 

@@ -9,6 +9,7 @@ from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..record import ModelPlan
 from . import timing
+from .bisection import config_text
 from .charts import as_float
 
 AXIS_NOUNS = {
@@ -106,13 +107,45 @@ def last_loss(o: ProbeOutcome) -> float | None:
     return steps[-1].loss if steps else None
 
 
+def recommended_ids(a: RunAnalysis) -> set[str]:
+    """The probes of the recommended configuration: the bisection's recommendation in a bisect run
+    (its ranking is only the probes it happened to need), else the top of the ranking."""
+    if a.meta.get("kind") == "bisect":
+        b = a.bisection or {}
+        step = b.get("recommended_step")
+        return set(b["path"][step]["probe_ids"]) if step is not None else set()
+    if a.hardware:  # one recommendation per kind of hardware
+        return {o.probe_id for o in map(a.recommended_on, a.hardware) if o}
+    return {a.recommended.probe_id} if a.recommended else set()
+
+
+def ranking_note(a: RunAnalysis) -> str | None:
+    """Beside the ranked table of a bisect run: its recommendation is the bisection's (the stable
+    configuration nearest the target), not the table's first row, and where it ranks there."""
+    if a.meta.get("kind") != "bisect" or not a.ranking:
+        return None
+    ids = recommended_ids(a)
+    rank = next((i + 1 for i, o in enumerate(a.ranking) if o.probe_id in ids), None)
+    if rank == 1:
+        return None
+    config = ((a.bisection or {}).get("recommendation") or {}).get("config")
+    named = config_text(config) if config else "none"
+    where = f"it is rank {rank} here, marked ★" if rank else "it is not in this table"
+    return (
+        f"The bisection recommends {named}: the stable configuration nearest the target (the most target "
+        "factors kept), not the fastest. This table ranks every stable configuration the bisection tried by "
+        f"fidelity and speed; {where}."
+    )
+
+
 def ranking_rows(a: RunAnalysis) -> list[dict]:
+    starred = recommended_ids(a) if a.meta.get("kind") == "bisect" else set()
     return [
         {
             "rank": i + 1,
-            "config": label(o),
+            "config": ("★ " if o.probe_id in starred else "") + label(o),
             "fidelity vs fp32": fmt_fidelity(o.fidelity),
-            "tokens/s": fmt_rate(o.tokens_per_s),
+            "tokens/s": timing.rate_text(o) + per_device(o),
             "tokens/s IQR": timing.spread_text(o.throughput),
             "timed over": timing.timing_note(o, a),
             "peak memory": fmt_bytes(o.peak_memory_bytes),
@@ -185,6 +218,11 @@ def environment_rows(a: RunAnalysis) -> list[dict]:
     return [{"fact": k, "value": v} for k, v in rows]
 
 
+def per_device(o: ProbeOutcome) -> str:
+    """' per device (3,225 over 2)' for a parallel probe's tokens/s, '' for one process."""
+    return f" per device ({fmt_rate(o.tokens_per_s_all_devices)} over {o.devices})" if o.devices > 1 else ""
+
+
 def hardware_line(a: RunAnalysis, hardware: str) -> str:
     """The recommendation on one kind of hardware (a grid with a hardware axis ranks each kind apart)."""
     rec = a.recommended_on(hardware)
@@ -193,7 +231,7 @@ def hardware_line(a: RunAnalysis, hardware: str) -> str:
     flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
     return (
         f"Recommended on {hardware}: {label(rec)} "
-        f"(fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
+        f"(fidelity {fmt_fidelity(rec.fidelity)}, {timing.rate_text(rec)} tokens/s{per_device(rec)}, "
         f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
     )
 
@@ -212,20 +250,21 @@ def headline(a: RunAnalysis) -> list[str]:
             fast_here = a.fastest_on(h)
             if fast_here is not a.recommended_on(h):
                 lines.append(
-                    f"Fastest stable on {h}: {label(fast_here)} ({fmt_rate(fast_here.tokens_per_s)} tokens/s, "
+                    f"Fastest stable on {h}: {label(fast_here)} ({timing.rate_text(fast_here)} tokens/s"
+                    f"{per_device(fast_here)}, "
                     f"fidelity {fmt_fidelity(fast_here.fidelity)})"
                 )
         lines += timing.speed_lines(a)
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(
-            f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {fmt_rate(rec.tokens_per_s)} tokens/s, "
-            f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
+            f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {timing.rate_text(rec)} tokens/s"
+            f"{per_device(rec)}, peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
         )
         if fast is not rec:
             lines.append(
                 f"Fastest stable: {label(fast)} "
-                f"({fmt_rate(fast.tokens_per_s)} tokens/s, fidelity {fmt_fidelity(fast.fidelity)})"
+                f"({timing.rate_text(fast)} tokens/s{per_device(fast)}, fidelity {fmt_fidelity(fast.fidelity)})"
             )
         lines += timing.speed_lines(a)
     else:

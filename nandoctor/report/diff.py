@@ -32,13 +32,17 @@ def headline(d: RunDiff) -> list[str]:
             f"Regressed: {len(regressed)} of {n} cell(s): "
             + "; ".join(f"{c.probe_id} ({c.verdicts})" for c in regressed)
         ]
-    elif d.unchanged:
+    elif d.unchanged and not d.moved:
         lines = [f"No change: {n} cell(s), same verdicts, every loss curve bit-identical."]
+    elif d.unchanged:  # the numerics are the same; speed or memory moved (Beyond noise, below)
+        lines = [f"No regression: {n} cell(s), same verdicts, every loss curve bit-identical."]
     else:
         lines = [f"No regression: {n} cell(s) compared."]
-    moved = [c for c in d.cells if c.change != SAME and not c.regressed]
-    if moved:
-        lines.append("Verdict changes: " + "; ".join(f"{c.probe_id} {c.change} ({c.verdicts})" for c in moved))
+    changed = [c for c in d.cells if c.change != SAME and not c.regressed]
+    if changed:
+        lines.append("Verdict changes: " + "; ".join(f"{c.probe_id} {c.change} ({c.verdicts})" for c in changed))
+    if d.moved:
+        lines.append("Beyond noise: " + "; ".join(moved_text(c) for c in d.moved))
     if d.environment:
         lines.append("Environment: " + "; ".join(f"{e.name} {e.before} -> {e.after}" for e in d.environment))
     if d.settings:
@@ -95,6 +99,23 @@ def _percent(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:+.1f}%"
 
 
+MEASURED_NAMES = ("fidelity", "tokens/s", "peak memory")
+
+
+def moved_text(c: CellChange) -> str:
+    """'fp32/sdpa/off tokens/s 9,032 -> 7,969 (-11.8%, noise ±3%)': the numbers of a cell stable in both
+    runs that moved beyond their noise band."""
+    fmt = (fmt_fidelity, fmt_rate, fmt_bytes)
+    parts = []
+    for name, show, m in zip(MEASURED_NAMES, fmt, c.measured):
+        if m is None or not m.moved:
+            continue
+        change = f"{100 * m.change:+.3f} points" if m.absolute else _percent(m.change)
+        band = f"±{100 * m.band:.3g} points" if m.absolute else f"±{100 * m.band:.2g}%"
+        parts.append(f"{name} {show(m.before)} -> {show(m.after)} ({change}, noise {band})")
+    return f"{c.probe_id} " + ", ".join(parts)
+
+
 def _moved(text: str, m) -> str:
     return f"{text} (beyond noise)" if m.moved else text
 
@@ -118,7 +139,7 @@ def stable_rows(d: RunDiff) -> list[dict]:
             continue
         f, r, m = c.fidelity, c.tokens_per_s, c.peak_memory
         fid = f"{fmt_fidelity(f.before)} -> {fmt_fidelity(f.after)}"
-        rate = f"{fmt_rate(r.before)} -> {fmt_rate(r.after)} ({_percent(r.change)}, noise ±{100 * r.band:.0f}%)"
+        rate = f"{fmt_rate(r.before)} -> {fmt_rate(r.after)} ({_percent(r.change)}, noise ±{100 * r.band:.2g}%)"
         memory = f"{fmt_bytes(m.before)} -> {fmt_bytes(m.after)} ({_percent(m.change)})"
         rows.append(
             {
@@ -281,6 +302,7 @@ def render_diff_summary(d: RunDiff) -> dict:
         "current": run_name(d.current),
         "exit_code": d.exit_code,
         "unchanged": d.unchanged,
+        "moved": [c.probe_id for c in d.moved],
         "regressed": [c.probe_id for c in d.regressions],
         "headline": headline(d),
         "environment": [vars(e) for e in d.environment],

@@ -13,7 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from . import bisection, common, data, doctor, failures, forensics, matrix, parallel, savings, timing
+from . import bisection, code, common, data, doctor, failures, forensics, matrix, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -140,14 +140,16 @@ def render_html(a: RunAnalysis) -> str:
         colors=matrix.VERDICT_COLORS,
         classes=[{**c, "line": failures.failure_line(c)} for c in failures.failure_classes(a)],
         unsupported_classes=failures.unsupported_classes(a),
+        code=[(code.title(h), code.code_lines(rec)) for h, rec in code.grid_recommendations(a)],
         ranking=common.ranking_rows(a),
         failures=common.failure_rows(a),
         environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})),
         findings=doctor.finding_rows(a.findings),
         capabilities=doctor.capability_rows(a.meta.get("env", {})),
-        order=timing.order_sentence(),
+        order=timing.order_sentence(a),
+        ranking_note=common.ranking_note(a),
         retime=timing.retime_rows(a),
-        retime_meta=a.timing,
+        retime_intro=timing.retime_intro(a) if a.timing else None,
         load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],

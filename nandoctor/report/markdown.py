@@ -7,7 +7,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
-from . import bisection, common, failures, matrix, timing
+from . import bisection, code, common, failures, matrix, timing
 from .data import data_markdown
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
@@ -31,12 +31,14 @@ def render_markdown(a: RunAnalysis) -> str:
     head = common.headline(a)
     first = len(a.hardware) if a.hardware and a.meta["kind"] != "bisect" else 1  # a recommendation per kind of hardware
     parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
-    parts += matrix_section(a) + failure_section(a)
+    parts += matrix_section(a) + failure_section(a) + code_section(a)
     parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
     if m["kind"] == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
     parts += data_markdown(m, a.outcomes, _table)
-    parts += ["## Stable configurations, ranked", "", timing.order_sentence(), "", _table(common.ranking_rows(a)), ""]
+    note = common.ranking_note(a)
+    parts += ["## Stable configurations, ranked", "", timing.order_sentence(a), ""] + ([note, ""] if note else [])
+    parts += [_table(common.ranking_rows(a)), ""]
     parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += parallel_markdown(a, _table)
@@ -48,6 +50,14 @@ def render_markdown(a: RunAnalysis) -> str:
     return "\n".join(parts)
 
 
+def code_section(a: RunAnalysis) -> list[str]:
+    """A grid's recommendation as code to paste (a bisection's is in its own section)."""
+    parts = []
+    for hardware, rec in code.grid_recommendations(a):
+        parts += [f"## {code.title(hardware)}", "", "```", *code.code_lines(rec), "```", ""]
+    return parts
+
+
 def timing_section(a: RunAnalysis) -> list[str]:
     """The re-timing of the leading cells and the host's load, when there is either to tell."""
     rows, load = timing.retime_rows(a), timing.load_line(a)
@@ -55,12 +65,8 @@ def timing_section(a: RunAnalysis) -> list[str]:
         return []
     parts = ["## Timing", ""]
     if rows:
-        t = a.timing
         parts += [
-            f"Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
-            f"interleaved ({t['rounds']} rounds of {t['steps']} steps, "
-            f"run order: {', '.join(t['order'])}; {t['wall_s']:.0f} s). "
-            "Their ranking uses the rounds' steady steps pooled.",
+            timing.retime_intro(a),
             "",
             _table(rows),
             "",

@@ -11,8 +11,9 @@ from __future__ import annotations
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import STABLE, UNSUPPORTED
 from ..cells import AXES, HARDWARE_AXES, Cell
-from .common import fmt_fidelity, fmt_rate, label
+from .common import fmt_fidelity, label, recommended_ids
 from .forensics import forensics_of, headroom_applies, tightest_line
+from .timing import rate_text
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
@@ -49,18 +50,6 @@ def _representative(probes: list[ProbeOutcome]) -> ProbeOutcome:
     return next((o for o in probes if o.verdict.failed), probes[0])
 
 
-def recommended_ids(a: RunAnalysis) -> set[str]:
-    """The probes of the recommended configuration: the bisection's recommendation in a bisect run
-    (its ranking is only the probes it happened to need), else the top of the ranking."""
-    if a.meta.get("kind") == "bisect":
-        b = a.bisection or {}
-        step = b.get("recommended_step")
-        return set(b["path"][step]["probe_ids"]) if step is not None else set()
-    if a.hardware:  # one recommendation per kind of hardware
-        return {o.probe_id for o in map(a.recommended_on, a.hardware) if o}
-    return {a.recommended.probe_id} if a.recommended else set()
-
-
 def fastest_ids(a: RunAnalysis) -> set[str]:
     """The probes marked fastest: on each kind of hardware (the whole grid without a hardware axis), the
     stable one clearly faster than that kind's recommendation, if any; none in a bisect run."""
@@ -74,7 +63,7 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str], fas
     o = _representative(probes)
     v = o.verdict
     if v.name == STABLE:
-        lines = [fmt_fidelity(o.fidelity), f"{fmt_rate(o.tokens_per_s)} tok/s"]
+        lines = [fmt_fidelity(o.fidelity), f"{rate_text(o)} tok/s" + ("/device" if o.devices > 1 else "")]
     elif v.name == UNSUPPORTED:
         lines = ["not run here"]
     else:

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import json
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.run import ProbeOutcome, RunAnalysis, grid_speed
 from ..analysis.savings import HELD, NOT_HELD, NOT_MEASURED, SavingsRow, is_low_precision, savings
 from ..analysis.verdicts import UNSUPPORTED
 from .common import fmt_bytes, fmt_fidelity, fmt_rate, label
 
 CAST_ROLES = ("input", "weight", "grad_output")
 SHOWN_CASTS = 8  # fp8 linears listed per probe, worst saturation / flush first
+
+
+def grid_rate(o: ProbeOutcome) -> float | None:
+    """The grid probe's own tokens/s per device: every figure the section compares is of one kind (a
+    re-timed figure comes from shorter probes, analysis/speed.py)."""
+    return grid_speed(o)[0] or None
 
 
 def savings_row(o: ProbeOutcome) -> SavingsRow:
@@ -27,7 +33,7 @@ def savings_row(o: ProbeOutcome) -> SavingsRow:
         cell.optimizer,
         r.optimizer_state_bytes,
         r.peak_memory_bytes,
-        o.tokens_per_s,
+        grid_rate(o),
         o.fidelity,
         o.verdict.name,
         variant,
@@ -94,7 +100,7 @@ def _saving_row(s, by_id: dict) -> dict:
         "vs baseline": _pct(s.state_saving, "smaller"),
         "peak memory": fmt_bytes(o.peak_memory_bytes),
         "peak vs baseline": _pct(s.peak_saving, "smaller"),
-        "tokens/s": fmt_rate(o.tokens_per_s),
+        "tokens/s": fmt_rate(grid_rate(o)),
         "speed vs baseline": f"{s.speedup:.2f}x" if s.speedup else "-",
         "fidelity vs fp32": fmt_fidelity(o.fidelity),
         "baseline fidelity": fmt_fidelity(base.fidelity) if base else "-",

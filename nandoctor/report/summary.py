@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..jsonio import json_safe
+from .code import grid_recommendations
 from .failures import failure_classes
 from .forensics import forensics_summary
 from .parallel import parallel_facts
@@ -26,6 +27,8 @@ def _probe(o: ProbeOutcome) -> dict:
         "step": o.verdict.step,
         "fidelity": o.fidelity,
         "tokens_per_s": o.tokens_per_s,
+        "world_size": o.devices,
+        "tokens_per_s_all_devices": o.tokens_per_s_all_devices,
         "throughput": o.throughput.to_dict() if o.throughput else None,
         "retimed": o.retimed,
         "host_load": o.record.host_load,
@@ -55,6 +58,7 @@ def render_summary(a: RunAnalysis) -> dict:
                 h: (o.probe_id if o else None) for h, o in ((h, a.fastest_on(h)) for h in a.hardware)
             },
             "ranking": [o.probe_id for o in a.ranking],
+            "recommendation": [{"hardware": h or None, **rec} for h, rec in grid_recommendations(a)],
             "timing": timing_summary(a),
             "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),

@@ -5,8 +5,9 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
+from ..cells import AXES, Cell
 from ..record import ProbeRecord
-from . import bisection, common
+from . import bisection, code, common
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
@@ -16,11 +17,45 @@ def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
     return f"[{done:>3}/{total or '?'}] {record.probe_id:<32} {verdict.name:<11} {took}  {verdict.reason}"
 
 
+def _shared_values(cells: list[Cell], every: list[Cell]) -> str:
+    """The axis values all these cells share that not every unsupported cell shares: 'tf32', 'sdpa:cudnn'."""
+    shared = [
+        getattr(cells[0], axis)
+        for axis in AXES
+        if len({getattr(c, axis) for c in cells}) == 1 and len({getattr(c, axis) for c in every}) > 1
+    ]
+    return "/".join(shared) or f"{len(cells)} cell(s)"
+
+
+def _cuda_only(cell: Cell, reason: str) -> bool:
+    return reason in {row.cuda_only for row in (cell.precision, cell.attention, cell.optimizer_row)}
+
+
+def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
+    """One line for the cells the device cannot run, recorded before any probe ran (the default grid on a
+    CPU has 22 CUDA-only ones): how many, which axis values, why in short; the reports list each reason."""
+    groups: dict[str, list[Cell]] = {}
+    for r in records:
+        groups.setdefault(r.reason or "", []).append(r.cell)
+    every = [c for cells in groups.values() for c in cells]
+    if all(_cuda_only(cells[0], reason) for reason, cells in groups.items()):
+        why = f"{', '.join(_shared_values(cells, every) for cells in groups.values())}: CUDA only"
+    else:
+        why = "; ".join(f"{_shared_values(cells, every)}: {reason.split(';')[0]}" for reason, cells in groups.items())
+    return (
+        f"[{done:>3}/{total or '?'}] {len(records)} cells not run, unsupported here ({why}); "
+        "report.md lists each with its reason"
+    )
+
+
 def render_terminal(a: RunAnalysis, run_dir) -> str:
     probed, why = common.model_line(a)
     out = [f"model: {probed}", f"       {why}", ""]
     rows = common.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
+    note = common.ranking_note(a)
+    if note:
+        out += ["", note]
     fails = common.failure_rows(a)
     if fails:
         out += [
@@ -41,6 +76,8 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
         out += ["", "Recommended configuration:"] + [
             f"  {line}" for line in bisection.recommendation_lines(a.bisection)
         ]
+    for hardware, rec in code.grid_recommendations(a):
+        out += ["", f"{code.title(hardware)}:"] + [f"  {line}" for line in code.code_lines(rec)]
     out += [""] + common.headline(a)
     out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
     return "\n".join(out)

@@ -1,15 +1,25 @@
-"""What every renderer says about how speed was measured: how the ranking orders, whether speed
-decided the recommendation (and the cells re-timed for it), and how loaded the host was."""
+"""What every renderer says about how speed was measured: how the ranking orders (with the margin it
+applied), whether speed decided the recommendation (and the cells re-timed for it, for how many rounds),
+why the configurations it ties with are ties (with the figures), and how loaded the host was. A figure
+from the re-timing (short interleaved probes) is marked RETIMED wherever it stands beside grid figures."""
 
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis, speed_decides
+from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
+from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides
+from ..analysis.speed import grid_throughput
 from ..config import THRESHOLDS
 from ..record import Throughput
+
+RETIMED = "†"  # marks a re-timed figure (retime.json) beside the grid's own
 
 
 def _rate(x: float | None) -> str:
     return f"{x:,.0f}" if x else "-"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:g}%"
 
 
 def spread_text(t: Throughput | None) -> str:
@@ -19,21 +29,59 @@ def spread_text(t: Throughput | None) -> str:
     return f"{_rate(t.q1)}-{_rate(t.q3)}"
 
 
-def order_sentence() -> str:
+def rate_text(o: ProbeOutcome, x: float | None = None) -> str:
+    """A probe's tokens/s per device ('1,436', '87†' when re-timed), or another figure of it, marked alike."""
+    value = o.tokens_per_s if x is None else x
+    return _rate(value) + (RETIMED if o.retimed and value else "")
+
+
+def retimed_legend(a: RunAnalysis) -> str | None:
+    """What RETIMED means in this run, when a figure carries it."""
+    if not a.timing or not any(o.retimed for o in a.outcomes):
+        return None
+    t = a.timing
+    return (
+        f"{RETIMED} re-timed: {t['steps']}-step probes, back to back and interleaved, {t['rounds']} rounds; the other "
+        f"figures are the grid's own {a.meta.get('steps', '?')}-step probes (short probes measure lower: "
+        "compare a re-timed figure only with another one)."
+    )
+
+
+def per_device_legend(a: RunAnalysis) -> str | None:
+    """What a parallel probe's tokens/s means, when the run has one."""
+    if not any(o.devices > 1 for o in a.outcomes):
+        return None
+    return (
+        "Tokens/s are per device: a parallel probe's tokens/s over its world size (its ranks' tokens counted "
+        "together), so that it ranks against one-process cells on the work of one device."
+    )
+
+
+def order_sentence(a: RunAnalysis) -> str:
+    """How the ranking orders, with the speed margin this run's grid figures were compared with."""
+    quiet = _pct(THRESHOLDS.speed_margin)
+    margin = (
+        f"{_pct(max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin))} (the host was loaded while probes "
+        f"were timed; {quiet} on a quiet host)"
+        if a.loaded
+        else quiet
+    )
     return (
         "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
-        f"{100 * THRESHOLDS.fidelity_bucket:g}% buckets), then configurations no nandoctor rule flags, then tokens/s "
-        f"where one is faster by more than {100 * THRESHOLDS.speed_margin:g}% and beyond both interquartile ranges "
-        "(otherwise they count as equally fast), then a fixed tie order (compile off first; fp32 master weights, "
-        "no GradScaler, no fp8 first; sdpa, then eager, then a pinned SDPA backend or kernel package; "
-        "the default optimizer first), then peak memory."
+        f"{_pct(THRESHOLDS.fidelity_bucket)} buckets), then configurations no nandoctor rule flags, then tokens/s "
+        "per device, where one is faster beyond the noise: re-timed configurations when they are faster by more "
+        f"than {quiet} at the one-sided 95% lower bound of their per-round ratio, the others when their median "
+        f"is higher by more than {margin} and beyond both interquartile ranges (otherwise they count as equally "
+        "fast), then a fixed tie order (compile off first; fp32 master weights, no GradScaler, no fp8 first; sdpa, "
+        "then eager, then a pinned SDPA backend or kernel package; the default optimizer first), then peak memory."
     )
 
 
 def timing_note(o: ProbeOutcome, a: RunAnalysis) -> str:
     """How a ranked probe's tokens/s was measured, for its row."""
     if o.retimed:
-        return f"re-timed, {a.timing['rounds']} interleaved rounds"
+        rounds = sum(1 for p in a.timing["probes"] if p["of"] == o.probe_id and p["status"] == "ok")
+        return f"re-timed{RETIMED}, {rounds} interleaved rounds of {a.timing['steps']} steps"
     t = o.throughput
     return f"{t.steps} steady steps" if t else "-"
 
@@ -41,7 +89,7 @@ def timing_note(o: ProbeOutcome, a: RunAnalysis) -> str:
 def load_line(a: RunAnalysis) -> str | None:
     """One sentence when the host was busy with other work while probes were timed, else None."""
     load = a.load
-    if not load or not load["significant"]:
+    if not a.loaded:
         return None
     parts = []
     if load["other_cpu_cores_median"] is not None:
@@ -56,45 +104,121 @@ def load_line(a: RunAnalysis) -> str | None:
     return (
         "The host was loaded while probes were timed: "
         + "; ".join(parts)
-        + f". Tokens/s are noisier for it: one configuration counts as faster only by more than "
-        f"{100 * THRESHOLDS.loaded_speed_margin:g}% (not {100 * THRESHOLDS.speed_margin:g}%) "
-        "and beyond their measured spread."
+        + f". Tokens/s are noisier for it: one configuration counts as faster on its grid probe only by more than "
+        f"{_pct(THRESHOLDS.loaded_speed_margin)} (not {_pct(THRESHOLDS.speed_margin)}) and beyond their measured "
+        "spread; re-timed ones are compared round by round, where the rounds' own swing is the noise."
+    )
+
+
+def _retimed_how(a: RunAnalysis) -> str:
+    """'re-timed back to back, interleaved, 2 rounds of 5 steps each (3 s): A 1,000† tokens/s (IQR ...); ...'"""
+    t = a.timing
+    shown = "; ".join(
+        f"{o.probe_id} {rate_text(o)} tokens/s (IQR {spread_text(o.throughput)})" for o in a.ranking if o.retimed
+    )
+    least = t.get("min_rounds", t["rounds"])
+    extra = list(dict.fromkeys(p["of"] for p in t["probes"] if (p.get("round") or 0) > least))
+    more = (
+        f" ({least} of every cell, then {t['rounds'] - least} more of {', '.join(extra)} while the gap between "
+        "them was neither proven nor within the margin)"
+        if extra
+        else ""
+    )
+    return (
+        f"re-timed back to back, interleaved, {t['rounds']} rounds{more} of {t['steps']} steps each "
+        f"({t['wall_s']:.0f} s): {shown}"
+    )
+
+
+def _chosen_text(a: RunAnalysis, timed: int) -> str:
+    """Which of the configurations sharing the top bucket were re-timed, in words."""
+    added = a.timing.get("tie_order_added") or []
+    if not added:
+        return f"the first {timed} of the grid's ranking were"
+    return (
+        f"the first {timed - len(added)} of the grid's ranking and {', '.join(added)}, first in the tie order "
+        "(the winner if they all tie), were"
+    )
+
+
+def interval_text(c: SpeedComparison) -> str:
+    i = c.interval
+    per_round = ", ".join(f"{r:.2f}x" for r in i.ratios)
+    return (
+        f"{i.ratio:.2f}x over {len(i.ratios)} interleaved rounds (per round {per_round}; 95% lower bound {i.low:.2f}x)"
+    )
+
+
+def tie_reason(lead: ProbeOutcome, other: ProbeOutcome, c: SpeedComparison, loaded: bool) -> str:
+    """Why `lead` (the fastest of a speed class) does not count as faster than `other`, with the figures."""
+    pair = f"{lead.probe_id} against {other.probe_id}"
+    if c.rule == ROUNDS:
+        if c.interval.ratio <= 1 + c.margin:
+            return f"{pair}: {interval_text(c)}, within the {_pct(c.margin)} margin"
+        return (
+            f"{pair}: {interval_text(c)}: above {1 + c.margin:.2f}x on average but not at the lower bound, "
+            "the rounds swing too much to call it a gain"
+        )
+    figures = f"{rate_text(lead, c.a[0])} against {rate_text(other, c.b[0])} tokens/s per device"
+    if c.rule == MARGIN:
+        where = " applied on a loaded host" if loaded and c.margin > THRESHOLDS.speed_margin else ""
+        return f"{pair}: {figures} ({100 * (c.gain - 1):+.0f}%), within the {_pct(c.margin)} margin{where}"
+    return (
+        f"{pair}: {figures} ({100 * (c.gain - 1):+.0f}%), but their interquartile ranges overlap "
+        f"({_rate(c.a[1])}-{_rate(c.a[2])} and {_rate(c.b[1])}-{_rate(c.b[2])})"
+    )
+
+
+def unresolved_line(a: RunAnalysis) -> str | None:
+    """When the adaptive re-timing spent its budget with a gap neither proven nor within the margin: which,
+    with the figures."""
+    t = a.timing
+    if not t or t.get("stopped") != "budget":
+        return None
+    timed = [o for o in a.ranking if o.retimed]
+    if len(timed) < 2:
+        return None
+    lead = max(timed, key=lambda o: speed(o)[0])
+    open_ = [o for o in timed if o.probe_id in undecided(a.rounds, lead.probe_id)]
+    if not open_:
+        return None
+    said = "; ".join(f"{lead.probe_id} against {o.probe_id}: {interval_text(a.compare(lead, o))}" for o in open_)
+    return (
+        f"The re-timing could not tell these apart within its budget ({t.get('budget_s', 0):.0f} s, "
+        f"{t['rounds']} rounds): {said}; a gain counts only above {1 + THRESHOLDS.speed_margin:.2f}x at the 95% "
+        "lower bound, so they count as equally fast here. A quieter host, or more steps per probe, can tell."
     )
 
 
 def speed_lines(a: RunAnalysis) -> list[str]:
     """Beside the recommendation: whether speed decided it, the cells re-timed for that, the speed ties
-    (per kind of hardware: speeds on two kinds are never compared), and the load."""
+    with why each is a tie (per kind of hardware: speeds on two kinds are never compared), what the marks
+    on the figures mean, and the load."""
     rec = a.recommended
     lines = []
     if rec is None or a.meta.get("kind") != "grid":
         return lines
     if a.timing:
-        shown = "; ".join(
-            f"{o.probe_id} {_rate(o.tokens_per_s)} tokens/s (IQR {spread_text(o.throughput)})"
-            for o in a.ranking
-            if o.retimed
-        )
-        timed, sharing = len(a.timing["cells"]), len(speed_decides(a, len(a.ranking)))
-        how = (
-            f"re-timed back to back, interleaved, {a.timing['rounds']} rounds of {a.timing['steps']} steps each "
-            f"({a.timing['wall_s']:.0f} s): {shown}"
-        )
-        if sharing > timed:  # more than RETIME_MOST_CELLS: the rest rank after the re-timed ones (ranking.rank)
-            rest = sharing - timed
+        timed, sharing = len(a.timing["cells"]), speed_decides(a, len(a.ranking))
+        how = _retimed_how(a)
+        if len(sharing) > timed:  # more than RETIME_MOST_CELLS: the rest rank after the re-timed ones (ranking.rank)
+            rest = len(sharing) - timed
             after = (
                 "the other one ranks after them, on its grid probe"
                 if rest == 1
                 else f"the other {rest} rank after them, on their grid probes"
             )
             lines.append(
-                f"{sharing} configurations share the top fidelity bucket, so speed decides between them: "
-                f"the first {timed} of the grid's ranking were {how}; {after}."
+                f"{len(sharing)} configurations share the top fidelity bucket, so speed decides between them: "
+                f"{_chosen_text(a, timed)} {how}; {after}."
             )
         else:
             lines.append(
                 f"{timed} configurations share the top fidelity bucket, so speed decides between them: they were {how}."
             )
+        unresolved = unresolved_line(a)
+        if unresolved:
+            lines.append(unresolved)
     elif (a.meta.get("recipe") or {}).get("retime_rounds") == 0:
         leaders = speed_decides(a, len(a.ranking))
         if leaders:
@@ -107,35 +231,50 @@ def speed_lines(a: RunAnalysis) -> list[str]:
         ties = a.speed_ties_on(hardware)
         if ties:
             lead = f"On {hardware}, as fast as" if hardware else "As fast as"
+            reasons = "; ".join(tie_reason(*r, a.loaded) for r in a.tie_reasons_on(hardware))
             lines.append(
-                f"{lead} {', '.join(o.probe_id for o in ties)} within their measured spread: "
+                f"{lead} {', '.join(o.probe_id for o in ties)} within their measured noise: "
                 f"{a.recommended_on(hardware).probe_id} comes first in the fixed tie order "
-                "(the plainest, most robust configuration)."
+                f"(the plainest, most robust configuration). Why each is a tie: {reasons}."
             )
-    load = load_line(a)
-    if load:
-        lines.append(load)
+    lines += [line for line in (retimed_legend(a), per_device_legend(a), load_line(a)) if line]
     return lines
 
 
+def retime_intro(a: RunAnalysis) -> str:
+    """The Timing section's first sentence: how the re-timing ran and how its figures are used."""
+    t = a.timing
+    stopped = {
+        "decided": "every gap to the fastest was proven or within the margin",
+        "budget": f"its {t.get('budget_s', 0):.0f} s budget was spent",
+    }.get(t.get("stopped"))
+    return (
+        "Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
+        f"interleaved ({t['rounds']} rounds of {t['steps']} steps, run order: {', '.join(t['order'])}; "
+        f"{t['wall_s']:.0f} s" + (f"; stopped when {stopped}" if stopped else "") + "). Their figures are the "
+        "rounds' steady steps pooled, and two of them are compared round by round (the ratio of their tokens/s in "
+        "each round, and its one-sided 95% lower bound)."
+    )
+
+
 def retime_rows(a: RunAnalysis) -> list[dict]:
-    """One row per re-timed cell: the grid probe's tokens/s and the interleaved rounds'."""
+    """One row per re-timed cell: the grid probe's tokens/s and the interleaved rounds', per device."""
     if not a.timing:
         return []
     by_id = {o.probe_id: o for o in a.outcomes}
     rows = []
-    for cell in a.timing["cells"]:
+    for cell in dict.fromkeys(p["of"] for p in a.timing["probes"]):
         o = by_id.get(cell)
         if o is None:
             continue
-        grid = o.record.throughput or Throughput.of(o.record.steps)
+        grid = grid_throughput(o.record)
         rounds = [p for p in a.timing["probes"] if p["of"] == cell]
         rows.append(
             {
                 "config": cell,
                 "grid probe tokens/s": _rate(grid.median if grid else None),
                 "grid IQR": spread_text(grid),
-                "re-timed tokens/s": _rate(o.tokens_per_s) if o.retimed else "-",
+                "re-timed tokens/s": rate_text(o) if o.retimed else "-",
                 "re-timed IQR": spread_text(o.throughput) if o.retimed else "-",
                 "rounds ok": f"{sum(p['status'] == 'ok' for p in rounds)}/{len(rounds)}",
             }
@@ -145,7 +284,8 @@ def retime_rows(a: RunAnalysis) -> list[dict]:
 
 def timing_summary(a: RunAnalysis) -> dict:
     """summary.json's `timing`: the re-timing (retime.json without the per-step curves), the speed ties
-    of the recommendation (and of each kind's, with a hardware axis) and the host load."""
+    of the recommendation (and of each kind's, with a hardware axis) with why each is a tie, and the host
+    load."""
     retime = None
     if a.timing:
         retime = {
@@ -156,6 +296,12 @@ def timing_summary(a: RunAnalysis) -> dict:
         "retimed": retime,
         "speed_ties": [o.probe_id for o in a.speed_ties],
         "speed_ties_by_hardware": {h: [o.probe_id for o in a.speed_ties_on(h)] for h in a.hardware},
+        "tie_reasons": [
+            {"faster": lead.probe_id, "than": o.probe_id, "rule": c.rule, "gain": c.gain, "margin": c.margin}
+            | ({"ratio_low": c.interval.low, "ratios": list(c.interval.ratios)} if c.interval else {})
+            for h in a.hardware or [""]
+            for lead, o, c in a.tie_reasons_on(h)
+        ],
         "host_load": a.load,
-        "loaded": bool(a.load and a.load["significant"]),
+        "loaded": a.loaded,
     }
