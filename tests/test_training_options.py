@@ -30,21 +30,21 @@ def ids_rows(lengths, seed=0) -> list[dict]:
     return [{"input_ids": [rng.randrange(10, 1000) for _ in range(n)]} for n in lengths]
 
 
-def spec_for(ckpt, fields: dict, steps: int = 4, cell: Cell = FP32) -> ProbeSpec:
+def spec_for(ckpt, fields: dict, steps: int = 4, cell: Cell = FP32, device: str = "cpu") -> ProbeSpec:
     from nandoctor.models import plan_model
 
     recipe = set_field(resolve_model(str(ckpt)), "forensics_steps", 0)
     for key, value in fields.items():
         recipe = set_field(recipe, key, value)
-    return ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), steps, recipe.seed, "cpu", 1)
+    return ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": device}), steps, recipe.seed, device, 1)
 
 
-def probe(ckpt, fields: dict, steps: int = 4, cell: Cell = FP32) -> ProbeRecord:
+def probe(ckpt, fields: dict, steps: int = 4, cell: Cell = FP32, device: str = "cpu") -> ProbeRecord:
     """One probe of the checkpoint with these recipe fields, trained in this process as the child does."""
     from nandoctor.child.probe import run_probe
     from nandoctor.child.ranks import ONE_PROCESS
 
-    spec = spec_for(ckpt, fields, steps, cell)
+    spec = spec_for(ckpt, fields, steps, cell, device)
     record = ProbeRecord(spec.probe_id, spec.cell)
     run_probe(spec, record, ONE_PROCESS, None)
     return record
@@ -211,3 +211,30 @@ def test_records_written_before_the_new_fields_read_them_as_none():
 
 def test_options_that_cannot_break_the_setup_cost_no_check(ckpt):
     assert probe(ckpt, {}, steps=2).setup_checks is None
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_options_train_as_on_the_cpu(ckpt, skewed, uneven):
+    """What a GPU host should confirm: one micro-batch by tokens is its mean loss bit for bit on CUDA's
+    loss kernels too; bf16 autocast with a block mask (a floating mask moved in the compute dtype) stays
+    isolated and a 2-D mask leaks; reentrant checkpointing starves the LoRA group there as well."""
+    import torch
+
+    from nandoctor.child.build import setup
+    from nandoctor.child.train import micro_loss
+
+    s = setup(spec_for(ckpt, {"data.pad_fraction": 0.5}, device="cuda"))
+    (batch,), items = next(s.data)
+    with torch.no_grad():
+        assert micro_loss(s.model, batch, items, 1, s).item() == s.model(**batch).loss.item()
+    amp = Cell("bf16-amp", "sdpa", "off")
+    for packing, leaks in (("block_mask", False), ("position_ids_with_mask", True)):
+        record = probe(ckpt, {**uneven, "data.packing": packing}, steps=2, cell=amp, device="cuda")
+        assert (record.setup_checks["packing_max_logit_diff"] > 0.1) == leaks and record.steps[-1].tokens == 37
+    micro = probe(
+        ckpt, {**skewed, "gradient_accumulation_steps": 4, "loss_normalization": "micro_batch"}, device="cuda"
+    )
+    assert 0.5 < micro.setup_checks["accumulation_cosine"] < 0.8
+    fields = {**LORA, "adapter.modules_to_save": ["lm_head"], "gradient_checkpointing": "reentrant"}
+    starved = probe(ckpt, fields, cell=amp, device="cuda")
+    assert all(s.groups["adapter"] is None and s.groups["modules_to_save"] > 0 for s in starved.steps)
