@@ -25,8 +25,10 @@ PADDING_SIDES = ("right", "left")
 LABEL_MASKS = ("pad_id", "attention_mask", "completion_only")
 # none: rows padded to the longest of their batch; position_ids: a batch's rows flattened into one row,
 # position_ids restarting per row and no attention mask (DataCollatorWithFlattening); block_mask: the
-# same row with an explicit 4-D block-diagonal causal mask
-PACKINGS = ("none", "position_ids", "block_mask")
+# same row with an explicit 4-D block-diagonal causal mask; position_ids_with_mask: the same row with the
+# usual 2-D all-ones mask beside the position_ids, which transformers then reads as one sequence
+# (the segments attend to each other: huggingface/transformers PR #46634, huggingface/trl#3067)
+PACKINGS = ("none", "position_ids", "block_mask", "position_ids_with_mask")
 PAD_POLICIES = ("dedicated", "eos", "id0")
 AMAX_COMPUTE_ALGOS = ("max", "most_recent")
 SCALES = ("auto", "probe", "full")

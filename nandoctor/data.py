@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .config import Recipe
-from .userdata.collate import Collation, batch_figures, collate
+from .userdata.collate import Collation, batch_figures, collate, join
 from .userdata.tokenizer import config_pad_id
 
 
@@ -64,10 +64,12 @@ def make_batch(inputs: dict, rows: tuple = (), kind: str = "synthetic") -> Batch
 @dataclass
 class DataStream:
     """The distinct batches a probe cycles through, and where they came from (`source`: the
-    synthetic stream's parameters, or the user's file and options)."""
+    synthetic stream's parameters, or the user's file and options); `collation`: how they were
+    collated, so that several of them can be collated again as one (`joined`)."""
 
     batches: list
     source: dict = field(default_factory=dict)
+    collation: Collation | None = None
 
     def __iter__(self) -> Iterator[Batch]:
         return itertools.cycle(self.batches)
@@ -80,6 +82,11 @@ class DataStream:
         while True:
             group = [next(cycle) for _ in range(micro_batches)]
             yield group, sum(b.supervised for b in group)
+
+    def joined(self, batches: list) -> dict:
+        """The model inputs of one batch holding every row of `batches` (a step's micro-batches), collated
+        as the stream collates: the full batch an accumulated step stands for."""
+        return join([b.inputs for b in batches], self.collation)
 
     def describe(self) -> dict:
         return {**self.source, "batches": [b.describe() for b in self.batches]}
@@ -118,13 +125,19 @@ def synthetic_batches(recipe: Recipe, config, seed: int) -> list[dict]:
     return fixed
 
 
-def _repacked(batch: dict, recipe: Recipe, pad: int) -> dict:
+def synthetic_collation(recipe: Recipe, pad: int) -> Collation:
+    """How the synthetic stream's batches are collated: padded on the right (a pad label of -100, or the
+    pad id itself when pad_token.mask_labels is off), or packed under data.packing."""
+    return Collation("right", recipe.data.packing, pad, -100 if recipe.pad_token.mask_labels else pad)
+
+
+def _repacked(batch: dict, c: Collation) -> dict:
     """A synthetic batch collated again under data.packing (its rows without their padding)."""
     rows = [
         {"input_ids": ids[m.bool()].tolist(), "labels": y[m.bool()].tolist()}
         for ids, m, y in zip(batch["input_ids"], batch["attention_mask"], batch["labels"])
     ]
-    return collate(rows, Collation(recipe.data.padding_side, recipe.data.packing, pad, -100))
+    return collate(rows, c)
 
 
 def stream(recipe: Recipe, model_config, seed: int, tokenizer=None) -> DataStream:
@@ -136,12 +149,14 @@ def stream(recipe: Recipe, model_config, seed: int, tokenizer=None) -> DataStrea
 
         encoded = encoded_rows(recipe, model_config, tokenizer)
         chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, seed)
-        return DataStream([make_batch(t, rows, kind) for kind, rows, t in chosen], encoded.describe())
+        batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+        return DataStream(batches, encoded.describe(), encoded.collation)
     fixed = synthetic_batches(recipe, model_config, seed)
+    collation = synthetic_collation(recipe, pad_id(recipe, model_config))
     if recipe.data.packing != "none":
-        fixed = [_repacked(b, recipe, pad_id(recipe, model_config)) for b in fixed]
+        fixed = [_repacked(b, collation) for b in fixed]
     source = {"source": "synthetic", "batches_cycled": recipe.data.batches, "pad_fraction": recipe.data.pad_fraction}
-    return DataStream([make_batch(b) for b in fixed], {**source, "packing": recipe.data.packing})
+    return DataStream([make_batch(b) for b in fixed], {**source, "packing": recipe.data.packing}, collation)
 
 
 def batches(recipe: Recipe, config, seed: int):

@@ -345,6 +345,10 @@ def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
 
 
 def apply_adapter(model, recipe: Recipe):
+    """The model with the recipe's adapter, made as peft makes it (get_peft_model with a LoraConfig):
+    the base frozen, the adapter weights trainable (in fp32 over a half-precision base when
+    adapter.autocast_adapter_dtype, peft's default), and each of adapter.modules_to_save copied and
+    trained in full beside it. The model itself when the recipe trains no adapter."""
     a = recipe.adapter
     if a.type == "none":
         return model
@@ -356,8 +360,57 @@ def apply_adapter(model, recipe: Recipe):
         target_modules=list(a.target_modules),
         lora_dropout=a.dropout,
         use_dora=a.type == "dora",
+        modules_to_save=list(a.modules_to_save) or None,
     )
     try:
-        return get_peft_model(model, lora)
+        return get_peft_model(model, lora, autocast_adapter_dtype=a.autocast_adapter_dtype)
     except ValueError as e:
         raise NandoctorError(f"adapter of recipe {recipe.name!r}: {str(e).splitlines()[0]}") from None
+
+
+def checkpointing(model, mode: str) -> None:
+    """Gradient checkpointing as recipe.gradient_checkpointing says (config.GRADIENT_CHECKPOINTING),
+    enabled as the Trainer enables it after get_peft_model: the model's activation_checkpointing_enable
+    with use_reentrant as asked (transformers 5.24, which also adds the input-gradient hook,
+    enable_input_require_grads, to every model whose main input is input_ids). `reentrant` then takes
+    that hook off: reentrant checkpointing as a setup without the hook runs it (a loop that checkpoints
+    the layers itself; Trainer + get_peft_model before transformers added the hook for them,
+    huggingface/transformers#26221, #42489), where a block whose inputs need no gradient passes none
+    to the adapter weights inside it. docs/training-options.md."""
+    if mode == "off":
+        return
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
+    if mode == "reentrant":
+        model.disable_input_require_grads()
+
+
+# The parameter groups a probe accounts gradients to, each parameter in the first that claims it:
+# the adapter's own weights (peft names them with its tuner's prefix, lora_), the copies peft trains
+# in full beside it (adapter.modules_to_save, kept under ".modules_to_save."), the input and output
+# embeddings when trained, and every other trainable parameter.
+GROUPS = ("adapter", "modules_to_save", "embeddings", "rest")
+
+
+def trainable_groups(model) -> dict[str, list[tuple[str, object]]]:
+    """{group: [(name, parameter)]} of the model's trainable parameters, in GROUPS order, empty groups
+    left out. `model` is the module built (a PeftModel for an adapter), not a DDP / compile wrapper."""
+    prefix = getattr(model.base_model, "prefix", None) if hasattr(model, "get_base_model") else None
+    embeddings = {
+        id(p)
+        for m in (model.get_input_embeddings(), model.get_output_embeddings())
+        if m is not None
+        for p in m.parameters()
+    }
+
+    def group(name: str, p) -> str:
+        if prefix and prefix in name:
+            return "adapter"
+        if ".modules_to_save." in name:
+            return "modules_to_save"
+        return "embeddings" if id(p) in embeddings else "rest"
+
+    out = {g: [] for g in GROUPS}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            out[group(name, p)].append((name, p))
+    return {g: params for g, params in out.items() if params}

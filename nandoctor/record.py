@@ -131,6 +131,10 @@ class Step:
     tokens: int | None = None
     tokens_per_s: float | None = None
     update_loss: float | None = None  # forensics replay only: share of meant updates that rounded away
+    # each trainable parameter group's gradient norm after unscaling, before clipping (child/groups.py;
+    # models.GROUPS: adapter, modules_to_save, embeddings, rest); None for a group no parameter of which
+    # got a gradient. Records before it, and replayed steps: None
+    groups: dict | None = None
 
     def __post_init__(self):
         # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
@@ -296,6 +300,17 @@ class ProbeRecord:
     parallel: dict | None = None
     ranks: list | None = None  # per rank: {"rank", "exit", "signal", "peak_memory_bytes"} (child/launch.py)
     failed_rank: int | None = None  # the first rank that died or raised, when one did
+    # What the probe trained on (data.DataStream.describe): the source (synthetic, or the user's file
+    # and options) and each batch it cycles through with the data set's rows it holds (first, longest,
+    # most_padded, fewest_supervised), and micro_batches_per_step; step i trains batches
+    # i*k .. i*k+k-1 (mod their number). Records before it: None
+    data: dict | None = None
+    # The probe's own setup measured at step 0 where an option can break it (child/setup_checks.py):
+    # packing_max_logit_diff / packing_clean_diff for packed batches, accumulation_cosine (and its
+    # parts) for gradient_accumulation_steps > 1, seconds. None when no such option is on
+    setup_checks: dict | None = None
+    # {group: {"tensors", "elements", "first"}}: what each trainable group of Step.groups holds
+    trainable_groups: dict | None = None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -193,3 +193,19 @@ def test_per_micro_batch_accumulation_on_uneven_rows_is_a_warning(files):
     assert code == 0 and "gives a gradient with cosine 0." in found["accumulation-normalised-per-micro-batch"]["figure"]
     code, found, _ = doctor(*args, "--set", "loss_normalization=tokens")
     assert "accumulation-normalised-per-micro-batch" not in found
+
+
+def test_reentrant_checkpointing_that_starves_the_lora_weights_is_an_error(files):
+    """One backward through the recipe's adapter and checkpointing, applied as a probe applies them:
+    with reentrant checkpointing and a trained lm_head copy, all 8 LoRA tensors get no gradient."""
+    args = ("--data", files["chat"], "--model", files["ckpt_no_cache"], "--tokenizer", files["tok"])
+    args += ("--set", "adapter.type=lora", "--set", "adapter.modules_to_save=[lm_head]")
+    code, found, _ = doctor(*args, "--set", "gradient_checkpointing=reentrant")
+    starved = found["trainable-group-without-gradient"]
+    assert code == 1 and "gave no gradient to adapter (all 8 tensors)" in starved["figure"]
+    assert "the loss still falls through modules_to_save" in starved["figure"]
+    assert "https://github.com/huggingface/transformers/issues/26221" in starved["evidence"]
+    code, found, _ = doctor(*args, "--set", "gradient_checkpointing=non_reentrant")
+    assert code == 0 and "trainable-group-without-gradient" not in found
+    code, found, _ = doctor(*args[:-2], "--set", "gradient_checkpointing=reentrant")  # only the adapter trains
+    assert code == 1 and "the backward raised" in found["trainable-group-without-gradient"]["figure"]

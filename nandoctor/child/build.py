@@ -1,11 +1,15 @@
-"""What one probe trains with, built from its spec inside the probe process: the model, the data
-stream, the optimizer, and the cell's numerics (autocast, fp8 conversion, GradScaler, SDPA backend
-pin). The timed run and the benchmarks start from `setup`; the forensics replay keeps its model and
-takes a fresh optimizer, GradScaler and data stream from `restart`, so they train the same thing."""
+"""What one probe trains with, built from its spec inside the probe process: the model (loaded in
+model.dtype_on_load, the adapter applied as peft applies it, gradient checkpointing enabled as the
+Trainer enables it), the data stream (data.stream: the synthetic stream or the user's rows, in
+optimizer steps of gradient_accumulation_steps micro-batches), the optimizer, and the cell's numerics
+(autocast, fp8 conversion, GradScaler, SDPA backend pin). The timed run and the benchmarks start from
+`setup`; the forensics replay keeps its model and takes a fresh optimizer, GradScaler and data stream
+from `restart`, so they train the same thing. docs/training-options.md says what each option does."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -13,8 +17,8 @@ from typing import Any
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
-from ..data import batches
-from ..models import apply_adapter, model_config, probe_scale
+from ..data import DataStream, stream
+from ..models import apply_adapter, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
 
@@ -41,14 +45,13 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
             model = AutoModelForCausalLM.from_config(
                 config, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote
             )
+        # Trainer sets the config's use_cache from TrainingArguments.use_cache, False by default
+        # (transformers 5.24 trainer.py): no cache is built in training, packed or not (docs/data.md)
         model.config.use_cache = False
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
-    model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
-    if recipe.adapter.type != "none" and cell.precision.weights is None:
-        # peft keeps adapters in fp32 when the base is half; .to() above undid that for -amp cells
-        for p in model.parameters():
-            if p.requires_grad:
-                p.data = p.data.float()
+    checkpointing(model, recipe.gradient_checkpointing)
+    if cell.precision.weights:  # a pure cell hard-casts every weight, the adapter's too
+        model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
     model.train()
     return model
 
@@ -101,7 +104,9 @@ class Setup:
     """Everything `train.train` needs for one probe."""
 
     model: Any
-    data: Any  # an endless iterator of this process's rows of each global batch, already on the device
+    # an endless iterator of optimizer steps: (this process's rows of each of the step's micro-batches, on
+    # the device; the step's loss terms over every rank, a tensor on the device, or None: see train.micro_loss)
+    data: Any
     optimizer: Any
     autocast: Callable
     scaler: Any
@@ -113,20 +118,38 @@ class Setup:
     # this process's rows of one global batch (its model inputs): all of them, or a rank's shard
     # (parallel.shard); `data` and `restart`'s stream apply it, so the replay trains the timed steps' rows
     rows: Callable[[dict], dict] = whole
+    stream: DataStream | None = None  # the batches `data` cycles through, and where they came from
+    normalization: str = "micro_batch"  # config.LOSS_NORMALIZATIONS, as `normalized` applies it to this model
+    world_size: int = 1  # the ranks sharing each micro-batch (train.micro_loss)
 
 
-def _data(spec: ProbeSpec, model, rows: Callable[[dict], dict] = whole):
-    """The stream the training loop draws one optimizer step's batch from: this process's rows of each
-    of the recipe's global batches, on the device. An option that changes what a step trains on (the
-    collator's position_ids, several micro-batches a step: data.DataStream.steps) changes this stream
-    and the loop only; `rows` takes its share of each batch whatever the batch holds."""
-    return ({k: v.to(spec.device) for k, v in rows(b).items()} for b in batches(spec.recipe, model.config, spec.seed))
+def _steps(spec: ProbeSpec, batches: DataStream, rows: Callable[[dict], dict] = whole):
+    """The optimizer steps the training loop draws: (this process's rows of each of the step's
+    gradient_accumulation_steps micro-batches, on the device, a floating mask in the compute dtype;
+    the step's loss terms over all its rows, num_items_in_batch as Trainer counts it, on the device).
+    `rows` takes this process's share of each micro-batch whatever it holds."""
+    import torch
+
+    dtype = getattr(torch, spec.cell.precision.compute)
+    for group, items in batches.steps(spec.recipe.gradient_accumulation_steps):
+        yield [rows(b.to(spec.device, dtype)) for b in group], torch.tensor(items, device=spec.device)
 
 
-def first_batch(spec: ProbeSpec, model) -> dict:
-    """The first global batch of the probe's stream, whole, on its device: what one process would train
-    at step 0 (the step-0 gradient agreement's reference, the replay's gradient underflow)."""
-    return next(_data(spec, model))
+def first_step(spec: ProbeSpec, s: Setup) -> tuple[list, Any]:
+    """The probe's first optimizer step, every row of it, on its device: what one process trains at
+    step 0 (the step-0 gradient agreement's reference, the replay's gradient underflow, the setup checks)."""
+    return next(_steps(spec, s.stream))
+
+
+def normalized(recipe: Recipe, model) -> str:
+    """loss_normalization as Trainer applies it to this model: by tokens (num_items_in_batch passed to
+    the forward) only when the model takes loss kwargs (its accepts_loss_kwargs, else a **kwargs in its
+    forward, read on the model under the adapter); Trainer normalises any other per micro-batch."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    accepts = getattr(base, "accepts_loss_kwargs", None)
+    if accepts is None:
+        accepts = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(base.forward).parameters.values())
+    return recipe.loss_normalization if accepts else "micro_batch"
 
 
 def _optimizer(spec: ProbeSpec, model):
@@ -159,8 +182,20 @@ def setup(spec: ProbeSpec) -> Setup:
         fp8_context, fp8_excluded = prepare_fp8(model, cell.precision.fp8, spec.recipe.fp8)
         autocast = within(autocast, fp8_context)
     optimizer, eager = _optimizer(spec, model)
+    batches = stream(spec.recipe, model.config, spec.seed)
     return Setup(
-        model, _data(spec, model), optimizer, autocast, scaler, attention(cell), sync, fp8_excluded, eager, build_s
+        model,
+        _steps(spec, batches),
+        optimizer,
+        autocast,
+        scaler,
+        attention(cell),
+        sync,
+        fp8_excluded,
+        eager,
+        build_s,
+        stream=batches,
+        normalization=normalized(spec.recipe, model),
     )
 
 
@@ -170,4 +205,4 @@ def restart(spec: ProbeSpec, s: Setup) -> Setup:
     s.optimizer = None  # free the timed run's optimizer state before the fresh one is made
     _, scaler = precision(spec.cell, spec.device)
     optimizer, _ = _optimizer(spec, s.model)
-    return replace(s, data=_data(spec, s.model, s.rows), optimizer=optimizer, scaler=scaler)
+    return replace(s, data=_steps(spec, s.stream, s.rows), optimizer=optimizer, scaler=scaler)

@@ -25,9 +25,10 @@ from pathlib import Path
 
 from .. import jsonio
 from ..record import ProbeRecord, ProbeSpec, Step
-from .build import Setup, first_batch, restart
+from .build import Setup, first_step, restart
 from .probe import probe
 from .ranks import Ranks
+from .train import micro_loss
 
 
 def rank_file(result: Path, rank: int) -> Path:
@@ -41,9 +42,26 @@ def rendezvous_file(result: Path) -> Path:
 
 
 def shard(batch: dict, rank: int, world_size: int) -> dict:
-    """This rank's rows of a global batch."""
+    """This rank's rows of a global batch: its share of the rows, or of a packed row's segments (the
+    rows a rank's own flattening collator would pack)."""
+    if batch["input_ids"].shape[0] == 1 and "position_ids" in batch and world_size > 1:
+        return _segments_shard(batch, rank, world_size)
     rows = next(iter(batch.values())).shape[0] // world_size
     return {k: v[rank * rows : (rank + 1) * rows] for k, v in batch.items()}
+
+
+def _segments_shard(batch: dict, rank: int, world_size: int) -> dict:
+    """This rank's share of one packed row's segments (position_ids restart at 0 for each), with the
+    part of its mask that covers them (2-D: those columns; 4-D: that block)."""
+    positions = batch["position_ids"][0]
+    starts = sorted({0, *(positions == 0).nonzero().flatten().tolist()})
+    bounds = starts + [positions.numel()]
+    a, b = bounds[rank * len(starts) // world_size], bounds[(rank + 1) * len(starts) // world_size]
+    out = {k: v[:, a:b] for k, v in batch.items() if k != "attention_mask"}
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        out["attention_mask"] = mask[..., a:b, a:b] if mask.dim() == 4 else mask[:, a:b]
+    return out
 
 
 def decoder_layers(model) -> list:
@@ -156,25 +174,28 @@ def reduce_dtypes(wrapped, spec: ProbeSpec) -> list[str]:
     return sorted(used)
 
 
-def _backward(model, batch: dict, s) -> None:
-    with s.attend():
-        with s.autocast():
-            loss = model(**batch).loss
-        loss.backward()
+def _backward(model, step: tuple, s) -> None:
+    """The backward of one optimizer step, (micro-batches, loss terms), with the training loop's losses."""
+    micro_batches, items = step
+    for batch in micro_batches:
+        with s.attend():
+            with s.autocast():
+                loss = micro_loss(model, batch, items, len(micro_batches), s)
+            loss.backward()
 
 
-def one_process_gradient(model, batch: dict, s) -> dict:
-    """The gradient of the whole global batch in this one process, before any wrapping (fp32 copies)."""
-    _backward(model, batch, s)
+def one_process_gradient(model, step: tuple, s) -> dict:
+    """The gradient of a whole global step in this one process, before any wrapping (fp32 copies)."""
+    _backward(model, step, s)
     grads = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return grads
 
 
-def reduced_gradient(wrapped, inner, batch: dict, s, rank: int) -> dict:
-    """The gradient after one backward of each rank's rows and the reduction, gathered whole on rank 0
-    (every rank takes part in gathering FSDP2's shards); the weights do not move."""
-    _backward(wrapped, batch, s)
+def reduced_gradient(wrapped, inner, step: tuple, s, rank: int) -> dict:
+    """The gradient after one backward of each rank's rows of a step and the reduction, gathered whole
+    on rank 0 (every rank takes part in gathering FSDP2's shards); the weights do not move."""
+    _backward(wrapped, step, s)
     grads = {}
     for name, p in inner.named_parameters():
         if p.grad is None:
@@ -253,16 +274,18 @@ class DistributedRanks(Ranks):
         )
 
     def prepare(self, spec: ProbeSpec, s: Setup, record: ProbeRecord, mark_built) -> Setup:
-        """Rank 0 takes the one-process gradient of the first global batch; the model is wrapped; one
-        backward of each rank's rows and the reduction give the gradient rank 0 compares with it. Then
-        an optimizer over the wrapped parameters (FSDP2 replaced them) and this rank's rows of the
+        """Rank 0 takes the one-process gradient of the first global step; the model is wrapped; one
+        backward of each rank's rows of it and the reduction give the gradient rank 0 compares with it.
+        Then an optimizer over the wrapped parameters (FSDP2 replaced them) and this rank's rows of the
         stream from its start. Records what the ranks run with in record.parallel."""
-        first = first_batch(spec, s.model)
-        reference = one_process_gradient(s.model, first, s) if self.rank == 0 else {}
+        micro_batches, items = first_step(spec, s)
+        reference = one_process_gradient(s.model, (micro_batches, items), s) if self.rank == 0 else {}
         self.wrapped = wrap(s.model, spec)
         mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget
-        reduced = reduced_gradient(self.wrapped, s.model, shard(first, self.rank, self.world_size), s, self.rank)
-        s = restart(spec, replace(s, rows=partial(shard, rank=self.rank, world_size=self.world_size)))
+        rows = partial(shard, rank=self.rank, world_size=self.world_size)
+        s = replace(s, rows=rows, world_size=self.world_size)
+        reduced = reduced_gradient(self.wrapped, s.model, ([rows(b) for b in micro_batches], items), s, self.rank)
+        s = restart(spec, s)
         row = spec.cell.parallel_row
         record.parallel = {
             "world_size": self.world_size,

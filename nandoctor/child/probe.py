@@ -2,31 +2,37 @@
 one-process probe (entry.py) and for each rank of a W-rank one (parallel.py). What differs between
 them is `ranks` (ranks.py): how many processes share the probe and how the model is wrapped.
 
-The body builds what the spec names, lets the strategy prepare it (a rank: the step-0 gradient
-agreement, then DDP or FSDP2), snapshots the model for the forensics, and trains. Each step goes to
-steps.jsonl as it ends (so a hang or a segfault still leaves the curve; a W-rank probe's rank 0 writes
-the steps agreed over the ranks). The record is written whole: before the replay with `forensics` set
-to REPLAY_RUNNING, so that the timed steps alone decide the verdict (the runner gives the replay a
-budget of its own), and again once the replay is done. A spec with replay_failed_only (`nandoctor
+The body builds what the spec names, measures its own setup where an option can break it
+(setup_checks.py), lets the strategy prepare it (a rank: the step-0 gradient agreement, then DDP or
+FSDP2), snapshots the model for the forensics, and trains. Each step goes to steps.jsonl as it ends
+(so a hang or a segfault still leaves the curve; a W-rank probe's rank 0 writes the steps agreed over
+the ranks), with each trainable parameter group's gradient norm (groups.py). The record says which of
+the data set's rows each batch held (`data`). It is written whole: before the replay with `forensics`
+set to REPLAY_RUNNING, so that the timed steps alone decide the verdict (the runner gives the replay
+a budget of its own), and again once the replay is done. A spec with replay_failed_only (`nandoctor
 check`) replays only a probe that hit a non-finite step.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from ..capabilities import cell_packages
 from ..cells import PACKAGES
+from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
 from .build import Setup, setup
+from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
 from .outcome import WarningLog, built, error_of, write
 from .ranks import Ranks, host_sample, probe_load
 from .replay import eager_forensics, forensics_of
+from .setup_checks import setup_checks
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
 
@@ -52,12 +58,20 @@ def run_probe(
     with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
+    record.data = {**s.stream.describe(), "micro_batches_per_step": spec.recipe.gradient_accumulation_steps}
+    if ranks.rank == 0:  # on the model before any rank wraps it: every rank's is the same
+        record.setup_checks = setup_checks(spec, s)
     mark_built = partial(built, folder / BUILT_FILE) if folder else (lambda: None)
     s = ranks.prepare(spec, s, record, mark_built)
+    groups = trainable_groups(s.model)  # after the wrapping: FSDP2 replaces the parameters
+    record.trainable_groups = describe(groups)
+    norms = GroupNorms(s.scaler, groups)
+    s = replace(s, scaler=norms)
     snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None  # FSDP2: this rank's shards
     backend = spec.cell.compilation.backend
     forward = ranks.model(s) if backend is None else torch.compile(ranks.model(s), backend=backend)
-    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0)
+    checked = (record.setup_checks or {}).get("seconds", 0.0)
+    record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0) - checked
     mark_built()
     record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
@@ -65,6 +79,7 @@ def run_probe(
     record.steps = log.steps
 
     def on_step(step: Step) -> bool:
+        step.groups = norms.take()
         ranks.agree(step)  # every rank decides to stop on the same numbers
         return log(step)
 

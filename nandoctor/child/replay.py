@@ -22,7 +22,7 @@ import traceback
 
 from ..cells import weight_dtype
 from ..record import ProbeRecord, ProbeSpec, Step
-from .build import Setup, first_batch, restart
+from .build import Setup, first_step, restart
 from .fp8 import fp8_watch
 from .instruments import StepZeroWatch, gradient_underflow, hooked_steps
 from .ranks import ONE_PROCESS, Ranks
@@ -54,10 +54,10 @@ def restored(spec: ProbeSpec, s: Setup, snapshot: Snapshot, n_steps: int) -> tup
 
 
 def underflow(spec: ProbeSpec, timed: ProbeRecord, s: Setup) -> dict:
-    """gradient_underflow on the first batch of the probe's stream, at the timed run's last loss scale."""
+    """gradient_underflow on the first micro-batch of the probe's stream, at the timed run's last loss scale."""
     t1 = time.perf_counter()
     scales = [st.scale for st in timed.steps if st.scale]
-    first = first_batch(spec, s.model)
+    first = first_step(spec, s)[0][0]
     out = gradient_underflow(s.model, first, spec.cell.precision.compute, scales[-1] if scales else 1.0)
     out["seconds"] = time.perf_counter() - t1
     return out

@@ -14,20 +14,25 @@ from .build import Setup
 
 
 def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
-    """Forward, backward, unscale, grad-norm, clip, step. `model` is the module to call (the compiled
-    one in compile cells, a rank's DDP/FSDP2 wrapper); `next(s.data)` is one optimizer step's batch, a
-    dict of the model's keyword arguments. on_step(Step) returns False to stop early."""
+    """Forward and backward per micro-batch, unscale, grad-norm, clip, step. `model` is the module to
+    call (the compiled one in compile cells, a rank's DDP/FSDP2 wrapper); `next(s.data)` is one
+    optimizer step: (its micro-batches, each a dict of the model's keyword arguments; its loss terms).
+    The step's loss is the sum of the micro-batches' shares, as Trainer logs it. on_step(Step)
+    returns False to stop early."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     max_norm = grad_clip if grad_clip > 0 else math.inf
     for step in range(steps):
-        batch = next(s.data)
+        micro_batches, items = next(s.data)
         t0 = time.perf_counter()
-        with s.attend():
-            with s.autocast():
-                loss = model(**batch).loss
-            s.scaler.scale(loss).backward()
+        losses = []
+        for batch in micro_batches:
+            with s.attend():
+                with s.autocast():
+                    loss = micro_loss(model, batch, items, len(micro_batches), s)
+                s.scaler.scale(loss).backward()
+            losses.append(loss.detach())
         s.scaler.unscale_(s.optimizer)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)  # total norm before clipping
         scale = s.scaler.get_scale() if s.scaler.is_enabled() else None
@@ -37,17 +42,38 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         s.sync()
         seconds = time.perf_counter() - t0
         skipped = scale is not None and s.scaler.get_scale() < scale
-        tokens = batch_tokens(batch)
+        tokens = step_tokens(micro_batches)
         rate = tokens / seconds if tokens is not None and seconds > 0 else None
-        if not on_step(Step(step, loss.item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)):
+        if not on_step(Step(step, sum(losses).item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)):
             break
 
 
+def micro_loss(model, batch: dict, items, micro_batches: int, s: Setup):
+    """One micro-batch's share of its step's loss, as Trainer computes it (transformers 5.24
+    compute_loss / training_step). By tokens: the summed token loss over the step's loss terms over
+    every rank (`items`, passed to the model as num_items_in_batch), times the ranks (DDP and FSDP
+    average the ranks' gradients, Trainer's average_tokens_across_devices undoes it): the step's
+    gradient is the full batch's. Per micro-batch (also where `items` is None): the micro-batch's mean
+    token loss over the number of micro-batches."""
+    if s.normalization == "tokens" and items is not None:
+        return model(**batch, num_items_in_batch=items).loss * s.world_size
+    return model(**batch).loss / micro_batches
+
+
 def batch_tokens(batch: dict) -> int | None:
-    """The tokens a batch trains on: its attention mask's ones; None for a batch without a mask (a live
-    run's, replayed by the training callbacks), which then has no tokens/s."""
+    """The tokens a batch trains on: its 2-D attention mask's ones; every position of a packed row
+    (position_ids, with no mask or a 4-D one); None for a batch with neither (a live run's, replayed
+    by the training callbacks), which then has no tokens/s."""
     mask = batch.get("attention_mask")
-    return int(mask.sum()) if mask is not None else None
+    if mask is not None and mask.dim() == 2:
+        return int(mask.sum())
+    return batch["input_ids"].numel() if "position_ids" in batch else None
+
+
+def step_tokens(micro_batches: list[dict]) -> int | None:
+    """The tokens of a step's micro-batches together (None when one of them cannot say)."""
+    counts = [batch_tokens(b) for b in micro_batches]
+    return None if None in counts else sum(counts)
 
 
 class StepLog:

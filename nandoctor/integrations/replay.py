@@ -82,7 +82,8 @@ def replay(run: LiveRun, named: list, failure: Failure, judged: Step, every: int
     devices = [torch.cuda.current_device()] if run.device == "cuda" else []
     sync = torch.cuda.synchronize if run.device == "cuda" else (lambda: None)
     # no SDPA backend pin: the replay runs the model's attention as the live run does
-    s = Setup(run.step_loss, iter([failure.batch]), run.optimizer, run.autocast, scaler, contextlib.nullcontext, sync)
+    step = ([failure.batch], None)  # one micro-batch, its loss as the live run computed it
+    s = Setup(run.step_loss, iter([step]), run.optimizer, run.autocast, scaler, contextlib.nullcontext, sync)
     try:
         earlier = earlier_update(run, named, failure, k - every)
         with torch.random.fork_rng(devices=devices):

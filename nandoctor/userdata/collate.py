@@ -9,6 +9,10 @@
 - packing=block_mask: the same row with an explicit 4-D block-diagonal causal mask [1, 1, T, T],
   additive (0 where a token attends, the dtype's lowest value where it does not), the form both the
   eager and the SDPA attention add to their scores (a boolean 4-D mask is read as 0/1 by eager).
+- packing=position_ids_with_mask: the same row with the usual 2-D all-ones attention mask beside the
+  position_ids, as a padding collator adds it to flattened rows. transformers then builds one causal
+  mask over the whole row and the position_ids no longer separate the segments: each attends to the
+  ones before it (huggingface/transformers PR #46634, huggingface/trl#3067). A setup to probe, not to use.
 
 A row is a dict of lists: input_ids, labels, and optionally attention_mask (0 on positions the row
 was pre-padded with) and position_ids (a row already packed by the user: several segments).
@@ -83,9 +87,44 @@ def _pack(rows: list[dict], c: Collation) -> dict:
         "labels": torch.tensor([labels]),
         "position_ids": torch.tensor([positions]),
     }
+    return _packed_mask(batch, c)
+
+
+def _packed_mask(batch: dict, c: Collation) -> dict:
+    """A packed row with the attention mask its packing passes beside the position_ids (none for position_ids)."""
+    import torch
+
     if c.packing == "block_mask":
         batch["attention_mask"] = block_mask(batch["position_ids"][0])
+    elif c.packing == "position_ids_with_mask":
+        batch["attention_mask"] = torch.ones_like(batch["input_ids"])
     return batch
+
+
+def join(batches: list[dict], c: Collation) -> dict:
+    """One batch holding the rows of several collated batches (a step's micro-batches), as `collate`
+    makes it from all their rows: padded batches padded again to the widest of them and stacked,
+    packed rows concatenated into one packed row. What an accumulated step stands for (the full batch)."""
+    import torch
+
+    if c.packing != "none":
+        keys = ("input_ids", "labels", "position_ids")
+        return _packed_mask({k: torch.cat([b[k] for b in batches], dim=1) for k in keys}, c)
+    width = max(b["input_ids"].shape[1] for b in batches)
+    fills = {"input_ids": c.pad_id, "attention_mask": 0, "labels": c.pad_label, "position_ids": 0}
+
+    def widened(t, fill):
+        pad = torch.full((t.shape[0], width - t.shape[1]), fill, dtype=t.dtype)
+        return torch.cat([pad, t] if c.padding_side == "left" else [t, pad], dim=1)
+
+    def positions(b):  # a batch collated without position_ids: each row's own, 0 on padding (as _pad makes them)
+        mask = b["attention_mask"]
+        return b.get("position_ids", (mask.cumsum(dim=1) - 1).clamp(min=0) * mask)
+
+    keys = [k for k in fills if any(k in b for b in batches)]
+    return {
+        k: torch.cat([widened(positions(b) if k == "position_ids" else b[k], fills[k]) for b in batches]) for k in keys
+    }
 
 
 def block_mask(position_ids, dtype=None):

@@ -8,10 +8,13 @@ setup's and not noise):
 - gradient accumulation: the gradient of the step's micro-batches averaged per micro-batch, and
   normalised by the step's token count, each against the full batch's (cosine, norm ratio);
 - embedding rows: ids the rows use whose rows were never trained (zero, or the vocabulary's mean as
-  resize_token_embeddings leaves them), and whether the recipe trains any embedding.
+  resize_token_embeddings leaves them), and whether the recipe trains any embedding;
+- gradient reach: with gradient checkpointing on, the recipe's adapter (modules_to_save included)
+  and checkpointing applied as a probe applies them (models.apply_adapter, models.checkpointing), one
+  backward, and the trainable groups (models.trainable_groups) that got no gradient.
 
-Trainable groups that get no gradient under gradient checkpointing with adapters is the next check
-of this kind; it reads the recipe's gradient_checkpointing and modules_to_save.
+The probes measure packing isolation and accumulation on their own model at step 0 too
+(child/setup_checks.py), with `packing_isolation` and `accumulation_figures`.
 """
 
 from __future__ import annotations
@@ -94,7 +97,10 @@ def packing_isolation(model, inputs: dict) -> dict:
 
     ids, positions = inputs["input_ids"][:1], inputs["position_ids"][:1]
     mask = inputs.get("attention_mask")
-    keep = mask[0].bool() if mask is not None and mask.dim() == 2 else torch.ones(ids.shape[1], dtype=torch.bool)
+    if mask is not None and mask.dim() == 2:
+        keep = mask[0].bool()
+    else:
+        keep = torch.ones(ids.shape[1], dtype=torch.bool, device=ids.device)
     spans = _segments(positions[0][keep])
     given = {"input_ids": ids, "position_ids": positions}
     if mask is not None:
@@ -129,16 +135,26 @@ def packed_inputs(encoded: EncodedRows, batches: list) -> dict | None:
     return collate(row_dicts(encoded, packed), encoded.collation) if packed else None
 
 
-def _block_parameters(model) -> list:
+def _block_parameters(model, elements: int | None = None) -> list:
     """The trainable parameters but the input and output embeddings (a large vocabulary would make
-    each gradient copy the size of the model; the blocks show the weighting all the same)."""
+    each gradient copy the size of the model; the blocks show the weighting all the same), the first
+    ones up to `elements` numbers when given (the check keeps three flat copies of their gradient)."""
     skip = {
         id(p)
         for m in (model.get_input_embeddings(), model.get_output_embeddings())
         if m is not None
         for p in m.parameters()
     }
-    return [p for p in model.parameters() if p.requires_grad and id(p) not in skip]
+    params = [p for p in model.parameters() if p.requires_grad and id(p) not in skip]
+    if elements is None:
+        return params
+    kept, total = [], 0
+    for p in params:
+        if kept and total + p.numel() > elements:
+            break
+        kept.append(p)
+        total += p.numel()
+    return kept
 
 
 def _summed_loss_gradient(model, inputs: dict, params: list):
@@ -159,22 +175,31 @@ def _summed_loss_gradient(model, inputs: dict, params: list):
 
 
 def accumulation(model, encoded: EncodedRows, micro_batches: list) -> dict:
-    """Cosine to the full batch's gradient (all the micro-batches' rows collated as one batch, loss
-    averaged over its tokens) of the accumulated gradient normalised per micro-batch (each one's mean,
-    divided by the steps) and by the step's token count (num_items_in_batch)."""
+    """accumulation_figures for a step of these micro-batches (data.Batch) of the user's rows, against
+    all their rows collated as one batch."""
+    rows = [r for b in micro_batches for r in b.rows]
+    full = collate(row_dicts(encoded, rows), encoded.collation)
+    return accumulation_figures(model, [b.inputs for b in micro_batches], full)
+
+
+def accumulation_figures(model, micro_batches: list[dict], full: dict, elements: int | None = None) -> dict:
+    """Cosine to the full batch's gradient (`full`: the micro-batches' rows as one batch, loss averaged
+    over its tokens) of the accumulated gradient normalised per micro-batch (each one's mean, divided
+    by the steps) and by the step's token count (num_items_in_batch); the norm ratio of the first to
+    the full batch's. Over the trainable block parameters (up to `elements` numbers: _block_parameters).
+    Leaves the gradients of `model` unset or as the last backward left them."""
     import torch
 
-    params = _block_parameters(model)
+    params = _block_parameters(model, elements)
     with without_dropout(model):
         summed, per_micro, counts = None, None, []
-        for b in micro_batches:
-            g, n = _summed_loss_gradient(model, b.inputs, params)
+        for inputs in micro_batches:
+            g, n = _summed_loss_gradient(model, inputs, params)
             counts.append(n)
             summed = g if summed is None else summed + g
             part = g / n if n else torch.full_like(g, float("nan"))
             per_micro = part if per_micro is None else per_micro + part
-        rows = [r for b in micro_batches for r in b.rows]
-        full, total = _summed_loss_gradient(model, collate(row_dicts(encoded, rows), encoded.collation), params)
+        full, total = _summed_loss_gradient(model, full, params)
     full, per_micro, by_tokens = full / total, per_micro / len(micro_batches), summed / sum(counts)
 
     def cosine(a, b):
@@ -188,6 +213,43 @@ def accumulation(model, encoded: EncodedRows, micro_batches: list) -> dict:
         "accumulation_cosine_micro_batch": cosine(per_micro, full),
         "accumulation_cosine_tokens": cosine(by_tokens, full),
         "accumulation_norm_ratio": float(per_micro.norm() / full.norm()),
+    }
+
+
+def gradient_reach(model, inputs: dict) -> dict:
+    """One backward of a collated batch through the model as it is set up (adapter and gradient
+    checkpointing applied), and the trainable groups (models.trainable_groups) none of whose tensors
+    got a gradient (none, or all zero). A backward that raises because nothing in the loss needs a
+    gradient (reentrant checkpointing over frozen inputs, only the adapter trainable) leaves every
+    group without one. The model's gradients are unset before and after."""
+    from ..models import trainable_groups
+
+    groups = trainable_groups(model)
+    model.zero_grad(set_to_none=True)
+    raised = None
+    with without_dropout(model):
+        try:
+            model(**inputs, use_cache=False).loss.backward()
+        except RuntimeError as e:
+            if "does not require grad" not in str(e):
+                raise
+            raised = str(e).splitlines()[0]
+
+    def reached(p) -> bool:
+        return p.grad is not None and bool(p.grad.any())
+
+    starved = [g for g, params in groups.items() if not any(reached(p) for _, p in params)]
+    trained = ", ".join(g for g in groups if g not in starved)
+    model.zero_grad(set_to_none=True)
+    if raised:
+        outcome = f"the backward raised ({raised}): nothing trains"
+    else:
+        outcome = f"the loss still falls through {trained or 'nothing'} while those weights never move"
+    return {
+        "groups_without_gradient": len(starved),
+        "groups_without_gradient_names": ", ".join(f"{g} (all {len(groups[g])} tensors)" for g in starved),
+        "groups_with_gradient": trained or "none",
+        "gradient_reach_outcome": outcome,
     }
 
 
@@ -237,10 +299,12 @@ def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: 
     steps, normalization = recipe.gradient_accumulation_steps, recipe.loss_normalization
     out = {"adapter": _adapter_text(recipe), "embeddings_trained": trains_embeddings(recipe)}
     out["loss_normalization"] = normalization
+    out["gradient_checkpointing"] = checkpointed = recipe.gradient_checkpointing
     inputs = packed_inputs(encoded, batches)
-    if inputs is None and steps == 1 and model is None and not local_weights(recipe):
+    if inputs is None and steps == 1 and model is None and not local_weights(recipe) and checkpointed == "off":
         return out
-    model, described = (model, describe_model(model)) if model is not None else lint_model(recipe, attn)
+    given = model is not None
+    model, described = (model, describe_model(model)) if given else lint_model(recipe, attn)
     out["measured_on"] = described
     if inputs is not None:
         out.update(packing_isolation(model, inputs), packing_model=described)
@@ -249,9 +313,19 @@ def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: 
         out.update(accumulation(model, encoded, [first[i % len(first)] for i in range(steps)]))
     if "your weights" in described:
         out.update(embedding_rows(model, content, encoded.tokenizer))
+    if checkpointed != "off":  # last: the adapter is applied to the lint's own model in place
+        from ..models import apply_adapter, checkpointing
+
+        if not given:  # a model given is the user's, already set up
+            model = apply_adapter(model, recipe)
+            checkpointing(model, checkpointed)
+        out.update(gradient_reach(model, batches[0].inputs))
     return out
 
 
 def _adapter_text(recipe: Recipe) -> str:
     a = recipe.adapter
-    return "full fine-tune" if a.type == "none" else f"{a.type} on {', '.join(a.target_modules)}"
+    if a.type == "none":
+        return "full fine-tune"
+    saved = f", modules_to_save {', '.join(a.modules_to_save)}" if a.modules_to_save else ""
+    return f"{a.type} on {', '.join(a.target_modules)}{saved}"
