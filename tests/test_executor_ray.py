@@ -69,10 +69,10 @@ from nandoctor.recipes import recipe_by_name
 from nandoctor.record import ProbeSpec
 from nandoctor.run.on_ray import RayPlacement
 from nandoctor.run.placement import PlacedProbe
-from nandoctor.run.runner import ProbeTask
+from nandoctor.run.task import ProbeTask
 recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
 spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 100_000, 0, "cpu", 1)  # minutes of steps
-placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), gather=False)
+placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), Path(sys.argv[2]), kept={"": {}})
 try:
     probe = PlacedProbe(ProbeTask(spec, 600.0), Path(sys.argv[2]))
     placement.submit([probe])
