@@ -211,3 +211,13 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path)
         "the scheduler lost this probe on its one attempt (retries=0) "
         "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)"
     )
+
+
+def test_the_queue_line_says_placed_again_only_when_a_retry_is_left():
+    from nandoctor.cli.common import queue_line
+
+    assert queue_line(1, 0, 0, ["12"], 5, 2) == (
+        "  ... queue: 1 queued, 0 running, 0 done (job 12); "
+        "one not started within 5 s while none runs is placed again (queue_wait)"
+    )
+    assert queue_line(1, 0, 0, ["12"], 5, 0).endswith("while none runs is recorded lost (queue_wait, retries=0)")

@@ -15,8 +15,8 @@ the worker caps OpenBLAS at its calling thread before anything imports it. Its "
 how many threads it has (1), and the runner's tests hold it to that.
 
 Protocol (record.py: Preload, Fork, Ready, Started, Exited), one JSON line each, on two pipes of its
-own whose descriptors are its two arguments: commands in, messages out. Its stdout is its stderr, so a
-module that prints while it is imported reaches the user's terminal, never the protocol. Per Fork it
+own whose descriptors are its two arguments: commands in, messages out. Its stdout is its parent's
+stderr, so a module that prints while it is imported reaches the user's terminal, never the protocol. Per Fork it
 sends Started (the child's pid, its threads at the fork) and Exited (returncode n < 0: killed by
 signal -n). Like a probe process it dies with its parent (lifetime.py), and exits at once if that
 parent died before it could be tied to it.
@@ -115,7 +115,6 @@ def main(argv: list[str]) -> int:
     if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
         return 1  # its parent died while it started: nobody would ever send it a probe
     commands_fd, messages_fd = int(argv[0]), int(argv[1])
-    os.dup2(2, 1)  # whatever prints goes to stderr, not into anything that is read
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle: it closes the workers
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # read when OpenBLAS loads (in preload): no pool to fork over
     messages = os.fdopen(messages_fd, "w", buffering=1)

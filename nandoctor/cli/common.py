@@ -213,8 +213,8 @@ def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
 def queue_line(queued: int, running: int, done: int, job_ids: list[str], queue_wait: int, retries: int) -> str:
     shown = ", ".join(job_ids[:3]) + (f" and {len(job_ids) - 3} more" if len(job_ids) > 3 else "")
     jobs = f" (job{'s' if len(job_ids) > 1 else ''} {shown})" if job_ids else ""
-    then = "placed again" if retries else "recorded lost (retries=0)"
-    wait = f"; one not started within {queue_wait} s while none runs is {then} (queue_wait)" if queued else ""
+    then = "placed again (queue_wait)" if retries else "recorded lost (queue_wait, retries=0)"
+    wait = f"; one not started within {queue_wait} s while none runs is {then}" if queued else ""
     return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}{wait}"
 
 

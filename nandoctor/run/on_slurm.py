@@ -123,19 +123,19 @@ class SlurmQueue:
     new: `news()`); `states(max_age)` gives any caller the last answer while it is younger than max_age."""
 
     def __init__(self):
-        self.jobs: set[str] = set()  # job ids (an array's own id for its elements) still asked about
+        self.jobs: set[str] = set()  # the jobs (array elements as 12_3) still asked about
         self.answer: dict[str, tuple[str, str]] | None = None
         self.asked_at = -math.inf
         self.interval = FLOOR_S
 
     def track(self, job_ids: list[str]) -> None:
         """Ask about these jobs too, soon: a submission is a change."""
-        self.jobs.update(j.split("_")[0] for j in job_ids)
+        self.jobs.update(job_ids)
         self.interval = FLOOR_S
 
     def forget(self, job_ids: list[str]) -> None:
-        """Stop asking about these jobs (an array's id stays while another of its elements is asked about)."""
-        self.jobs.difference_update(j.split("_")[0] for j in job_ids)
+        """Stop asking about these jobs (an array stays asked about while another of its elements is)."""
+        self.jobs.difference_update(job_ids)
 
     def news(self, changed: bool) -> None:
         """Whether the last answer told something the run's files had not: then ask again soon."""
@@ -147,7 +147,7 @@ class SlurmQueue:
         if self.answer is not None and time.monotonic() - self.asked_at < max_age:
             return self.answer
         self.asked_at = time.monotonic()
-        answer = squeue(sorted(self.jobs))
+        answer = squeue(sorted({j.split("_")[0] for j in self.jobs}))
         if answer is not None:
             self.answer = answer
         return answer

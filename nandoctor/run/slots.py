@@ -194,6 +194,7 @@ class WarmSlot:
             self.worker = subprocess.Popen(
                 [*WORKER_COMMAND, str(commands_in), str(messages_out)],
                 stdin=subprocess.DEVNULL,
+                stdout=2,  # what its imports print goes where its errors go, never into the run's own output
                 env=probe_env(),
                 pass_fds=(commands_in, messages_out),
             )
