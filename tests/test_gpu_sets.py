@@ -116,3 +116,43 @@ def test_a_probe_forked_by_a_warm_worker_gets_its_gpu_in_its_environment(tmp_pat
     log = (probe_dir(tmp_path, probe.probe_id) / "log.txt").read_text()
     assert "nandoctor: this probe's GPUs: CUDA_VISIBLE_DEVICES=GPU-5d1e0c5a-aaaa\n" in log, log[-2000:]
     assert record.status == "ok" and record.launch == "warm"  # and it trained (on the CPU: its spec says so)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_on_a_gpu_host_probes_train_on_the_gpu_they_were_given_by_its_uuid(tmp_path):
+    """On a real GPU: the process is given its first GPU by UUID, as a scheduler binds it; each probe
+    (two at once) gets that GPU in the same spelling and trains there."""
+    import os
+
+    import pynvml
+    from conftest import run_cli, summary
+
+    from nandoctor.run.task import probe_dir
+
+    pynvml.nvmlInit()
+    try:
+        uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    out = tmp_path / "run"
+    grid = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "4")
+    proc = run_cli(
+        "grid",
+        *grid,
+        "--jobs",
+        "2",
+        "--set",
+        "retime_rounds=0",
+        "--out",
+        out,
+        env={"CUDA_VISIBLE_DEVICES": uuid, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for probe in summary(out)["probes"]:
+        assert probe["verdict"] == "stable", probe
+        log = (probe_dir(out, probe["probe_id"]) / "log.txt").read_text()
+        assert f"nandoctor: this probe's GPUs: CUDA_VISIBLE_DEVICES={uuid}\n" in log
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["device"] for r in records} == {"cuda"}

@@ -48,8 +48,8 @@ def visible_gpus(count: int, given: str | None) -> list[str]:
 
 def plan_request(device: dict | None, recipes: list[dict], steps: int) -> dict:
     """What a warm worker's planning child reads (child/plan.py): the device facts (None: gather them),
-    the recipes (as dicts) to plan, the steps --scale auto weighs, and the GPUs this process sees."""
-    return {"device": device, "recipes": recipes, "steps": steps, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    the recipes (as dicts) to plan, and the steps --scale auto weighs."""
+    return {"device": device, "recipes": recipes, "steps": steps}
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
@@ -256,6 +256,8 @@ class LocalPlacement:
         elif isinstance(message, Started):
             slot.pid, slot.threads = message.pid, message.threads
         elif isinstance(message, Exited):
+            if slot.pid is not None and message.pid != slot.pid:
+                return []  # a probe killed before this slot took another: its end is no news
             slot.pid = None
             if held is not None:
                 return [self._free(index, Ending(EXITED, self._outcome(slot, held, message.returncode)))]

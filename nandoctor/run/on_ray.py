@@ -74,9 +74,11 @@ def run_announced(spec: dict, timeout_s: float):
 
 
 def said(error: Exception) -> str:
-    """The first line of what Ray said about a failed task."""
-    text = str(error).strip()
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    """The first line of what a failed task said: the exception it raised (Ray's `cause`) where it
+    raised one, else Ray's own words (a worker or node that died, a task that never ran)."""
+    cause = getattr(error, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(error)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
 
 
 class RayPlacement:
@@ -229,7 +231,7 @@ class RayPlacement:
         except self.ray.exceptions.TaskCancelledError:
             return Ending("CANCELLED")
         except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
-            return Ending(type(e).__name__, detail=said(e) if str(e).strip() else "")
+            return Ending(type(e).__name__, detail=said(e))
         if isinstance(item, str):  # its node's name: it started
             probe.state, probe.started, probe.waiting = "running", time.monotonic(), ""
             return None
