@@ -94,6 +94,7 @@ class Scheduler:
         records = []
         while pending or self.in_flight:
             self._place(pending, at_once)
+            self._say_queue(len(pending))
             ended = self.placement.wait(list(self.in_flight.values()), WAIT_S)
             if ended or any(p.state == "running" for p in self.in_flight.values()):
                 self.moved_at = time.monotonic()
@@ -114,7 +115,6 @@ class Scheduler:
             self._backstop()
             if self.on_alive:
                 self.on_alive([p for p in self.in_flight.values() if p.state == "running"], self.placement.last_step)
-            self._say_queue(len(pending))
         return records
 
     def _place(self, pending: list[PlacedProbe], at_once: int | None) -> None:
