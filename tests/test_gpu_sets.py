@@ -27,8 +27,8 @@ from pathlib import Path
 spec = Path(sys.argv[1])
 start = time.time()
 time.sleep(float(os.environ.get("NANDOCTOR_FAKE_PROBE_S", "1.0")))
-(spec.parent / "ran.json").write_text(json.dumps(
-    {"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}))
+(spec.parent / "ran.json").write_text(json.dumps({"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    "run": os.environ.get("NANDOCTOR_RUN_DIR"), "start": start, "end": time.time()}))
 """
 
 
@@ -42,7 +42,8 @@ def test_the_visible_gpus_are_the_given_list_in_its_own_spelling():
 
 @pytest.fixture
 def fake_probes(monkeypatch):
-    from nandoctor.run import slots
+    # imported first, so that what imports child_command by name keeps the real one after this test
+    from nandoctor.run import placed, session, slots  # noqa: F401
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", GIVEN)
     monkeypatch.setattr(slots, "child_command", lambda spec, result: [sys.executable, "-c", PROBE, str(spec)])
@@ -83,6 +84,7 @@ def test_each_probe_gets_its_own_gpus_a_ddp_probe_owns_two_and_bisect_rounds_pac
     one, two = ran(session, [p.probe_id for p in first]), ran(session, [p.probe_id for p in second])
     given = GIVEN.split(",")
     for probe_id, r in {**one, **two}.items():
+        assert r["run"] == str(session.dir.resolve())  # its load is the run's own, not another user's
         gpus = r["gpus"].split(",")
         assert set(gpus) <= set(given) and len(set(gpus)) == len(gpus), (probe_id, r["gpus"])
         assert len(gpus) == (2 if probe_id.split(" ")[0] == ddp else 1), (probe_id, r["gpus"])

@@ -97,7 +97,7 @@ def test_a_placed_probe_streams_its_last_step_while_it_runs(tmp_path, monkeypatc
 
     monkeypatch.setattr(placed, "STEP_EVERY_S", 0.2)
     long_probe(tmp_path, steps=40)
-    items = list(placed.run_carried(json.loads((tmp_path / "spec.json").read_text()), 300.0))
+    items = list(placed.run_carried(json.loads((tmp_path / "spec.json").read_text()), 300.0, str(tmp_path)))
     streamed = [item["step"]["step"] for item in items if "step" in item]
     assert streamed and streamed == sorted(set(streamed)) and streamed[-1] <= 39  # while it ran, in order
     assert items[-1]["placed"]["returncode"] == 0 and items[-1]["files"]["result.json"]

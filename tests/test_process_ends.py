@@ -39,7 +39,7 @@ def alive(pid: int) -> bool:
 
 
 def test_closing_a_cold_slot_kills_the_probe_it_runs(tmp_path, monkeypatch):
-    from nandoctor.run import slots
+    from nandoctor.run import placed, slots  # noqa: F401 -- placed keeps the real child_command
     from nandoctor.run.local import LocalPlacement
     from nandoctor.run.placement import PlacedProbe
     from nandoctor.run.task import write_spec

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import jsonio
 from ..config import ExecutorConfig
-from ..env import get_cpu_count, get_gpu_count_guess
+from ..env import VISIBLE_DEVICES_ENV, get_cpu_count, get_gpu_count_guess, parse_visible_devices
 from ..record import Exited, Ready, Started
 from .placement import EXITED, Ending, Outcome, PlacedProbe
 from .slots import ColdSlot, Died, WarmSlot, gpu_fit, most_jobs, packed_jobs
@@ -39,11 +39,10 @@ READY_TIMEOUT_S = 600.0
 
 def visible_gpus(count: int, given: str | None) -> list[str]:
     """The GPUs this process was given, as it was given them: the entries of CUDA_VISIBLE_DEVICES
-    (`given`; indices, GPU-UUIDs and MIG ids kept as written), or 0..count-1 when it is unset; at
-    most `count` (the GPUs the device facts list: CUDA stops at the first entry it cannot use)."""
-    if given is None:
-        return [str(i) for i in range(count)]
-    return [entry.strip() for entry in given.split(",") if entry.strip()][:count]
+    (`given`; indices, GPU-UUIDs and MIG ids kept as written, env.parse_visible_devices), or
+    0..count-1 when it is unset; at most `count` (the GPUs the device facts list)."""
+    entries = parse_visible_devices(given)
+    return [str(i) for i in range(count)] if entries is None else entries[:count]
 
 
 def plan_request(device: dict | None, recipes: list[dict], steps: int) -> dict:
@@ -92,7 +91,7 @@ class GpuSets:
 
     def env(self, gpus: list[int]) -> dict:
         """The probe's CUDA_VISIBLE_DEVICES: its set, in the spelling this process was given."""
-        return {"CUDA_VISIBLE_DEVICES": ",".join(self.visible[i] for i in gpus)} if self.visible else {}
+        return {VISIBLE_DEVICES_ENV: ",".join(self.visible[i] for i in gpus)} if self.visible else {}
 
 
 class Running:
@@ -127,7 +126,7 @@ class LocalPlacement:
     def _size(self, device: dict, probe_bytes: int | None) -> None:
         """Capacity and per-GPU room from the device facts and one probe's GPU memory (None: not yet known)."""
         self.device = device
-        self.gpus = GpuSets(visible_gpus(len(device.get("gpus") or []), os.environ.get("CUDA_VISIBLE_DEVICES")))
+        self.gpus = GpuSets(visible_gpus(len(device.get("gpus") or []), os.environ.get(VISIBLE_DEVICES_ENV)))
         gpus = len(self.gpus.visible)
         self.slot_count = self.asked or most_jobs(device)
         if self.asked:
@@ -141,7 +140,7 @@ class LocalPlacement:
 
     def _slot(self, index: int):
         while len(self.slots) <= index:
-            slot = (WarmSlot if self.warm else ColdSlot)(len(self.slots), self.events)
+            slot = (WarmSlot if self.warm else ColdSlot)(len(self.slots), self.events, str(self.run_dir.resolve()))
             for preload in self.preloads:
                 slot.preload(*preload)
             slot.open()
@@ -274,7 +273,7 @@ class LocalPlacement:
             budget.elapsed,
             worker_died=worker_died,
             worker_pid=slot.worker_pid,
-            gpus=self.gpus.env(held.gpus).get("CUDA_VISIBLE_DEVICES"),
+            gpus=self.gpus.env(held.gpus).get(VISIBLE_DEVICES_ENV),
         )
 
     def _died(self, slot, held: Running | None, returncode: int) -> list[tuple[PlacedProbe, Ending]]:

@@ -66,11 +66,11 @@ def task_facts():
     yield facts
 
 
-def run_announced(spec: dict, timeout_s: float):
+def run_announced(spec: dict, timeout_s: float, run: str):
     """The task: yields this node's name as it starts, then run_carried's items ({"step"} while the
     probe runs, then {"placed", "files"})."""
     yield socket.gethostname()
-    yield from run_carried(spec, timeout_s)
+    yield from run_carried(spec, timeout_s, run)
 
 
 def said(error: Exception) -> str:
@@ -137,6 +137,7 @@ class RayPlacement:
         self.remote = ray.remote(run_announced)
         self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
         self.gather, self.gathered = not kept, dict(kept or {})
+        self.run = str(Path(run_dir).resolve())  # what its probes carry as RUN_DIR_ENV, on whatever node
 
     def _resources(self, kind: str) -> dict:
         """The custom resources a task on this kind of hardware asks for (a share of its node_type)."""
@@ -201,7 +202,7 @@ class RayPlacement:
             resources = self._resources(probe.task.spec.cell.hardware)  # the hardware axis: a node that has it
             size = task_size(self.executor, probe.ranks)
             probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
-                probe.task.spec.to_dict(), probe.task.timeout_s
+                probe.task.spec.to_dict(), probe.task.timeout_s, self.run
             )
             probe.job_id = probe.handle.completed().task_id().hex()  # its head is shared by a driver's first tasks
             asked = {"CPU": size["num_cpus"], **({"GPU": size["num_gpus"]} if size["num_gpus"] else {}), **resources}

@@ -313,7 +313,10 @@ class SlurmPlacement:
                 **job_size(self.options, ranks), **({"partition": partition} if partition else {})
             )
             with self.executor.batch():
-                jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in batch]
+                jobs = [
+                    self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s, str(self.run_dir))
+                    for p in batch
+                ]
             for probe, job in zip(batch, jobs):
                 probe.handle, probe.job_id = job, job.job_id
             self.queue.track([job.job_id for job in jobs])

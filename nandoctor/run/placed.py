@@ -62,10 +62,10 @@ def node_facts() -> dict:
     return {**collect_doctor(), "gathered": where}
 
 
-def watch_probe(folder: Path, timeout_s: float, step_every_s: float = math.inf):
-    """Run the probe whose spec.json is in `folder` within its budget. A generator: it yields
-    {"step": its last step} every step_every_s while the probe runs (when that step is new), and
-    returns the Outcome (also written to folder/placed.json)."""
+def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = math.inf):
+    """Run the probe whose spec.json is in `folder` within its budget, as a probe of `run` (the run's
+    directory, RUN_DIR_ENV). A generator: it yields {"step": its last step} every step_every_s while the
+    probe runs (when that step is new), and returns the Outcome (also written to folder/placed.json)."""
     spec = ProbeSpec.from_dict(jsonio.loads((folder / SPEC_FILE).read_text()))
     gpus = node_gpus()
     for stale in (*STALE_FILES, OUTCOME_FILE):
@@ -76,7 +76,7 @@ def watch_probe(folder: Path, timeout_s: float, step_every_s: float = math.inf):
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=probe_env(gpus),
+            env=probe_env(gpus, run),
             start_new_session=True,
         )
     budget = Budget(ProbeTask(spec, timeout_s), folder)
@@ -109,10 +109,10 @@ def watch_probe(folder: Path, timeout_s: float, step_every_s: float = math.inf):
     return outcome
 
 
-def run_placed(folder: str, timeout_s: float) -> dict:
+def run_placed(folder: str, timeout_s: float, run: str) -> dict:
     """What a SLURM job runs: watch_probe in `folder` (on the shared filesystem); returns its Outcome as
     a dict (placed.json holds the same)."""
-    watch = watch_probe(Path(folder), timeout_s)
+    watch = watch_probe(Path(folder), timeout_s, run)
     while True:
         try:
             next(watch)
@@ -120,14 +120,14 @@ def run_placed(folder: str, timeout_s: float) -> dict:
             return done.value.to_dict()
 
 
-def run_carried(spec: dict, timeout_s: float):
+def run_carried(spec: dict, timeout_s: float, run: str):
     """watch_probe in a scratch folder of the node, for an executor without a shared filesystem (Ray).
     A generator: yields {"step": ...} items while the probe runs, then {"placed": Outcome dict,
     "files": {name: text}} with the probe's result, steps and log tail."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-probe-") as scratch:
         folder = Path(scratch)
         (folder / SPEC_FILE).write_text(jsonio.dumps(spec))
-        outcome = yield from watch_probe(folder, timeout_s, STEP_EVERY_S)
+        outcome = yield from watch_probe(folder, timeout_s, run, STEP_EVERY_S)
         files = {
             name: (folder / name).read_text(errors="replace") for name in CARRIED_FILES if (folder / name).exists()
         }

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..env import RUN_DIR_ENV, VISIBLE_DEVICES_ENV
 from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
 
@@ -78,12 +79,16 @@ def inductor_cache_env() -> dict:
     }
 
 
-def probe_env(gpus: str | None = None) -> dict:
+def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
     """The environment of a probe process (and of a warm worker): this one's, with `gpus` as its
-    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them)."""
+    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them) and
+    `run` (the run's directory) as RUN_DIR_ENV, which tells the run's own processes from other users'
+    load (env.host_load)."""
     env = dict(os.environ)
     if gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
+        env[VISIBLE_DEVICES_ENV] = gpus
+    if run is not None:
+        env[RUN_DIR_ENV] = run
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault leaves its Python stack in log.txt
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -117,8 +122,8 @@ class ColdSlot:
 
     kind = "cold"
 
-    def __init__(self, index: int, events: queue.Queue):
-        self.index, self.events = index, events
+    def __init__(self, index: int, events: queue.Queue, run: str | None = None):
+        self.index, self.events, self.run = index, events, run
         self.ready = True
         self.pid: int | None = None
         self.generation = 0
@@ -142,7 +147,7 @@ class ColdSlot:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**probe_env(), **env},
+                env={**probe_env(run=self.run), **env},
                 start_new_session=True,
             )
         self.pid = proc.pid
@@ -168,8 +173,8 @@ class WarmSlot:
 
     kind = "warm"
 
-    def __init__(self, index: int, events: queue.Queue):
-        self.index, self.events = index, events
+    def __init__(self, index: int, events: queue.Queue, run: str | None = None):
+        self.index, self.events, self.run = index, events, run
         self.ready = False
         self.pid: int | None = None  # the running probe's pid
         self.generation = 0
@@ -195,7 +200,7 @@ class WarmSlot:
                 [*WORKER_COMMAND, str(commands_in), str(messages_out)],
                 stdin=subprocess.DEVNULL,
                 stdout=2,  # what its imports print goes where its errors go, never into the run's own output
-                env=probe_env(),
+                env=probe_env(run=self.run),  # its forks inherit it
                 pass_fds=(commands_in, messages_out),
             )
         finally:
