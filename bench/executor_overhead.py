@@ -22,10 +22,10 @@ from nandoctor.env import collect_summary
 from nandoctor.models import plan_model
 from nandoctor.plan import PlannedProbe
 from nandoctor.recipes import resolve_model
-from nandoctor.run.remote import RemoteRunner
-from nandoctor.run.runner import ProbeRunner, ProbeTask
-from nandoctor.run.session import probe_spec
+from nandoctor.run.scheduler import Scheduler
+from nandoctor.run.session import PLACEMENTS, probe_spec
 from nandoctor.run.store import ResultsStore
+from nandoctor.run.task import ProbeTask
 
 
 def tasks(k: int) -> list[ProbeTask]:
@@ -43,18 +43,15 @@ def measure(kind: str, k: int) -> dict:
     run_dir = Path(tempfile.mkdtemp(prefix=f"nandoctor-bench-{kind}-"))
     store = ResultsStore(run_dir)
     t0 = time.perf_counter()
-    if kind == "local":
-        runner = ProbeRunner(run_dir, store, jobs=1, warm=False)
-    else:
-        options = ["parallel=1", "cpus=1"]
-        runner = RemoteRunner(run_dir, store, executor_config(kind, options))
-        runner.hardware_facts()  # the start-up job that gathers the device facts (SLURM: the canary)
+    executor = executor_config(kind, [] if kind == "local" else ["parallel=1", "cpus=1"])
+    placement = PLACEMENTS[kind](executor, run_dir, jobs=1, warm=False)  # locally: cold slots, the baseline
+    placement.facts()  # the start-up job that gathers the device facts (SLURM: the canary)
     startup = time.perf_counter() - t0
     overheads, walls = [], []
-    with runner:
+    with Scheduler(placement, store, retries=0) as scheduler:
         for task in tasks(k):
             t1 = time.perf_counter()
-            [record] = runner.run([task])
+            [record] = scheduler.run([task])
             took = time.perf_counter() - t1
             assert record.status == "ok", (record.status, record.error, record.log_tail)
             overheads.append(took - record.wall_s)

@@ -20,7 +20,8 @@ from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
-from .run.session import Session, kept_device
+from .run.rundir import kept_device
+from .run.session import Session
 from .run.store import RUN_FILE, ResultsStore
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
@@ -36,7 +37,7 @@ class Listener:
     started(run_dir, plan, warnings): once the model is planned, before any probe runs;
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
-    queue(queued, running, done, job_ids, queue_wait): a scheduler's queue as it changes (--executor slurm / ray);
+    queue(queued, running, done, job_ids, queue_wait, retries): a scheduler's queue as it changes (slurm, ray);
     retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
     """
 
@@ -80,7 +81,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
     except BaseException:
-        session.runner.close()
+        session.close()
         raise
     return session, judge
 
@@ -207,7 +208,8 @@ def resume_grid(
     executor: ExecutorConfig | None = None,
 ) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
-    only the cells missing from DIR/results.jsonl are probed, on any executor."""
+    only the cells missing from DIR/results.jsonl are probed, on any executor, sized for this host
+    (jobs, else this host's default: not the interrupted run's, which may have been a cluster's)."""
     device = device or kept_device(run_dir, executor) or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
     if meta.get("baseline"):
@@ -218,7 +220,7 @@ def resume_grid(
         recipe,
         listener,
         out=run_dir,
-        jobs=jobs or meta["jobs"],
+        jobs=jobs,
         steps=meta["steps"],
         device=device,
         warm=warm,

@@ -36,23 +36,36 @@ def test_a_plain_install_imports_neither_submitit_nor_ray():
     assert out.stdout.strip() == "[]"
 
 
-class LosingPlacement:
-    """A scheduler whose every job dies on a failing node before the probe writes anything."""
+class Scheduled:
+    """What a fake scheduler's placement states beside its submit, wait and cancel."""
 
-    batches, grace_s, capacity = True, 60.0, 4
+    launch, batches, grace_s, capacity, queue_wait = "slurm", True, 60.0, 4, 3600
+
+    def facts(self):
+        return {}  # no start-up job, no device facts
+
+    def room(self, probes):
+        return len(probes)
+
+    def last_step(self, probe):
+        return None
+
+    def close(self):
+        pass
+
+
+class LosingPlacement(Scheduled):
+    """A scheduler whose every job dies on a failing node before the probe writes anything."""
 
     def __init__(self):
         self.submitted = 0
-
-    def ready(self):
-        return {}  # no start-up job, no device facts
 
     def submit(self, probes):
         for probe in probes:
             self.submitted += 1
             probe.job_id = f"7_{self.submitted}"
 
-    def poll(self, probes):
+    def wait(self, probes, timeout_s):
         from nandoctor.run.placement import Ending
 
         return [(p, Ending("NODE_FAIL", detail="node gpu17 stopped responding")) for p in probes]
@@ -60,30 +73,24 @@ class LosingPlacement:
     def cancel(self, probes, wait_s):
         pass
 
-    def close(self):
-        pass
 
-
-def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_path, monkeypatch):
+def test_a_probe_the_scheduler_keeps_losing_is_retried_then_recorded_lost(tmp_path):
     from nandoctor.cells import Cell
     from nandoctor.models import plan_model
     from nandoctor.plan import PlannedProbe
     from nandoctor.recipes import resolve_model
-    from nandoctor.run import remote
-    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.session import probe_spec
     from nandoctor.run.store import ResultsStore
+    from nandoctor.run.task import ProbeTask
 
     placement = LosingPlacement()
-    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
-    monkeypatch.setattr(remote, "POLL_S", 0.0)
     recipe = resolve_model(None)
     device = {"device": "cpu", "cpu_count": 2, "gpus": []}
     spec = probe_spec(
         recipe, PlannedProbe("fp32/eager/off", Cell("fp32", "eager", "off")), plan_model(recipe, device), device, 2, 1
     )
-    runner = remote.RemoteRunner(tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=2"]))
-    [record] = runner.run([ProbeTask(spec, 60.0)])
+    [record] = Scheduler(placement, ResultsStore(tmp_path), retries=2).run([ProbeTask(spec, 60.0)])
     assert placement.submitted == 3  # the first placement and two retries
     assert record.status == "lost" and record.launch == "slurm" and record.job_id == "7_3"
     verdict = harness_verdict(record)
@@ -137,7 +144,7 @@ def planned_spec(cell, world_size: int = 2):
 def test_a_placed_probe_runs_as_world_size_ranks_only_on_the_parallel_axis():
     from nandoctor.cells import Cell
     from nandoctor.run.placement import PlacedProbe
-    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.task import ProbeTask
 
     ranks = {
         c: PlacedProbe(ProbeTask(planned_spec(Cell("fp32", "eager", "off", parallel=c), 4), 60.0), None).ranks
@@ -149,30 +156,25 @@ def test_a_placed_probe_runs_as_world_size_ranks_only_on_the_parallel_axis():
 # --- a probe the scheduler never starts waits a bounded time (issue 18) ------------------------------
 
 
-class OneRunsOneWaits:
+class OneRunsOneWaits(Scheduled):
     """A scheduler that runs the first probe for `runs_s` seconds and never starts the second."""
 
-    batches, grace_s, capacity = True, 60.0, 4
+    queue_wait = 1
 
     def __init__(self, runs_s: float):
         self.runs_s, self.cancelled, self.jobs = runs_s, [], 0
 
-    def ready(self):
-        return {}  # no start-up job, no device facts
-
     def submit(self, probes):
-        import time
-
         for probe in probes:
             self.jobs += 1
             probe.job_id = str(self.jobs)
-            probe.submitted = time.monotonic()
 
-    def poll(self, probes):
+    def wait(self, probes, timeout_s):
         import time
 
         from nandoctor.run.placement import Ending
 
+        time.sleep(min(timeout_s, 0.05))
         ended = []
         for p in probes:
             if p.task.probe_id != "first":
@@ -186,29 +188,21 @@ class OneRunsOneWaits:
     def cancel(self, probes, wait_s):
         self.cancelled += [p.task.probe_id for p in probes]
 
-    def close(self):
-        pass
 
-
-def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path, monkeypatch):
+def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path):
     import time
     from dataclasses import replace
 
     from nandoctor.cells import Cell
-    from nandoctor.run import remote
-    from nandoctor.run.runner import ProbeTask
+    from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore
+    from nandoctor.run.task import ProbeTask
 
     placement = OneRunsOneWaits(runs_s=1.5)
-    monkeypatch.setattr(remote, "open_placement", lambda executor, run_dir, gather: placement)
-    monkeypatch.setattr(remote, "POLL_S", 0.05)
     spec = planned_spec(Cell("fp32", "eager", "off"))
     tasks = [ProbeTask(replace(spec, probe_id=name), 60.0) for name in ("first", "second")]
-    runner = remote.RemoteRunner(
-        tmp_path, ResultsStore(tmp_path), executor_config("slurm", ["retries=0", "queue_wait=1"])
-    )
     start = time.monotonic()
-    records = {r.probe_id: r for r in runner.run(tasks)}
+    records = {r.probe_id: r for r in Scheduler(placement, ResultsStore(tmp_path), retries=0).run(tasks)}
     # "second" waited behind "first" (1.5 s, longer than its queue wait), then 1 s more with nothing running
     assert 2.5 <= time.monotonic() - start < 5
     assert placement.cancelled == ["second"]
@@ -217,3 +211,13 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path,
         "the scheduler lost this probe on its one attempt (retries=0) "
         "(NOT_STARTED: still queued after 1 s (queue_wait): Priority)"
     )
+
+
+def test_the_queue_line_says_placed_again_only_when_a_retry_is_left():
+    from nandoctor.cli.common import queue_line
+
+    assert queue_line(1, 0, 0, ["12"], 5, 2) == (
+        "  ... queue: 1 queued, 0 running, 0 done (job 12); "
+        "one not started within 5 s while none runs is placed again (queue_wait)"
+    )
+    assert queue_line(1, 0, 0, ["12"], 5, 0).endswith("while none runs is recorded lost (queue_wait, retries=0)")

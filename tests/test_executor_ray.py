@@ -69,10 +69,10 @@ from nandoctor.recipes import recipe_by_name
 from nandoctor.record import ProbeSpec
 from nandoctor.run.on_ray import RayPlacement
 from nandoctor.run.placement import PlacedProbe
-from nandoctor.run.runner import ProbeTask
+from nandoctor.run.task import ProbeTask
 recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
 spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 100_000, 0, "cpu", 1)  # minutes of steps
-placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), gather=False)
+placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), Path(sys.argv[2]), kept={"": {}})
 try:
     probe = PlacedProbe(ProbeTask(spec, 600.0), Path(sys.argv[2]))
     placement.submit([probe])
@@ -81,7 +81,7 @@ try:
     while not (running := probe_processes(ray_head)) and time.monotonic() < deadline:
         time.sleep(0.1)
     worker = running[0].ppid()  # the probe's parent: the Ray worker running its task
-    placement.cancel([probe], wait_s=30)  # poll() never read the node's name: it waits in the generator
+    placement.cancel([probe], wait_s=30)  # wait() never read the node's name: it waits in the generator
     print(json.dumps({"worker_alive": Path(f"/proc/{worker}").exists(), "probes": len(probe_processes(ray_head))}))
 finally:
     placement.close()
@@ -309,3 +309,39 @@ def test_a_facts_task_the_cluster_never_starts_is_one_line_and_exit_2_after_queu
         "(queue_wait); does a node have its resources (ray status)?"
     ]
     assert local_ray.free_cpus() == 2.0  # cancelled: it holds nothing
+
+
+# The grid as the CLI runs it, with the task that gathers the device facts failing on its node (a
+# broken driver, a library that does not import there): defined here, so Ray runs this one.
+FAILING_FACTS = """
+import sys
+from nandoctor.cli import main
+from nandoctor.run import on_ray
+
+def task_facts():
+    import socket
+    yield socket.gethostname()
+    raise RuntimeError("NVML: driver/library version mismatch")
+
+on_ray.task_facts = task_facts
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_facts_task_that_fails_is_one_line_and_exit_2(local_ray, tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", FAILING_FACTS, "grid", *EQUAL_GRID, *on_ray(local_ray), "--out", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **local_ray.env},
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [
+        "nandoctor: error: --executor ray: the task that gathers the device facts failed: "
+        "RuntimeError: NVML: driver/library version mismatch"
+    ]

@@ -1,13 +1,17 @@
 """The SLURM executor on a real one-node cluster (tests/cluster/slurm_up.sh): probes placed as job
 arrays give the verdicts and losses the local executor gives, crashes, hangs and OOMs included;
-Ctrl-C leaves the queue empty and --resume finishes the run."""
+SIGTERM leaves the queue empty and --resume finishes the run; squeue is asked politely."""
 
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from clusters import (
@@ -17,7 +21,6 @@ from clusters import (
     MISBEHAVING_VERDICTS,
     active_slurm_jobs,
     assert_like_local,
-    interrupt_when_running,
     local_run,
     losses,
     misbehaving_checkpoint,
@@ -41,34 +44,66 @@ def slurm_env(tmp_path_factory):
         yield env
 
 
+def terminate_when_running(args: list, env: dict, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
+    """Start `nandoctor grid ARGS` and send it SIGTERM (what `timeout`, CI systems and a preempted job
+    get) once its run has begun and a probe process of this run directory runs here (the cluster's
+    one node is this machine); returns its exit code and everything it printed."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "grid", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + timeout
+    while not ((run_dir / "run.json").exists() and probe_processes(run_dir)):
+        assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
+        assert time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    return proc.returncode, "".join(lines)
+
+
+def results(run_dir: Path) -> list[str]:
+    path = run_dir / "results.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
 @pytest.fixture(scope="module")
-def interrupted(slurm_env, tmp_path_factory):
-    """The small grid on SLURM, interrupted with Ctrl-C once a probe runs, then resumed on SLURM."""
-    out = tmp_path_factory.mktemp("slurm-equal") / "run"
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out, out)
-    queue_after = active_slurm_jobs(slurm_env)
-    children_after = probe_processes(out)
+def terminated(slurm_env, tmp_path_factory):
+    """The small grid on SLURM, sent SIGTERM once a probe runs, then resumed on SLURM."""
+    out = tmp_path_factory.mktemp("slurm-sigterm") / "run"
+    code, printed = terminate_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out)
+    queued = active_slurm_jobs(slurm_env)  # this module's own cluster: every job on it is this test's
+    children = probe_processes(out)
+    kept = results(out)
     gathered = (out / "hardware.json").read_text()
     resumed = run_cli("grid", "--resume", out, *SLURM, env=slurm_env)
-    return out, code, printed, queue_after, children_after, resumed, gathered
+    return out, code, printed, queued, children, kept, resumed, gathered
 
 
-def test_ctrl_c_cancels_every_job_and_prints_the_resume_command(interrupted):
-    out, code, printed, queue_after, children_after, _, _ = interrupted
-    assert code == 130, printed
-    assert f"nandoctor grid --resume {out}" in printed
+def test_sigterm_cancels_every_job_ends_every_probe_and_prints_the_resume_command(terminated):
+    out, code, printed, queued, children, *_ = terminated
+    assert code == 143, printed
+    assert f"continue with `nandoctor grid --resume {out}`" in printed
     assert "job" in printed and "queue:" in printed  # the queue line named the array
-    assert queue_after == [] and children_after == []
+    assert queued == [] and children == []
 
 
-def test_resume_on_slurm_finishes_with_the_local_verdicts_and_losses(interrupted):
-    out, _, _, _, _, resumed, _ = interrupted
+def test_resume_after_sigterm_keeps_what_was_recorded_and_finishes_like_local(terminated):
+    out, _, _, _, _, kept, resumed, _ = terminated
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
+    assert results(out)[: len(kept)] == kept
     assert_like_local(out, "slurm")
 
 
-def test_resume_plans_with_the_device_facts_the_first_run_gathered_on_the_cluster(interrupted):
-    out, _, _, _, _, _, gathered = interrupted
+def test_resume_plans_with_the_device_facts_the_first_run_gathered_on_the_cluster(terminated):
+    out, *_, gathered = terminated
     assert (out / "hardware.json").read_text() == gathered  # not gathered again
     facts = json.loads(gathered)[""]  # no hardware axis: one kind, the executor's partition
     assert facts["gathered"]["partition"] == "main" and facts["device"] == "cpu"
@@ -176,15 +211,30 @@ def job_states(env: dict) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def two_partitions(slurm_env, tmp_path_factory):
-    """The small grid on both partitions of the test cluster (--axis partition=main,spare)."""
-    out = tmp_path_factory.mktemp("slurm-partitions") / "run"
-    proc = run_cli("grid", *EQUAL_GRID, *SLURM, "--axis", "partition=main,spare", "--out", out, env=slurm_env)
+    """The small grid on both partitions of the test cluster (--axis partition=main,spare), with a
+    `squeue` first on PATH that counts its calls before it runs the real one."""
+    base = tmp_path_factory.mktemp("slurm-partitions")
+    out, shim, calls = base / "run", base / "bin", base / "squeue.calls"
+    shim.mkdir()
+    (shim / "squeue").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("squeue")} "$@"\n')
+    (shim / "squeue").chmod(0o755)
+    env = {**slurm_env, "PATH": f"{shim}{os.pathsep}{slurm_env.get('PATH', os.environ['PATH'])}"}
+    start = time.monotonic()
+    proc = run_cli("grid", *EQUAL_GRID, *SLURM, "--axis", "partition=main,spare", "--out", out, env=env)
+    took = time.monotonic() - start
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, proc, job_partitions(slurm_env, [r["job_id"] for r in records(out).values()])
+    asked = calls.read_text().splitlines() if calls.exists() else []
+    return out, proc, job_partitions(slurm_env, [r["job_id"] for r in records(out).values()]), asked, took
+
+
+def test_a_grid_asks_squeue_once_for_all_its_jobs_and_rarely(two_partitions):
+    *_, asked, took = two_partitions
+    assert len(asked) <= 3 + took / 5, (len(asked), took)  # e3579fe: every 0.2-0.25 s, 221 calls a minute
+    assert all(" -j " in call for call in asked)
 
 
 def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses(two_partitions):
-    out, _, partitions = two_partitions
+    out, _, partitions, _, _ = two_partitions
     local = records(local_run())
     expected = {f"{cell}@{p}": v for cell, v in EQUAL_VERDICTS.items() for p in ("main", "spare")}
     assert verdicts(out) == expected
@@ -195,7 +245,7 @@ def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses
 
 
 def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partitions):
-    out, proc, _ = two_partitions
+    out, proc, *_ = two_partitions
     s = summary(out)
     assert s["recommended_by_hardware"] == {"main": "fp32/eager/off@main", "spare": "fp32/eager/off@spare"}
     node = records(out)["fp32/eager/off@main"]["node"]
@@ -211,7 +261,7 @@ def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partition
 
 
 def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm_env, two_partitions):
-    out, _, _ = two_partitions
+    out, *_ = two_partitions
     facts = json.loads((out / "hardware.json").read_text())
     assert set(facts) == {"main", "spare"}
     jobs = {kind: f["gathered"]["job"] for kind, f in facts.items()}

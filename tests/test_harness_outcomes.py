@@ -9,7 +9,7 @@ import pytest
 from nandoctor.analysis.verdicts import classify
 from nandoctor.cells import Cell
 from nandoctor.record import REPLAY_RUNNING, ProbeRecord, Step
-from nandoctor.run.runner import LOG_TAIL_CHARS, ProbeTask, _tail, collect
+from nandoctor.run.task import LOG_TAIL_CHARS, ProbeTask, collect, log_tail
 
 # What PyTorch 2.x prints on CUDA for sdpa:efficient pinned on a GQA model (sdp_utils.cpp), as the
 # probe's WarningLog records it
@@ -101,5 +101,5 @@ def test_the_log_tail_leaves_out_faulthandlers_extension_module_list(tmp_path):
     )
     modules = "Extension modules: " + ", ".join(f"torch._C._mod{i}" for i in range(900)) + " (total: 900)\n"
     log.write_text("x" * 10000 + "\n" + stack + "\n" + modules)
-    tail = _tail(log)
+    tail = log_tail(log)
     assert stack in tail and "Extension modules" not in tail and len(tail) <= LOG_TAIL_CHARS

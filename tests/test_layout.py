@@ -46,7 +46,7 @@ FORBIDDEN = {
     ),
     "nandoctor.report": (
         "nandoctor.child",
-        "nandoctor.run.runner",
+        "nandoctor.run.scheduler",
         "nandoctor.run.session",
         "nandoctor.bisect",
         "nandoctor.api",

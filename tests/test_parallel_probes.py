@@ -156,7 +156,7 @@ def test_a_reduction_that_sums_is_caught_by_the_gradient_agreement(tmp_path):
 
 def _pids(run_dir, probe_id: str) -> list[int]:
     """The launcher's and the ranks' pids, as the launcher logged them."""
-    from nandoctor.run.runner import probe_dir
+    from nandoctor.run.task import probe_dir
 
     line = re.search(
         r"nandoctor launch: pid (\d+), cpu ranks (.*)", (probe_dir(run_dir, probe_id) / "log.txt").read_text()

@@ -41,11 +41,10 @@ def test_the_model_is_planned_for_the_kind_with_the_least_memory():
 def test_a_placed_parallel_probe_is_judged_by_the_gpus_its_job_asks_for():
     from nandoctor.capabilities import parallel_support
     from nandoctor.cells import Cell
-    from nandoctor.run.session import Session
+    from nandoctor.run.placement import job_device
 
     ddp = Cell("bf16-amp", "sdpa", "off", parallel="ddp")
-    session = Session.__new__(Session)  # only the executor matters to _job_device
-    session.executor = ExecutorConfig("slurm", {"gpus": 1})
+    slurm = ExecutorConfig("slurm", {"gpus": 1})
     one_gpu_job = H100  # the facts job asked for one probe's GPU and saw one
     assert parallel_support(ddp, 4, 8, one_gpu_job) is not None
-    assert parallel_support(ddp, 4, 8, session._job_device(one_gpu_job, 4)) is None  # a 4-rank job asks for 4 GPUs
+    assert parallel_support(ddp, 4, 8, job_device(slurm, one_gpu_job, 4)) is None  # a 4-rank job asks for 4 GPUs

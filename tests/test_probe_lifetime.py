@@ -3,12 +3,15 @@ task starts on its node) dies with the process that started it. A Ray task cance
 job step killed, ends that process without its cleanup: before this, the probe trained on as an orphan
 (seen in a clean-clone run: the Ray Ctrl-C test found a probe process alive after every task had gone)."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from nandoctor.cells import Cell
 from nandoctor.jsonio import dumps
@@ -84,3 +87,17 @@ def test_a_probe_whose_starter_died_before_it_started_does_not_run(tmp_path):
         timeout=120,
     )
     assert done.returncode == 1 and not (tmp_path / BUILT_FILE).exists() and not (tmp_path / "result.json").exists()
+
+
+@pytest.mark.slow  # a real probe process
+def test_a_placed_probe_streams_its_last_step_while_it_runs(tmp_path, monkeypatch):
+    """A Ray task's probe runs in a scratch folder of its node: the parent's heartbeat hears its last step
+    only because the task streams it back (before, every Ray heartbeat said "no step yet")."""
+    from nandoctor.run import placed
+
+    monkeypatch.setattr(placed, "STEP_EVERY_S", 0.2)
+    long_probe(tmp_path, steps=40)
+    items = list(placed.run_carried(json.loads((tmp_path / "spec.json").read_text()), 300.0, str(tmp_path)))
+    streamed = [item["step"]["step"] for item in items if "step" in item]
+    assert streamed and streamed == sorted(set(streamed)) and streamed[-1] <= 39  # while it ran, in order
+    assert items[-1]["placed"]["returncode"] == 0 and items[-1]["files"]["result.json"]

@@ -19,8 +19,8 @@ def task(cell: Cell, steps: int, model: str | None = None, **fields):
     from nandoctor.models import plan_model
     from nandoctor.plan import PlannedProbe
     from nandoctor.recipes import resolve_model
-    from nandoctor.run.runner import ProbeTask
     from nandoctor.run.session import probe_spec
+    from nandoctor.run.task import ProbeTask
 
     recipe = resolve_model(model)
     for key, value in fields.items():
@@ -32,7 +32,9 @@ def task(cell: Cell, steps: int, model: str | None = None, **fields):
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    from nandoctor.run.runner import ProbeRunner
+    from nandoctor.config import ExecutorConfig
+    from nandoctor.run.local import LocalPlacement
+    from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore
 
     out = tmp_path_factory.mktemp("outcomes")
@@ -49,9 +51,10 @@ def outcomes(tmp_path_factory):
         # pinned on the CPU, where it does not exist; on CUDA, refused for tiny-llama's GQA (4 / 2 heads)
         task(Cell("fp32", "sdpa:efficient", "off"), 2),
     ]
-    with ProbeRunner(out, ResultsStore(out), jobs=1) as runner:
-        records = runner.run(tasks)
-        threads = runner.slots[0].threads
+    placement = LocalPlacement(ExecutorConfig(), out, jobs=1)
+    with Scheduler(placement, ResultsStore(out), retries=0) as scheduler:
+        records = scheduler.run(tasks)
+        threads = placement.slots[0].threads
     return {r.probe_id: r for r in records}, threads
 
 

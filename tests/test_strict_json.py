@@ -15,8 +15,8 @@ from nandoctor.cli import main
 from nandoctor.record import ProbeRecord, Step
 from nandoctor.report.doctor import render_doctor_json
 from nandoctor.run.cache import ProbeCache
-from nandoctor.run.runner import _read_result, _read_steps
 from nandoctor.run.store import RETIME_FILE, ResultsStore
+from nandoctor.run.task import read_result, read_steps
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-lr30"  # written with bare NaN / Infinity
 
@@ -91,10 +91,10 @@ def test_the_step_log_and_result_json_are_strict_and_read_back(tmp_path):
             break  # the step log stops the run at the first unrecoverable step
     log.file.close()
     assert [s["loss"] for s in strict_lines(tmp_path / "steps.jsonl")][:2] == [6.9, "Infinity"]
-    assert same_steps([Step.from_dict(s) for s in _read_steps(tmp_path / "steps.jsonl")], record.steps[:2])
+    assert same_steps([Step.from_dict(s) for s in read_steps(tmp_path / "steps.jsonl")], record.steps[:2])
     write_result(record, tmp_path / "result.json")
     strict((tmp_path / "result.json").read_text())
-    assert same_steps(ProbeRecord.from_dict({**_read_result(tmp_path / "result.json")}).steps, record.steps)
+    assert same_steps(ProbeRecord.from_dict({**read_result(tmp_path / "result.json")}).steps, record.steps)
 
 
 def test_the_cache_index_is_strict_and_reads_back(tmp_path):

@@ -78,8 +78,8 @@ def tiny_task(steps=2):
     from nandoctor.models import plan_model
     from nandoctor.plan import PlannedProbe
     from nandoctor.recipes import resolve_model
-    from nandoctor.run.runner import ProbeTask
     from nandoctor.run.session import probe_spec
+    from nandoctor.run.task import ProbeTask
 
     recipe, device = resolve_model(None), collect_summary()
     cell = Cell("fp32", "sdpa", "off")
@@ -89,11 +89,14 @@ def tiny_task(steps=2):
 
 
 def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
-    from nandoctor.run.runner import ProbeRunner
+    from nandoctor.config import ExecutorConfig
+    from nandoctor.run.local import LocalPlacement
+    from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore
 
     task = tiny_task()
-    with ProbeRunner(tmp_path, ResultsStore(tmp_path), jobs=1) as runner:
+    # the second probe may be handed to the dead worker before its death is heard: placed again (retries)
+    with Scheduler(LocalPlacement(ExecutorConfig(), tmp_path, jobs=1), ResultsStore(tmp_path), retries=1) as runner:
         first = runner.run([task])[0]
         os.kill(first.worker_pid, signal.SIGKILL)
         second = runner.run([task])[0]

@@ -17,7 +17,8 @@ from ..errors import NandoctorError
 from ..plan import PlannedProbe
 from ..recommend import recommendation
 from ..record import ProbeRecord
-from ..run.session import Session, kept_device
+from ..run.rundir import kept_device
+from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
 from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
@@ -161,8 +162,9 @@ def resume_bisect(
     device: dict | None = None,
     executor: ExecutorConfig | None = None,
 ) -> tuple[RunAnalysis, BisectResult]:
-    """Continue an interrupted bisect with the settings of DIR/run.json. The probes DIR/results.jsonl
-    holds are replayed, not rerun: the search retraces its path from them and goes on where it stopped."""
+    """Continue an interrupted bisect with the settings of DIR/run.json, sized for this host (jobs, else
+    this host's default). The probes DIR/results.jsonl holds are replayed, not rerun: the search retraces
+    its path from them and goes on where it stopped."""
     device = device or kept_device(run_dir, executor) or collect_summary()
     meta, recipe, plan = resumable(run_dir, "bisect", device)
     if "request" not in meta:
@@ -175,7 +177,7 @@ def resume_bisect(
         recipe,
         listener,
         out=run_dir,
-        jobs=jobs or meta["jobs"],
+        jobs=jobs,
         steps=meta["steps"],
         device=device,
         plan=plan,

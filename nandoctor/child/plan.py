@@ -7,15 +7,15 @@ The same functions run as in the parent (env.collect_doctor, models.plan_model, 
 the facts and plans are the same data, only computed elsewhere. The parent plans itself when there is
 no warm worker (--cold, an executor) or when this child does not answer.
 
-Request (JSON file): {"device": facts or null (gather them), "recipes": [recipe dicts], "steps": n,
-"visible": the parent's CUDA_VISIBLE_DEVICES or null}. Result (JSON file): {"device": facts, "plans":
-[plan dicts], "facts": the first recipe's models.config_facts}, or {"error": message} for the user's own
-error (a model config that does not load, a bad adapter), which the parent raises as its own.
+Request (JSON file): {"device": facts or null (gather them), "recipes": [recipe dicts], "steps": n}.
+Result (JSON file): {"device": facts, "plans": [plan dicts], "facts": the first recipe's
+models.config_facts}, or {"error": message} for the user's own error (a model config that does not
+load, a bad adapter), which the parent raises as its own. The worker, and so this child, sees the GPUs
+the parent was given: a worker is not pinned to a GPU (each probe it forks sets its own).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from .. import jsonio
@@ -27,12 +27,6 @@ def answer(request: dict) -> dict:
     from ..env import collect_doctor
     from ..models import config_facts, plan_model
 
-    # the worker may be pinned to one GPU; the run's facts are about the GPUs the parent sees (CUDA
-    # reads this when it starts, which happens in this child, never in the worker)
-    if request.get("visible") is None:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = request["visible"]
     device = request["device"] or collect_doctor()
     recipes = [recipe_from_dict({k: v for k, v in r.items() if k != "name"}, r["name"]) for r in request["recipes"]]
     try:

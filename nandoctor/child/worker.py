@@ -14,11 +14,12 @@ warn "This process is multi-threaded, use of fork() may lead to deadlocks" in ev
 the worker caps OpenBLAS at its calling thread before anything imports it. Its "ready" message says
 how many threads it has (1), and the runner's tests hold it to that.
 
-Protocol, one JSON object per line. stdin: {"preload": model_type, "adapter": bool}, {"spec": path, "result": path,
-"log": path} (a probe) or {"plan": path, "result": path, "log": path} (the run's device facts and model
-plans, child/plan.py, forked like a probe). stdout: {"ready": pid, "threads": n} once imported, then
-per probe {"started": child_pid, "threads": n at the fork} and {"exited": child_pid, "returncode": n}
-(n < 0: killed by signal -n).
+Protocol (record.py: Preload, Fork, Ready, Started, Exited), one JSON line each, on two pipes of its
+own whose descriptors are its two arguments: commands in, messages out. Its stdout is its parent's
+stderr, so a module that prints while it is imported reaches the user's terminal, never the protocol. Per Fork it
+sends Started (the child's pid, its threads at the fork) and Exited (returncode n < 0: killed by
+signal -n). Like a probe process it dies with its parent (lifetime.py), and exits at once if that
+parent died before it could be tied to it.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import signal
 import sys
 import traceback
 
-from .. import jsonio
 from ..cells import PACKAGES
 from ..optional import UNUSED_BY_PROBES, hidden
-from .lifetime import die_with_parent
+from ..record import PARENT_ENV, Exited, Fork, Preload, Ready, Started, message_line, read_message
+from .lifetime import die_with_parent, parent_gone
 
 
 def thread_count() -> int | None:
@@ -73,27 +74,33 @@ def _preload(model_type: str | None, adapter: bool) -> None:
             pass  # custom code (trust_remote_code) or an unknown type: the child imports it itself
 
 
-def run_child(command: dict) -> None:
-    """In the forked child: own session (so a timeout kills the whole group), output to the probe's
-    log, then the probe. Never returns."""
+def run_child(fork: Fork, protocol: tuple[int, ...]) -> None:
+    """In the forked child: own session (so a timeout kills the whole group), the protocol's pipes
+    closed, its environment (its GPUs) set before anything reads it, output to the probe's log, then
+    the probe. Never returns."""
     code = 1
     try:
         os.setsid()
         die_with_parent()
+        for fd in protocol:
+            os.close(fd)
+        os.environ.update(fork.env)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        log = os.open(fork.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(log, 1)
         os.dup2(log, 2)
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         faulthandler.enable()
-        if "plan" in command:
+        if "CUDA_VISIBLE_DEVICES" in fork.env:
+            print(f"nandoctor: this probe's GPUs: CUDA_VISIBLE_DEVICES={fork.env['CUDA_VISIBLE_DEVICES']}", flush=True)
+        if fork.kind == "plan":
             from .plan import main as plan
 
-            code = plan(command["plan"], command["result"])
+            code = plan(fork.path, fork.result)
         else:
             from .entry import main
 
-            code = main([command["spec"], command["result"]])
+            code = main([fork.path, fork.result])
     except BaseException:
         traceback.print_exc()
     finally:
@@ -102,32 +109,39 @@ def run_child(command: dict) -> None:
         os._exit(code)
 
 
-def send(message: dict) -> None:
-    sys.stdout.write(jsonio.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def main() -> int:
+def main(argv: list[str]) -> int:
+    """argv: the descriptors of the command pipe (read) and the message pipe (written)."""
     die_with_parent()
+    if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
+        return 1  # its parent died while it started: nobody would ever send it a probe
+    commands_fd, messages_fd = int(argv[0]), int(argv[1])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle: it closes the workers
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # read when OpenBLAS loads (in preload): no pool to fork over
+    messages = os.fdopen(messages_fd, "w", buffering=1)
+
+    def send(message) -> None:
+        messages.write(message_line(message))
+        messages.flush()
+
     preload()
-    send({"ready": os.getpid(), "threads": thread_count()})
-    for line in sys.stdin:
-        command = jsonio.loads(line)
-        if "preload" in command:
-            preload(command["preload"], command.get("adapter", False))
+    send(Ready(os.getpid(), thread_count()))
+    for line in os.fdopen(commands_fd):
+        command = read_message(line)
+        if isinstance(command, Preload):
+            preload(command.model_type, command.adapter)
+            continue
+        if not isinstance(command, Fork):
             continue
         sys.stderr.flush()
         threads = thread_count()
         pid = os.fork()
         if pid == 0:
-            run_child(command)
-        send({"started": pid, "threads": threads})
+            run_child(command, (commands_fd, messages_fd))
+        send(Started(pid, threads))
         _, status = os.waitpid(pid, 0)
-        send({"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        send(Exited(pid, os.waitstatus_to_exitcode(status)))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

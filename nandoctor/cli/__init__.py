@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import errno
+import signal
 import sys
+import threading
 
 from .. import __version__
 from ..errors import NandoctorError
@@ -13,6 +15,19 @@ from . import bisect, check, diff, doctor, explain, grid, report
 
 COMMANDS = (grid, check, bisect, report, diff, doctor, explain)
 OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what CI systems, `timeout`, SLURM preemption and `docker stop` send), raised where Ctrl-C's
+    KeyboardInterrupt would be, so that a run ends the same way: probes ended, jobs cancelled, what was
+    recorded kept, the resume line printed."""
+
+    signal = signal.SIGTERM
+
+
+def terminate(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second SIGTERM must not cut the cleanup short
+    raise Terminated()
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,6 +50,19 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; returns its exit code: 2 for the user's error, 130 after Ctrl-C, 143 after SIGTERM."""
+    # SIGTERM ends a run as Ctrl-C does, unless the program that called this handles it itself
+    ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    if ours:
+        signal.signal(signal.SIGTERM, terminate)
+    try:
+        return run(argv)
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def run(argv: list[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
         return args.func(args)
@@ -55,4 +83,4 @@ def main(argv: list[str] | None = None) -> int:
             else "nandoctor: interrupted",
             file=sys.stderr,
         )
-        return 130
+        return 128 + getattr(e, "signal", signal.SIGINT)

@@ -210,10 +210,11 @@ def alive_line(probe_id: str, elapsed_s: float, step: dict | None) -> str:
     return f"  ... {probe_id} running {elapsed_s:.0f} s, {last}"
 
 
-def queue_line(queued: int, running: int, done: int, job_ids: list[str], queue_wait: int) -> str:
+def queue_line(queued: int, running: int, done: int, job_ids: list[str], queue_wait: int, retries: int) -> str:
     shown = ", ".join(job_ids[:3]) + (f" and {len(job_ids) - 3} more" if len(job_ids) > 3 else "")
     jobs = f" (job{'s' if len(job_ids) > 1 else ''} {shown})" if job_ids else ""
-    wait = f"; one not started within {queue_wait} s while none runs is placed again (queue_wait)" if queued else ""
+    then = "placed again (queue_wait)" if retries else "recorded lost (queue_wait, retries=0)"
+    wait = f"; one not started within {queue_wait} s while none runs is {then}" if queued else ""
     return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}{wait}"
 
 

@@ -1,8 +1,9 @@
 """Place probes on a Ray cluster: each probe one task with the CPUs / GPUs / custom resources the
 options give it, and a share of its hardware kind's custom resource (--axis node_type=, Cell.hardware).
 The task runs the probe in a scratch folder of its node and returns its files (placed.run_carried), so
-no shared filesystem is needed. It first yields its node's name (a streaming generator task): until then
-the probe is queued, waiting for resources, and its time budget has not begun.
+no shared filesystem is needed. It is a streaming generator task: it first yields its node's name (until
+then the probe is queued, waiting for resources, and its time budget has not begun), then the probe's
+last step every few seconds (the parent's heartbeat says it), then the probe's outcome and files.
 
 A probe failure is a verdict, not a transient: tasks have max_retries=0 (Ray would retry a dead
 worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the parent's backstop
@@ -17,11 +18,12 @@ from __future__ import annotations
 import os
 import socket
 import time
+from pathlib import Path
 
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
 from .placed import node_facts, run_carried
-from .placement import Ending, PlacedProbe, missing_extra
+from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 
 # How much of a node_type resource one probe asks for: any node that has the resource at all can take
 # it, and the probe's CPUs and GPUs decide how many fit there (a cluster declares node_type_a100: 1 or
@@ -64,17 +66,27 @@ def task_facts():
     yield facts
 
 
-def run_announced(spec: dict, timeout_s: float):
-    """The task: yields this node's name as it starts, then run_carried's {"placed", "files"}."""
+def run_announced(spec: dict, timeout_s: float, run: str):
+    """The task: yields this node's name as it starts, then run_carried's items ({"step"} while the
+    probe runs, then {"placed", "files"})."""
     yield socket.gethostname()
-    yield run_carried(spec, timeout_s)
+    yield from run_carried(spec, timeout_s, run)
+
+
+def said(error: Exception) -> str:
+    """The first line of what a failed task said: the exception it raised (Ray's `cause`) where it
+    raised one, else Ray's own words (a worker or node that died, a task that never ran)."""
+    cause = getattr(error, "cause", None)
+    text = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(error)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
 
 
 class RayPlacement:
+    launch = "ray"
     batches = False  # one task per probe, `parallel` in flight
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
 
-    def __init__(self, executor: ExecutorConfig, gather: bool = True):
+    def __init__(self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, **_):
         address = executor.option("address")
         if address is None:
             # a Ray of our own, for this run: every server and every connection on 127.0.0.1 (by default
@@ -100,12 +112,12 @@ class RayPlacement:
             else:
                 ray.init(address=address, log_to_driver=False, configure_logging=False)
         # tasks beyond what the cluster runs at once would wait in Ray's queue, against their queue_wait:
-        # the runner keeps at most `capacity` out
+        # the loop keeps at most `capacity` out
         have = ray.cluster_resources()
         fits = [have.get("CPU", 1) // executor.option("cpus")]
         if executor.option("gpus"):
             fits.append(have.get("GPU", 0) // executor.option("gpus"))
-        self.capacity = max(1, int(min(fits)))
+        self.capacity = max(1, min(int(min(fits)), executor.option("parallel")))
         missing = [name for name in executor.hardware if have.get(name, 0) <= 0]
         if missing:
             self.close()
@@ -121,23 +133,27 @@ class RayPlacement:
             )
         self.resources = parse_resources(executor.option("resources"))
         self.executor = executor
+        self.queue_wait = executor.option("queue_wait")
         self.remote = ray.remote(run_announced)
         self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
-        self.gather, self.facts = gather, {}
+        self.gather, self.gathered = not kept, dict(kept or {})
+        self.run = str(Path(run_dir).resolve())  # what its probes carry as RUN_DIR_ENV, on whatever node
 
     def _resources(self, kind: str) -> dict:
         """The custom resources a task on this kind of hardware asks for (a share of its node_type)."""
         return {**self.resources, kind: HARDWARE_SHARE} if kind else self.resources
 
-    def ready(self) -> dict[str, dict]:
+    def facts(self) -> dict[str, dict]:
         """The device facts of each kind of hardware ("" without a hardware axis), gathered by one task
-        per kind with a probe's GPUs and custom resources and one CPU (task_facts); {} when they were
-        not asked for. A task the cluster does not start within queue_wait stops the run."""
-        if not self.gather or self.facts:
-            return self.facts
+        per kind with a probe's GPUs and custom resources and one CPU (task_facts), or those a resumed
+        run kept. A task the cluster does not start within queue_wait, or one that fails, stops the run
+        with one line."""
+        if not self.gather or self.gathered:
+            return self.gathered
         gather = self.ray.remote(task_facts)
-        wait = self.executor.option("queue_wait")
+        wait = self.queue_wait
         for kind in self.executor.hardware or ("",):
+            where = f" on node_type {kind!r}" if kind else ""
             task = gather.options(
                 max_retries=0,
                 num_returns="streaming",
@@ -148,55 +164,85 @@ class RayPlacement:
             started, _ = self.ray.wait([task], timeout=wait)  # its first item: it started (queue_wait bounds only that)
             if not started:
                 self.ray.cancel(task, force=True)
-                where = f" on node_type {kind!r}" if kind else ""
                 raise NandoctorError(
                     f"--executor ray: the cluster did not start the task that gathers the device facts{where} "
                     f"within {wait} s (queue_wait); does a node have its resources (ray status)?"
                 )
-            next(task)
-            self.facts[kind] = self.ray.get(next(task), timeout=FACTS_TIMEOUT_S)
-        return self.facts
+            try:
+                self.ray.get(next(task))
+                self.gathered[kind] = self.ray.get(next(task), timeout=FACTS_TIMEOUT_S)
+            except (self.ray.exceptions.RayError, StopIteration) as e:
+                self.ray.cancel(task, force=True)
+                raise NandoctorError(
+                    f"--executor ray: the task that gathers the device facts{where} failed: {said(e)}"
+                ) from None
+        return self.gathered
+
+    def fit(self, device: dict, probe_bytes: int) -> None:
+        pass  # a task asks for its own resources
+
+    def room(self, probes: list[PlacedProbe]) -> int:
+        return len(probes)  # the loop keeps at most `capacity` in flight
+
+    def threads(self, device: dict, ranks: int) -> int:
+        return self.executor.size(ranks)[0]
+
+    def probe_device(self, device: dict, ranks: int) -> dict:
+        return job_device(self.executor, device, ranks)
+
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
+        pass  # each placed probe is a fresh process: nothing is imported ahead
+
+    def plan(self, request: dict) -> dict | None:
+        return None  # planned in the parent, with the facts the start-up tasks gathered
 
     def submit(self, probes: list[PlacedProbe]) -> None:
+        self.facts()
         for probe in probes:
-            resources = self._resources(
-                probe.task.spec.cell.hardware
-            )  # the hardware axis: a node that has this custom resource
+            resources = self._resources(probe.task.spec.cell.hardware)  # the hardware axis: a node that has it
             size = task_size(self.executor, probe.ranks)
             probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
-                probe.task.spec.to_dict(), probe.task.timeout_s
+                probe.task.spec.to_dict(), probe.task.timeout_s, self.run
             )
-            probe.job_id = (
-                probe.handle.completed().task_id().hex()
-            )  # its head is shared by a driver's first tasks: keep it whole
+            probe.job_id = probe.handle.completed().task_id().hex()  # its head is shared by a driver's first tasks
             asked = {"CPU": size["num_cpus"], **({"GPU": size["num_gpus"]} if size["num_gpus"] else {}), **resources}
             probe.waiting = "no node has started it; it asks for " + ", ".join(f"{k}: {v:g}" for k, v in asked.items())
 
-    def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
-        """Each task's next item, where one is ready: its node's name (it started) or its outcome."""
+    def wait(self, probes: list[PlacedProbe], timeout_s: float) -> list[tuple[PlacedProbe, Ending]]:
+        """Block up to timeout_s for the next item of any task; then read every item that is ready: its
+        node's name (it started), its last step, or its outcome."""
+        if not probes:
+            return []
+        self.ray.wait([p.handle for p in probes], num_returns=1, timeout=timeout_s)
         ended = []
         for probe in probes:
-            ready, _ = self.ray.wait([probe.handle], timeout=0)
-            if not ready:
-                continue
-            try:
-                out = self.ray.get(next(probe.handle))
-            except self.ray.exceptions.TaskCancelledError:
-                ended.append((probe, Ending("CANCELLED")))
-                continue
-            except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
-                ended.append(
-                    (
-                        probe,
-                        Ending(type(e).__name__, detail=str(e).strip().splitlines()[0][:300] if str(e).strip() else ""),
-                    )
-                )
-                continue
-            if probe.state == "queued":
-                probe.state, probe.started, probe.waiting = "running", time.monotonic(), ""
-            else:
-                ended.append((probe, Ending("COMPLETED", out["placed"], out["files"])))
+            while self.ray.wait([probe.handle], timeout=0)[0]:
+                ending = self._item(probe)
+                if ending is not None:
+                    ended.append((probe, ending))
+                    break
         return ended
+
+    def _item(self, probe: PlacedProbe) -> Ending | None:
+        """Read the task's next item; its Ending when that item (or its failure) ends it."""
+        try:
+            item = self.ray.get(next(probe.handle))
+        except StopIteration:
+            return Ending("ENDED", detail="the task ended without the probe's outcome")
+        except self.ray.exceptions.TaskCancelledError:
+            return Ending("CANCELLED")
+        except self.ray.exceptions.RayError as e:  # the worker or its node died, or the task never ran
+            return Ending(type(e).__name__, detail=said(e))
+        if isinstance(item, str):  # its node's name: it started
+            probe.state, probe.started, probe.waiting = "running", time.monotonic(), ""
+            return None
+        if "step" in item:
+            probe.step = item["step"]
+            return None
+        return Ending(EXITED, Outcome.from_dict(item["placed"]), item["files"])
+
+    def last_step(self, probe: PlacedProbe) -> dict | None:
+        return probe.step
 
     def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:
         refs = [p.handle for p in probes if p.handle is not None]
@@ -213,3 +259,4 @@ class RayPlacement:
     def close(self) -> None:
         if self.started_ray:
             self.ray.shutdown()
+            self.started_ray = False

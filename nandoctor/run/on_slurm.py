@@ -3,9 +3,15 @@ bisection round's candidates) go out as one job array, throttled to the `paralle
 
 The nodes write into the run directory, so it must be on a filesystem they share: a canary job checks
 that at start, one per partition the probes go to, with one core and a probe's GPUs; it also gathers
-that partition's device facts (placed.node_facts), which the run plans its cells with. State comes
-from squeue (`--states=all`, which also lists jobs that ended within the cluster's MinJobAge), so no
-accounting database is needed.
+that partition's device facts (placed.node_facts), which the run plans its cells with.
+
+A polite client: the run's files say most of what happens (a job's log.txt appears when it starts, its
+placed.json when it ends), read every FILE_POLL_S; squeue, which every user of the cluster shares, is
+asked only for what the files cannot say (a job the scheduler ended, a pending reason), once for all
+of this run's jobs (canaries, probes, cancelled jobs) and at a cadence that backs off (SlurmQueue):
+FLOOR_S after something changed, growing to CEILING_S while nothing does, its answer shared by every
+caller for FLOOR_S. State comes from `squeue --states=all` (which also lists jobs that ended within
+the cluster's MinJobAge), so no accounting database is needed.
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from pathlib import Path
 from .. import jsonio
 from ..config import ExecutorConfig
 from ..errors import NandoctorError
-from .placed import PLACED_FILE, node_facts, run_placed
-from .placement import Ending, PlacedProbe, missing_extra
+from .placed import node_facts, run_placed
+from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
+from .task import OUTCOME_FILE, last_step
 
 CANARY_MINUTES = 3  # the canary's time limit: its import of torch to gather the device facts
 SHARED_FS_WAIT_S = 10.0  # how long a finished job's files may take to appear here (NFS attribute caching)
@@ -39,6 +46,10 @@ ACTIVE = (
     "STAGE_OUT",
 )
 CANARY_CANCEL_WAIT_S = 15  # at most this long on close for cancelled canaries to leave the queue
+FILE_POLL_S = 0.5  # how often the run directory is looked at for a job's start (log.txt) and end (placed.json)
+FLOOR_S = 2.0  # squeue at most this often, and this soon after something changed
+CEILING_S = 20.0  # ... backing off to this while nothing changes
+GROWTH = 1.5
 # submitit's parameter for each --executor-opt of the slurm kind
 PARAMETERS = {
     "partition": "partition",
@@ -106,38 +117,85 @@ def squeue(job_ids: list[str]) -> dict[str, tuple[str, str]] | None:
     return states
 
 
-def scancel_and_wait(jobs: list[str], wait_s: float) -> None:
-    """Cancel these jobs, then wait up to wait_s for each to leave the active states (COMPLETING included)."""
+class SlurmQueue:
+    """The states of this run's jobs, from one squeue for all of them. `poll()` asks at the polite
+    cadence (FLOOR_S after a change, backing off by GROWTH to CEILING_S while the answers bring nothing
+    new: `news()`); `states(max_age)` gives any caller the last answer while it is younger than max_age."""
+
+    def __init__(self):
+        self.jobs: set[str] = set()  # the jobs (array elements as 12_3) still asked about
+        self.answer: dict[str, tuple[str, str]] | None = None
+        self.asked_at = -math.inf
+        self.interval = FLOOR_S
+
+    def track(self, job_ids: list[str]) -> None:
+        """Ask about these jobs too, soon: a submission is a change."""
+        self.jobs.update(job_ids)
+        self.interval = FLOOR_S
+
+    def forget(self, job_ids: list[str]) -> None:
+        """Stop asking about these jobs (an array stays asked about while another of its elements is)."""
+        self.jobs.difference_update(job_ids)
+
+    def news(self, changed: bool) -> None:
+        """Whether the last answer told something the run's files had not: then ask again soon."""
+        self.interval = FLOOR_S if changed else min(CEILING_S, self.interval * GROWTH)
+
+    def states(self, max_age: float = FLOOR_S) -> dict[str, tuple[str, str]] | None:
+        """The run's jobs' states, asked now unless the last answer is younger than max_age (None when
+        squeue did not answer)."""
+        if self.answer is not None and time.monotonic() - self.asked_at < max_age:
+            return self.answer
+        self.asked_at = time.monotonic()
+        answer = squeue(sorted({j.split("_")[0] for j in self.jobs}))
+        if answer is not None:
+            self.answer = answer
+        return answer
+
+    def poll(self) -> dict[str, tuple[str, str]] | None:
+        """A fresh answer when one is due at the polite cadence, else None."""
+        if time.monotonic() - self.asked_at < self.interval:
+            return None
+        return self.states(max_age=0)
+
+    def wait_gone(self, jobs: list[str], wait_s: float) -> None:
+        """Wait up to wait_s for these jobs to leave the active states (COMPLETING included)."""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            states = self.states()
+            if states is not None and not any(states.get(j, ("GONE",))[0] in ACTIVE for j in jobs):
+                return
+            time.sleep(min(FLOOR_S, max(0.0, deadline - time.monotonic())))
+
+
+def scancel(jobs: list[str]) -> None:
     try:
         subprocess.run(["scancel", *jobs], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
-        return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        states = squeue([j.split("_")[0] for j in jobs])
-        if states is not None and not any(states.get(j, ("GONE",))[0] in ACTIVE for j in jobs):
-            return
-        time.sleep(0.2)
+        pass
 
 
 class SlurmPlacement:
+    launch = "slurm"
     batches = True  # all pending probes of a submission go out as one array
     grace_s = 120.0  # beyond the probe's budget before the parent cancels a job (the node enforces it first)
 
-    def __init__(self, executor: ExecutorConfig, run_dir: Path, gather: bool = True):
+    def __init__(self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, **_):
         try:
             import submitit
         except ImportError:
             raise missing_extra("slurm", "submitit") from None
-        self.options, self.run_dir, self.gather = executor, Path(run_dir).resolve(), gather
+        self.options, self.run_dir = executor, Path(run_dir).resolve()
+        self.gather, self.gathered = not kept, dict(kept or {})
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
+        self.queue_wait = executor.option("queue_wait")
+        self.queue = SlurmQueue()
         self.executor = self._executor(submitit, executor, PARAMETERS)
         # one canary per partition the probes go to (the hardware axis, else the executor's partition),
         # with that partition and account, one core and a probe's GPUs (the device facts it gathers are
         # what a probe there sees; its cores are the executor's option, not a fact): sbatch refuses a
         # partition it does not know at once, and each canary checks the shared filesystem
         self.canaries = {}  # canary file -> (hardware kind, its job)
-        self.facts: dict[str, dict] = {}
         canary = self._executor(submitit, executor, CANARY_PARAMETERS)
         canary.update_parameters(time=CANARY_MINUTES, **{**job_size(executor, 1), "cpus_per_task": 1})
         for partition in executor.hardware or (None,):
@@ -156,10 +214,9 @@ class SlurmPlacement:
             slurm.update_parameters(partition=partition)
         with tempfile.TemporaryFile() as said, redirected_stderr(said):  # sbatch's own complaint goes into our one line
             try:
-                self.canaries[canary_file] = (
-                    partition or "",
-                    slurm.submit(write_canary, str(canary_file), self.gather),
-                )
+                job = slurm.submit(write_canary, str(canary_file), self.gather)
+                self.canaries[canary_file] = (partition or "", job)
+                self.queue.track([job.job_id])
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
@@ -167,44 +224,49 @@ class SlurmPlacement:
         first = f"a job on partition {partition!r} (--axis partition)" if partition else "the first job"
         raise NandoctorError(f"--executor slurm: sbatch refused {first}: {why[:300]}")
 
-    def ready(self) -> dict[str, dict]:
+    def facts(self) -> dict[str, dict]:
         """Wait for the canary jobs submitted at start; refuse the run if one was not started within
-        queue_wait or its file did not appear here. Returns the device facts each gathered, by hardware
-        kind ("" without a hardware axis), or {} when they were not asked for."""
+        queue_wait or its file did not appear here. Returns the device facts each gathered (or those a
+        resumed run kept), by hardware kind ("" without a hardware axis)."""
         while self.canaries:
             canary_file, (kind, canary) = next(iter(self.canaries.items()))
             facts = self._await_canary(canary_file, kind, canary.job_id, Path(canary.paths.stdout))
             if self.gather:
-                self.facts[kind] = facts
+                self.gathered[kind] = facts
             del self.canaries[canary_file]  # it ended: nothing left to cancel
-        return self.facts
+            self.queue.forget([canary.job_id])
+        return self.gathered
 
     def _await_canary(self, canary_file: Path, kind: str, job: str, log: Path) -> dict:
         # queue_wait bounds the wait for the canary to start, as for a probe; once it runs, its own
         # time limit (CANARY_MINUTES) bounds it
-        wait = self.options.option("queue_wait")
-        deadline, reason = time.monotonic() + wait, ""
-        while time.monotonic() < deadline:
-            states = squeue([job])
-            state, reason = (states or {}).get(job, ("GONE", ""))
-            if states is not None and state not in ACTIVE:
-                break
-            if state != "PENDING" and states is not None:
-                deadline = time.monotonic() + 60 * (CANARY_MINUTES + 1)
-            time.sleep(0.2)
-        else:
-            where = f" on partition {kind!r}" if kind else ""
-            pending = f", pending: {reason}" if reason not in ("", "None") else ""
-            raise NandoctorError(
-                f"--executor slurm: the cluster did not start the canary job {job}{where} within "
-                f"{wait} s (queue_wait{pending}); is the partition up (sinfo)?"
-            )
-        ended = states.get(job, ("GONE",))[0]
-        # a canary that wrote its file may show it here late (NFS attribute caching); one that failed never
-        # will: on a node that does not see the run directory it cannot even read its own job
-        seen = time.monotonic() + (SHARED_FS_WAIT_S if ended in ("COMPLETED", "GONE") else 0)
-        while not canary_file.exists() and time.monotonic() < seen:
-            time.sleep(0.2)
+        wait = self.queue_wait
+        deadline, state, reason, ended = time.monotonic() + wait, "PENDING", "", None
+        while not canary_file.exists():
+            states = self.queue.poll()
+            if states is not None:
+                now, reason = states.get(job, ("GONE", ""))
+                self.queue.news(now != state)
+                if now not in ACTIVE:
+                    ended = now
+                    break
+                if now != "PENDING" and state == "PENDING":
+                    deadline = time.monotonic() + 60 * (CANARY_MINUTES + 1)
+                state = now
+            if time.monotonic() > deadline:
+                where = f" on partition {kind!r}" if kind else ""
+                pending = f", pending: {reason}" if reason not in ("", "None") else ""
+                raise NandoctorError(
+                    f"--executor slurm: the cluster did not start the canary job {job}{where} within "
+                    f"{wait} s (queue_wait{pending}); is the partition up (sinfo)?"
+                )
+            time.sleep(FILE_POLL_S)
+        if ended is not None:
+            # a canary that wrote its file may show it here late (NFS attribute caching); one that failed
+            # never will: on a node that does not see the run directory it cannot even read its own job
+            seen = time.monotonic() + (SHARED_FS_WAIT_S if ended in ("COMPLETED", "GONE") else 0)
+            while not canary_file.exists() and time.monotonic() < seen:
+                time.sleep(FILE_POLL_S)
         if not canary_file.exists() and log.exists():  # the node wrote here: the filesystem is shared, the job failed
             said = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
             raise NandoctorError(
@@ -221,11 +283,27 @@ class SlurmPlacement:
         canary_file.unlink()
         return facts
 
+    def fit(self, device: dict, probe_bytes: int) -> None:
+        pass  # a job asks for its own resources
+
+    def room(self, probes: list[PlacedProbe]) -> int:
+        return len(probes)  # the array's throttle holds back what does not run yet
+
+    def threads(self, device: dict, ranks: int) -> int:
+        return self.options.size(ranks)[0]
+
+    def probe_device(self, device: dict, ranks: int) -> dict:
+        return job_device(self.options, device, ranks)
+
+    def preload(self, model_type: str | None, adapter: bool = False) -> None:
+        pass  # each placed probe is a fresh process: nothing is imported ahead
+
+    def plan(self, request: dict) -> dict | None:
+        return None  # planned in the parent, with the facts the canaries gathered
+
     def submit(self, probes: list[PlacedProbe]) -> None:
-        budget = max(
-            p.task.spec.recipe.build_timeout_s + p.task.timeout_s + p.task.spec.recipe.forensics_timeout_s
-            for p in probes
-        )
+        self.facts()  # the shared filesystem is checked before any probe goes out
+        budget = max(p.task.budget_s for p in probes)
         self.executor.update_parameters(time=self.options.option("time") or math.ceil((budget + self.grace_s) / 60) + 1)
         arrays: dict[tuple, list[PlacedProbe]] = {}
         for probe in probes:  # one array per kind of hardware the cells ask for (Cell.hardware) and size
@@ -235,42 +313,74 @@ class SlurmPlacement:
                 **job_size(self.options, ranks), **({"partition": partition} if partition else {})
             )
             with self.executor.batch():
-                jobs = [self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s) for p in batch]
+                jobs = [
+                    self.executor.submit(run_placed, str(p.folder.resolve()), p.task.timeout_s, str(self.run_dir))
+                    for p in batch
+                ]
             for probe, job in zip(batch, jobs):
                 probe.handle, probe.job_id = job, job.job_id
+            self.queue.track([job.job_id for job in jobs])
 
-    def poll(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
-        states = squeue([p.job_id.split("_")[0] for p in probes])
-        if states is None:
-            return []  # slurmctld did not answer this time: ask again at the next poll
-        ended = []
+    def wait(self, probes: list[PlacedProbe], timeout_s: float) -> list[tuple[PlacedProbe, Ending]]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ended = self._ended(probes)
+            left = deadline - time.monotonic()
+            if ended or left <= 0:
+                return ended
+            time.sleep(min(FILE_POLL_S, left))
+
+    def _ended(self, probes: list[PlacedProbe]) -> list[tuple[PlacedProbe, Ending]]:
+        """What the run's files say (a job started, a probe ended), then squeue when it is due."""
+        now, ended, unsaid = time.monotonic(), [], []
         for probe in probes:
-            state, reason = states.get(probe.job_id, ("GONE", "no longer in squeue"))
-            if state in ACTIVE:
-                probe.waiting = reason if state == "PENDING" and reason not in ("None", "") else ""
-                if state == "RUNNING" and probe.state != "running":
-                    probe.state, probe.started = "running", time.monotonic()
-                continue
-            placed = probe.folder / PLACED_FILE
-            if state == "COMPLETED" and not placed.exists():
-                probe.seen_done = probe.seen_done or time.monotonic()
-                if time.monotonic() - probe.seen_done < SHARED_FS_WAIT_S:
-                    continue
-            outcome = jsonio.loads(placed.read_text()) if placed.exists() else None
-            if probe.started is None:
-                probe.started = time.monotonic()
-            ended.append((probe, Ending(state, outcome, detail=reason if reason not in ("None", "") else "")))
+            outcome = probe.folder / OUTCOME_FILE
+            if outcome.exists():
+                ended.append((probe, Ending(EXITED, Outcome.from_dict(jsonio.loads(outcome.read_text())))))
+            elif probe.seen_done is not None and now - probe.seen_done >= SHARED_FS_WAIT_S:
+                ended.append((probe, Ending("COMPLETED", detail="its placed.json never appeared here")))
+            else:
+                if probe.state == "queued" and (probe.folder / "log.txt").exists():
+                    probe.state, probe.started, probe.waiting = "running", now, ""
+                unsaid.append(probe)
+        states = self.queue.poll() if unsaid else None
+        if states is not None:
+            changed = False
+            for probe in unsaid:
+                state, reason = states.get(probe.job_id, ("GONE", "no longer in squeue"))
+                said = reason if reason not in ("None", "") else ""
+                if state in ACTIVE:
+                    probe.waiting = said if state == "PENDING" else ""
+                    if state == "RUNNING" and probe.state != "running":
+                        probe.state, probe.started, changed = "running", now, True
+                elif state == "COMPLETED":
+                    probe.seen_done = probe.seen_done or now  # its placed.json may lag on a shared filesystem
+                else:
+                    probe.started = probe.started or now
+                    ended.append((probe, Ending(state, detail=said)))
+                    changed = True
+            self.queue.news(changed)
+        self.queue.forget([p.job_id for p, _ in ended])
         return ended
+
+    def last_step(self, probe: PlacedProbe) -> dict | None:
+        return last_step(probe.folder / "steps.jsonl")
 
     def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:
         jobs = [p.job_id for p in probes if p.job_id]
         if not jobs:
             return
-        scancel_and_wait(jobs, wait_s)
+        scancel(jobs)
+        self.queue.track(jobs)  # asked about until they left the queue
+        self.queue.wait_gone(jobs, wait_s)
+        self.queue.forget(jobs)
 
     def close(self) -> None:
         if self.canaries:
             # a canary still queued or running when the run ends early (a refused partition, Ctrl-C):
             # cancelled, and waited for past COMPLETING so that nothing of this run is left in the queue
-            scancel_and_wait([c.job_id for _, c in self.canaries.values()], CANARY_CANCEL_WAIT_S)
+            jobs = [c.job_id for _, c in self.canaries.values()]
             self.canaries.clear()
+            scancel(jobs)
+            self.queue.track(jobs)
+            self.queue.wait_gone(jobs, CANARY_CANCEL_WAIT_S)

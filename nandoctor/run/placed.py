@@ -1,15 +1,16 @@
 """The node side of a probe an executor placed: what a SLURM job or a Ray task runs.
 
 It starts the probe process a cold slot starts (slots.child_command: `python -m nandoctor.child SPEC
-RESULT`, its output in log.txt), in a session of its own, and gives it the local runner's time budget
-(runner.RunningProbe: timeout_s for the build and the timed steps, then the replay's own), killing its
-process group when it overruns. It returns how the probe ended (and writes it to placed.json next to the
-spec), so that the parent classifies it with runner.collect exactly as a local probe. It imports no torch:
-the job pays the child's imports once.
+RESULT`, its output in log.txt), in a session of its own, and watches its time budget (task.Budget,
+the one every local slot applies too), killing its process group when it overruns. It writes how the
+probe ended (placement.Outcome) to placed.json next to the spec, atomically, so that the parent
+classifies it with task.collect exactly as a local probe. It imports no torch: the job pays the
+child's imports once.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import subprocess
@@ -20,11 +21,14 @@ from pathlib import Path
 from .. import jsonio
 from ..env import get_nvml
 from ..record import BUILT_FILE, STALE_FILES, ProbeSpec
-from .runner import LOG_TAIL_CHARS, MAX_WAIT_S, ProbeTask, RunningProbe
+from .placement import Outcome
 from .slots import child_command, kill_group, probe_env
+from .store import write_atomic
+from .task import LOG_TAIL_CHARS, OUTCOME_FILE, SPEC_FILE, Budget, ProbeTask, last_step
 
-PLACED_FILE = "placed.json"
 CARRIED_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a Ray task carries back whole; log.txt: its tail
+WATCH_S = 0.5  # how often the wrapper looks at its probe's budget
+STEP_EVERY_S = 5.0  # how often a Ray task streams its probe's last step back (for the parent's heartbeat)
 
 
 def node_gpus() -> str | None:
@@ -58,62 +62,75 @@ def node_facts() -> dict:
     return {**collect_doctor(), "gathered": where}
 
 
-def run_placed(folder: str, timeout_s: float) -> dict:
-    """Run the probe whose spec.json is in `folder` within its budget; returns {returncode, timed_out,
-    replay_overran, wall_s, node, gpus, gpu} and writes it to folder/placed.json."""
-    folder = Path(folder)
-    spec = ProbeSpec.from_dict(jsonio.loads((folder / "spec.json").read_text()))
+def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = math.inf):
+    """Run the probe whose spec.json is in `folder` within its budget, as a probe of `run` (the run's
+    directory, RUN_DIR_ENV). A generator: it yields {"step": its last step} every step_every_s while the
+    probe runs (when that step is new), and returns the Outcome (also written to folder/placed.json)."""
+    spec = ProbeSpec.from_dict(jsonio.loads((folder / SPEC_FILE).read_text()))
     gpus = node_gpus()
-    env = probe_env(None)
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = gpus
-    for stale in (*STALE_FILES, PLACED_FILE):
+    for stale in (*STALE_FILES, OUTCOME_FILE):
         (folder / stale).unlink(missing_ok=True)
     with open(folder / "log.txt", "wb") as out:
         proc = subprocess.Popen(
-            child_command(folder / "spec.json", folder / "result.json"),
+            child_command(folder / SPEC_FILE, folder / "result.json"),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=probe_env(gpus, run),
             start_new_session=True,
         )
-    probe = RunningProbe(ProbeTask(spec, timeout_s), folder, time.monotonic(), pid=proc.pid)
+    budget = Budget(ProbeTask(spec, timeout_s), folder)
+    said, said_at = None, time.monotonic()
     try:
         while True:
             try:
-                returncode = proc.wait(timeout=max(0.01, min(MAX_WAIT_S, probe.left_s())))
+                returncode = proc.wait(timeout=max(0.01, min(WATCH_S, budget.left_s())))
                 break
             except subprocess.TimeoutExpired:
-                if probe.left_s() < 0:
-                    probe.timed_out = probe.timed_at is None
-                    probe.replay_overran = probe.timed_at is not None
+                if budget.overran():
                     kill_group(proc.pid)
+            if time.monotonic() - said_at >= step_every_s:
+                said_at, step = time.monotonic(), last_step(folder / "steps.jsonl")
+                if step is not None and step != said:
+                    said = step
+                    yield {"step": step}
     finally:
         kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
-    placed = {
-        "returncode": returncode,
-        "timed_out": probe.timed_out,
-        "replay_overran": probe.replay_overran,
-        "wall_s": probe.elapsed,
-        "node": socket.gethostname(),
-        "gpus": gpus,
-        "gpu": gpu_names(gpus),
-    }
-    (folder / PLACED_FILE).write_text(jsonio.dumps(placed))
-    return placed
+    outcome = Outcome(
+        returncode,
+        budget.timed_out,
+        budget.replay_overran,
+        budget.elapsed,
+        node=socket.gethostname(),
+        gpus=gpus,
+        gpu=gpu_names(gpus),
+    )
+    write_atomic(folder / OUTCOME_FILE, jsonio.dumps(outcome.to_dict()))
+    return outcome
 
 
-def run_carried(spec: dict, timeout_s: float) -> dict:
-    """run_placed in a scratch folder of the node, for an executor without a shared filesystem (Ray):
-    returns {"placed": ..., "files": {name: text}} with the probe's result, steps and log tail."""
+def run_placed(folder: str, timeout_s: float, run: str) -> dict:
+    """What a SLURM job runs: watch_probe in `folder` (on the shared filesystem); returns its Outcome as
+    a dict (placed.json holds the same)."""
+    watch = watch_probe(Path(folder), timeout_s, run)
+    while True:
+        try:
+            next(watch)
+        except StopIteration as done:
+            return done.value.to_dict()
+
+
+def run_carried(spec: dict, timeout_s: float, run: str):
+    """watch_probe in a scratch folder of the node, for an executor without a shared filesystem (Ray).
+    A generator: yields {"step": ...} items while the probe runs, then {"placed": Outcome dict,
+    "files": {name: text}} with the probe's result, steps and log tail."""
     with tempfile.TemporaryDirectory(prefix="nandoctor-probe-") as scratch:
         folder = Path(scratch)
-        (folder / "spec.json").write_text(jsonio.dumps(spec))
-        placed = run_placed(str(folder), timeout_s)
+        (folder / SPEC_FILE).write_text(jsonio.dumps(spec))
+        outcome = yield from watch_probe(folder, timeout_s, run, STEP_EVERY_S)
         files = {
             name: (folder / name).read_text(errors="replace") for name in CARRIED_FILES if (folder / name).exists()
         }
         log = (folder / "log.txt").read_bytes()[-16 * LOG_TAIL_CHARS :]
         files["log.txt"] = log.decode(errors="replace")
-        return {"placed": placed, "files": files}
+        yield {"placed": outcome.to_dict(), "files": files}

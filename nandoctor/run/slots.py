@@ -1,13 +1,17 @@
-"""Slots: where probes run, one at a time per slot. Each slot reports to the runner through one
-queue of events (slot index, generation, message), so the runner waits on one thing.
+"""Slots: where this machine runs probes, one at a time per slot (run/local.py places probes on them).
+Each slot reports to its placement through one queue of events (slot index, generation, message), so
+the placement waits on one thing.
 
 - WarmSlot owns a warm worker (`python -m nandoctor.child.worker`) and asks it to fork a child per probe:
-  the import of torch / transformers / peft is paid once per worker, not once per probe.
+  the import of torch / transformers / peft is paid once per worker, not once per probe. The worker
+  speaks on pipes of its own (record.py's worker messages), never on its stdout.
 - ColdSlot starts a fresh `python -m nandoctor.child` per probe: the baseline, and the fallback
   (`--cold`) when forking is not wanted.
 
-Either way a probe is its own process in its own session: a timeout kills its whole process group.
-Messages: {"ready": pid, "threads": n}, {"started": pid}, {"exited": pid, "returncode": n}, {"died": returncode}.
+Either way a probe is its own process in its own session: a timeout kills its whole process group, and
+closing a slot kills its probe. Messages: record.Ready, record.Started, record.Exited, and Died (the
+worker itself ended). A slot is not pinned to a GPU: each probe is launched with its own environment
+(probe_env: CUDA_VISIBLE_DEVICES its GPU set).
 
 `packed_jobs` decides how many probes share a GPU host at once.
 """
@@ -20,10 +24,12 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from .. import jsonio
-from ..record import PARENT_ENV
+from ..env import RUN_DIR_ENV, VISIBLE_DEVICES_ENV
+from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
 
 # What one more probe costs a GPU beyond its model's training memory: its own CUDA context (each probe
@@ -31,6 +37,13 @@ from .cache import default_cache_dir
 CUDA_CONTEXT_BYTES = 1 << 30
 GPU_FIT_FRACTION = 0.85  # of each GPU's memory, for the probes packed on it
 CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the data/launch work
+
+
+def gpu_fit(device: dict, probe_bytes: int) -> list[int]:
+    """How many one-GPU probes of `probe_bytes` training memory fit on each GPU at once (plus a CUDA
+    context each, within GPU_FIT_FRACTION of its memory); at least one per GPU."""
+    per_probe = probe_bytes + CUDA_CONTEXT_BYTES
+    return [max(1, int(GPU_FIT_FRACTION * g["memory_bytes"] // per_probe)) for g in device.get("gpus") or []]
 
 
 def packed_jobs(device: dict, estimate_bytes: int, peak_bytes: int | None = None) -> int:
@@ -66,10 +79,16 @@ def inductor_cache_env() -> dict:
     }
 
 
-def probe_env(gpu: int | None) -> dict:
+def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
+    """The environment of a probe process (and of a warm worker): this one's, with `gpus` as its
+    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them) and
+    `run` (the run's directory) as RUN_DIR_ENV, which tells the run's own processes from other users'
+    load (env.host_load)."""
     env = dict(os.environ)
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)  # the probe sees one GPU, as device 0
+    if gpus is not None:
+        env[VISIBLE_DEVICES_ENV] = gpus
+    if run is not None:
+        env[RUN_DIR_ENV] = run
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault leaves its Python stack in log.txt
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -91,17 +110,29 @@ def kill_group(pid: int) -> None:
         pass
 
 
+@dataclass
+class Died:
+    """A warm worker ended (its exit status): posted by the slot's reader when the worker's pipe closes."""
+
+    returncode: int
+
+
 class ColdSlot:
     """A fresh Python process per probe."""
 
     kind = "cold"
 
-    def __init__(self, index: int, events: queue.Queue, gpu: int | None):
-        self.index, self.events, self.gpu = index, events, gpu
+    def __init__(self, index: int, events: queue.Queue, run: str | None = None):
+        self.index, self.events, self.run = index, events, run
         self.ready = True
         self.pid: int | None = None
         self.generation = 0
         self.threads = None  # no worker, no fork
+        self.opened_at = 0.0
+
+    @property
+    def worker_pid(self) -> int | None:
+        return None
 
     def open(self) -> None:
         pass
@@ -109,20 +140,20 @@ class ColdSlot:
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
         pass
 
-    def launch(self, spec: Path, result: Path, log: Path) -> None:
+    def launch(self, spec: Path, result: Path, log: Path, env: dict, kind: str = "spec") -> None:
         with open(log, "wb") as out:
             proc = subprocess.Popen(
                 child_command(spec, result),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=probe_env(self.gpu),
+                env={**probe_env(run=self.run), **env},
                 start_new_session=True,
             )
         self.pid = proc.pid
 
         def wait():
-            self.events.put((self.index, self.generation, {"exited": proc.pid, "returncode": proc.wait()}))
+            self.events.put((self.index, self.generation, Exited(proc.pid, proc.wait())))
 
         threading.Thread(target=wait, daemon=True).start()
 
@@ -131,7 +162,10 @@ class ColdSlot:
             kill_group(self.pid)
 
     def close(self) -> None:
-        pass
+        self.kill_probe()
+
+
+WORKER_COMMAND = [sys.executable, "-m", "nandoctor.child.worker"]
 
 
 class WarmSlot:
@@ -139,60 +173,84 @@ class WarmSlot:
 
     kind = "warm"
 
-    def __init__(self, index: int, events: queue.Queue, gpu: int | None):
-        self.index, self.events, self.gpu = index, events, gpu
+    def __init__(self, index: int, events: queue.Queue, run: str | None = None):
+        self.index, self.events, self.run = index, events, run
         self.ready = False
         self.pid: int | None = None  # the running probe's pid
         self.generation = 0
         self.worker: subprocess.Popen | None = None
-        self.preloads: list[dict] = []  # the preload commands every worker of this slot is sent
+        self.commands = None  # the pipe the worker reads its commands from
+        self.preloads: list[Preload] = []  # the preload commands every worker of this slot is sent
         self.threads: int | None = None  # the worker's threads when it last reported (ready, or at a fork)
+        self.opened_at = 0.0  # when its worker was started: its readiness is timed from then
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self.worker.pid if self.worker else None
 
     def open(self) -> None:
-        """Start the worker; a {"ready"} event arrives once it has imported everything."""
+        """Start the worker; a Ready event arrives once it has imported everything."""
         self.generation += 1
-        self.ready, self.pid = False, None
+        self.ready, self.pid, self.opened_at = False, None, time.monotonic()
+        commands_in, commands = os.pipe()
+        messages, messages_out = os.pipe()
         # the worker is in the runner's process group (Ctrl-C reaches it); each probe gets its own
-        self.worker = subprocess.Popen(
-            [sys.executable, "-m", "nandoctor.child.worker"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=probe_env(self.gpu),
-            text=True,
-            bufsize=1,
-        )
-        threading.Thread(target=self._read, args=(self.worker, self.generation), daemon=True).start()
+        try:
+            self.worker = subprocess.Popen(
+                [*WORKER_COMMAND, str(commands_in), str(messages_out)],
+                stdin=subprocess.DEVNULL,
+                stdout=2,  # what its imports print goes where its errors go, never into the run's own output
+                env=probe_env(run=self.run),  # its forks inherit it
+                pass_fds=(commands_in, messages_out),
+            )
+        finally:
+            os.close(commands_in)
+            os.close(messages_out)
+        self.commands = os.fdopen(commands, "w", buffering=1)
+        threading.Thread(
+            target=self._read, args=(self.worker, os.fdopen(messages), self.generation), daemon=True
+        ).start()
         for command in self.preloads:
             self._send(command)
 
-    def _read(self, worker: subprocess.Popen, generation: int) -> None:
-        for line in worker.stdout:
-            self.events.put((self.index, generation, jsonio.loads(line)))
-        self.events.put((self.index, generation, {"died": worker.wait()}))
+    def _read(self, worker: subprocess.Popen, messages, generation: int) -> None:
+        with messages:
+            for line in messages:
+                message = read_message(line)
+                if message is not None:  # nothing else writes here; a torn line is skipped, not fatal
+                    self.events.put((self.index, generation, message))
+        self.events.put((self.index, generation, Died(worker.wait())))
 
-    def _send(self, command: dict) -> None:
+    def _send(self, command) -> None:
         try:
-            self.worker.stdin.write(jsonio.dumps(command) + "\n")
-            self.worker.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass  # the worker died: its reader thread reports it
+            self.commands.write(message_line(command))
+            self.commands.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the worker died (or was closed): its reader thread reports it
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        command = {"preload": model_type, "adapter": adapter}
+        command = Preload(model_type, adapter)
         if command in self.preloads:
             return
         self.preloads.append(command)
         if self.worker:  # else open() sends it
             self._send(command)
 
-    def launch(self, spec: Path, result: Path, log: Path, kind: str = "spec") -> None:
-        """Fork a child that runs a probe (kind "spec") or plans the run (kind "plan": child/plan.py)."""
-        self.pid = None  # known when the worker says {"started": pid}
-        self._send({kind: str(spec), "result": str(result), "log": str(log)})
+    def launch(self, spec: Path, result: Path, log: Path, env: dict, kind: str = "spec") -> None:
+        """Fork a child that runs a probe (kind "spec") or plans the run (kind "plan": child/plan.py),
+        with `env` set in it first."""
+        self.pid = None  # known when the worker says Started
+        self._send(Fork(kind, str(spec), str(result), str(log), env))
 
     def kill_probe(self) -> None:
         if self.pid:
             kill_group(self.pid)
+
+    def kill_worker(self) -> None:
+        """Kill the worker (and so the probe it forked, which dies with it) without waiting for it."""
+        self.kill_probe()
+        if self.worker and self.worker.poll() is None:
+            self.worker.kill()
 
     def close(self) -> None:
         self.kill_probe()
@@ -203,6 +261,6 @@ class WarmSlot:
         self.worker.kill()
         self.worker.wait()
         try:
-            self.worker.stdin.close()
+            self.commands.close()
         except OSError:
             pass

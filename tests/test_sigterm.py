@@ -1,0 +1,138 @@
+"""SIGTERM (what CI systems, `timeout`, SLURM preemption and `docker stop` send) ends a run the way
+Ctrl-C does (issue 28 item 4): its probes end, what was recorded is kept, the resume line is printed,
+exit 143; `--resume` then finishes the run. The run's own processes are found by process tree (the
+CLI's descendants), never by a machine-wide name pattern. --resume is sized for this host too
+(issue 28 item 5): not with the interrupted run's jobs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, summary
+
+# Two cells that run on a CPU and a GPU alike, long enough (16 steps) to be interrupted in their midst.
+GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "16")
+GRID += ("--set", "retime_rounds=0")
+CELLS = {"fp32/eager/off", "bf16-amp/eager/off"}
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (its children, theirs, ...), read from /proc."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != "Z":
+                parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def lines(run_dir: Path) -> list[str]:
+    path = run_dir / "results.jsonl"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def terminate_mid_run(args: list, run_dir: Path, env: dict | None = None) -> tuple[int, str, list[str], set[int]]:
+    """Start `nandoctor grid ARGS`, send it SIGTERM once a probe is recorded and another one runs;
+    returns its exit code, its stderr, the records it had kept, and the processes it had started."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor", "grid", *map(str, args)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + 600
+    while True:
+        assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stderr.read()
+        assert time.monotonic() < deadline, "no probe recorded within 600 s"
+        done = len(lines(run_dir))
+        assert done < len(CELLS), "the run went too far to be interrupted in its midst"
+        if done and descendants(proc.pid):
+            break
+        time.sleep(0.05)
+    started = descendants(proc.pid)
+    kept = lines(run_dir)
+    proc.send_signal(signal.SIGTERM)
+    stderr = proc.communicate(timeout=120)[1]
+    return proc.returncode, stderr, kept, started
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["warm", "cold"])
+def test_sigterm_ends_the_probes_keeps_the_records_says_how_to_resume_and_resume_finishes(tmp_path, mode):
+    out = tmp_path / "run"
+    extra = ["--cold"] if mode == "cold" else []
+    code, stderr, kept, started = terminate_mid_run([*GRID, "--jobs", "1", "--out", out, *extra], out)
+    assert code == 143, stderr
+    assert f"continue with `nandoctor grid --resume {out}`" in stderr
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in started if alive(p)] == []  # its workers and probes ended with it
+    after = lines(out)
+    assert after[: len(kept)] == kept and len(after) < len(CELLS)  # what was recorded is kept, and no more
+
+    resumed = run_cli("grid", "--resume", out, *extra)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert lines(out)[: len(kept)] == kept
+    assert {p["probe_id"] for p in summary(out)["probes"]} == CELLS
+    assert {p["verdict"] for p in summary(out)["probes"]} == {"stable"}
+
+
+def test_a_resume_is_sized_for_this_host_not_for_the_interrupted_run(tmp_path, monkeypatch):
+    from nandoctor import api
+    from nandoctor.bisect import oracle
+    from nandoctor.config import recipe_to_dict
+    from nandoctor.models import plan_model
+    from nandoctor.recipes import resolve_model
+
+    recipe, device = resolve_model("tiny-llama"), {"device": "cpu", "cpu_count": 2, "gpus": [], "torch": "2.13.0"}
+    for kind in ("grid", "bisect"):
+        (tmp_path / kind).mkdir()
+        meta = {
+            "kind": kind,
+            "env": device,
+            "recipe": recipe_to_dict(recipe),
+            "model_plan": plan_model(recipe, device).to_dict(),
+            "steps": 3,
+            "jobs": 64,  # a SLURM run's `parallel`
+            "request": {"good": None, "bad": "attn=sdpa,dtype=fp16-pure", "factors": []},
+        }
+        (tmp_path / kind / "run.json").write_text(json.dumps(meta))
+    asked = []
+
+    class Opened(Exception):
+        pass
+
+    def open_session(kind, recipe, listener, **session_args):
+        asked.append((kind, session_args["jobs"]))
+        raise Opened
+
+    monkeypatch.setattr(api, "open_session", open_session)
+    monkeypatch.setattr(oracle, "open_session", open_session)
+    for kind, resume in (("grid", api.resume_grid), ("bisect", oracle.resume_bisect)):
+        for jobs in (None, 3):
+            with pytest.raises(Opened):
+                resume(tmp_path / kind, jobs=jobs, device=device)
+    assert asked == [("grid", None), ("grid", 3), ("bisect", None), ("bisect", 3)]  # None: this host's default
