@@ -6,6 +6,7 @@ import pytest
 from checkpoints import save_tokenizer
 from parallel_records import PARALLEL_CASES
 
+from nandoctor.analysis.verdicts import judged_facts
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, set_field
 from nandoctor.knowledge import evaluate, rules
@@ -170,8 +171,32 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
     ),
+    "packed-segments-not-isolated": (
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 0.77, "packing_clean_diff": 2e-7})),
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 2e-7, "packing_clean_diff": 2e-7})),
+    ),
+    "accumulation-not-token-normalised": (
+        lambda t, p: judged_facts(checked({"accumulation_cosine": 0.666})),
+        lambda t, p: judged_facts(checked({"accumulation_cosine": 1.000003})),
+    ),
+    "trainable-group-gets-no-gradient": (
+        lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
+        lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),
+    ),
     **PARALLEL_CASES,
 }
+
+
+def checked(setup_checks: dict) -> ProbeRecord:
+    """A probe record whose step-0 setup checks measured these figures."""
+    return ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 6.9, 1.0)], setup_checks=setup_checks)
+
+
+def grouped(groups: list[dict]) -> ProbeRecord:
+    """A probe record whose steps recorded these per-group gradient norms."""
+    return ProbeRecord(
+        "fp32/sdpa/off", Cell("fp32"), steps=[Step(i, 6.9 - i, 1.0, groups=g) for i, g in enumerate(groups)]
+    )
 
 
 def test_every_rule_has_a_case_and_evidence():
