@@ -219,3 +219,24 @@ def test_a_clean_cpu_setup_fires_nothing():
 def test_unknown_facts_do_not_fire_comparisons():
     assert [r.id for r in evaluate({"gpu_capability": 7.5})] == ["no-native-bf16"]  # precision unknown: still advised
     assert evaluate({"cudnn_version": None, "attn": "sdpa:cudnn"}) == []
+
+
+def test_peft_autocast_adapter_dtype_decides_the_dtype_the_adapter_trains_in():
+    """peft keeps LoRA weights in fp32 over a half base unless autocast_adapter_dtype=False; its
+    modules_to_save copies stay in the base's dtype either way (tests/test_training_options.py
+    measures both on a built model)."""
+
+    def fired(cell, **fields):
+        r = recipe(adapter__type="lora", **fields)
+        f = facts(r, cell=cell)
+        return f["trainable_dtype"], {rule.id for rule in evaluate(f)}
+
+    dtype, ids = fired("bf16-amp/sdpa/off", model__dtype_on_load="bf16")
+    assert dtype == "fp32" and "peft-adapters-not-fp32" not in ids
+    dtype, ids = fired("bf16-amp/sdpa/off", model__dtype_on_load="bf16", adapter__autocast_adapter_dtype="false")
+    assert dtype == "bf16" and "peft-adapters-not-fp32" in ids
+    dtype, ids = fired("fp16-amp/sdpa/off", model__dtype_on_load="fp16", adapter__autocast_adapter_dtype="false")
+    assert dtype == "fp16" and "fp16-weights-with-grad-scaler" in ids
+    assert "fp16-weights-with-grad-scaler" not in fired("fp16-amp/sdpa/off", model__dtype_on_load="fp16")[1]
+    dtype, ids = fired("fp16-amp/sdpa/off", model__dtype_on_load="bf16", adapter__modules_to_save="[lm_head]")
+    assert dtype == "bf16" and "bf16-weights-with-fp16-grad-scaler" in ids and "peft-adapters-not-fp32" not in ids
