@@ -423,8 +423,11 @@ THRESHOLDS = Thresholds()
 
 
 def _finite(x) -> bool:
-    """A measured figure: a number, not None, NaN or inf."""
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A measured figure: a number, not None, NaN or inf (nor an int too large for a float)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> str | None:

@@ -187,7 +187,13 @@ def setup_passed(checks: dict) -> str:
 
 
 def _num(x) -> float:
-    return float(x) if isinstance(x, (int, float)) else math.nan
+    """A figure as a float: NaN when absent, +-inf for an int beyond a float's range."""
+    if not isinstance(x, (int, float)):
+        return math.nan
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
 
 
 def setup_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
