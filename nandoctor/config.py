@@ -370,7 +370,10 @@ class Thresholds:
     - accumulation_min_cosine: the gradient a step accumulates over its micro-batches must point where
       the full batch's does: a cosine below 0.99 weights the micro-batches' tokens unequally. By the
       step's token count (num_items_in_batch) it was 1.000003 on rows of 32, 4, 4 and 4 tokens; averaged
-      per micro-batch, 0.666 (huggingface/transformers PR #34191, #37766).
+      per micro-batch, 0.666 (huggingface/transformers PR #34191, #37766). The bound is scaled by the
+      token-normalised cosine of the same step when it is below 1 (accumulation_cosine_tokens: the
+      model's own rounding), since a bf16-pure probe measures its gradients in bf16: by tokens 0.996
+      on the rows above, per micro-batch 0.719.
     """
 
     min_scale: float = 1.0
@@ -409,9 +412,15 @@ class Thresholds:
         floor = self.packing_leak_factor * clean_diff if _finite(clean_diff) else 0.0
         return _finite(max_diff) and max_diff > max(self.packing_leak_abs, floor)
 
-    def accumulation_misweighted(self, cosine) -> bool:
-        """Whether an accumulated step-0 gradient's cosine to the full batch's is too far from 1."""
-        return _finite(cosine) and cosine < self.accumulation_min_cosine
+    def accumulation_bound(self, by_tokens=None) -> float:
+        """The lowest cosine an accumulated step-0 gradient may have to the full batch's:
+        accumulation_min_cosine times the token-normalised cosine `by_tokens` when that is below 1 (the
+        rounding of the dtype the gradients were measured in)."""
+        return self.accumulation_min_cosine * (min(1.0, by_tokens) if _finite(by_tokens) and by_tokens > 0 else 1.0)
+
+    def accumulation_misweighted(self, cosine, by_tokens=None) -> bool:
+        """Whether an accumulated step-0 gradient's cosine to the full batch's is below accumulation_bound."""
+        return _finite(cosine) and cosine < self.accumulation_bound(by_tokens)
 
     def unjudged(self, steps: int) -> list[str]:
         """The verdict rules a probe of `steps` training steps is too short to apply."""

@@ -86,6 +86,18 @@ def test_accumulation_that_misweights_the_micro_batches_is_misconfigured():
     assert classify(record(setup=unmeasured)).name == STABLE
 
 
+def test_a_bf16_probes_own_rounding_is_not_misweighting():
+    """A bf16-pure probe measures its step-0 gradients in bf16: by tokens its cosine to the full batch's
+    is 0.996, not 1 (measured on the tiny Llama over rows of 10, 7, 12, 5 / 9, 14, 6, 8 tokens); the
+    bound scales with it, so 0.988 passes and per micro-batch (0.719) still fails."""
+    bf16 = {**MISWEIGHTED, "accumulation_cosine_tokens": 0.99609375, "loss_normalization": "tokens"}
+    assert classify(record(setup={**bf16, "accumulation_cosine": 0.988})).name == STABLE
+    v = classify(record(setup={**bf16, "accumulation_cosine": 0.71875, "loss_normalization": "micro_batch"}))
+    assert (
+        v.name == MISCONFIGURED and "has cosine 0.719 to the full batch's (norm ratio 1.91), below 0.9861" in v.reason
+    )
+
+
 def test_misconfigured_is_judged_on_the_probe_itself_though_its_reference_shares_the_setup():
     """The fp32 reference trains the same packed batches and leaks the same way: it cannot be the
     yardstick. Both are misconfigured, and nothing is recommended."""

@@ -161,7 +161,7 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
             f"beyond {floor:.2g} (with no mask and no cache the same batch gives {_fmt(clean)})"
         )
-    if t.accumulation_misweighted(c.get("accumulation_cosine")):
+    if t.accumulation_misweighted(c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")):
         norm = c.get("loss_normalization") or "?"
         ratio = c.get("accumulation_norm_ratio") if norm == "micro_batch" else None
         tokens = c.get("accumulation_cosine_tokens")
@@ -170,7 +170,7 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, has cosine "
             f"{c['accumulation_cosine']:.3f} to the full batch's"
             + (f" (norm ratio {_fmt(_num(ratio))})" if ratio is not None else "")
-            + f", below {t.accumulation_min_cosine:g}"
+            + f", below {t.accumulation_bound(tokens):.4g}"
             + (f"; normalised by the step's tokens it is {_fmt(_num(tokens))}" if norm != "tokens" and tokens else "")
         )
     return out
@@ -253,7 +253,9 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
         "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
         if "packing_max_logit_diff" in c
         else None,
-        "accumulation_misweighted": t.accumulation_misweighted(c.get("accumulation_cosine"))
+        "accumulation_misweighted": t.accumulation_misweighted(
+            c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
+        )
         if "accumulation_cosine" in c
         else None,
         "groups_without_gradient": len(starved_groups(record.steps)),

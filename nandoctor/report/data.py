@@ -135,7 +135,9 @@ def setup_check_rows(outcomes) -> list[dict]:
                 }
             )
         if "accumulation_cosine" in c:
-            misweighted = THRESHOLDS.accumulation_misweighted(c.get("accumulation_cosine"))
+            misweighted = THRESHOLDS.accumulation_misweighted(
+                c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
+            )
             out.append(
                 {
                     "probe": o.record.probe_id,
