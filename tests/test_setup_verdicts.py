@@ -7,6 +7,8 @@ measured on a 2-layer tiny Llama (tests/test_training_options.py)."""
 
 import math
 
+import pytest
+
 from nandoctor.analysis.run import analyze_records
 from nandoctor.analysis.verdicts import STABLE, References, check_results, classify
 from nandoctor.cells import Cell
@@ -165,3 +167,35 @@ def test_the_matrix_colours_misconfigured_as_its_own_verdict():
     a = analyze_records({"kind": "grid", "seed": 0, "doctor": {"findings": []}}, [record(setup=LEAK)])
     cells = [c for p in matrix_panels(a) for r in p["rows"] for c in r["cells"] if c]
     assert [c["verdict"] for c in cells] == [MISCONFIGURED] and MISCONFIGURED in VERDICT_COLORS
+
+
+DEVICE = "cuda"
+
+
+@pytest.mark.gpu
+def test_on_cuda_clean_packing_and_token_accumulation_are_stable_in_every_precision(tmp_path):
+    """What a GPU host should confirm: the misconfigured rule calls no clean setup misconfigured in the
+    low-precision cells (bf16 / fp16 rounding, flash and efficient SDPA kernels, which differ between a
+    packed forward and each segment alone), and still catches the 2-D mask and per-micro-batch
+    normalisation there."""
+    from checkpoints import save_llama
+    from test_training_options import ids_rows, probe
+    from userdata_fixtures import write_jsonl
+
+    ckpt = save_llama(tmp_path / "ckpt", use_cache=False)
+    uneven = write_jsonl(tmp_path / "uneven.jsonl", ids_rows([10, 7, 12, 5, 9, 14, 6, 8], seed=3))
+    skewed = write_jsonl(tmp_path / "skewed.jsonl", ids_rows([32, 4, 4, 4]))
+    packed = {"data.path": str(uneven), "batch_size": 4, "gradient_accumulation_steps": 2}
+    micro = {"data.path": str(skewed), "batch_size": 1, "gradient_accumulation_steps": 4}
+    for dtype in ("fp32", "bf16-amp", "bf16-pure", "fp16-amp"):
+        for attn in ("sdpa", "eager"):
+            cell = Cell(dtype, attn, "off")
+            for fields, misconfigured in (
+                ({**packed, "data.packing": "position_ids"}, False),
+                ({**packed, "data.packing": "block_mask"}, False),
+                ({**packed, "data.packing": "position_ids_with_mask"}, True),
+                (micro, False),
+                ({**micro, "loss_normalization": "micro_batch"}, True),
+            ):
+                record = probe(ckpt, fields, steps=2, cell=cell, device=DEVICE)
+                assert (classify(record).name == MISCONFIGURED) == misconfigured, (cell.id, record.setup_checks)
