@@ -13,7 +13,7 @@ from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
 from .config import ExecutorConfig, Recipe, recipe_from_dict, with_hardware
-from .doctor import doctor_section
+from .doctor import data_lint, doctor_section, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
 from .plan import PlannedProbe, plan_grid
@@ -78,6 +78,10 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
 
         session.prepare()
+        # the user's rows are linted before any probe (stored in run.json's "data"); a run goes on either
+        # way, and its probes show the consequences
+        session.data_lint = None if session_args.get("resume") else data_lint(recipe)
+        session.warnings += lint_lines(session.data_lint)
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
     except BaseException:
@@ -185,7 +189,10 @@ def run_grid(
             setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
             known=session.model_facts,
         )
-        session.start(len(probes), {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline)})
+        session.start(
+            len(probes),
+            {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline), "data": session.data_lint},
+        )
         judge.planned = len(probes)
         session.run(recipe, probes)
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
@@ -270,7 +277,7 @@ def run_check(
             setup={"recipe": recipe.name, "cells": [cell.id]},
             known=session.model_facts,
         )
-        session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline)})
+        session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline), "data": session.data_lint})
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)
     checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")

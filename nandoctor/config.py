@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -357,6 +358,22 @@ class Thresholds:
       own per-step rates over their median (analysis/diff.py throughput_noise).
     - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
       RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
+
+    The probe's own setup, measured at step 0 (record.setup_checks; the `misconfigured` verdict):
+    - packing_leak_abs / packing_leak_factor: a packed segment's logits must be the segment's own, run
+      alone, up to the model's rounding: a packed forward leaks when its largest logit difference
+      exceeds the larger of 1e-4 and 10x what the same packed batch moves them with no mask and no
+      cache (packing_clean_diff, the model's own rounding in its dtype). position_ids alone gave 2e-7
+      on a 2-layer tiny Llama in fp32; the usual 2-D all-ones mask beside them gave 0.77, because
+      transformers builds the per-segment mask only when no mask is passed and no cache exists
+      (huggingface/transformers PR #46634, huggingface/trl#3067).
+    - accumulation_min_cosine: the gradient a step accumulates over its micro-batches must point where
+      the full batch's does: a cosine below 0.99 weights the micro-batches' tokens unequally. By the
+      step's token count (num_items_in_batch) it was 1.000003 on rows of 32, 4, 4 and 4 tokens; averaged
+      per micro-batch, 0.666 (huggingface/transformers PR #34191, #37766). The bound is scaled by the
+      token-normalised cosine of the same step when it is below 1 (accumulation_cosine_tokens: the
+      model's own rounding), since a bf16-pure probe measures its gradients in bf16: by tokens 0.996
+      on the rows above, per micro-batch 0.719.
     """
 
     min_scale: float = 1.0
@@ -385,6 +402,25 @@ class Thresholds:
     fidelity_regression: float = 0.005
     throughput_noise: float = 0.10
     memory_noise: float = 0.05
+    packing_leak_abs: float = 1e-4
+    packing_leak_factor: float = 10.0
+    accumulation_min_cosine: float = 0.99
+
+    def packing_leaks(self, max_diff, clean_diff) -> bool:
+        """Whether a packed forward's largest logit difference to its segments run alone is a leak
+        (False for a figure that is absent or not finite: nothing measured, nothing judged)."""
+        floor = self.packing_leak_factor * clean_diff if _finite(clean_diff) else 0.0
+        return _finite(max_diff) and max_diff > max(self.packing_leak_abs, floor)
+
+    def accumulation_bound(self, by_tokens=None) -> float:
+        """The lowest cosine an accumulated step-0 gradient may have to the full batch's:
+        accumulation_min_cosine times the token-normalised cosine `by_tokens` when that is below 1 (the
+        rounding of the dtype the gradients were measured in)."""
+        return self.accumulation_min_cosine * (min(1.0, by_tokens) if _finite(by_tokens) and by_tokens > 0 else 1.0)
+
+    def accumulation_misweighted(self, cosine, by_tokens=None) -> bool:
+        """Whether an accumulated step-0 gradient's cosine to the full batch's is below accumulation_bound."""
+        return _finite(cosine) and cosine < self.accumulation_bound(by_tokens)
 
     def unjudged(self, steps: int) -> list[str]:
         """The verdict rules a probe of `steps` training steps is too short to apply."""
@@ -393,6 +429,14 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds()
+
+
+def _finite(x) -> bool:
+    """A measured figure: a number, not None, NaN or inf (nor an int too large for a float)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> str | None:

@@ -102,10 +102,7 @@ def run_doctor(
             )
         return {"environment": env, **doctor_section(env)}
     recipe = recipe or Recipe()
-    if tokenizer_path is None and recipe.data.tokenizer:
-        tokenizer_path = recipe.data.tokenizer
-    if tokenizer_path is None and has_tokenizer(recipe.model.path):
-        tokenizer_path = recipe.model.path
+    tokenizer_path = tokenizer_path or tokenizer_of(recipe)
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     if trainer_args is not None:
         cells = [trainer_cell(trainer_args, attn, accelerate)]
@@ -127,12 +124,40 @@ def run_doctor(
     }
     if recipe.data.source != "file":
         return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
-    from .userdata.lint import lint_data
-
-    data = lint_data(recipe, model_config(recipe), tokenizer, attn)
+    data = data_lint(recipe, attn, tokenizer)
     setup["data"] = recipe.data.path
     section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)
     return {"environment": env, **section, "findings": data["findings"] + section["findings"], "data": data}
+
+
+def tokenizer_of(recipe: Recipe) -> str | None:
+    """The tokenizer directory the user's rows are read with: data.tokenizer, else the local checkpoint's
+    own when it has one; None for none (pre-tokenized rows only)."""
+    if recipe.data.tokenizer:
+        return recipe.data.tokenizer
+    return recipe.model.path if has_tokenizer(recipe.model.path) else None
+
+
+def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None) -> dict | None:
+    """The data and setup lint of the recipe's rows (userdata/lint.lint_data: the Data section of the
+    reports, run.json's "data"), read with `tokenizer` or the one tokenizer_of names; None when the
+    recipe trains on the synthetic stream. grid, check and bisect run it before any probe."""
+    if recipe.data.source != "file":
+        return None
+    from .userdata.lint import lint_data
+
+    if tokenizer is None and tokenizer_of(recipe):
+        tokenizer = load_tokenizer(tokenizer_of(recipe))
+    return lint_data(recipe, model_config(recipe), tokenizer, attn)
+
+
+def lint_lines(data: dict | None) -> list[str]:
+    """The lint's errors and warnings, one line each, for a run to print before its first probe."""
+    return [
+        f"the data lint found {'an error' if f['severity'] == 'error' else 'a warning'} ({f['id']}): {f['figure']}"
+        for f in (data or {}).get("findings") or []
+        if f["severity"] in ("error", "warning")
+    ]
 
 
 def exit_code(report: dict) -> int:

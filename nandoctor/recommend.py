@@ -6,8 +6,13 @@ Pure: imports only cells and config.
 
 Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
 torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
-per_device_train_batch_size, seed, optim), `from_pretrained(dtype=, attn_implementation=)`, peft's LoraConfig
-(r, lora_alpha, target_modules, lora_dropout, use_dora) and torch.nn.attention.sdpa_kernel.
+per_device_train_batch_size, seed, optim, gradient_accumulation_steps, average_tokens_across_devices,
+gradient_checkpointing, gradient_checkpointing_kwargs), `from_pretrained(dtype=, attn_implementation=)`,
+peft's LoraConfig (r, lora_alpha, target_modules, lora_dropout, use_dora, modules_to_save) and
+get_peft_model(autocast_adapter_dtype=), transformers' DataCollatorWithFlattening and
+DataCollatorForLanguageModeling, and torch.nn.attention.sdpa_kernel. The data and training settings are
+written only where the recipe sets them (the user's rows, accumulation, checkpointing, an adapter), so a
+recommendation for the synthetic stream reads as it always did.
 """
 
 from __future__ import annotations
@@ -97,6 +102,82 @@ def model_flags_of(command: str, recipe: Recipe) -> list[str]:
     return flags
 
 
+# The collator of the user's rows, by data.labels, when nothing is packed (docs/data.md): what the
+# probe's collator did, in transformers' (or TRL's) terms.
+COLLATORS = {
+    "pad_id": "collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels: the ids, -100 at the pad id",
+    "attention_mask": "collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels -100 at the pad "
+    "id: where attention_mask is 0 when the pad token is its own (a pad that is also a real token masks it too)",
+    "completion_only": "trl.SFTConfig(completion_only_loss=True, assistant_only_loss=True)  # labels on the "
+    "completion (prompt + completion rows) or the assistant turns (messages) only, -100 elsewhere",
+}
+PACKED_COLLATOR = (
+    "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row, no attention "
+    "mask: transformers then keeps the packed rows apart"
+)
+NO_CACHE = "model.config.use_cache = False  # with a cache, position_ids are not packing: the rows would see each other"
+TOKEN_NORMALISED = (
+    "# a custom loop: loss = each micro-batch's summed token loss / the step's supervised tokens "
+    "(num_items_in_batch), summed over the micro-batches"
+)
+MICRO_BATCH_NORMALISED = (
+    "# a custom loop, as probed: loss = each micro-batch's mean token loss / gradient_accumulation_steps "
+    "(the Trainer normalises by the step's tokens instead)"
+)
+
+
+def data_settings(recipe: Recipe) -> dict | None:
+    """The data settings a probe of the user's rows trained with (None for the synthetic stream): the
+    collator, padding and truncation, packing and labels, and the model config they need."""
+    d = recipe.data
+    if d.source != "file":
+        return None
+    packed = d.packing != "none"
+    return {
+        "collator": "DataCollatorWithFlattening" if packed else "DataCollatorForLanguageModeling",
+        "packing": d.packing,
+        "padding_side": d.padding_side,
+        "labels": d.labels,
+        "max_length": d.max_length or recipe.seq_len,
+        "truncation_side": d.truncation_side,
+        "use_cache": False if packed else None,
+    }
+
+
+def training_settings(recipe: Recipe) -> dict:
+    """The training options the probe applied (docs/training-options.md), as the recommendation's data."""
+    a = recipe.adapter
+    return {
+        "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
+        "loss_normalization": recipe.loss_normalization,
+        "gradient_checkpointing": recipe.gradient_checkpointing,
+        "dtype_on_load": recipe.model.dtype_on_load,
+        "modules_to_save": list(a.modules_to_save) if a.type != "none" else None,
+        "autocast_adapter_dtype": a.autocast_adapter_dtype if a.type != "none" else None,
+    }
+
+
+def data_code(recipe: Recipe) -> list[str]:
+    """The tokenizer and collator lines of the user's rows; [] for the synthetic stream."""
+    d = data_settings(recipe)
+    if d is None:
+        return []
+    lines = [
+        f"tokenizer.padding_side, tokenizer.truncation_side = {d['padding_side']!r}, {d['truncation_side']!r}"
+        f"  # rows tokenized with truncation=True, max_length={d['max_length']}"
+    ]
+    if d["packing"] != "none":
+        return lines + [PACKED_COLLATOR, NO_CACHE]
+    return lines + [COLLATORS[d["labels"]]]
+
+
+def loss_code(recipe: Recipe) -> list[str]:
+    """How a custom loop normalises an accumulated step's loss, as the probe did; [] for one micro-batch."""
+    if recipe.gradient_accumulation_steps == 1:
+        return []
+    return [TOKEN_NORMALISED if recipe.loss_normalization == "tokens" else MICRO_BATCH_NORMALISED]
+
+
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
     args = {
@@ -115,6 +196,15 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     if cell.parallel_row.wrapper:  # one rank's rows of the global batch; launched with torchrun / accelerate
         args.update(cell.parallel_row.training_args, per_device_train_batch_size=recipe.batch_size // recipe.world_size)
+    if recipe.gradient_accumulation_steps > 1:
+        args["gradient_accumulation_steps"] = recipe.gradient_accumulation_steps
+        if recipe.loss_normalization == "tokens":  # num_items_in_batch over every rank's tokens
+            args["average_tokens_across_devices"] = True
+    if recipe.gradient_checkpointing != "off":
+        args.update(
+            gradient_checkpointing=True,
+            gradient_checkpointing_kwargs={"use_reentrant": recipe.gradient_checkpointing == "reentrant"},
+        )
     return args
 
 
@@ -205,18 +295,18 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
     ]
     a = recipe.adapter
     if a.type != "none":
-        lines.append(
-            call_text(
-                "LoraConfig",
-                {
-                    "r": a.r,
-                    "lora_alpha": a.alpha,
-                    "target_modules": list(a.target_modules),
-                    "lora_dropout": a.dropout,
-                    "use_dora": a.type == "dora",
-                },
-            )
-        )
+        lora = {
+            "r": a.r,
+            "lora_alpha": a.alpha,
+            "target_modules": list(a.target_modules),
+            "lora_dropout": a.dropout,
+            "use_dora": a.type == "dora",
+        }
+        if a.modules_to_save:
+            lora["modules_to_save"] = list(a.modules_to_save)
+        lines.append("lora_config = " + call_text("LoraConfig", lora))
+        lines.append(f"model = get_peft_model(model, lora_config, autocast_adapter_dtype={a.autocast_adapter_dtype})")
+    lines += data_code(recipe)
     lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
     if cell.precision.tf32:
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
@@ -225,7 +315,7 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
             "with torch.nn.attention.sdpa_kernel("
             f"torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()"
         )
-    lines += own_code(cell, recipe) + parallel_code(cell)
+    lines += own_code(cell, recipe) + parallel_code(cell) + loss_code(recipe)
     return {
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
         "command": check_command(config, base, model_flags),
@@ -233,5 +323,7 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
         "model_loading": model_loading(cell, recipe),
         "lightning": lightning_arguments(cell, recipe),
         "accelerate": accelerate_config(cell, recipe),
+        "data": data_settings(recipe),
+        "training": training_settings(recipe),
         "python": lines,
     }

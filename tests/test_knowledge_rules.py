@@ -6,6 +6,7 @@ import pytest
 from checkpoints import save_tokenizer
 from parallel_records import PARALLEL_CASES
 
+from nandoctor.analysis.verdicts import judged_facts
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, set_field
 from nandoctor.knowledge import evaluate, rules
@@ -170,8 +171,32 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
     ),
+    "packed-segments-not-isolated": (
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 0.77, "packing_clean_diff": 2e-7})),
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 2e-7, "packing_clean_diff": 2e-7})),
+    ),
+    "accumulation-not-token-normalised": (
+        lambda t, p: judged_facts(checked({"accumulation_cosine": 0.666})),
+        lambda t, p: judged_facts(checked({"accumulation_cosine": 1.000003})),
+    ),
+    "trainable-group-gets-no-gradient": (
+        lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
+        lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),
+    ),
     **PARALLEL_CASES,
 }
+
+
+def checked(setup_checks: dict) -> ProbeRecord:
+    """A probe record whose step-0 setup checks measured these figures."""
+    return ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 6.9, 1.0)], setup_checks=setup_checks)
+
+
+def grouped(groups: list[dict]) -> ProbeRecord:
+    """A probe record whose steps recorded these per-group gradient norms."""
+    return ProbeRecord(
+        "fp32/sdpa/off", Cell("fp32"), steps=[Step(i, 6.9 - i, 1.0, groups=g) for i, g in enumerate(groups)]
+    )
 
 
 def test_every_rule_has_a_case_and_evidence():
@@ -194,3 +219,24 @@ def test_a_clean_cpu_setup_fires_nothing():
 def test_unknown_facts_do_not_fire_comparisons():
     assert [r.id for r in evaluate({"gpu_capability": 7.5})] == ["no-native-bf16"]  # precision unknown: still advised
     assert evaluate({"cudnn_version": None, "attn": "sdpa:cudnn"}) == []
+
+
+def test_peft_autocast_adapter_dtype_decides_the_dtype_the_adapter_trains_in():
+    """peft keeps LoRA weights in fp32 over a half base unless autocast_adapter_dtype=False; its
+    modules_to_save copies stay in the base's dtype either way (tests/test_training_options.py
+    measures both on a built model)."""
+
+    def fired(cell, **fields):
+        r = recipe(adapter__type="lora", **fields)
+        f = facts(r, cell=cell)
+        return f["trainable_dtype"], {rule.id for rule in evaluate(f)}
+
+    dtype, ids = fired("bf16-amp/sdpa/off", model__dtype_on_load="bf16")
+    assert dtype == "fp32" and "peft-adapters-not-fp32" not in ids
+    dtype, ids = fired("bf16-amp/sdpa/off", model__dtype_on_load="bf16", adapter__autocast_adapter_dtype="false")
+    assert dtype == "bf16" and "peft-adapters-not-fp32" in ids
+    dtype, ids = fired("fp16-amp/sdpa/off", model__dtype_on_load="fp16", adapter__autocast_adapter_dtype="false")
+    assert dtype == "fp16" and "fp16-weights-with-grad-scaler" in ids
+    assert "fp16-weights-with-grad-scaler" not in fired("fp16-amp/sdpa/off", model__dtype_on_load="fp16")[1]
+    dtype, ids = fired("fp16-amp/sdpa/off", model__dtype_on_load="bf16", adapter__modules_to_save="[lm_head]")
+    assert dtype == "bf16" and "bf16-weights-with-fp16-grad-scaler" in ids and "peft-adapters-not-fp32" not in ids

@@ -100,9 +100,13 @@ def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
             time_s=rng.choice([0.0, 1e-300, math.nan, 1.0]),
             tokens=256,
             tokens_per_s=rng.choice(PATHOLOGICAL),
+            groups=rng.choice([None, {"adapter": rng.choice(PATHOLOGICAL + [None]), "rest": rng.choice(PATHOLOGICAL)}]),
         )
         for i, loss in enumerate(values)
     ]
+    # the step-0 setup checks and the per-group accounting, every figure pathological too
+    figures = ("packing_max_logit_diff", "packing_clean_diff", "accumulation_cosine", "accumulation_norm_ratio")
+    setup = {name: rng.choice(PATHOLOGICAL + [None]) for name in figures if rng.random() < 0.7}
     return ProbeRecord(
         cell.id,
         cell,
@@ -112,6 +116,9 @@ def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
         wall_s=rng.choice([math.nan, 1e300, 2.0]),
         peak_memory_bytes=rng.choice([None, 2**62, 2**40]),
         optimizer_state_bytes=rng.choice([None, 2**62]),
+        setup_checks={**setup, "loss_normalization": "micro_batch", "packing_segments": 2} if setup else None,
+        trainable_groups={"adapter": {"tensors": 8, "elements": 10**400, "first": "lora_A"}},
+        data={"batches": [{"kind": "first", "rows": [0, 1]}]},
     )
 
 

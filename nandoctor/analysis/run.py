@@ -16,7 +16,7 @@ from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
 from .load import load_summary
 from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
-from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity
+from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity, judged_facts
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -185,8 +185,8 @@ PROBE_COLUMNS = {
     "gpu": "the GPUs the scheduler gave the probe there; None without",
     "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
     "seed": "the probe's seed",
-    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, grad-mismatch, crash, oom, timeout, "
-    "killed or unsupported",
+    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, grad-mismatch, crash, oom, "
+    "timeout, killed or unsupported",
     "step": "the failing step (the first step the verdict is about); NA when none",
     "reason": "the verdict's one-line reason",
     "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%)",
@@ -397,7 +397,7 @@ def findings_of(meta: dict, records: list[ProbeRecord]) -> list[dict]:
     findings = [dict(f) for f in (meta.get("doctor") or {}).get("findings", [])]
     observed: dict[str, list[str]] = {}
     for r in records:
-        for rule in evaluate(observed_facts(r)):
+        for rule in evaluate({**observed_facts(r), **judged_facts(r)}):
             observed.setdefault(rule.id, []).append(r.probe_id)
     for rule_id, probes in observed.items():
         known = next((f for f in findings if f["id"] == rule_id), None)

@@ -16,7 +16,13 @@ from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
 
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
-NO_LEARNING = "no-learning"  # finite, but nothing trains: every gradient exactly 0, or a loss that never moves
+# finite, but nothing trains: every gradient exactly 0, a loss that never moves, or a trainable group
+# (the adapter, modules_to_save, ...) that gets no gradient at any step while the rest trains
+NO_LEARNING = "no-learning"
+# the probe's own setup failed a step-0 check (record.setup_checks): packed segments that attend to each
+# other, or micro-batches accumulated into a gradient that is not the full batch's. The loss may fall all
+# the same; judged on the probe itself, since its fp32 reference usually shares the setup.
+MISCONFIGURED = "misconfigured"
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
 GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
@@ -142,17 +148,138 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
     return None
 
 
+def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The step-0 setup checks (record.setup_checks, or the live lint's figures) that failed, each as one
+    clause naming the check and its figure; [] when none failed or none was measured."""
+    c = checks or {}
+    out = []
+    if t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff")):
+        clean = _num(c.get("packing_clean_diff"))
+        floor = max(t.packing_leak_abs, t.packing_leak_factor * clean) if math.isfinite(clean) else t.packing_leak_abs
+        out.append(
+            f"packing: one packed forward of {c.get('packing_segments', '?')} segments differs from each segment "
+            f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
+            f"beyond {floor:.2g} (with no mask and no cache the same batch gives {_fmt(clean)})"
+        )
+    if t.accumulation_misweighted(c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")):
+        norm = c.get("loss_normalization") or "?"
+        ratio = c.get("accumulation_norm_ratio") if norm == "micro_batch" else None
+        tokens = c.get("accumulation_cosine_tokens")
+        out.append(
+            f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
+            f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, has cosine "
+            f"{c['accumulation_cosine']:.3f} to the full batch's"
+            + (f" (norm ratio {_fmt(_num(ratio))})" if ratio is not None else "")
+            + f", below {t.accumulation_bound(tokens):.4g}"
+            + (f"; normalised by the step's tokens it is {_fmt(_num(tokens))}" if norm != "tokens" and tokens else "")
+        )
+    return out
+
+
+def setup_passed(checks: dict) -> str:
+    """The figures of setup checks that passed, in a few words."""
+    said = []
+    if "packing_max_logit_diff" in checks:
+        said.append(f"packed segments isolated (max logit difference {_fmt(_num(checks['packing_max_logit_diff']))})")
+    if "accumulation_cosine" in checks:
+        said.append(f"accumulated gradient's cosine to the full batch's {_fmt(_num(checks['accumulation_cosine']))}")
+    return "; ".join(said) or "nothing measured"
+
+
+def _num(x) -> float:
+    """A figure as a float: NaN when absent, +-inf for an int beyond a float's range."""
+    if not isinstance(x, (int, float)):
+        return math.nan
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
+def setup_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """`misconfigured` when a step-0 setup check of the probe failed (setup_failures), else None."""
+    failed = setup_failures(record.setup_checks, t)
+    return Verdict(MISCONFIGURED, "; ".join(failed), 0) if failed else None
+
+
+# How a group's tensors are named in a verdict: the adapter's by its type (lora -> LoRA)
+GROUP_WORDS = {"modules_to_save": "modules_to_save", "embeddings": "embedding", "rest": "other trainable"}
+ADAPTER_WORDS = {"lora": "LoRA", "dora": "DoRA"}
+
+
+def starved_groups(steps: list[Step]) -> list[str]:
+    """The trainable groups (Step.groups) whose gradient norm is absent or exactly 0.0 at every step that
+    recorded the groups, in their order; [] when no step did (records before per-group accounting). A
+    non-finite norm is a gradient (an overflow), not its absence."""
+    recorded = [s.groups for s in steps if s.groups is not None]
+    if not recorded:
+        return []
+    names = list(dict.fromkeys(g for groups in recorded for g in groups))
+    return [g for g in names if all(groups.get(g) is None or groups.get(g) == 0.0 for groups in recorded)]
+
+
+def group_no_learning(steps: list[Step], trainable: dict | None = None, adapter: str | None = None) -> Verdict | None:
+    """no-learning for the trainable groups that got no gradient at any step, even while the loss falls
+    through the others; `trainable` (record.trainable_groups) gives each group's tensor count."""
+    starved = starved_groups(steps)
+    if not starved:
+        return None
+    recorded = [s for s in steps if s.groups is not None]
+    n = len(recorded)
+    when = f"at any of {n} steps" if n > 1 else f"at step {recorded[0].step}"
+    parts = []
+    for g in starved:
+        count = ((trainable or {}).get(g) or {}).get("tensors")
+        kind = ADAPTER_WORDS.get(adapter or "", "adapter") if g == "adapter" else GROUP_WORDS.get(g, g)
+        tensors = f"{count} of {count} {kind} tensors" if count else f"its {kind} tensors"
+        parts.append(f"{g}: {tensors} got no gradient {when}")
+    losses = [s.loss for s in steps]
+    falls = len(losses) > 1 and losses[-1] < losses[0]
+    trained = [g for g in recorded[0].groups if g not in starved]
+    tail = (
+        f", while the loss fell {losses[0]:.4f} -> {losses[-1]:.4f} through {', '.join(trained)}"
+        if falls and trained
+        else ""
+    )
+    return Verdict(NO_LEARNING, "; ".join(parts) + tail, recorded[0].step)
+
+
+def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
+    """Facts for the knowledge rules from what the verdicts judge on the probe's own setup: whether its
+    packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
+    no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
+    c = record.setup_checks or {}
+    return {
+        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
+        if "packing_max_logit_diff" in c
+        else None,
+        "accumulation_misweighted": t.accumulation_misweighted(
+            c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
+        )
+        if "accumulation_cosine" in c
+        else None,
+        "groups_without_gradient": len(starved_groups(record.steps)),
+    }
+
+
 def _tail(n: int, t: Thresholds) -> int:
     """How many of the last steps the end of a curve is judged on."""
     return max(1, int(n * t.tail_fraction))
 
 
 def numeric_verdict(
-    steps: list[Step], reference: list[Step] | None, t: Thresholds = THRESHOLDS, since: int = 0
+    steps: list[Step],
+    reference: list[Step] | None,
+    t: Thresholds = THRESHOLDS,
+    since: int = 0,
+    trainable: dict | None = None,
+    adapter: str | None = None,
 ) -> Verdict:
     """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given.
     Steps before index `since` were judged already (a live run's watch judges each new step once);
-    they still count as history for the spike window, the largest grad-norm and the rise."""
+    they still count as history for the spike window, the largest grad-norm and the rise.
+    trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
+    no gradient (group_no_learning)."""
     for s in steps[since:]:
         what = s.unrecoverable(t.min_scale)
         if what == "loss":
@@ -170,7 +297,7 @@ def numeric_verdict(
     for s in steps[since:]:
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
-    dead = no_learning(steps, t)
+    dead = no_learning(steps, t, trainable, adapter)
     if dead:
         return dead
     losses = [s.loss for s in steps]
@@ -222,9 +349,12 @@ def numeric_verdict(
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
-def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None:
+def no_learning(
+    steps: list[Step], t: Thresholds = THRESHOLDS, trainable: dict | None = None, adapter: str | None = None
+) -> Verdict | None:
     """The no-learning verdict of a finite curve, judged on the curve itself (its fp32 reference may be
-    as dead): a grad-norm of exactly 0 at every step, or a loss that never moves; else None."""
+    as dead): a grad-norm of exactly 0 at every step, a trainable group with no gradient at any step
+    (group_no_learning), or a loss that never moves; else None."""
     counted = [s for s in steps if not s.skipped]
     if counted and all(s.grad_norm == 0.0 for s in counted):
         n = len(counted)
@@ -235,6 +365,9 @@ def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None
             "no parameter receives a gradient, nothing trains",
             counted[0].step,
         )
+    starved = group_no_learning(steps, trainable, adapter)
+    if starved:
+        return starved
     losses = [s.loss for s in steps]
     if len(losses) >= t.no_learning_min_steps and all(
         abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses
@@ -249,7 +382,16 @@ def no_learning(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None
 
 
 def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
-    return harness_verdict(record) or parallel_verdict(record, t) or numeric_verdict(record.steps, reference, t)
+    return (
+        harness_verdict(record)
+        or parallel_verdict(record, t)
+        or setup_verdict(record, t)
+        or numeric_verdict(record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record))
+    )
+
+
+def _adapter(record: ProbeRecord) -> str | None:
+    return ((record.recipe or {}).get("adapter") or {}).get("type")
 
 
 def is_reference(record: ProbeRecord) -> bool:
@@ -341,7 +483,7 @@ def check_results(
         )
     )
     out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
-    dead = no_learning(record.steps, t)
+    dead = no_learning(record.steps, t, record.trainable_groups, _adapter(record))
     out.append(
         (
             "gradients reach the weights",
@@ -349,6 +491,15 @@ def check_results(
             f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}",
         )
     )
+    setup = setup_failures(record.setup_checks, t)
+    if record.setup_checks:
+        out.append(
+            (
+                "the setup passes its step-0 checks",
+                not setup,
+                "; ".join(setup) or setup_passed(record.setup_checks),
+            )
+        )
     if random_init:
         expected = math.log(vocab)
         band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)

@@ -138,6 +138,7 @@ def run_bisect(
                 "fail_on": list(fail_on),
                 "request": request,
                 "model_flags": model_flags or [],
+                "data": session.data_lint,
             },
         )
         oracle = ProbeOracle(session, recipe, tuple(fail_on))

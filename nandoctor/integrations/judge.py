@@ -157,6 +157,18 @@ class Judge:
         ) + headroom_checks(f, events, record.scale)
         self._verdict_on(checks, f"step-{record.step}")
 
+    def lint(self, findings: list[dict]) -> None:
+        """Say the data and setup lint's findings on the run's first batches (setup_lint.py): one warning
+        listing each with its figure and fix; under strict an error raises CheckFailed instead."""
+        if not findings:
+            return
+        head = f"nandoctor: data and setup lint of {self.run.cell.id} ({self.run.framework} run) on its first batches"
+        errors = [f for f in findings if f["severity"] == "error"]
+        if self.strict and errors:
+            raise CheckFailed(f"{head}: " + "; ".join(f"{f['id']}: {f['figure']}" for f in errors))
+        lines = [f"  {f['severity']} {f['id']}: {f['figure']}. Fix: {f['fix']}" for f in findings]
+        warnings.warn("\n".join([head] + lines), stacklevel=4)
+
     def _verdict_on(self, checks: list, what: str) -> None:
         failed = [c for c in checks if not c[1]]
         if not failed:

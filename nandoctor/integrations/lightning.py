@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ..cells import ALIASES, PRECISIONS, Cell
 from ..errors import NandoctorError
-from .live import LiveRun, local, recipe_of
+from .live import LiveRun, local, recipe_of, special_ids
 from .watch import Watch, guarded
 
 
@@ -83,6 +83,7 @@ class _TrainingStep:
 
 class NandoctorCallback(Callback):
     """Runs nandoctor's checks inside `Trainer.fit()`: the setup and step-0 checks at train start, the
+    data and setup lint on the first batches of its train DataLoader (dict batches of input_ids), the
     probes' verdict rules at every `every`-th optimizer step, and on the first failure stops training,
     replays the step with forensics hooks and writes a report to `output_dir` (default: the Trainer's
     default_root_dir)/nandoctor. strict: a failed check raises instead of warning, and a run that does
@@ -104,6 +105,7 @@ class NandoctorCallback(Callback):
         cell = cell_of_trainer(trainer, model)
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by lightning.seed_everything
         recipe = recipe_of("lightning", model, optimizer, trainer.gradient_clip_val, seed, cell)
+        loader = trainer.train_dataloader  # the user's DataLoader (a CombinedLoader's iterables otherwise)
         self.watch.start(
             LiveRun(
                 "lightning",
@@ -115,7 +117,10 @@ class NandoctorCallback(Callback):
                 Path(self.output_dir or trainer.default_root_dir),
                 step_loss=_TrainingStep(pl_module, model),
                 autocast=trainer.precision_plugin.train_step_context,
-            )
+            ),
+            loader,
+            getattr(loader, "batch_size", None),
+            *special_ids(getattr(pl_module, "tokenizer", None), model),
         )
 
     @guarded

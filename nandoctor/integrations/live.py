@@ -97,6 +97,20 @@ def recipe_at(recipe: Recipe, step: int, batch) -> Recipe:
     return dataclasses.replace(recipe, batch_size=shape[0], seq_len=shape[1]) if shape else recipe
 
 
+def special_ids(tokenizer, model) -> tuple[int | None, int | None]:
+    """(pad id, EOS id) of a live run: the tokenizer's, else the model config's (an int; a config's list
+    of EOS ids names none)."""
+
+    def first(*values):
+        return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
+    config = getattr(model, "config", None)
+    return (
+        first(getattr(tokenizer, "pad_token_id", None), getattr(config, "pad_token_id", None)),
+        first(getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)),
+    )
+
+
 def local(p):
     """This rank's shard of an FSDP2 parameter (a DTensor), or the parameter itself: reading a
     DTensor whole would be a collective that the other ranks do not join."""

@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 
 from ..cells import PRECISIONS, Cell
 from ..knowledge.facts import trainer_cell
-from .live import LiveRun, autocast_of, local, recipe_of
+from .live import LiveRun, autocast_of, local, recipe_of, special_ids
 from .watch import Watch, guarded
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
@@ -62,7 +62,8 @@ class _Step:
 
 
 class NandoctorCallback(TrainerCallback):
-    """Runs nandoctor's checks inside `Trainer.train()`: the setup and step-0 checks at train start,
+    """Runs nandoctor's checks inside `Trainer.train()`: the setup and step-0 checks at train start, the
+    data and setup lint on the trainer's own first batches (its dataset through its collator),
     the probes' verdict rules at every `every`-th step, and on the first failure stops training,
     replays the step with forensics hooks (with gradient accumulation: on its first micro-batch) and
     writes a report to `output_dir` (default: the TrainingArguments output_dir)/nandoctor.
@@ -97,7 +98,8 @@ class NandoctorCallback(TrainerCallback):
             trainer_args=args.to_dict(),
             moot_rules=MOOT_RULES,
         )
-        self.watch.start(run)
+        loader, size = kwargs.get("train_dataloader"), args.per_device_train_batch_size
+        self.watch.start(run, loader, size, *special_ids(kwargs.get("processing_class"), model))
         self.handles = [
             model.register_forward_pre_hook(self._inputs, with_kwargs=True),
             model.register_forward_hook(self._loss, with_kwargs=True),

@@ -4,6 +4,7 @@ A framework adapter (transformers.py, lightning.py) reads its trainer into a `Li
 calls a `Watch` at three points of the run:
 
 - `start`: before the first step, the setup check and hooks for step 0's headroom (judge.py);
+- `lint`: at train start, the data and setup lint on the trainer's own first batches (setup_lint.py);
 - `judge`: after backward, before the optimizer step, with the step's real loss and pre-clip
   grad-norm: the step-0 checks on the first step, then the probes' verdict rules on the curve so far
   (judge.py). On the first failure it keeps the batch and a copy of the weights and optimizer state
@@ -36,6 +37,7 @@ from .judge import CheckFailed, Judge
 from .live import LiveRun, recipe_at
 from .ranks import Ranks
 from .replay import Failure, parameter_extremes, replay, state_copy
+from .setup_lint import first_batches, lint_live
 
 __all__ = ["CheckFailed", "LiveRun", "Watch", "guarded"]
 
@@ -104,11 +106,24 @@ class Watch:
             self.judging.unhook()
         _say(f"internal error in {self.off}; nandoctor stopped watching this run, training goes on")
 
-    def start(self, run: LiveRun) -> None:
-        """The setup check, before any step; then hooks that measure step 0's headroom."""
+    def start(
+        self,
+        run: LiveRun,
+        loader=None,
+        batch_size: int | None = None,
+        pad_id: int | None = None,
+        eos_id: int | None = None,
+    ) -> None:
+        """The setup check, and the data and setup lint on the first batches of the trainer's data
+        `loader` (its dataset through its collator, `batch_size` rows each: setup_lint.py; measured before
+        any hook is on the model), before any step; then hooks that measure step 0's headroom. The lint's
+        findings join the setup's (the failure report lists them) and warn; an error raises CheckFailed
+        under strict."""
         self.run, self.device = run, self.device or collect_summary()
         self.named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
-        self.findings = self.judging.setup(run, self.device)
+        linted = self._lint(loader, batch_size, pad_id, eos_id)
+        self.findings = self.judging.setup(run, self.device) + linted
+        self.judging.lint(linted)
         self.entering = self.earlier = parameter_extremes(self.named)
         which = "every step" if self.every == 1 else f"one step in {self.every}"
         ranks = f" on {self.ranks.size} ranks, each judged" if self.ranks.distributed else ""
@@ -118,6 +133,19 @@ class Watch:
                 f"judging {which}{' (strict)' if self.strict else ''}; "
                 f"a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}"
             )
+
+    def _lint(self, loader, batch_size: int | None, pad_id: int | None, eos_id: int | None) -> list[dict]:
+        """The data and setup lint's findings on the loader's first batches (setup_lint.py). A lint that
+        cannot read or measure them says so in one line; the watch goes on."""
+        if loader is None:
+            return []
+        try:
+            batches = first_batches(loader, batch_size)
+            return lint_live(self.run.model, batches, pad_id, eos_id, measured=not self.ranks.distributed)
+        except Exception as e:  # noqa: BLE001 - a collator or model the lint cannot run leaves the watch on
+            first = (str(e).splitlines() or [""])[0][:200]
+            _say(f"the data and setup lint could not run ({type(e).__name__}: {first}); watching goes on")
+            return []
 
     def checking(self, step: int) -> bool:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""

@@ -61,12 +61,24 @@ def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None
     return Cell(precision, attn, compile, parallel=parallel)
 
 
-def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
-    """The dtype the optimizer updates, as models.build_model holds it: the pure cells hard-cast
-    everything; otherwise adapters are fp32 and full fine-tuning keeps the load dtype."""
+def adapter_dtype(recipe: Recipe, cell: Cell) -> str | None:
+    """The dtype of the adapter's weights, as peft and models.build_model hold them; None without an
+    adapter. A pure cell hard-casts them with everything; otherwise peft keeps them in fp32 over a
+    bf16 / fp16 base when adapter.autocast_adapter_dtype (its default), else in the base's load dtype."""
+    if recipe.adapter.type == "none":
+        return None
     if cell.precision.weights:
         return SHORT_DTYPES[cell.precision.weights]
-    return "fp32" if recipe.adapter.type != "none" else recipe.model.dtype_on_load
+    return "fp32" if recipe.adapter.autocast_adapter_dtype else recipe.model.dtype_on_load
+
+
+def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
+    """The lowest dtype the optimizer updates, as models.build_model holds it: the pure cells hard-cast
+    everything; a full fine-tune keeps the load dtype; an adapter its adapter_dtype, and peft's
+    modules_to_save copies the load dtype (autocast_adapter_dtype casts the adapter layers only)."""
+    if cell.precision.weights or recipe.adapter.type == "none" or recipe.adapter.modules_to_save:
+        return SHORT_DTYPES[cell.precision.weights] if cell.precision.weights else recipe.model.dtype_on_load
+    return adapter_dtype(recipe, cell)
 
 
 def tokenizer_facts(tokenizer) -> dict:
@@ -105,6 +117,7 @@ def setup_facts(
         "uses_bf16": cell.precision.compute == "bfloat16" or trained == "bf16",  # the fp8 cells run in bf16 autocast
         "grad_scaler": cell.precision.scaler,
         "trainable_dtype": trained,
+        "adapter_dtype": adapter_dtype(recipe, cell),
         "adapter": recipe.adapter.type,
         "optimizer_eps": float(args.get("adam_epsilon", recipe.optimizer.eps)),
         "padded": recipe.data.pad_fraction > 0,

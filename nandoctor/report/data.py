@@ -2,12 +2,17 @@
 user's rows show what was read (file, kind of rows, tokenizer, options), the rows scanned, the length
 and supervised-token histograms (inline SVG in HTML, tables in Markdown and the terminal), which
 special tokens are targets, the lint's findings with their figures, and the rows each batch (and,
-when the probes' records carry their stream, each probe) trained on. Shared by the doctor's terminal
-output and the run reports."""
+when the probes' records carry their stream, each probe) trained on; the setup checks each probe
+measured at step 0 with their figures, and the trainable groups that got no gradient. Shared by the
+doctor's terminal output and the run reports."""
 
 from __future__ import annotations
 
+import math
 from html import escape
+
+from ..analysis.verdicts import starved_groups
+from ..config import THRESHOLDS
 
 BAR = "#1f77b4"
 
@@ -84,13 +89,88 @@ def batch_rows(batches: list[dict], shown: int = 8) -> list[dict]:
 
 
 def probe_rows(outcomes) -> list[dict]:
-    """The rows each probe trained on, for records that carry their stream (`record.data`)."""
-    out = []
+    """The rows each probe trained on, for records that carry their stream (`record.data`): one row per
+    batch, the probes that trained on the same batches together (a grid's cells share the seed's rows)."""
+    by_rows: dict[tuple, list[str]] = {}
     for o in outcomes:
         data = getattr(o.record, "data", None) or {}
-        for b in data.get("batches") or []:
-            if b.get("rows"):
-                out.append({"probe": o.record.probe_id, "kind": b["kind"], "rows": ", ".join(map(str, b["rows"]))})
+        batches = tuple((b["kind"], tuple(b["rows"])) for b in data.get("batches") or [] if b.get("rows"))
+        if batches:
+            by_rows.setdefault(batches, []).append(o.record.probe_id)
+    return [
+        {"probe": ", ".join(probes), "kind": kind, "rows": ", ".join(map(str, rows))}
+        for batches, probes in by_rows.items()
+        for kind, rows in batches
+    ]
+
+
+def fig(x, digits: int = 3) -> str:
+    """A measured figure as text, whatever it is: a number to `digits` significant digits, a non-finite
+    float as Python writes it (nan, inf), '-' when absent."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        return "-" if x is None else str(x)
+    try:
+        x = float(x)
+    except OverflowError:  # an int beyond a float's range
+        x = math.inf if x > 0 else -math.inf
+    return f"{x:.{digits}g}" if math.isfinite(x) else repr(x)
+
+
+def setup_check_rows(outcomes) -> list[dict]:
+    """The step-0 setup checks each probe measured on its own model (record.setup_checks), one row per
+    check with its figures and whether it passed (the `misconfigured` verdict's rule, Thresholds)."""
+    out = []
+    for o in outcomes:
+        c = getattr(o.record, "setup_checks", None) or {}
+        if "packing_max_logit_diff" in c:
+            leaks = THRESHOLDS.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
+            out.append(
+                {
+                    "probe": o.record.probe_id,
+                    "check": "packing isolation",
+                    "figure": f"max logit difference {fig(c.get('packing_max_logit_diff'))} over "
+                    f"{fig(c.get('packing_segments'))} segments ({c.get('packing_cause') or 'as collated'}); "
+                    f"{fig(c.get('packing_clean_diff'))} with no mask and no cache",
+                    "result": "leaks" if leaks else "isolated",
+                }
+            )
+        if "accumulation_cosine" in c:
+            misweighted = THRESHOLDS.accumulation_misweighted(
+                c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
+            )
+            out.append(
+                {
+                    "probe": o.record.probe_id,
+                    "check": "accumulation",
+                    "figure": f"cosine {fig(c.get('accumulation_cosine'), 4)} to the full batch's gradient over "
+                    f"{fig(c.get('accumulation_steps'))} micro-batches ({c.get('accumulation_targets', '-')} loss "
+                    f"terms), loss_normalization={c.get('loss_normalization', '-')}; per micro-batch "
+                    f"{fig(c.get('accumulation_cosine_micro_batch'), 4)}, by tokens "
+                    f"{fig(c.get('accumulation_cosine_tokens'), 4)}",
+                    "result": "misweighted" if misweighted else "as the full batch",
+                }
+            )
+    return out
+
+
+def starved_rows(outcomes) -> list[dict]:
+    """The trainable groups of each probe that got no gradient at any step (Step.groups), with what
+    they hold (record.trainable_groups)."""
+    out = []
+    for o in outcomes:
+        steps = getattr(o.record, "steps", None) or []
+        recorded = [s for s in steps if s.groups is not None]
+        for g in starved_groups(steps):
+            held = (getattr(o.record, "trainable_groups", None) or {}).get(g) or {}
+            out.append(
+                {
+                    "probe": o.record.probe_id,
+                    "group": g,
+                    "tensors": held.get("tensors", "-"),
+                    "first": held.get("first", "-"),
+                    "steps without a gradient": f"all {len(recorded)}",
+                }
+            )
     return out
 
 
@@ -141,6 +221,12 @@ def data_markdown(meta: dict, outcomes, table) -> list[str]:
     trained = probe_rows(outcomes)
     if trained:
         parts += ["Rows each probe trained on:", "", table(trained), ""]
+    checks = setup_check_rows(outcomes)
+    if checks:
+        parts += ["Setup checks each probe measured at step 0, on its own model:", "", table(checks), ""]
+    starved = starved_rows(outcomes)
+    if starved:
+        parts += ["Trainable groups that got no gradient at any step:", "", table(starved), ""]
     return parts
 
 
@@ -150,6 +236,8 @@ def data_html(meta: dict, outcomes) -> dict:
     context = {
         "sentence": source_sentence((section or {}).get("source"), meta.get("recipe")),
         "probes": probe_rows(outcomes),
+        "checks": setup_check_rows(outcomes),
+        "starved": starved_rows(outcomes),
     }
     if section:
         context.update(

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.verdicts import starved_groups
 from ..jsonio import json_safe
 from .code import grid_recommendations
 from .failures import failure_classes
@@ -37,7 +38,22 @@ def _probe(o: ProbeOutcome) -> dict:
         "steps_run": len(o.record.steps),
         "forensics": forensics_summary(o),
         "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None,
+        "setup_checks": o.record.setup_checks,
+        "groups_without_gradient": starved_groups(o.record.steps),
+        "trained_rows": [
+            {"kind": b.get("kind"), "rows": b.get("rows")} for b in (o.record.data or {}).get("batches") or []
+        ]
+        or None,
     }
+
+
+def _recommendations(a: RunAnalysis) -> list[dict]:
+    """The recommendation as code and data (recommend.recommendation): a grid's per kind of hardware, a
+    bisection's from bisect.json."""
+    if a.meta.get("kind") == "bisect":
+        rec = (a.bisection or {}).get("recommendation")
+        return [{"hardware": None, **rec}] if rec else []
+    return [{"hardware": h or None, **rec} for h, rec in grid_recommendations(a)]
 
 
 def render_summary(a: RunAnalysis) -> dict:
@@ -58,7 +74,7 @@ def render_summary(a: RunAnalysis) -> dict:
                 h: (o.probe_id if o else None) for h, o in ((h, a.fastest_on(h)) for h in a.hardware)
             },
             "ranking": [o.probe_id for o in a.ranking],
-            "recommendation": [{"hardware": h or None, **rec} for h, rec in grid_recommendations(a)],
+            "recommendation": _recommendations(a),
             "timing": timing_summary(a),
             "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),

@@ -1,0 +1,189 @@
+"""The data and setup lint on a live run's own first batches, at train start: the trainer's dataset
+collated by its own collator, measured as `nandoctor doctor --data` measures the user's rows
+(userdata/lint.py, measure.py), with the live model:
+
+- label coverage: rows and batches with no supervised token;
+- the pad token: a pad id that is content and gets label -100, padded positions that carry a label,
+  an EOS that is content and never a target;
+- packing isolation: rows packed with position_ids that restart, one packed forward of the live
+  model against each segment run alone (judged as the probes' `misconfigured` verdict judges it);
+- gradient checkpointing x adapters: with checkpointing on, one backward of the first batch, and the
+  trainable groups that got no gradient.
+
+Each finding is a row of userdata/rules.yaml (its severity, title, fix and public evidence) with the
+figure measured here (LIVE_RULES). The measured checks run the live model with dropout off and the RNG
+state restored, so the user's training is unchanged; on several ranks they are skipped (a forward of a
+sharded model is a collective the other ranks would not join), and the batch figures stay.
+
+Importing this module needs torch, not a framework.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..analysis.verdicts import setup_failures
+from ..knowledge import OPERATORS, SEVERITIES
+from ..userdata.encode import IGNORE
+from ..userdata.lint import data_rules
+from ..userdata.measure import gradient_reach, packing_isolation
+
+LINT_BATCHES = 2  # the trainer's first batches the lint reads
+
+# rule id of userdata/rules.yaml: (when over the live figures, the figure sentence); the rule gives the
+# severity, title, fix and evidence
+LIVE_RULES = {
+    "rows-without-supervised-token": (
+        {"rows_without_supervised": {"gt": 0}},
+        "{rows_without_supervised} of the {rows} rows in the trainer's first {batches} batches have no supervised "
+        "token (every label -100 after the shift; first: row {first_unsupervised}); "
+        "{batches_without_supervised} of those batches have none: their mean loss is 0/0",
+    ),
+    "pad-masks-real-targets": (
+        {"content_pad_masked": {"gt": 0}},
+        "the pad id {pad_id} is content {content_pad_tokens} times in the first {batches} batches (attention_mask "
+        "1) and {content_pad_masked} of those positions have label -100: the model never learns to predict it",
+    ),
+    "padding-supervised": (
+        {"pad_targets": {"gt": 0}},
+        "{pad_targets} padded positions (attention_mask 0) in the first {batches} batches carry a label other "
+        "than -100",
+    ),
+    "eos-never-a-target": (
+        {"eos_targets": 0, "eos_in_content": {"gt": 0}},
+        "EOS (id {eos_id}) is content {eos_in_content} times in the first {batches} batches and a target in none",
+    ),
+    "packing-leaks-across-segments": (
+        {"packing_leaks": True},
+        "on the live {model}: {packing_reason}",
+    ),
+    "trainable-group-without-gradient": (
+        {"groups_without_gradient": {"gt": 0}},
+        "with the live model's gradient checkpointing, one backward of the first batch gave no gradient to "
+        "{groups_without_gradient_names}: {gradient_reach_outcome}",
+    ),
+}
+
+
+def first_batches(loader, batch_size: int, n: int = LINT_BATCHES) -> list[dict]:
+    """The first `n` batches of the loader's dataset, in order, collated by its own collate_fn; no
+    sampler is drawn from, so the user's data order and RNG are untouched. [] when the batches are not
+    dicts (a training_step of the user's own reads them)."""
+    dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
+    if dataset is None or collate is None:
+        return []
+    size = max(1, batch_size or 1)
+    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+        rows = [dataset[i] for i in range(min(len(dataset), n * size))]
+    else:  # an iterable dataset: a fresh iterator starts at its beginning
+        rows = list(itertools.islice(iter(dataset), n * size))
+    batches = [collate(rows[i : i + size]) for i in range(0, len(rows), size)]
+    return [b for b in batches if isinstance(b, dict) and "input_ids" in b]
+
+
+def batch_figures(batches: list[dict], pad_id: int | None, eos_id: int | None) -> dict:
+    """Label coverage and the pad token, read from the collated batches (labels aligned with input_ids,
+    as transformers' models shift them)."""
+    import torch
+
+    rows = unsupervised = empty = content_pad = content_pad_masked = pad_targets = eos_content = eos_targets = 0
+    first = None
+    for batch in batches:
+        ids, labels, mask = batch["input_ids"], batch.get("labels"), batch.get("attention_mask")
+        if labels is None:
+            continue
+        supervised = (labels[:, 1:] != IGNORE).sum(dim=1)
+        none = (supervised == 0).nonzero().flatten().tolist()
+        if none and first is None:
+            first = rows + none[0]
+        rows, unsupervised, empty = rows + len(labels), unsupervised + len(none), empty + int(supervised.sum() == 0)
+        content = mask.bool() if mask is not None and mask.dim() == 2 else torch.ones_like(ids, dtype=torch.bool)
+        if pad_id is not None and mask is not None and mask.dim() == 2:
+            is_pad = content & (ids == pad_id)
+            content_pad += int(is_pad.sum())
+            content_pad_masked += int((is_pad & (labels == IGNORE)).sum())
+            pad_targets += int((~content & (labels != IGNORE)).sum())
+        if eos_id is not None:
+            eos_content += int((content & (ids == eos_id)).sum())
+            eos_targets += int((labels[:, 1:] == eos_id).sum())
+    return {
+        "batches": len(batches),
+        "rows": rows,
+        "rows_without_supervised": unsupervised,
+        "first_unsupervised": first,
+        "batches_without_supervised": empty,
+        "pad_id": pad_id,
+        "content_pad_tokens": content_pad,
+        "content_pad_masked": content_pad_masked,
+        "pad_targets": pad_targets,
+        "eos_id": eos_id,
+        "eos_in_content": eos_content if eos_id is not None else None,
+        "eos_targets": eos_targets if eos_id is not None else None,
+    }
+
+
+def packed(batch: dict) -> bool:
+    """Rows packed with position_ids: a position 0 after a row's first token."""
+    positions = batch.get("position_ids")
+    return positions is not None and bool((positions[:, 1:] == 0).any())
+
+
+def measured_figures(model, batch: dict) -> dict:
+    """Packing isolation of a packed batch, and with gradient checkpointing on, the trainable groups one
+    backward leaves without a gradient; on the live model in train mode, dropout off, the RNG state and
+    the model's mode restored, its gradients unset afterwards."""
+    import torch
+
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    out = {"model": type(model).__name__}
+    training = model.training
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.train()  # checkpointing recomputes only in training
+        try:
+            if packed(batch):
+                figures = packing_isolation(model, batch)
+                out["packing_leaks"] = bool(setup_failures(figures))
+                out["packing_reason"] = "; ".join(setup_failures(figures))
+                out.update(figures)
+            if getattr(model, "is_gradient_checkpointing", False) and "labels" in batch:
+                out.update(gradient_reach(model, batch))
+        finally:
+            model.train(training)
+    return out
+
+
+def live_findings(figures: dict) -> list[dict]:
+    """The LIVE_RULES the figures fire, most severe first, as findings (with `figure`) of the rules."""
+    rules = {r.id: r for r in data_rules()}
+    fired = []
+    for rule_id, (when, figure) in LIVE_RULES.items():
+        conditions = [(figures.get(name), c if isinstance(c, dict) else {"eq": c}) for name, c in when.items()]
+        if all(OPERATORS[op](fact, value) for fact, ops in conditions for op, value in ops.items()):
+            r = rules[rule_id]
+            fired.append(
+                {
+                    "id": r.id,
+                    "severity": r.severity,
+                    "title": r.title,
+                    "figure": figure.format(**figures),
+                    "why": r.why,
+                    "fix": r.fix,
+                    "evidence": list(r.evidence),
+                    "verified_by": list(r.verified_by),
+                    "cells": [],
+                    "scope": "setup",
+                }
+            )
+    return sorted(fired, key=lambda f: SEVERITIES.index(f["severity"]))
+
+
+def lint_live(model, batches: list[dict], pad_id: int | None, eos_id: int | None, measured: bool = True) -> list:
+    """The findings of the lint on a live run's first batches (module docstring); measured: run the
+    checks that need the model (packing isolation, gradient reach) on the first batch."""
+    if not batches:
+        return []
+    figures = batch_figures(batches, pad_id, eos_id)
+    if measured:
+        figures.update(measured_figures(model, batches[0]))
+    return live_findings(figures)
