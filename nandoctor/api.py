@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
-from .config import ExecutorConfig, Recipe, recipe_from_dict, with_hardware
+from .config import Recipe, recipe_from_dict
 from .doctor import data_lint, doctor_section, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
+from .executors import ExecutorConfig, with_hardware
 from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache

@@ -6,7 +6,7 @@ by earlier versions still read. Records are built here only: from a child's resu
 (`ProbeRecord.finished`), for a cell the device cannot run (`ProbeRecord.unsupported`), or from the
 probe cache (`ProbeRecord.reused`).
 
-Foundation module: imports only config and cells.
+Foundation module: imports only config, thresholds and cells.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 
 from .cells import Cell
-from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
+from .config import Recipe, recipe_from_dict, recipe_to_dict
+from .thresholds import THRESHOLDS
 
 # `forensics` of a result written after the timed steps, while the replay still runs. A record that
 # still says so when its process ended had its replay cut short (the runner notes why).

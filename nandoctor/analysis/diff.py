@@ -16,9 +16,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..cells import PRECISIONS
-from ..config import THRESHOLDS, Thresholds, recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict
 from ..errors import NandoctorError
 from ..record import ProbeRecord, Step
+from ..thresholds import THRESHOLDS, Thresholds
 from .forensics import FINFO_EPS
 from .ranking import fidelity_bucket
 from .run import ProbeOutcome, RunAnalysis

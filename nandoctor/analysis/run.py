@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..config import THRESHOLDS, Thresholds
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
+from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary
 from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians

@@ -11,9 +11,10 @@ from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell
-from ..config import ExecutorConfig, Recipe, get_field
+from ..config import Recipe, get_field
 from ..env import collect_summary
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..plan import PlannedProbe
 from ..recommend import recommendation
 from ..record import ProbeRecord

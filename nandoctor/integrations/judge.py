@@ -16,11 +16,11 @@ from ..analysis.forensics import headroom
 from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, numeric_verdict
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch
-from ..config import THRESHOLDS
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
 from ..knowledge.facts import env_facts, setup_facts
 from ..record import ProbeRecord, Step
+from ..thresholds import THRESHOLDS
 from .live import LiveRun
 
 

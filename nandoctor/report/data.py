@@ -12,7 +12,7 @@ import math
 from html import escape
 
 from ..analysis.verdicts import starved_groups
-from ..config import THRESHOLDS
+from ..thresholds import THRESHOLDS
 
 BAR = "#1f77b4"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
 from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides
 from ..analysis.speed import grid_throughput
-from ..config import THRESHOLDS
 from ..record import Throughput
+from ..thresholds import THRESHOLDS
 
 RETIMED = "†"  # marks a re-timed figure (retime.json) beside the grid's own
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..config import ExecutorConfig
 from ..env import VISIBLE_DEVICES_ENV, get_cpu_count, get_gpu_count_guess, parse_visible_devices
+from ..executors import ExecutorConfig
 from ..record import Exited, Ready, Started
 from .placement import EXITED, Ending, Outcome, PlacedProbe
 from .slots import ColdSlot, Died, WarmSlot, gpu_fit, most_jobs, packed_jobs

@@ -20,8 +20,8 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import ExecutorConfig
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .placed import node_facts, run_carried
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 

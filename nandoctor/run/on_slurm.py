@@ -26,8 +26,8 @@ import uuid
 from pathlib import Path
 
 from .. import jsonio
-from ..config import ExecutorConfig
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .placed import node_facts, run_placed
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 from .task import OUTCOME_FILE, last_step

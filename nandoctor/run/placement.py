@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ExecutorConfig
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .task import ProbeTask
 
 EXITED = "EXITED"  # an Ending whose probe process was watched to its end: its Outcome says how

@@ -8,8 +8,9 @@ import shlex
 import time
 from pathlib import Path
 
-from ..config import ExecutorConfig, Recipe
+from ..config import Recipe
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..models import memory_budget
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 

@@ -12,12 +12,14 @@ from pathlib import Path
 
 from .. import jsonio
 from ..capabilities import input_support, parallel_support
-from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
+from ..config import Recipe, recipe_to_dict
 from ..env import collect_doctor
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..models import model_type_hint, plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
+from ..thresholds import refuse_short_probes
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .heartbeat import Heartbeat
