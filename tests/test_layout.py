@@ -15,6 +15,8 @@ FOUNDATION = {
     "nandoctor.config",
     "nandoctor.thresholds",
     "nandoctor.executors",
+    "nandoctor.device",
+    "nandoctor.runmeta",
     "nandoctor.record",
     "nandoctor.env",
 }
