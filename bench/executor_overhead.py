@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from nandoctor.cells import Cell
-from nandoctor.config import executor_config
 from nandoctor.env import collect_summary
+from nandoctor.executors import executor_config
 from nandoctor.models import plan_model
 from nandoctor.plan import PlannedProbe
 from nandoctor.recipes import resolve_model

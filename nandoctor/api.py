@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 from .analysis.verdicts import References, check_results
 from .capabilities import cell_support
 from .cells import Cell
-from .config import ExecutorConfig, Recipe, recipe_from_dict, with_hardware
+from .config import Recipe, recipe_from_dict
+from .device import DeviceFacts
 from .doctor import data_lint, doctor_section, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
+from .executors import ExecutorConfig, with_hardware
 from .plan import PlannedProbe, plan_grid
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache
@@ -23,6 +25,7 @@ from .run.fingerprint import environment_key
 from .run.rundir import kept_device
 from .run.session import Session
 from .run.store import RUN_FILE, ResultsStore
+from .runmeta import RunMeta
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
     from .analysis.diff import RunDiff
@@ -90,22 +93,22 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
     return session, judge
 
 
-def resumable(run_dir, kind: str, device: dict) -> tuple[dict, Recipe, ModelPlan]:
+def resumable(run_dir, kind: str, device: DeviceFacts | dict) -> tuple[RunMeta, Recipe, ModelPlan]:
     """What continuing DIR takes from its run.json: the run's meta, recipe and model plan. Refuses a
     run of another kind, and one made in another environment (its probes would not be comparable)."""
-    meta = ResultsStore(run_dir).meta()
-    if meta.get("kind") != kind:
+    meta = RunMeta.from_dict(ResultsStore(run_dir).meta())
+    if meta.kind != kind:
         raise NandoctorError(
-            f"{run_dir} is a {meta.get('kind')!r} run; `nandoctor {kind} --resume` continues {kind} runs only"
+            f"{run_dir} is a {meta.kind!r} run; `nandoctor {kind} --resume` continues {kind} runs only"
         )
-    then, now = environment_key(meta["env"]), environment_key(device)
+    then, now = environment_key(meta.env or {}), environment_key(device)
     changed = [f"{k} {then[k]} -> {now[k]}" for k in then if then[k] != now.get(k)]
     if changed:
         raise NandoctorError(
             f"{run_dir} was run in another environment ({'; '.join(changed)}); start a new run instead"
         )
-    recipe = recipe_from_dict({k: v for k, v in meta["recipe"].items() if k != "name"}, meta["recipe"]["name"])
-    return meta, recipe, ModelPlan.from_dict(meta["model_plan"])
+    recipe = recipe_from_dict({k: v for k, v in meta.recipe.items() if k != "name"}, meta.recipe["name"])
+    return meta, recipe, ModelPlan.from_dict(meta.model_plan)
 
 
 def run_dir_of(path) -> Path:
@@ -155,7 +158,7 @@ def run_grid(
     jobs: int | None = None,
     out=None,
     listener: Listener | None = None,
-    device: dict | None = None,
+    device: DeviceFacts | dict | None = None,
     warm: bool = True,
     cache: ProbeCache | None = None,
     baseline=None,
@@ -211,7 +214,7 @@ def resume_grid(
     listener: Listener | None = None,
     warm: bool = True,
     cache: ProbeCache | None = None,
-    device: dict | None = None,
+    device: DeviceFacts | dict | None = None,
     executor: ExecutorConfig | None = None,
 ) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
@@ -219,16 +222,16 @@ def resume_grid(
     (jobs, else this host's default: not the interrupted run's, which may have been a cluster's)."""
     device = device or kept_device(run_dir, executor) or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
-    if meta.get("baseline"):
-        baseline_analysis(meta["baseline"])
-    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(meta.get("axes") or {})})
+    if meta.baseline:
+        baseline_analysis(meta.baseline)
+    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(meta.axes or {})})
     session, judge = open_session(
         "grid",
         recipe,
         listener,
         out=run_dir,
         jobs=jobs,
-        steps=meta["steps"],
+        steps=meta.steps,
         device=device,
         warm=warm,
         cache=cache,
@@ -237,7 +240,7 @@ def resume_grid(
         executor=executor,
     )
     with session:
-        probes = plan_grid(recipe, session.device, meta.get("axes") or None, session.devices)
+        probes = plan_grid(recipe, session.device, meta.axes or None, session.devices)
         judge.planned = len(probes)
         for record in session.resume(len(probes)):
             judge(record, quiet=True)
@@ -245,7 +248,7 @@ def resume_grid(
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
 
         retime_leaders(session, recipe, (listener or Listener()).retiming)
-    return render_run(run_dir, meta.get("baseline"))
+    return render_run(run_dir, meta.baseline)
 
 
 def run_check(
@@ -253,7 +256,7 @@ def run_check(
     cell: Cell,
     steps: int = 1,
     out=None,
-    device: dict | None = None,
+    device: DeviceFacts | dict | None = None,
     warm: bool = True,
     listener: Listener | None = None,
     baseline=None,
@@ -311,7 +314,7 @@ def render_run(run_dir, baseline=None) -> RunAnalysis:
     from .report import write_reports
 
     analysis = analyze(run_dir)
-    stored = analysis.meta.get("baseline")
+    stored = analysis.meta.baseline
     if baseline is None and stored and (Path(stored) / RUN_FILE).exists():
         baseline = stored
     if baseline is not None:

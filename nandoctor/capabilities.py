@@ -1,10 +1,11 @@
 """Which grid cells a device can run, as data. The planner records the others as `unsupported`
 with the reason, without spawning a process.
 
-Imports only cells (each axis value's row says which GPU features and packages it needs) and env (to
-look a package up when `device` does not say). `device` is the dict `env.collect_summary()` returns;
-its `packages` say which optional packages are installed, found on the path but never imported, so
-planning a grid pays neither torchao's import (3 s on a 2-core CPU) nor bitsandbytes' device probing.
+Imports only cells (each axis value's row says which GPU features and packages it needs), device and
+env (to look a package up when `device` does not say). `device` is the DeviceFacts
+`env.collect_summary()` returns (or the dict a run keeps); its `packages` say which optional packages
+are installed, found on the path but never imported, so planning a grid pays neither torchao's import
+(3 s on a 2-core CPU) nor bitsandbytes' device probing.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from packaging.version import Version
 
 from .cells import ATTENTIONS, PACKAGES, PRECISIONS, Cell
+from .device import DeviceFacts, PackageFacts
 from .env import get_package
 
 # What each CUDA compute capability runs natively, one row per architecture generation. A GPU
@@ -52,22 +54,23 @@ def capability_row(capability: str | float) -> tuple[str, dict[str, bool]] | Non
     return arch, dict(zip(GPU_FEATURES, flags))
 
 
-def gpu_capabilities(env: dict) -> list[dict]:
+def gpu_capabilities(env: DeviceFacts | dict) -> list[dict]:
     """One row per visible GPU (from torch, else from NVML): its architecture and which precisions
-    and kernels run natively. `env` is the dict env.collect_doctor() returns."""
-    nvml = env.get("nvml") or {}
-    gpus = env.get("gpus") or (nvml.get("devices") if nvml.get("available") else None) or []
+    and kernels run natively. `env` is what env.collect_doctor() returns."""
+    env = DeviceFacts.of(env)
+    nvml = env.nvml
+    gpus = env.gpus or (nvml.devices if nvml is not None and nvml.available else ())
     rows = []
     for g in gpus:
-        row = capability_row(g["capability"])
+        row = capability_row(g.capability)
         arch, native = row if row else ("pre-Volta", {f: f == "fp32" for f in GPU_FEATURES})
         rows.append(
             {
-                "index": g["index"],
-                "name": g["name"],
-                "capability": g["capability"],
+                "index": g.index,
+                "name": g.name,
+                "capability": g.capability,
                 "architecture": arch,
-                "memory_bytes": g["memory_bytes"],
+                "memory_bytes": g.memory_bytes,
                 "native": native,
             }
         )
@@ -79,11 +82,6 @@ def min_capability(feature: str) -> str:
     return min((k for k, row in CAPABILITY_TABLE.items() if row[1 + GPU_FEATURES.index(feature)]), key=float)
 
 
-def _capability(device: dict) -> float | None:
-    gpus = device.get("gpus") or []
-    return min(float(g["capability"]) for g in gpus) if gpus else None
-
-
 def computes_in_half(dtype: str) -> bool:
     return PRECISIONS[dtype].compute != "float32"
 
@@ -93,17 +91,16 @@ def cell_features(cell: Cell) -> list[str]:
     return [*cell.attention.gpu_features, *cell.precision.gpu_features]
 
 
-def package_missing(module: str, device: dict) -> str | None:
+def package_missing(module: str, device: DeviceFacts) -> str | None:
     """Why optional package `module` (a cells.PACKAGES key) is unusable: absent, or older than the
     release nandoctor was checked with; None when it is fine."""
     pkg = PACKAGES[module]
-    found = (device.get("packages") or {}).get(module) or get_package(module)
-    if not found["importable"]:
+    found = device.packages.get(module) or PackageFacts.from_dict(get_package(module))
+    if not found.importable:
         return f"{module} is not installed: {pkg.install}"
-    if pkg.min_version and found["version"] and Version(found["version"]) < Version(pkg.min_version):
+    if pkg.min_version and found.version and Version(found.version) < Version(pkg.min_version):
         return (
-            f"{module} {found['version']} is older than {pkg.min_version}, "
-            f"the oldest checked: pip install -U {pkg.dist}"
+            f"{module} {found.version} is older than {pkg.min_version}, the oldest checked: pip install -U {pkg.dist}"
         )
     return None
 
@@ -114,13 +111,14 @@ def cell_packages(cell: Cell) -> list[str]:
     return [p for p in (fp8.package if fp8 else None, cell.optimizer_row.package) if p]
 
 
-def cell_support(cell: Cell, device: dict) -> str | None:
+def cell_support(cell: Cell, device: DeviceFacts | dict) -> str | None:
     """None when the device can run the cell, else a one-line reason it cannot."""
-    on_cuda = device.get("device") == "cuda"
+    device = DeviceFacts.of(device)
+    on_cuda = device.device == "cuda"
     for row in (cell.precision, cell.attention, cell.optimizer_row):
         if row.cuda_only and not on_cuda:
             return row.cuda_only
-    cc = _capability(device)
+    cc = device.gpu_capability
     if on_cuda and cc is not None:
         row = capability_row(cc)
         native = row[1] if row else {}
@@ -132,32 +130,33 @@ def cell_support(cell: Cell, device: dict) -> str | None:
                 )
         if cell.attention.half_only_cuda and not computes_in_half(cell.dtype):
             return cell.attention.half_only_cuda
-        if cell.attn == "sdpa:flash" and device.get("flash_sdpa") is False:
+        if cell.attn == "sdpa:flash" and device.flash_sdpa is False:
             return "this torch build has no CUDA flash SDPA kernel (torch.backends.cuda.is_flash_attention_available())"
-        if cell.attn == "sdpa:cudnn" and (device.get("cudnn") or 0) < 90000:
-            return f"cuDNN SDPA needs cuDNN 9, this build has {device.get('cudnn')}"
+        if cell.attn == "sdpa:cudnn" and (device.cudnn or 0) < 90000:
+            return f"cuDNN SDPA needs cuDNN 9, this build has {device.cudnn}"
     package = cell.attention.package
-    if package and not device.get(package):
+    if package and not getattr(device, package, None):  # the version fact of its package (flash_attn)
         return f"{cell.attn} needs the {package.replace('_', '-')} package, which is not installed"
     for module in cell_packages(cell):
         missing = package_missing(module, device)
         if missing:
             return missing
-    if cell.compile == "inductor" and not on_cuda and not device.get("cxx"):
+    if cell.compile == "inductor" and not on_cuda and not device.cxx:
         return "inductor on CPU generates C++ and no C++ compiler is on PATH"
     if cell.parallel_row.needs_half and not computes_in_half(cell.dtype):
         return cell.parallel_row.needs_half
     return None
 
 
-def parallel_support(cell: Cell, world_size: int, batch_size: int, device: dict) -> str | None:
+def parallel_support(cell: Cell, world_size: int, batch_size: int, device: DeviceFacts | dict) -> str | None:
     """None unless a parallel cell cannot run as `world_size` ranks here: a GPU host needs one GPU per
     rank (NCCL), and the global batch must split evenly so that every rank trains the same number of
     rows (the one-process probe of the same batch is then the exact reference)."""
     if cell.parallel_row.wrapper is None:
         return None
-    gpus = len(device.get("gpus") or [])
-    if device.get("device") == "cuda" and gpus < world_size:
+    device = DeviceFacts.of(device)
+    gpus = len(device.gpus)
+    if device.device == "cuda" and gpus < world_size:
         return (
             f"{cell.parallel} with world_size={world_size} needs one GPU per rank, this host has {gpus}; "
             f"set world_size={max(gpus, 1)} or fewer"
@@ -170,18 +169,19 @@ def parallel_support(cell: Cell, world_size: int, batch_size: int, device: dict)
     return None
 
 
-def _torch_version(device: dict) -> tuple[int, int]:
+def _torch_version(device: DeviceFacts) -> tuple[int, int]:
     try:
-        return tuple(int(x) for x in (device.get("torch") or "").split("+")[0].split(".")[:2])
+        return tuple(int(x) for x in (device.torch or "").split("+")[0].split(".")[:2])
     except ValueError:
         return (0, 0)
 
 
-def input_support(cell: Cell, shape: dict, padded: bool, device: dict) -> str | None:
+def input_support(cell: Cell, shape: dict, padded: bool, device: DeviceFacts | dict) -> str | None:
     """None unless the cell's pinned CUDA SDPA kernel is certain to refuse the inputs transformers will
     give it (then PyTorch raises "No available kernel"), judged from the model's shape (ModelPlan.shape)
     and whether the data has padding. Such cells are planned unsupported and never spawned."""
-    if device.get("device") != "cuda" or not cell.attn.startswith("sdpa:"):
+    device = DeviceFacts.of(device)
+    if device.device != "cuda" or not cell.attn.startswith("sdpa:"):
         return None
     # transformers materialises the attention mask when there is padding, and under torch.compile before
     # torch 2.14 (masking_utils._ignore_causal_mask_sdpa: no is_causal skip while tracing, pytorch#176499)
@@ -199,9 +199,10 @@ def input_support(cell: Cell, shape: dict, padded: bool, device: dict) -> str | 
     return None
 
 
-def sdpa_backends(device: dict) -> dict[str, bool]:
+def sdpa_backends(device: DeviceFacts | dict) -> dict[str, bool]:
     """Which scaled_dot_product_attention backends this device runs (with half inputs): the sdpa:*
     rows of the cell table, judged by cell_support. On a CPU, math and a CPU flash kernel exist."""
+    device = DeviceFacts.of(device)
     return {
         name.split(":")[1]: cell_support(Cell("fp16-amp", name, "off"), device) is None
         for name in ATTENTIONS

@@ -542,7 +542,8 @@ def reduce_dtype(cell: Cell, dtype_on_load: str) -> str | None:
 def parse_axis_values(axis: str, values) -> list[str]:
     """Validate one axis ('dtype', 'attn', 'compile', 'optimizer', 'parallel', or a HARDWARE_AXES name) and its
     values, aliases resolved; returns the values as a list. Hardware values are the scheduler's names: only
-    their spelling is checked here, the executor checks that they exist (config.hardware_of)."""
+    their spelling is checked here; the placement checks that they exist (executors.with_hardware hands
+    them to it)."""
     if axis not in AXES and axis not in HARDWARE_AXES:
         names = (*AXES, *HARDWARE_AXES)
         raise NandoctorError(f"unknown axis {axis!r};{did_you_mean(axis, names)} valid axes: {', '.join(names)}")

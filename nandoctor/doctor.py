@@ -10,6 +10,7 @@ from pathlib import Path
 from .capabilities import cell_support, gpu_capabilities, sdpa_backends
 from .cells import REFERENCE_CELL, Cell
 from .config import Recipe
+from .device import DeviceFacts
 from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
@@ -21,7 +22,7 @@ from .userdata.tokenizer import has_tokenizer, load_tokenizer
 
 
 def planned_findings(
-    env: dict,
+    env: DeviceFacts,
     recipe: Recipe,
     cells: list[Cell],
     trainer_args: dict | None = None,
@@ -55,7 +56,7 @@ def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
 
 
 def doctor_section(
-    env: dict,
+    env: DeviceFacts | dict,
     recipe: Recipe | None = None,
     cells: list[Cell] | None = None,
     trainer_args: dict | None = None,
@@ -65,6 +66,7 @@ def doctor_section(
 ) -> dict:
     """Capabilities and findings: for the environment alone, or for a recipe's planned cells (known:
     the recipe's models.config_facts, when a Session's planning already gathered them)."""
+    env = DeviceFacts.of(env)
     if recipe is None:
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
@@ -83,15 +85,16 @@ def run_doctor(
     tokenizer_path: str | None = None,
     attn: str = "sdpa",
     axes: dict | None = None,
-    env: dict | None = None,
+    env: DeviceFacts | dict | None = None,
     accelerate_config_path: str | None = None,
 ) -> dict:
     """The doctor report as data: environment, capabilities and, when a recipe, a TrainingArguments
     JSON or an accelerate config file is given, the findings for that planned setup. Either file plans
     one cell (precision, compile and, from the accelerate config or TrainingArguments `fsdp`, the
     parallel setup; with `attn`); a recipe alone plans the cells `grid` would run. A recipe with
-    data.path adds the data lint (userdata/lint.py) as `data`, its findings among the others."""
-    env = env or collect_doctor()
+    data.path adds the data lint (userdata/lint.py) as `data`, its findings among the others. The
+    environment is the facts as JSON data (DeviceFacts.to_dict), as the report is written."""
+    env = DeviceFacts.of(env) or collect_doctor()
     trainer_args = read_trainer_args(trainer_args_path) if trainer_args_path else None
     accelerate = read_accelerate_config(accelerate_config_path) if accelerate_config_path else None
     if recipe is None and trainer_args is None and accelerate is None:
@@ -100,7 +103,7 @@ def run_doctor(
                 "--tokenizer is checked as part of a planned setup; "
                 "add --model, --recipe, --trainer-args or --accelerate-config"
             )
-        return {"environment": env, **doctor_section(env)}
+        return {"environment": env.to_dict(), **doctor_section(env)}
     recipe = recipe or Recipe()
     tokenizer_path = tokenizer_path or tokenizer_of(recipe)
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
@@ -123,11 +126,16 @@ def run_doctor(
         "tokenizer": str(tokenizer_path) if tokenizer_path else None,
     }
     if recipe.data.source != "file":
-        return {"environment": env, **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
+        return {"environment": env.to_dict(), **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
     data = data_lint(recipe, attn, tokenizer)
     setup["data"] = recipe.data.path
     section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)
-    return {"environment": env, **section, "findings": data["findings"] + section["findings"], "data": data}
+    return {
+        "environment": env.to_dict(),
+        **section,
+        "findings": data["findings"] + section["findings"],
+        "data": data,
+    }
 
 
 def tokenizer_of(recipe: Recipe) -> str | None:

@@ -1,7 +1,8 @@
 """Environment facts, one small function each, each returning None when the thing is absent.
 
-Leaf module: imports nothing from nandoctor. torch is imported lazily so that `nandoctor --help`
-and the pure analysis stay fast. Gathering only; rendering lives in the report modules.
+Foundation module: imports only device (the DeviceFacts that collect_summary and collect_doctor
+build). torch is imported lazily so that `nandoctor --help` and the pure analysis stay fast. Gathering
+only; rendering lives in the report modules.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import platform
 import shutil
 import sys
 import time
+
+from .device import DeviceFacts
 
 # Every probe process of one run carries its run directory in this variable (set by the scheduler): a
 # process whose environment holds the same value is the run's own, not another user's load.
@@ -396,23 +399,29 @@ def get_package(module: str) -> dict:
     return {"importable": found, "version": version}
 
 
-def collect_doctor() -> dict:
-    """Everything `nandoctor doctor` reports about this machine, as data."""
+def collect_doctor() -> DeviceFacts:
+    """Everything `nandoctor doctor` reports about this machine."""
     import torch
 
-    summary = collect_summary()
-    return {
-        **summary,
-        "nvml": get_nvml(),
-        "nccl": get_nccl_version(),
-        "cpu_name": get_cpu_model(),
-        "cpu_capability": get_cpu_capability(),
-        "cuda_available": torch.cuda.is_available(),
-    }
+    return DeviceFacts.from_dict(
+        {
+            **_summary(),
+            "nvml": get_nvml(),
+            "nccl": get_nccl_version(),
+            "cpu_name": get_cpu_model(),
+            "cpu_capability": get_cpu_capability(),
+            "cuda_available": torch.cuda.is_available(),
+        }
+    )
 
 
-def collect_summary() -> dict:
+def collect_summary() -> DeviceFacts:
     """The facts every probe record and report carries (enough to rerun and to compare)."""
+    return DeviceFacts.from_dict(_summary())
+
+
+def _summary() -> dict:
+    """collect_summary's facts, as the JSON data DeviceFacts reads."""
     import torch
 
     devices = get_cuda_devices()

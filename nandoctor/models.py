@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .cells import PACKAGES
 from .config import Recipe
+from .device import DeviceFacts
 from .errors import NandoctorError
 from .optional import hidden
 from .recipes import cached_snapshot
@@ -185,13 +186,15 @@ def training_bytes(params: int, trainable: int) -> int:
     return params * 4 + trainable * (TRAIN_BYTES_PER_PARAM - 4)
 
 
-def memory_budget(device: dict) -> int:
-    if device.get("gpus"):
-        return device["gpus"][0]["memory_bytes"]
-    return device.get("ram_available_bytes") or device.get("ram_bytes") or 0
+def memory_budget(device: DeviceFacts | dict) -> int:
+    """The memory one probe's training may take: the first GPU's, else the RAM available (else total)."""
+    device = DeviceFacts.of(device)
+    if device.gpus:
+        return device.gpus[0].memory_bytes
+    return device.ram_available_bytes or device.ram_bytes or 0
 
 
-def training_fit(full: int, trainable: int, device: dict) -> tuple[bool, str]:
+def training_fit(full: int, trainable: int, device: DeviceFacts) -> tuple[bool, str]:
     """Whether training a model of `full` parameters (`trainable` of them trained) fits this device, and why."""
     need = training_bytes(full, trainable)
     budget = memory_budget(device)
@@ -229,21 +232,22 @@ def measured_cpu_flops() -> float:
     return 2 * n**3 / best
 
 
-def device_flops(device: dict) -> tuple[float, str]:
-    """(FLOP/s a probe can expect, where that figure comes from): the device dict's own `train_flops`
-    when the caller gives one, a GPU's tabled peak times GPU_PROBE_EFFICIENCY, or the CPU measured now."""
-    if device.get("train_flops"):
-        return device["train_flops"], "given"
-    if device.get("gpus"):
+def device_flops(device: DeviceFacts | dict) -> tuple[float, str]:
+    """(FLOP/s a probe can expect, where that figure comes from): the facts' own `train_flops` when the
+    caller gives one, a GPU's tabled peak times GPU_PROBE_EFFICIENCY, or the CPU measured now."""
+    device = DeviceFacts.of(device)
+    if device.train_flops:
+        return device.train_flops, "given"
+    if device.gpus:
         from .capabilities import capability_row
 
-        row = capability_row(min(float(g["capability"]) for g in device["gpus"]))
+        row = capability_row(device.gpu_capability)
         peak = GPU_PEAK_FLOPS.get(row[0] if row else "", 10e12)
         return peak * GPU_PROBE_EFFICIENCY, f"{GPU_PROBE_EFFICIENCY:.0%} of the {row[0] if row else 'GPU'} tabled peak"
     return measured_cpu_flops(), "measured on this CPU"
 
 
-def probe_time(params: int, trainable: int, recipe: Recipe, steps: int, device: dict) -> tuple[float, str]:
+def probe_time(params: int, trainable: int, recipe: Recipe, steps: int, device: DeviceFacts) -> tuple[float, str]:
     """(seconds, one line saying how) a probe of `steps` steps is expected to train, at best."""
     flops = step_flops(params, trainable, recipe.batch_size * recipe.seq_len)
     speed, source = device_flops(device)
@@ -262,7 +266,9 @@ def _duration(seconds: float) -> str:
     )
 
 
-def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: dict) -> tuple[str, str, str | None]:
+def choose_scale(
+    recipe: Recipe, full: int, trainable: int, steps: int, device: DeviceFacts
+) -> tuple[str, str, str | None]:
     """(scale, why, the time estimate or None) under the recipe's model.scale: auto takes the full model
     only when training it fits the device's memory AND a probe is expected to finish within
     PROBE_TIME_BUDGET_S; on a CPU a model quick even at CPU_FLOOR_FLOPS is not timed."""
@@ -270,7 +276,7 @@ def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: 
     if recipe.model.scale != "auto" or not fits:
         return ("probe" if recipe.model.scale == "auto" else recipe.model.scale), fit_text, None
     flops = step_flops(full, trainable, recipe.batch_size * recipe.seq_len) * steps
-    if not device.get("gpus") and not device.get("train_flops") and flops / CPU_FLOOR_FLOPS <= PROBE_TIME_BUDGET_S:
+    if not device.gpus and not device.train_flops and flops / CPU_FLOOR_FLOPS <= PROBE_TIME_BUDGET_S:
         return "full", fit_text, None
     seconds, time_text = probe_time(full, trainable, recipe, steps, device)
     if seconds > PROBE_TIME_BUDGET_S:
@@ -282,9 +288,10 @@ def choose_scale(recipe: Recipe, full: int, trainable: int, steps: int, device: 
     return "full", fit_text, f"a full-scale probe takes {time_text}"
 
 
-def plan_model(recipe: Recipe, device: dict, steps: int | None = None) -> ModelPlan:
+def plan_model(recipe: Recipe, device: DeviceFacts | dict, steps: int | None = None) -> ModelPlan:
     """Decide what will be probed: local weights or a twin, full or probe scale, and why. `steps`
     (default: the recipe's) is what --scale auto weighs the time of a full-scale probe by."""
+    device = DeviceFacts.of(device)
     config = model_config(recipe)
     full, trainable = count_params(config, recipe)
     scale, fit_text, timed = choose_scale(recipe, full, trainable, steps or recipe.steps, device)
@@ -319,9 +326,10 @@ def plan_model(recipe: Recipe, device: dict, steps: int | None = None) -> ModelP
     )
 
 
-def plan_warnings(recipe: Recipe, plan: ModelPlan, device: dict) -> list[str]:
+def plan_warnings(recipe: Recipe, plan: ModelPlan, device: DeviceFacts | dict) -> list[str]:
     """What the user must hear before the probes spend minutes: a --scale full that the planner
     expects not to fit, and a checkpoint of their own that is not what gets trained."""
+    device = DeviceFacts.of(device)
     warnings = []
     if plan.scale == "full":
         fits, fit_text = training_fit(plan.full_params, plan.trainable_params, device)

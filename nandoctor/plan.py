@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from .capabilities import cell_support, computes_in_half
 from .cells import AXES, DEFAULT_AXES, HARDWARE_AXES, REFERENCE_CELL, Cell, parse_axis_values
 from .config import Recipe
+from .device import DeviceFacts
 
 CPU_DEFAULT_COMPILE = ["off"]  # the first inductor step costs ~36 s on a 2-core CPU: opt in with --axis
 
@@ -28,20 +29,20 @@ class PlannedProbe:
     recipe: Recipe | None = None  # this probe's recipe variant (the overrides applied); None: the run's
 
 
-def default_axes(recipe: Recipe, device: dict) -> dict[str, list[str]]:
+def default_axes(recipe: Recipe, device: DeviceFacts) -> dict[str, list[str]]:
     """The values each axis takes unless --axis says otherwise: the cell table's default-grid rows
     (the fp8 dtypes and the optimizers other than adamw are opt-in), then the recipe's own axes."""
     axes = {name: list(values) for name, values in DEFAULT_AXES.items()}
-    if device.get("device") != "cuda":
+    if device.device != "cuda":
         axes["compile"] = list(CPU_DEFAULT_COMPILE)
     for name, values in recipe.axes.items():
         axes[name] = parse_axis_values(name, values)
     return axes
 
 
-def cost_rank(cell: Cell, device: dict) -> tuple[int, bool]:
+def cost_rank(cell: Cell, device: DeviceFacts) -> tuple[int, bool]:
     """Sort key: cheaper cells first."""
-    return cell.compilation.cost, device.get("device") != "cuda" and computes_in_half(cell.dtype)
+    return cell.compilation.cost, device.device != "cuda" and computes_in_half(cell.dtype)
 
 
 def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
@@ -51,14 +52,18 @@ def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
 
 
 def plan_grid(
-    recipe: Recipe, device: dict, axes: dict[str, list[str]] | None = None, devices: dict[str, dict] | None = None
+    recipe: Recipe,
+    device: DeviceFacts | dict,
+    axes: dict[str, list[str]] | None = None,
+    devices: dict[str, DeviceFacts | dict] | None = None,
 ) -> list[PlannedProbe]:
     """Cross product of the axes (defaults filled in from the recipe and device), on each hardware kind:
     the references first (one per kind: fidelity is judged against the fp32 of the same hardware),
     then by cost_rank, keeping the axes' order among equals. devices: the facts of each kind of hardware
     (an executor gathers them where its probes run; "" without a hardware axis): a cell is supported or
     not by its own kind's facts, by `device` where none are given."""
-    devices = devices or {}
+    device = DeviceFacts.of(device)
+    devices = {kind: DeviceFacts.of(facts) for kind, facts in (devices or {}).items()}
     chosen = default_axes(recipe, device)
     for name, values in (axes or {}).items():
         chosen[name] = parse_axis_values(name, values)

@@ -6,7 +6,7 @@ by earlier versions still read. Records are built here only: from a child's resu
 (`ProbeRecord.finished`), for a cell the device cannot run (`ProbeRecord.unsupported`), or from the
 probe cache (`ProbeRecord.reused`).
 
-Foundation module: imports only config and cells.
+Foundation module: imports only config, thresholds, cells and device.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from .cells import Cell
-from .config import THRESHOLDS, Recipe, recipe_from_dict, recipe_to_dict
+from .config import Recipe, recipe_from_dict, recipe_to_dict
+from .device import DeviceFacts
+from .thresholds import THRESHOLDS
 
 # `forensics` of a result written after the timed steps, while the replay still runs. A record that
 # still says so when its process ended had its replay cut short (the runner notes why).
@@ -276,7 +278,7 @@ class ProbeRecord:
     node: str | None = None  # the host an executor placed it on (its hostname, read on that host)
     gpu: str | None = None  # the GPUs the scheduler gave it there, as NVML names them on that host; None: no GPU
     cached_from: str | None = None  # the run directory a reused record was first measured in
-    env: dict | None = None
+    env: DeviceFacts | None = None  # env.collect_summary() where the probe ran
     load_s: float | None = None  # setup: model, data, optimizer, numerics (build_s included)
     build_s: float | None = None  # constructing the model on its device (init or weight load)
     train_s: float | None = None
@@ -318,6 +320,7 @@ class ProbeRecord:
         out["cell"] = self.cell.to_dict()
         out["steps"] = [s.to_dict() for s in self.steps]
         out["throughput"] = self.throughput.to_dict() if self.throughput else None
+        out["env"] = self.env.to_dict() if self.env is not None else None
         return out
 
     @classmethod
@@ -326,6 +329,7 @@ class ProbeRecord:
         kwargs["cell"] = Cell(**data["cell"])
         kwargs["steps"] = [Step.from_dict(s) for s in data.get("steps") or []]
         kwargs["throughput"] = Throughput.from_dict(data.get("throughput"))
+        kwargs["env"] = DeviceFacts.of(data.get("env"))
         return cls(**kwargs)
 
     @classmethod

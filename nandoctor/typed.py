@@ -5,14 +5,20 @@ Both read YAML through `load_yaml`, YAML 1.2's core schema where PyYAML speaks Y
 are booleans (`off`, `no`, `on`, `yes` stay strings: `gradient_checkpointing: off`, `compile: [off]`), and
 `1e-8` is a number, not a string.
 
+`AsWritten` is the base of the dataclasses read back from JSON that any version of nandoctor wrote (the
+device facts, a run's meta): they give the same dict back, unknown and missing keys included.
+
 Foundation module: imports only errors (and yaml).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import yaml
 
@@ -143,3 +149,47 @@ def _typed(value, kind):
             return tuple(_typed(v, a) for v, a in zip(value, args))
         return tuple(value)
     return value
+
+
+@dataclass(frozen=True)
+class AsWritten:
+    """The base of a dataclass that is read from JSON another nandoctor version may have written and is
+    written back unchanged, so that a run stays readable both ways. Every field of a subclass has a
+    default, the value a reader gets where the JSON lacked the key.
+
+    read_keys: the keys the JSON had, in its order (None: every field, for one built in code); unknown:
+    the keys this version has no field for, as read. `written()` gives exactly those keys back."""
+
+    read_keys: tuple[str, ...] | None = field(default=None, kw_only=True, repr=False)
+    unknown: dict = field(default_factory=dict, kw_only=True, repr=False)
+
+    @classmethod
+    def fields_read(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("read_keys", "unknown"))
+
+    @classmethod
+    def read(cls, data: dict, typed: dict[str, Callable] | None = None):
+        """An instance from JSON data: each key with a field takes its value through typed[key] (a
+        nested dataclass's reader) or as it is; the others go to `unknown`."""
+        typed, names = typed or {}, cls.fields_read()
+        return cls(
+            **{k: typed[k](v) if k in typed else v for k, v in data.items() if k in names},
+            read_keys=tuple(data),
+            unknown={k: v for k, v in data.items() if k not in names},
+        )
+
+    def written(self, plain: dict[str, Callable] | None = None) -> dict:
+        """The JSON data: the keys it was read with, in their order, each field's value through plain[key]
+        (a nested dataclass's writer) or as it is, the unknown keys as read."""
+        plain = plain or {}
+        out = {}
+        for k in self.read_keys if self.read_keys is not None else self.fields_read():
+            if k in self.unknown:
+                out[k] = self.unknown[k]
+            else:
+                out[k] = plain[k](getattr(self, k)) if k in plain else getattr(self, k)
+        return out
+
+    def has(self, key: str) -> bool:
+        """Whether the JSON had `key` (a fact an older version did not record is not a difference)."""
+        return key in (self.read_keys if self.read_keys is not None else self.fields_read())

@@ -215,7 +215,7 @@ def test_a_run_written_before_this_issue_diffs_with_one_written_today():
     old = analyze(FIXTURE)
     today = [ProbeRecord.from_dict(json.loads(json.dumps(r.record.to_dict()))) for r in old.outcomes]
     meta = {
-        **old.meta,
+        **old.meta.to_dict(),
         "recipe": recipe_to_dict(Recipe()),
         "baseline": None,
     }  # today's recipe has sections the old lacks

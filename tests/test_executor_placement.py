@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from nandoctor.analysis.verdicts import UNRESOLVED_VERDICTS, harness_verdict
-from nandoctor.config import executor_config
 from nandoctor.errors import NandoctorError
+from nandoctor.executors import executor_config
 
 
 def test_executor_options_are_typed_and_unknown_keys_are_refused():

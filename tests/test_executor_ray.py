@@ -63,7 +63,7 @@ import json, sys, time
 from pathlib import Path
 from clusters import probe_processes
 from nandoctor.cells import Cell
-from nandoctor.config import executor_config
+from nandoctor.executors import executor_config
 from nandoctor.models import plan_model
 from nandoctor.recipes import recipe_by_name
 from nandoctor.record import ProbeSpec

@@ -99,7 +99,7 @@ def test_each_probe_gets_its_own_gpus_a_ddp_probe_owns_two_and_bisect_rounds_pac
 
 @pytest.mark.slow  # a real warm worker imports torch
 def test_a_probe_forked_by_a_warm_worker_gets_its_gpu_in_its_environment(tmp_path, monkeypatch):
-    from nandoctor.config import ExecutorConfig
+    from nandoctor.executors import ExecutorConfig
     from nandoctor.run.local import LocalPlacement
     from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.session import probe_spec

@@ -10,8 +10,9 @@ from conftest import run_main
 
 from nandoctor.analysis.run import analyze_records, speed_decides
 from nandoctor.cells import Cell, parse_axis_flag
-from nandoctor.config import ExecutorConfig, Recipe, executor_config, with_hardware
+from nandoctor.config import Recipe
 from nandoctor.errors import NandoctorError
+from nandoctor.executors import ExecutorConfig, executor_config, with_hardware
 from nandoctor.plan import plan_grid
 from nandoctor.record import ProbeRecord, Step
 from nandoctor.report.common import headline

@@ -13,6 +13,10 @@ FOUNDATION = {
     "nandoctor.typed",
     "nandoctor.cells",
     "nandoctor.config",
+    "nandoctor.thresholds",
+    "nandoctor.executors",
+    "nandoctor.device",
+    "nandoctor.runmeta",
     "nandoctor.record",
     "nandoctor.env",
 }
@@ -163,3 +167,24 @@ def test_under_loadgroup_each_test_runs_in_its_group(request):
     ):  # set on the workers
         pytest.skip("not run under pytest-xdist's --dist loadgroup")
     assert request.node.nodeid.endswith("@test_layout"), request.node.nodeid
+
+
+def test_config_holds_the_recipe_tree_and_nothing_else():
+    """The verdict thresholds and the executor option tables are foundation modules of their own; config.py
+    re-exports neither."""
+    import nandoctor.config
+    import nandoctor.executors
+    import nandoctor.thresholds
+
+    moved = {
+        nandoctor.thresholds: ("Thresholds", "THRESHOLDS", "refuse_short_probes"),
+        nandoctor.executors: (
+            "EXECUTOR_OPTIONS",
+            "EXECUTOR_DEFAULTS",
+            "ExecutorConfig",
+            "executor_config",
+            "with_hardware",
+        ),
+    }
+    for module, names in moved.items():
+        assert all(hasattr(module, n) and not hasattr(nandoctor.config, n) for n in names), module.__name__

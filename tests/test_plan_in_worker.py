@@ -31,7 +31,7 @@ def test_the_planning_child_answers_what_the_parent_would_plan():
     got = answer(plan_request(None, [recipe_to_dict(TINY)], 3))
     moving = ("ram_available_bytes",)  # free memory moves between two readings
     assert {k: v for k, v in got["device"].items() if k not in moving} == {
-        k: v for k, v in device.items() if k not in moving
+        k: v for k, v in device.to_dict().items() if k not in moving
     }
     assert got["plans"] == [plan_model(TINY, device, 3).to_dict()]
     assert got["facts"] == config_facts(TINY)
@@ -39,7 +39,8 @@ def test_the_planning_child_answers_what_the_parent_would_plan():
 
 
 def test_a_given_device_is_planned_for_as_given():
-    device = {**collect_doctor(), "ram_bytes": 1 << 20, "ram_available_bytes": 1 << 20}  # no room: probe scale
+    no_room = {"ram_bytes": 1 << 20, "ram_available_bytes": 1 << 20}  # probe scale
+    device = {**collect_doctor().to_dict(), **no_room}
     got = answer(
         plan_request(
             device, [recipe_to_dict(dataclasses.replace(TINY, model=dataclasses.replace(TINY.model, scale="auto")))], 3

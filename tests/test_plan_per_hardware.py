@@ -3,7 +3,8 @@ kind's device facts where its probes run, so a CPU login node does not call an H
 cells unsupported. Pure planning on hand-made facts here; the facts gathered by real jobs on the
 two-partition SLURM and on Ray node types are checked in test_executor_slurm.py / test_executor_ray.py."""
 
-from nandoctor.config import ExecutorConfig, Recipe
+from nandoctor.config import Recipe
+from nandoctor.executors import ExecutorConfig
 from nandoctor.plan import plan_grid
 from nandoctor.run.session import planning_device
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # builds and trains real tiny models in this proc
 
 def spec_for(recipe, cell=Cell("fp32", "sdpa", "off"), steps=3, device=None) -> ProbeSpec:
     env = collect_summary()
-    return ProbeSpec(cell.id, recipe, cell, plan_model(recipe, env), steps, recipe.seed, device or env["device"], 1)
+    return ProbeSpec(cell.id, recipe, cell, plan_model(recipe, env), steps, recipe.seed, device or env.device, 1)
 
 
 def test_two_builds_with_the_same_seed_are_bit_identical():

@@ -32,7 +32,7 @@ def task(cell: Cell, steps: int, model: str | None = None, **fields):
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory):
-    from nandoctor.config import ExecutorConfig
+    from nandoctor.executors import ExecutorConfig
     from nandoctor.run.local import LocalPlacement
     from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 
 from nandoctor.cells import Cell
-from nandoctor.config import ExecutorConfig
+from nandoctor.executors import ExecutorConfig
 from nandoctor.models import plan_model
 from nandoctor.plan import PlannedProbe
 from nandoctor.recipes import resolve_model

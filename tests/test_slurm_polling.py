@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nandoctor.config import executor_config
+from nandoctor.executors import executor_config
 
 pytest.importorskip("submitit")
 

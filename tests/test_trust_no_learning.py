@@ -11,8 +11,8 @@ from checkpoints import TINY, save_dead_llama
 from nandoctor.analysis.run import analyze_records
 from nandoctor.analysis.verdicts import NO_LEARNING, STABLE, check_results, numeric_verdict
 from nandoctor.cells import Cell
-from nandoctor.config import THRESHOLDS
 from nandoctor.record import ProbeRecord, Step
+from nandoctor.thresholds import THRESHOLDS
 
 LN_VOCAB = math.log(TINY["vocab_size"])
 

@@ -126,7 +126,7 @@ def test_a_one_step_grid_is_refused_before_any_probe_runs(tmp_path, cli):
 
 
 def test_a_grid_too_short_for_the_spike_and_rise_rules_is_warned_about():
-    from nandoctor.config import refuse_short_probes
+    from nandoctor.thresholds import refuse_short_probes
 
     with pytest.raises(NandoctorError, match="too few for bisect"):
         refuse_short_probes("bisect", 1)

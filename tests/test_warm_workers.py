@@ -89,7 +89,7 @@ def tiny_task(steps=2):
 
 
 def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
-    from nandoctor.config import ExecutorConfig
+    from nandoctor.executors import ExecutorConfig
     from nandoctor.run.local import LocalPlacement
     from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore

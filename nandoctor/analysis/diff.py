@@ -16,9 +16,12 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..cells import PRECISIONS
-from ..config import THRESHOLDS, Thresholds, recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict
+from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..record import ProbeRecord, Step
+from ..runmeta import RunMeta
+from ..thresholds import THRESHOLDS, Thresholds
 from .forensics import FINFO_EPS
 from .ranking import fidelity_bucket
 from .run import ProbeOutcome, RunAnalysis
@@ -62,21 +65,21 @@ ENV_FACTS = (
 )
 
 
-def _fact(env: dict, key: str) -> str:
-    value = env[key]
+def _fact(env: DeviceFacts, key: str) -> str:
+    value = getattr(env, key)
     if key == "nvml":
-        value = (value or {}).get("driver")
+        value = value.driver if value is not None else None
     elif key == "gpus":
-        value = ", ".join(f"{g.get('name')} (cc {g.get('capability')})" for g in value or []) or "none"
+        value = ", ".join(f"{g.name} (cc {g.capability})" for g in value) or "none"
     return "-" if value is None else str(value)
 
 
-def environment_facts(env: dict) -> dict[str, str]:
+def environment_facts(env: DeviceFacts) -> dict[str, str]:
     """The facts of a run's environment that change numerics or support, as strings ('-': absent), plus
     each optional package's version; facts the run did not record are left out."""
-    out = {name: _fact(env, key) for name, key in ENV_FACTS if key in env}
-    for module, package in (env.get("packages") or {}).items():
-        out[module] = (package.get("version") or "installed") if package.get("importable") else "-"
+    out = {name: _fact(env, key) for name, key in ENV_FACTS if env.has(key)}
+    for module, package in env.packages.items():
+        out[module] = (package.version or "installed") if package.importable else "-"
     return out
 
 
@@ -119,13 +122,13 @@ def _recipe_today(recipe: dict) -> dict:
         return recipe  # a recipe this version cannot read is compared as written
 
 
-def settings(meta: dict) -> dict[str, str]:
+def settings(meta: RunMeta) -> dict[str, str]:
     """What a run was asked to do, flat: run facts, recipe fields (recipe.optimizer.lr, ...) and axes."""
-    recipe = {k: v for k, v in _recipe_today(meta.get("recipe") or {}).items() if k != "description"}
-    out = {k: str(meta[k]) for k in RUN_FACTS if k in meta}
+    recipe = {k: v for k, v in _recipe_today(meta.recipe or {}).items() if k != "description"}
+    out = {k: str(getattr(meta, k)) for k in RUN_FACTS if meta.has(k)}
     out.update(_flat(recipe, "recipe."))
-    out.update(_flat({axis: ",".join(values) for axis, values in (meta.get("axes") or {}).items()}, "axis."))
-    plan = meta.get("model_plan") or {}
+    out.update(_flat({axis: ",".join(values) for axis, values in (meta.axes or {}).items()}, "axis."))
+    plan = meta.model_plan or {}
     out.update({f"model.{k}": str(plan[k]) for k in ("source", "scale", "params") if k in plan})
     return out
 
@@ -367,7 +370,7 @@ class RunDiff:
     @property
     def recommendation(self) -> tuple[str | None, str | None]:
         """(the baseline's recommended probe, this run's); a check recommends nothing, so (None, None)."""
-        if "check" in (self.baseline.meta.get("kind"), self.current.meta.get("kind")):
+        if "check" in (self.baseline.meta.kind, self.current.meta.kind):
             return None, None
         return tuple(a.recommended.probe_id if a.recommended else None for a in (self.baseline, self.current))
 
@@ -408,11 +411,12 @@ def compare_runs(baseline: RunAnalysis, current: RunAnalysis, t: Thresholds = TH
     and the overrides of a bisect probe), which runs written before the optimizer axis share."""
     before = {o.probe_id: o for o in baseline.outcomes}
     after = {o.probe_id: o for o in current.outcomes}
-    golden = current.meta.get("kind") == "check"  # a check probes one cell of what may be a whole grid
+    golden = current.meta.kind == "check"  # a check probes one cell of what may be a whole grid
     ids = list(after) + ([] if golden else [p for p in before if p not in after])
     cells = [compare_cell(p, before.get(p), after.get(p), golden, t) for p in ids]
     cells.sort(key=lambda c: CHANGE_ORDER.index(c.change))
-    env_a, env_b = environment_facts(baseline.meta.get("env") or {}), environment_facts(current.meta.get("env") or {})
+    env_a = environment_facts(baseline.meta.env or DeviceFacts.from_dict({}))
+    env_b = environment_facts(current.meta.env or DeviceFacts.from_dict({}))
     return RunDiff(
         baseline,
         current,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..cells import ATTENTIONS, COMPILATIONS, DEFAULT_OPTIMIZER, OPTIMIZERS, PRECISIONS
-from ..config import THRESHOLDS, Thresholds
 from ..record import Step, Throughput
+from ..thresholds import THRESHOLDS, Thresholds
 
 # transformers uses sdpa when no attn_implementation is given and torch supports it
 # (PreTrainedModel's default attention choice in transformers v5): nothing for the user to set.

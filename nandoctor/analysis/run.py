@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..config import THRESHOLDS, Thresholds
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
+from ..runmeta import RunMeta
+from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary
 from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
@@ -57,7 +58,7 @@ class ProbeOutcome:
 
 @dataclass
 class RunAnalysis:
-    meta: dict
+    meta: RunMeta
     outcomes: list[ProbeOutcome]
     table: pd.DataFrame  # one row per outcome, same order: see probe_table
     ranking: list[ProbeOutcome] = field(default_factory=list)
@@ -71,6 +72,9 @@ class RunAnalysis:
         default_factory=list
     )  # (line, the OS refused it) per report file not written
     rounds: dict[str, dict[int, float]] = field(default_factory=dict)  # speed.round_medians of the re-timing
+
+    def __post_init__(self):
+        self.meta = RunMeta.of(self.meta)  # run.json's meta, given as the dict it holds
 
     @property
     def loaded(self) -> bool:
@@ -161,7 +165,7 @@ class RunAnalysis:
         A bisection exits 0 when it found a configuration that held up on its reruns, 2 when it could
         not test the target or the baseline (timeout, out of memory: the user's setup to change), else 1.
         Compared with a --baseline run, a cell that regressed against it exits 1 as well."""
-        if self.meta.get("kind") == "bisect":
+        if self.meta.kind == "bisect":
             if self.bisection and self.bisection.get("status", "").startswith("unresolved"):
                 return 2
             return 0 if self.bisection and self.bisection.get("recommended") is not None else 1
@@ -293,9 +297,11 @@ def rank_per_hardware(
     )
 
 
-def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None = None) -> RunAnalysis:
+def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: dict | None = None) -> RunAnalysis:
     """Verdicts need the fp32 reference of the same recipe and seed: learn the references first.
-    `timing` (retime.json) replaces the throughput of the probes it re-timed."""
+    `meta` is run.json's (a dict as it holds it is read with RunMeta.from_dict); `timing` (retime.json)
+    replaces the throughput of the probes it re-timed."""
+    meta = RunMeta.of(meta)
     references = References()
     for r in records:
         references.learn(r)
@@ -326,7 +332,7 @@ def analyze_records(meta: dict, records: list[ProbeRecord], timing: dict | None 
         meta=meta,
         outcomes=outcomes,
         table=table,
-        expected=meta.get("planned", len(records)),
+        expected=meta.planned if meta.planned is not None else len(records),
         findings=findings,
         timing=timing,
         load=load,
@@ -392,9 +398,9 @@ def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
     return [f["id"] for f in findings if f["severity"] in FLAGGING and names & set(f.get("cells") or [])]
 
 
-def findings_of(meta: dict, records: list[ProbeRecord]) -> list[dict]:
+def findings_of(meta: RunMeta | dict, records: list[ProbeRecord]) -> list[dict]:
     """The doctor's findings for the planned setup, plus the rules that fire on what probes showed."""
-    findings = [dict(f) for f in (meta.get("doctor") or {}).get("findings", [])]
+    findings = [dict(f) for f in (RunMeta.of(meta).doctor or {}).get("findings", [])]
     observed: dict[str, list[str]] = {}
     for r in records:
         for rule in evaluate({**observed_facts(r), **judged_facts(r)}):
@@ -410,8 +416,8 @@ def findings_of(meta: dict, records: list[ProbeRecord]) -> list[dict]:
 
 def analyze(run_dir) -> RunAnalysis:
     store = ResultsStore(run_dir)
-    meta = store.meta()
-    meta["run_dir"] = str(run_dir)  # where it is now, which may differ from where it was written
+    # where it is now, which may differ from where it was written
+    meta = RunMeta.from_dict({**store.meta(), "run_dir": str(run_dir)})
     analysis = analyze_records(meta, store.records(), store.read_json(RETIME_FILE))
     analysis.bisection = store.read_json(BISECT_FILE)
     return analysis

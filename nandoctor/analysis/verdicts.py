@@ -1,6 +1,6 @@
 """Turn one probe record into one verdict with a one-line reason, and judge every probe against the
 right fp32 reference (References). Pure: no torch, no processes. Every threshold lives in
-config.Thresholds."""
+thresholds.Thresholds."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass
 
 from ..cells import REFERENCE_CELL
-from ..config import THRESHOLDS, Thresholds, recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict
 from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
+from ..thresholds import THRESHOLDS, Thresholds
 
 STABLE, NONFINITE, ZERO_LOSS, DIVERGED, DRIFT = "stable", "nonfinite", "zero-loss", "diverged", "drift"
 # finite, but nothing trains: every gradient exactly 0, a loss that never moves, or a trainable group

@@ -10,6 +10,7 @@ import re
 from ..capabilities import cell_support
 from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
 from ..config import Recipe, dotted_fields, get_field, set_field
+from ..device import DeviceFacts
 from ..errors import NandoctorError
 
 BASELINE_AXES = {axis: getattr(REFERENCE_CELL, axis) for axis in AXES}  # every axis, the default optimizer too
@@ -42,19 +43,21 @@ FASTEST_FIRST = {
 }
 
 
-def precision_ladder(good: dict, bad: dict, device: dict) -> dict[str, list[str]]:
+def precision_ladder(good: dict, bad: dict, device: DeviceFacts | dict) -> dict[str, list[str]]:
     """{"dtype": the precisions faster than the baseline's and slower than the target's on this device,
     nearest the target first}: when the dtype is a culprit, bisect recommends the first of them that is
     stable rather than the baseline's. Empty where the baseline's precision is the faster (fp32 on a CPU)."""
-    order = FASTEST_FIRST["cuda" if device.get("device") == "cuda" else "cpu"]["dtype"]
+    order = FASTEST_FIRST["cuda" if DeviceFacts.of(device).device == "cuda" else "cpu"]["dtype"]
     target, baseline = bad.get("dtype"), good.get("dtype")
     if target not in order or baseline not in order or order.index(target) >= order.index(baseline):
         return {}
     return {"dtype": list(order[order.index(target) + 1 : order.index(baseline)])}
 
 
-def fastest_cell(device: dict) -> Cell:
-    order = FASTEST_FIRST["cuda" if device.get("device") == "cuda" else "cpu"]
+def fastest_cell(device: DeviceFacts | dict) -> Cell:
+    """The first cell of FASTEST_FIRST the device supports; the reference cell where it supports none."""
+    device = DeviceFacts.of(device)
+    order = FASTEST_FIRST["cuda" if device.device == "cuda" else "cpu"]
     for values in itertools.product(*(order[axis] for axis in AXES)):
         cell = Cell(**dict(zip(AXES, values)))
         if cell_support(cell, device) is None:
@@ -94,7 +97,7 @@ def typed_value(recipe: Recipe, name: str, value: str, flag: str):
 
 
 def parse_configurations(
-    recipe: Recipe, device: dict, good: str | None, bad: str | None, factors: list[str]
+    recipe: Recipe, device: DeviceFacts | dict, good: str | None, bad: str | None, factors: list[str]
 ) -> tuple[dict, dict]:
     """(good, bad) as full configurations. The baseline defaults to fp32/eager/off with the recipe's
     own fields; the target to the baseline with the given --bad values, or to the fastest cell the

@@ -11,9 +11,11 @@ from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell
-from ..config import ExecutorConfig, Recipe, get_field
+from ..config import Recipe, get_field
+from ..device import DeviceFacts
 from ..env import collect_summary
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..plan import PlannedProbe
 from ..recommend import recommendation
 from ..record import ProbeRecord
@@ -103,7 +105,7 @@ def run_bisect(
     model_flags: list[str] | None = None,
     listener: Listener | None = None,
     on_step=None,
-    device: dict | None = None,
+    device: DeviceFacts | dict | None = None,
     fail_on: tuple[str, ...] = (),
     executor: ExecutorConfig | None = None,
 ) -> tuple[RunAnalysis, BisectResult]:
@@ -160,7 +162,7 @@ def resume_bisect(
     jobs: int | None = None,
     listener: Listener | None = None,
     on_step=None,
-    device: dict | None = None,
+    device: DeviceFacts | dict | None = None,
     executor: ExecutorConfig | None = None,
 ) -> tuple[RunAnalysis, BisectResult]:
     """Continue an interrupted bisect with the settings of DIR/run.json, sized for this host (jobs, else
@@ -168,18 +170,18 @@ def resume_bisect(
     its path from them and goes on where it stopped."""
     device = device or kept_device(run_dir, executor) or collect_summary()
     meta, recipe, plan = resumable(run_dir, "bisect", device)
-    if "request" not in meta:
+    if meta.request is None:
         raise NandoctorError(
             f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect"
         )
-    good_cfg, bad_cfg = parse_configurations(recipe, device, **meta["request"])
+    good_cfg, bad_cfg = parse_configurations(recipe, device, **meta.request)
     session, judge = open_session(
         "bisect",
         recipe,
         listener,
         out=run_dir,
         jobs=jobs,
-        steps=meta["steps"],
+        steps=meta.steps,
         device=device,
         plan=plan,
         resume=True,
@@ -188,18 +190,18 @@ def resume_bisect(
     with session:
         for record in session.resume(0):
             judge(record, quiet=True)
-        oracle = ProbeOracle(session, recipe, tuple(meta["fail_on"]))
+        oracle = ProbeOracle(session, recipe, tuple(meta.fail_on))
         result = Bisection(
             good_cfg,
             bad_cfg,
             oracle,
-            meta["reruns"],
-            meta["data_seeds"],
+            meta.reruns,
+            meta.data_seeds,
             session.jobs,
             on_step,
             precision_ladder(good_cfg, bad_cfg, session.device),
         ).run()
-    return _finish(session, recipe, oracle, result, meta["model_flags"])
+    return _finish(session, recipe, oracle, result, meta.model_flags)
 
 
 def _finish(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import jsonio
 from ..config import recipe_from_dict
+from ..device import DeviceFacts
 from ..errors import NandoctorError
 
 
@@ -27,14 +28,14 @@ def answer(request: dict) -> dict:
     from ..env import collect_doctor
     from ..models import config_facts, plan_model
 
-    device = request["device"] or collect_doctor()
+    device = DeviceFacts.from_dict(request["device"]) if request["device"] else collect_doctor()
     recipes = [recipe_from_dict({k: v for k, v in r.items() if k != "name"}, r["name"]) for r in request["recipes"]]
     try:
         plans = [plan_model(recipe, device, request["steps"]) for recipe in recipes]
         facts = config_facts(recipes[0])
     except NandoctorError as e:
         return {"error": str(e)}
-    return {"device": device, "plans": [p.to_dict() for p in plans], "facts": facts}
+    return {"device": device.to_dict(), "plans": [p.to_dict() for p in plans], "facts": facts}
 
 
 def main(request_path: str, result_path: str) -> int:

@@ -112,5 +112,5 @@ def run(args) -> int:
             **search,
         )
     print()
-    print(render_terminal(analysis, analysis.meta["run_dir"]))
+    print(render_terminal(analysis, analysis.meta.run_dir))
     return finish(analysis)

@@ -52,5 +52,5 @@ def run(args) -> int:
 
         print(render_diff_terminal(analysis.comparison))
     ok = all(passed for _, passed, _ in checks) and not (analysis.comparison and analysis.comparison.regressions)
-    print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta['run_dir']})")
+    print(f"check {cell.id} on {recipe.name}: {'PASS' if ok else 'FAIL'}  (run directory: {analysis.meta.run_dir})")
     return finish(analysis, 0 if ok else 1)

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 from ..api import Listener
-from ..config import EXECUTOR_OPTIONS, SCALES, ExecutorConfig, Recipe, executor_config, set_field
+from ..config import SCALES, Recipe, set_field
 from ..errors import NandoctorError
+from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
 from ..recipes import executor_section, resolve_model
 
 MODEL_FLAGS = (

@@ -138,7 +138,7 @@ def run(args) -> int:
     from ..report.terminal import render_terminal
 
     print()
-    print(render_terminal(analysis, analysis.meta["run_dir"]))
+    print(render_terminal(analysis, analysis.meta.run_dir))
     if analysis.comparison:
         print()
         print(render_diff_terminal(analysis.comparison))

@@ -45,8 +45,8 @@ def run(args) -> int:
     if analysis.comparison:
         print()
         print(render_diff_terminal(analysis.comparison))
-    elif analysis.meta.get("baseline"):
-        print(f"baseline {analysis.meta['baseline']} is gone: the reports were written without the comparison")
+    elif analysis.meta.baseline:
+        print(f"baseline {analysis.meta.baseline} is gone: the reports were written without the comparison")
     if args.csv:
         try:
             ranked_table(analysis).to_csv(args.csv, index=False)

@@ -15,6 +15,7 @@ import yaml
 from ..analysis.run import analyze_records
 from ..cells import Cell
 from ..config import Recipe, recipe_to_dict
+from ..device import DeviceFacts
 from ..models import shape_of
 from ..record import ModelPlan, ProbeRecord, Step
 from ..report import write_reports
@@ -47,7 +48,7 @@ def write_report(
     steps: list[Step],
     forensics: dict | None,
     *,
-    device: dict,
+    device: DeviceFacts,
     findings: list[dict],
     bisect_command: str,
 ) -> None:

@@ -16,11 +16,12 @@ from ..analysis.forensics import headroom
 from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, numeric_verdict
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch
-from ..config import THRESHOLDS
+from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
 from ..knowledge.facts import env_facts, setup_facts
 from ..record import ProbeRecord, Step
+from ..thresholds import THRESHOLDS
 from .live import LiveRun
 
 
@@ -80,7 +81,7 @@ class Judge:
         self.step0: ModuleWatch | None = None  # hooks on every module until the first judged step
         self.warned: set[str] = set()  # the warnings given once per run (no-learning)
 
-    def setup(self, run: LiveRun, device: dict) -> list[dict]:
+    def setup(self, run: LiveRun, device: DeviceFacts) -> list[dict]:
         """The setup check of `run` on `device` (env.collect_summary() facts), before any step; then hooks
         that measure step 0's headroom. Returns the knowledge rules' findings on the setup."""
         self.run = run

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from ..cells import ALIASES, PRECISIONS, Cell
+from ..device import DeviceFacts
 from ..errors import NandoctorError
 from .live import LiveRun, local, recipe_of, special_ids
 from .watch import Watch, guarded
@@ -90,7 +91,13 @@ class NandoctorCallback(Callback):
     not learn is stopped. An error inside nandoctor is one line on stderr and switches the callback
     off; training goes on."""
 
-    def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
+    def __init__(
+        self,
+        every: int = 1,
+        strict: bool = False,
+        output_dir: str | None = None,
+        device: DeviceFacts | dict | None = None,
+    ):
         self.watch = Watch(every, strict, device)
         self.output_dir = output_dir
         self.step = None  # the checked step being accumulated: its first batch and micro-batch losses

@@ -15,6 +15,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..cells import PRECISIONS, Cell
+from ..device import DeviceFacts
 from ..knowledge.facts import trainer_cell
 from .live import LiveRun, autocast_of, local, recipe_of, special_ids
 from .watch import Watch, guarded
@@ -70,7 +71,13 @@ class NandoctorCallback(TrainerCallback):
     strict: a failed check raises instead of warning, and a run that does not learn is stopped.
     An error inside nandoctor is one line on stderr and switches the callback off; training goes on."""
 
-    def __init__(self, every: int = 1, strict: bool = False, output_dir: str | None = None, device: dict | None = None):
+    def __init__(
+        self,
+        every: int = 1,
+        strict: bool = False,
+        output_dir: str | None = None,
+        device: DeviceFacts | dict | None = None,
+    ):
         self.watch = Watch(every, strict, device)
         self.output_dir = output_dir
         self.step = None  # what the hooks collect for a step being judged

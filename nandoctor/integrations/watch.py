@@ -30,6 +30,7 @@ import functools
 import sys
 from pathlib import Path
 
+from ..device import DeviceFacts
 from ..env import collect_summary
 from ..errors import NandoctorError
 from .failure_report import REPORT_DIR, write_recipe, write_report
@@ -75,10 +76,10 @@ class Watch:
     step-0 check raises NandoctorError instead of warning; device: the device facts as
     env.collect_summary() returns them (default: this machine's)."""
 
-    def __init__(self, every: int = 1, strict: bool = False, device: dict | None = None):
+    def __init__(self, every: int = 1, strict: bool = False, device: DeviceFacts | dict | None = None):
         if every < 1:
             raise NandoctorError(f"every must be >= 1, got {every}")
-        self.every, self.strict, self.device = every, strict, device
+        self.every, self.strict, self.device = every, strict, DeviceFacts.of(device)
         self.run: LiveRun | None = None
         self.judging = Judge(strict)
         self.named: list = []  # the trainable (name, parameter) pairs, in the model's order

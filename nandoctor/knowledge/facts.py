@@ -1,5 +1,5 @@
 """The facts the rules in rules.yaml are written against, gathered from the environment (env.py's
-dict), the planned setup (recipe + cell + optional TrainingArguments JSON + tokenizer) and, after a
+DeviceFacts), the planned setup (recipe + cell + optional TrainingArguments JSON + tokenizer) and, after a
 run, from a probe's recorded steps. Every fact is a plain value; an unknown one is None.
 """
 
@@ -10,11 +10,13 @@ import re
 from pathlib import Path
 
 from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
-from ..config import THRESHOLDS, Recipe
+from ..config import Recipe
 
 # all_masked_batches: the rules' fact, computed with the data
 from ..data import all_masked_batches, batches  # noqa: F401
+from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..thresholds import THRESHOLDS
 from ..userdata.tokenizer import has_tokenizer, load_tokenizer  # noqa: F401  (where the doctor found them)
 from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
@@ -23,13 +25,13 @@ from .accelerate_config import accelerate_cell, parallel_of_accelerate
 CONTROL_TOKEN = re.compile(r"^(<[^<>]*>|\[[A-Z_]+\])$")
 
 
-def env_facts(env: dict) -> dict:
-    gpus = env.get("gpus") or []
+def env_facts(env: DeviceFacts | dict) -> dict:
+    env = DeviceFacts.of(env)
     return {
-        "device": env.get("device"),
-        "gpu_capability": min(float(g["capability"]) for g in gpus) if gpus else None,
-        "cudnn_version": env.get("cudnn"),
-        "flash_attn": env.get("flash_attn"),
+        "device": env.device,
+        "gpu_capability": env.gpu_capability,
+        "cudnn_version": env.cudnn,
+        "flash_attn": env.flash_attn,
     }
 
 

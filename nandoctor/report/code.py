@@ -14,14 +14,14 @@ def grid_recommendations(a: RunAnalysis) -> list[tuple[str, dict]]:
     """(kind of hardware, recommend.recommendation dict) per recommended configuration of a grid: one
     (hardware ""), or one per kind of hardware; [] for another kind of run, or a recipe this version
     cannot read back."""
-    if a.meta.get("kind") != "grid":
+    if a.meta.kind != "grid":
         return []
-    data = a.meta.get("recipe") or {}
+    data = a.meta.recipe or {}
     try:
         recipe = recipe_from_dict({k: v for k, v in data.items() if k != "name"}, data.get("name", ""))
     except NandoctorError:
         return []
-    flags = model_flags_of(a.meta.get("command", ""), recipe)
+    flags = model_flags_of(a.meta.command or "", recipe)
     chosen = [(h, a.recommended_on(h)) for h in a.hardware] if a.hardware else [("", a.recommended)]
     return [
         (h, recommendation(o.record.cell.anywhere.to_dict(), recipe, recipe, flags)) for h, o in chosen if o is not None

@@ -7,6 +7,7 @@ import math
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
 from ..cells import AXES, Cell
+from ..device import DeviceFacts
 from ..record import ModelPlan
 from . import timing
 from .bisection import config_text
@@ -110,7 +111,7 @@ def last_loss(o: ProbeOutcome) -> float | None:
 def recommended_ids(a: RunAnalysis) -> set[str]:
     """The probes of the recommended configuration: the bisection's recommendation in a bisect run
     (its ranking is only the probes it happened to need), else the top of the ranking."""
-    if a.meta.get("kind") == "bisect":
+    if a.meta.kind == "bisect":
         b = a.bisection or {}
         step = b.get("recommended_step")
         return set(b["path"][step]["probe_ids"]) if step is not None else set()
@@ -122,7 +123,7 @@ def recommended_ids(a: RunAnalysis) -> set[str]:
 def ranking_note(a: RunAnalysis) -> str | None:
     """Beside the ranked table of a bisect run: its recommendation is the bisection's (the stable
     configuration nearest the target), not the table's first row, and where it ranks there."""
-    if a.meta.get("kind") != "bisect" or not a.ranking:
+    if a.meta.kind != "bisect" or not a.ranking:
         return None
     ids = recommended_ids(a)
     rank = next((i + 1 for i, o in enumerate(a.ranking) if o.probe_id in ids), None)
@@ -139,7 +140,7 @@ def ranking_note(a: RunAnalysis) -> str | None:
 
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
-    starred = recommended_ids(a) if a.meta.get("kind") == "bisect" else set()
+    starred = recommended_ids(a) if a.meta.kind == "bisect" else set()
     return [
         {
             "rank": i + 1,
@@ -174,21 +175,20 @@ def unsupported_rows(a: RunAnalysis) -> list[dict]:
 
 
 def model_line(a: RunAnalysis) -> tuple[str, str]:
-    plan = ModelPlan.from_dict(a.meta["model_plan"])
+    plan = ModelPlan.from_dict(a.meta.model_plan)
     return plan.describe(), plan.why
 
 
-def device_text(env: dict) -> str:
-    gpus = env.get("gpus") or []
+def device_text(env: DeviceFacts) -> str:
     return (
-        ", ".join(f"{g['name']} (cc {g['capability']}, {fmt_bytes(g['memory_bytes'])})" for g in gpus)
-        or f"CPU, {env.get('cpu_count')} cores, {fmt_bytes(env.get('ram_bytes'))} RAM"
+        ", ".join(f"{g.name} (cc {g.capability}, {fmt_bytes(g.memory_bytes)})" for g in env.gpus)
+        or f"CPU, {env.cpu_count} cores, {fmt_bytes(env.ram_bytes)} RAM"
     )
 
 
-def gathered_text(env: dict) -> str:
+def gathered_text(env: DeviceFacts) -> str:
     """Where an executor's device facts were gathered: the job, host and process that read them."""
-    g = env.get("gathered") or {}
+    g = env.gathered or {}
     job = (
         f"job {g['job']}" + (f" (partition {g['partition']})" if g.get("partition") else "")
         if g.get("job")
@@ -200,20 +200,20 @@ def gathered_text(env: dict) -> str:
 def environment_rows(a: RunAnalysis) -> list[dict]:
     """The run's environment; a run placed by an executor adds, per kind of hardware, the facts its
     cells were planned with and which job on which node read them."""
-    env = a.meta.get("env", {})
+    env = a.meta.env or DeviceFacts.from_dict({})
     rows = [
         ("device", device_text(env)),
-        ("python", env.get("python")),
-        ("torch", env.get("torch")),
-        ("transformers", env.get("transformers")),
-        ("peft", env.get("peft")),
-        ("CUDA", env.get("cuda") or "-"),
-        ("cuDNN", env.get("cudnn") or "-"),
-        ("platform", env.get("platform")),
+        ("python", env.python),
+        ("torch", env.torch),
+        ("transformers", env.transformers),
+        ("peft", env.peft),
+        ("CUDA", env.cuda or "-"),
+        ("cuDNN", env.cudnn or "-"),
+        ("platform", env.platform),
     ]
     rows += [
         (f"planned on {kind}" if kind else "planned on the cluster", gathered_text(facts))
-        for kind, facts in (a.meta.get("env_by_hardware") or {}).items()
+        for kind, facts in (a.meta.env_by_hardware or {}).items()
     ]
     return [{"fact": k, "value": v} for k, v in rows]
 
@@ -240,7 +240,7 @@ def headline(a: RunAnalysis) -> list[str]:
     """The sentences a user reads first."""
     lines = []
     rec, fast = a.recommended, a.fastest
-    if a.meta["kind"] == "bisect":
+    if a.meta.kind == "bisect":
         from .bisection import headline_lines
 
         lines += headline_lines(a.bisection)

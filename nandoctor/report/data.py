@@ -12,7 +12,8 @@ import math
 from html import escape
 
 from ..analysis.verdicts import starved_groups
-from ..config import THRESHOLDS
+from ..runmeta import RunMeta
+from ..thresholds import THRESHOLDS
 
 BAR = "#1f77b4"
 
@@ -202,10 +203,11 @@ def data_text(section: dict) -> list[str]:
     return out + [""]
 
 
-def data_markdown(meta: dict, outcomes, table) -> list[str]:
+def data_markdown(meta: RunMeta | dict, outcomes, table) -> list[str]:
     """The '## Data' section of report.md, as lines; `table` renders rows as a Markdown table."""
-    section = meta.get("data")
-    parts = ["## Data", "", source_sentence((section or {}).get("source"), meta.get("recipe")), ""]
+    meta = RunMeta.of(meta)
+    section = meta.data
+    parts = ["## Data", "", source_sentence((section or {}).get("source"), meta.recipe), ""]
     if section:
         parts += [
             f"{section['rows']} rows scanned, {section['tokens']} tokens kept, {section['rows_truncated']} truncated, "
@@ -230,11 +232,11 @@ def data_markdown(meta: dict, outcomes, table) -> list[str]:
     return parts
 
 
-def data_html(meta: dict, outcomes) -> dict:
+def data_html(meta: RunMeta, outcomes) -> dict:
     """The template's context for the Data section."""
-    section = meta.get("data")
+    section = meta.data
     context = {
-        "sentence": source_sentence((section or {}).get("source"), meta.get("recipe")),
+        "sentence": source_sentence((section or {}).get("source"), meta.recipe),
         "probes": probe_rows(outcomes),
         "checks": setup_check_rows(outcomes),
         "starved": starved_rows(outcomes),

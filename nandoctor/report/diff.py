@@ -20,7 +20,7 @@ CURVES_DRAWN = 8  # overlay charts of parted loss curves in the HTML
 
 
 def run_name(a) -> str:
-    return a.meta.get("run_dir") or a.meta.get("run_id") or "?"
+    return a.meta.run_dir or a.meta.run_id or "?"
 
 
 def headline(d: RunDiff) -> list[str]:
@@ -203,7 +203,7 @@ def render_diff_terminal(d: RunDiff) -> str:
 
 def render_diff_markdown(d: RunDiff) -> str:
     head = headline(d)
-    parts = [f"# nandoctor diff: {d.current.meta['recipe']['name']}", "", _intro(d), "", f"**{head[0]}**", ""]
+    parts = [f"# nandoctor diff: {d.current.meta.recipe['name']}", "", _intro(d), "", f"**{head[0]}**", ""]
     parts += [f"- {line}" for line in head[1:]] + [""]
     for title, rows, empty in sections(d):
         if rows or empty:
@@ -240,7 +240,7 @@ def curve_charts(d: RunDiff) -> list[str]:
 
 def render_diff_html(d: RunDiff) -> str:
     return _env.get_template("diff.html.j2").render(
-        title=f"nandoctor diff: {d.current.meta['recipe']['name']}",
+        title=f"nandoctor diff: {d.current.meta.recipe['name']}",
         baseline=run_name(d.baseline),
         current=run_name(d.current),
         headline=headline(d),

@@ -7,47 +7,46 @@ from tabulate import tabulate
 
 from .. import jsonio
 from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
+from ..device import DeviceFacts
 from .common import fmt_bytes
 from .data import data_text
 
 
-def stack_facts(env: dict) -> list[dict]:
+def stack_facts(env: DeviceFacts) -> list[dict]:
     """The facts the doctor adds to the run's environment table: NVML, CPU, libraries, kernels."""
-    nvml = env.get("nvml") or {}
+    nvml = env.nvml
     rows = [
         (
             "NVML",
-            f"driver {nvml['driver']}, CUDA driver {nvml['cuda_driver']}, {len(nvml['devices'])} GPU(s)"
-            if nvml.get("available")
-            else f"not available: {nvml.get('reason', 'not checked')}",
+            f"driver {nvml.driver}, CUDA driver {nvml.cuda_driver}, {len(nvml.devices)} GPU(s)"
+            if nvml is not None and nvml.available
+            else f"not available: {(nvml.reason if nvml is not None else None) or 'not checked'}",
         ),
         (
             "CPU",
-            f"{env.get('cpu_name') or '?'}, {env.get('cpu_count')} cores usable, "
-            f"SIMD {env.get('cpu_capability') or '?'}",
+            f"{env.cpu_name or '?'}, {env.cpu_count} cores usable, SIMD {env.cpu_capability or '?'}",
         ),
-        ("RAM", f"{fmt_bytes(env.get('ram_bytes'))} total, {fmt_bytes(env.get('ram_available_bytes'))} available"),
-        ("NCCL", env.get("nccl") or "-"),
+        ("RAM", f"{fmt_bytes(env.ram_bytes)} total, {fmt_bytes(env.ram_available_bytes)} available"),
+        ("NCCL", env.nccl or "-"),
         ("SDPA backends", ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in sdpa_backends(env).items()) or "-"),
-        ("C++ compiler (inductor on CPU)", env.get("cxx") or "none on PATH"),
+        ("C++ compiler (inductor on CPU)", env.cxx or "none on PATH"),
     ]
-    for name, pkg in (env.get("packages") or {}).items():
-        rows.append((name, pkg["version"] if pkg["importable"] else "not installed"))
+    for name, pkg in env.packages.items():
+        rows.append((name, pkg.version if pkg.importable else "not installed"))
     return [{"fact": k, "value": v} for k, v in rows]
 
 
-def environment_facts(env: dict) -> list[dict]:
-    gpus = env.get("gpus") or []
+def environment_facts(env: DeviceFacts) -> list[dict]:
     core = [
-        ("device", "cuda" if gpus else "cpu (no CUDA device visible to torch)"),
-        ("python / torch", f"{env.get('python')} / {env.get('torch')}"),
-        ("transformers / peft", f"{env.get('transformers')} / {env.get('peft')}"),
-        ("CUDA / cuDNN", f"{env.get('cuda') or '-'} / {env.get('cudnn') or '-'}"),
+        ("device", "cuda" if env.gpus else "cpu (no CUDA device visible to torch)"),
+        ("python / torch", f"{env.python} / {env.torch}"),
+        ("transformers / peft", f"{env.transformers} / {env.peft}"),
+        ("CUDA / cuDNN", f"{env.cuda or '-'} / {env.cudnn or '-'}"),
     ]
     return [{"fact": k, "value": v} for k, v in core] + stack_facts(env)
 
 
-def capability_rows(env: dict) -> list[dict]:
+def capability_rows(env: DeviceFacts) -> list[dict]:
     return [
         {
             "GPU": f"{c['index']}: {c['name']}",
@@ -85,7 +84,7 @@ def _table(rows: list[dict], fmt: str) -> str:
     return tabulate(rows, headers="keys", tablefmt=fmt) if rows else "_none_" if fmt == "github" else "none"
 
 
-def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
+def doctor_markdown(env: DeviceFacts, findings: list[dict]) -> list[str]:
     """The '## Doctor' section of report.md, as lines."""
     parts = [
         "## Doctor",
@@ -119,7 +118,7 @@ def doctor_markdown(env: dict, findings: list[dict]) -> list[str]:
 
 def render_doctor_text(report: dict) -> str:
     """What `nandoctor doctor` prints."""
-    env = report["environment"]
+    env = DeviceFacts.from_dict(report["environment"])
     out = ["Environment", tabulate([(r["fact"], r["value"]) for r in environment_facts(env)], tablefmt="plain"), ""]
     caps = capability_rows(env)
     out += [

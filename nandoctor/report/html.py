@@ -13,6 +13,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
+from ..device import DeviceFacts
 from . import bisection, code, common, data, doctor, failures, forensics, matrix, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
@@ -128,6 +129,7 @@ def probe_card(o: ProbeOutcome) -> dict:
 def render_html(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
     panels = matrix.matrix_panels(a)
+    env = a.meta.env or DeviceFacts.from_dict({})
     return _env.get_template("report.html.j2").render(
         meta=a.meta,
         headline=common.headline(a),
@@ -143,9 +145,9 @@ def render_html(a: RunAnalysis) -> str:
         code=[(code.title(h), code.code_lines(rec)) for h, rec in code.grid_recommendations(a)],
         ranking=common.ranking_rows(a),
         failures=common.failure_rows(a),
-        environment=common.environment_rows(a) + doctor.stack_facts(a.meta.get("env", {})),
+        environment=common.environment_rows(a) + doctor.stack_facts(env),
         findings=doctor.finding_rows(a.findings),
-        capabilities=doctor.capability_rows(a.meta.get("env", {})),
+        capabilities=doctor.capability_rows(env),
         order=timing.order_sentence(a),
         ranking_note=common.ranking_note(a),
         retime=timing.retime_rows(a),
@@ -153,7 +155,7 @@ def render_html(a: RunAnalysis) -> str:
         load=timing.load_line(a),
         overview_svg=overview_chart(a),
         cards=[probe_card(o) for o in a.outcomes if o.verdict.name != UNSUPPORTED],
-        bisect=bisection_context(a.bisection) if a.meta["kind"] == "bisect" and a.bisection else None,
+        bisect=bisection_context(a.bisection) if a.meta.kind == "bisect" and a.bisection else None,
         forensics=[forensics.summary_row(o) for o in forensics.probes_with_forensics(a)],
         headroom=forensics.headroom_sections(a),
         savings=savings.section(a),

@@ -23,7 +23,7 @@ def _seconds(x) -> str:
 def render_junit(a: RunAnalysis) -> str:
     suite = ET.Element(
         "testsuite",
-        name=f"nandoctor {a.meta['kind']} {a.meta['recipe']['name']}",
+        name=f"nandoctor {a.meta.kind} {a.meta.recipe['name']}",
         tests=str(len(a.outcomes)),
         failures=str(sum(o.verdict.failed and o.verdict.name not in HARNESS_FAILURES for o in a.outcomes)),
         errors=str(sum(o.verdict.name in HARNESS_FAILURES for o in a.outcomes)),
@@ -31,7 +31,7 @@ def render_junit(a: RunAnalysis) -> str:
     )
     for o in a.outcomes:
         case = ET.SubElement(
-            suite, "testcase", classname=f"nandoctor.{a.meta['kind']}", name=label(o), time=_seconds(o.record.wall_s)
+            suite, "testcase", classname=f"nandoctor.{a.meta.kind}", name=label(o), time=_seconds(o.record.wall_s)
         )
         if o.verdict.name == UNSUPPORTED:
             ET.SubElement(case, "skipped", message=o.verdict.reason)
@@ -39,7 +39,7 @@ def render_junit(a: RunAnalysis) -> str:
             tag = "error" if o.verdict.name in HARNESS_FAILURES else "failure"
             node = ET.SubElement(case, tag, type=o.verdict.name, message=o.verdict.reason)
             node.text = o.record.log_tail or (o.record.error or {}).get("traceback") or o.verdict.reason
-    if a.meta["kind"] == "bisect" and a.bisection:
+    if a.meta.kind == "bisect" and a.bisection:
         bisection_cases(suite, a.bisection)
     if a.comparison:
         baseline_cases(suite, a.comparison)

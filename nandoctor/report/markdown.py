@@ -7,6 +7,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
+from ..device import DeviceFacts
 from . import bisection, code, common, failures, matrix, timing
 from .data import data_markdown
 from .doctor import doctor_markdown
@@ -23,17 +24,17 @@ def render_markdown(a: RunAnalysis) -> str:
     m = a.meta
     probed, why = common.model_line(a)
     parts = [
-        f"# nandoctor {m['kind']}: {m['recipe']['name']}",
+        f"# nandoctor {m.kind}: {m.recipe['name']}",
         "",
-        f"Run `{m['run_id']}` started {m['created']}; {m['steps']} steps per probe, seed {m['seed']}.",
+        f"Run `{m.run_id}` started {m.created}; {m.steps} steps per probe, seed {m.seed}.",
         "",
     ]
     head = common.headline(a)
-    first = len(a.hardware) if a.hardware and a.meta["kind"] != "bisect" else 1  # a recommendation per kind of hardware
+    first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # a recommendation per kind of hardware
     parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
     parts += matrix_section(a) + failure_section(a) + code_section(a)
     parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
-    if m["kind"] == "bisect" and a.bisection:
+    if m.kind == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
     parts += data_markdown(m, a.outcomes, _table)
     note = common.ranking_note(a)
@@ -44,9 +45,9 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += parallel_markdown(a, _table)
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
-    parts += doctor_markdown(m.get("env", {}), a.findings)
+    parts += doctor_markdown(m.env or DeviceFacts.from_dict({}), a.findings)
     parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
-    parts += [f"Command: `{m.get('command', '')}`", ""]
+    parts += [f"Command: `{m.command or ''}`", ""]
     return "\n".join(parts)
 
 

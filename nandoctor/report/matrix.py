@@ -36,14 +36,14 @@ VERDICT_COLORS = {
 
 
 def _in_grid(a: RunAnalysis, o: ProbeOutcome) -> bool:
-    return not o.record.overrides and o.record.seed == a.meta.get("seed", o.record.seed)
+    return not o.record.overrides and o.record.seed == (a.meta.seed if a.meta.seed is not None else o.record.seed)
 
 
 def _planned_cells(a: RunAnalysis) -> list[Cell]:
     """The cells a grid planned to probe (run.json), so an interrupted grid shows what it did not reach."""
-    if a.meta.get("kind") != "grid":
+    if a.meta.kind != "grid":
         return []
-    return [Cell.parse(c) for c in ((a.meta.get("doctor") or {}).get("setup") or {}).get("cells", [])]
+    return [Cell.parse(c) for c in ((a.meta.doctor or {}).get("setup") or {}).get("cells", [])]
 
 
 def _representative(probes: list[ProbeOutcome]) -> ProbeOutcome:
@@ -54,7 +54,7 @@ def _representative(probes: list[ProbeOutcome]) -> ProbeOutcome:
 def fastest_ids(a: RunAnalysis) -> set[str]:
     """The probes marked fastest: on each kind of hardware (the whole grid without a hardware axis), the
     stable one clearly faster than that kind's recommendation, if any; none in a bisect run."""
-    if a.meta.get("kind") == "bisect":
+    if a.meta.kind == "bisect":
         return set()
     kinds = a.hardware or [""]
     return {fast.probe_id for fast, rec in ((a.fastest_on(h), a.recommended_on(h)) for h in kinds) if fast is not rec}
@@ -146,7 +146,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
 
 def hardware_name(a: RunAnalysis) -> str:
     """The run's hardware axis as the user named it (partition, node_type)."""
-    return next((axis for axis in (a.meta.get("axes") or {}) if axis in HARDWARE_AXES), "hardware")
+    return next((axis for axis in (a.meta.axes or {}) if axis in HARDWARE_AXES), "hardware")
 
 
 def ran_on(a: RunAnalysis, hardware: str) -> str:
@@ -173,7 +173,7 @@ def off_grid_rows(a: RunAnalysis) -> list[dict]:
     recommended = recommended_ids(a)
     return [
         {
-            "config": label(o) + ("" if o.record.seed == a.meta.get("seed") else f" seed={o.record.seed}"),
+            "config": label(o) + ("" if o.record.seed == a.meta.seed else f" seed={o.record.seed}"),
             "verdict": o.verdict.name,
             "step": "-" if o.verdict.step is None else o.verdict.step,
             "recommended": o.probe_id in recommended,

@@ -50,7 +50,7 @@ def _probe(o: ProbeOutcome) -> dict:
 def _recommendations(a: RunAnalysis) -> list[dict]:
     """The recommendation as code and data (recommend.recommendation): a grid's per kind of hardware, a
     bisection's from bisect.json."""
-    if a.meta.get("kind") == "bisect":
+    if a.meta.kind == "bisect":
         rec = (a.bisection or {}).get("recommendation")
         return [{"hardware": None, **rec}] if rec else []
     return [{"hardware": h or None, **rec} for h, rec in grid_recommendations(a)]
@@ -59,10 +59,10 @@ def _recommendations(a: RunAnalysis) -> list[dict]:
 def render_summary(a: RunAnalysis) -> dict:
     return json_safe(
         {
-            "run_id": a.meta["run_id"],
-            "kind": a.meta["kind"],
-            "recipe": a.meta["recipe"]["name"],
-            "model": a.meta["model_plan"],
+            "run_id": a.meta.run_id,
+            "kind": a.meta.kind,
+            "recipe": a.meta.recipe["name"],
+            "model": a.meta.model_plan,
             "planned": a.expected,
             "finished": len(a.outcomes),
             "recommended": a.recommended.probe_id if a.recommended else None,
@@ -79,8 +79,8 @@ def render_summary(a: RunAnalysis) -> dict:
             "exit_code": a.exit_code,
             "failure_classes": failure_classes(a),
             "probes": [_probe(o) for o in a.outcomes],
-            "env": a.meta.get("env"),
-            "doctor": {**(a.meta.get("doctor") or {}), "findings": a.findings},
+            "env": a.meta.env.to_dict() if a.meta.env is not None else None,
+            "doctor": {**(a.meta.doctor or {}), "findings": a.findings},
             "savings": savings_summary(a),
         }
     )

@@ -66,7 +66,7 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
                 maxcolwidths=[None, None, None, 70],
             ),
         ]
-    if a.meta["kind"] == "bisect" and a.bisection:
+    if a.meta.kind == "bisect" and a.bisection:
         out += [
             "",
             tabulate(bisection.culprit_rows(a.bisection), headers="keys")

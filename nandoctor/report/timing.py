@@ -8,8 +8,8 @@ from __future__ import annotations
 from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
 from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides
 from ..analysis.speed import grid_throughput
-from ..config import THRESHOLDS
 from ..record import Throughput
+from ..thresholds import THRESHOLDS
 
 RETIMED = "†"  # marks a re-timed figure (retime.json) beside the grid's own
 
@@ -40,9 +40,10 @@ def retimed_legend(a: RunAnalysis) -> str | None:
     if not a.timing or not any(o.retimed for o in a.outcomes):
         return None
     t = a.timing
+    steps = a.meta.steps if a.meta.steps is not None else "?"
     return (
         f"{RETIMED} re-timed: {t['steps']}-step probes, back to back and interleaved, {t['rounds']} rounds; the other "
-        f"figures are the grid's own {a.meta.get('steps', '?')}-step probes (short probes measure lower: "
+        f"figures are the grid's own {steps}-step probes (short probes measure lower: "
         "compare a re-timed figure only with another one)."
     )
 
@@ -196,7 +197,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     on the figures mean, and the load."""
     rec = a.recommended
     lines = []
-    if rec is None or a.meta.get("kind") != "grid":
+    if rec is None or a.meta.kind != "grid":
         return lines
     if a.timing:
         timed, sharing = len(a.timing["cells"]), speed_decides(a, len(a.ranking))
@@ -219,7 +220,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
         unresolved = unresolved_line(a)
         if unresolved:
             lines.append(unresolved)
-    elif (a.meta.get("recipe") or {}).get("retime_rounds") == 0:
+    elif (a.meta.recipe or {}).get("retime_rounds") == 0:
         leaders = speed_decides(a, len(a.ranking))
         if leaders:
             lines.append(

@@ -25,14 +25,16 @@ from pathlib import Path
 import nandoctor
 
 from ..cells import OPTIMIZERS, PRECISIONS, Cell
+from ..device import DeviceFacts
 
 ENV_KEYS = ("python", "torch", "transformers", "peft", "cuda", "cudnn", "device", "flash_attn", "cpu_model")
 
 
-def environment_key(env: dict) -> dict:
+def environment_key(env: DeviceFacts | dict) -> dict:
     """The facts of an environment (env.collect_summary()) that can change a probe's numbers."""
-    key = {k: env.get(k) for k in ENV_KEYS}
-    key["gpus"] = [(g.get("name"), g.get("capability")) for g in env.get("gpus") or []]
+    env = DeviceFacts.of(env)
+    key = {k: getattr(env, k) for k in ENV_KEYS}
+    key["gpus"] = [(g.name, g.capability) for g in env.gpus]
     return key
 
 
@@ -97,16 +99,17 @@ PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
 
-def package_versions(cell: Cell, env: dict) -> dict:
+def package_versions(cell: Cell, env: DeviceFacts) -> dict:
     """{package: version} of the optional packages the cell's fp8 recipe and optimizer use."""
     fp8 = PRECISIONS[cell.dtype].fp8
     used = [p for p in (fp8.package if fp8 else None, OPTIMIZERS[cell.optimizer].package) if p]
-    return {p: ((env.get("packages") or {}).get(p) or {}).get("version") for p in used}
+    return {p: env.packages[p].version if p in env.packages else None for p in used}
 
 
-def probe_fingerprint(spec: dict, overrides: dict, env: dict) -> str:
+def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> str:
     """sha256 hex of the probe's spec (ProbeSpec.to_dict()), its overrides, its environment, nandoctor's
     version and its data files' contents; key order does not matter."""
+    env = DeviceFacts.of(env)
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k not in NOT_SPEC_NUMERICS}}
     spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
     # why is prose; refuses follows from the architecture and the transformers version (in the environment)

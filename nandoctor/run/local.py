@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..config import ExecutorConfig
+from ..device import DeviceFacts, GpuFacts
 from ..env import VISIBLE_DEVICES_ENV, get_cpu_count, get_gpu_count_guess, parse_visible_devices
+from ..executors import ExecutorConfig
 from ..record import Exited, Ready, Started
 from .placement import EXITED, Ending, Outcome, PlacedProbe
 from .slots import ColdSlot, Died, WarmSlot, gpu_fit, most_jobs, packed_jobs
@@ -45,10 +46,11 @@ def visible_gpus(count: int, given: str | None) -> list[str]:
     return [str(i) for i in range(count)] if entries is None else entries[:count]
 
 
-def plan_request(device: dict | None, recipes: list[dict], steps: int) -> dict:
-    """What a warm worker's planning child reads (child/plan.py): the device facts (None: gather them),
-    the recipes (as dicts) to plan, and the steps --scale auto weighs."""
-    return {"device": device, "recipes": recipes, "steps": steps}
+def plan_request(device: DeviceFacts | dict | None, recipes: list[dict], steps: int) -> dict:
+    """What a warm worker's planning child reads (child/plan.py), as JSON data: the device facts (None:
+    gather them), the recipes (as dicts) to plan, and the steps --scale auto weighs."""
+    device = DeviceFacts.of(device)
+    return {"device": device.to_dict() if device else None, "recipes": recipes, "steps": steps}
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
@@ -119,14 +121,13 @@ class LocalPlacement:
         self.slots: list = []
         self.held: dict[int, Running] = {}  # slot index -> what it runs
         self.preloads: list[tuple] = []
-        guess = {"gpus": [{}] * get_gpu_count_guess(), "cpu_count": get_cpu_count()}
+        guess = DeviceFacts(gpus=(GpuFacts(),) * get_gpu_count_guess(), cpu_count=get_cpu_count())
         self._size(guess, None)
         self._slot(0)
 
-    def _size(self, device: dict, probe_bytes: int | None) -> None:
+    def _size(self, device: DeviceFacts, probe_bytes: int | None) -> None:
         """Capacity and per-GPU room from the device facts and one probe's GPU memory (None: not yet known)."""
-        self.device = device
-        self.gpus = GpuSets(visible_gpus(len(device.get("gpus") or []), os.environ.get(VISIBLE_DEVICES_ENV)))
+        self.gpus = GpuSets(visible_gpus(len(device.gpus), os.environ.get(VISIBLE_DEVICES_ENV)))
         gpus = len(self.gpus.visible)
         self.slot_count = self.asked or most_jobs(device)
         if self.asked:
@@ -152,18 +153,18 @@ class LocalPlacement:
     def facts(self) -> dict[str, dict]:
         return {}  # the run plans with this host's own facts
 
-    def fit(self, device: dict, probe_bytes: int) -> None:
+    def fit(self, device: DeviceFacts | dict, probe_bytes: int) -> None:
         busy = {i: r.gpus for i, r in self.held.items()}
-        self._size(device, probe_bytes)
+        self._size(DeviceFacts.of(device), probe_bytes)
         for gpus in busy.values():  # what runs keeps its GPUs
             for i in gpus:
                 self.gpus.load[i] += 1
                 self.gpus.owned[i] = len(gpus) > 1
 
-    def threads(self, device: dict, ranks: int) -> int:
-        return threads_per_probe(self.slot_count, device["cpu_count"])
+    def threads(self, device: DeviceFacts, ranks: int) -> int:
+        return threads_per_probe(self.slot_count, device.cpu_count)
 
-    def probe_device(self, device: dict, ranks: int) -> dict:
+    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
         return device
 
     def room(self, probes: list[PlacedProbe]) -> int:

@@ -20,8 +20,9 @@ import socket
 import time
 from pathlib import Path
 
-from ..config import ExecutorConfig
+from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .placed import node_facts, run_carried
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 
@@ -178,16 +179,16 @@ class RayPlacement:
                 ) from None
         return self.gathered
 
-    def fit(self, device: dict, probe_bytes: int) -> None:
+    def fit(self, device: DeviceFacts, probe_bytes: int) -> None:
         pass  # a task asks for its own resources
 
     def room(self, probes: list[PlacedProbe]) -> int:
         return len(probes)  # the loop keeps at most `capacity` in flight
 
-    def threads(self, device: dict, ranks: int) -> int:
+    def threads(self, device: DeviceFacts, ranks: int) -> int:
         return self.executor.size(ranks)[0]
 
-    def probe_device(self, device: dict, ranks: int) -> dict:
+    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
         return job_device(self.executor, device, ranks)
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:

@@ -26,8 +26,9 @@ import uuid
 from pathlib import Path
 
 from .. import jsonio
-from ..config import ExecutorConfig
+from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .placed import node_facts, run_placed
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 from .task import OUTCOME_FILE, last_step
@@ -283,16 +284,16 @@ class SlurmPlacement:
         canary_file.unlink()
         return facts
 
-    def fit(self, device: dict, probe_bytes: int) -> None:
+    def fit(self, device: DeviceFacts, probe_bytes: int) -> None:
         pass  # a job asks for its own resources
 
     def room(self, probes: list[PlacedProbe]) -> int:
         return len(probes)  # the array's throttle holds back what does not run yet
 
-    def threads(self, device: dict, ranks: int) -> int:
+    def threads(self, device: DeviceFacts, ranks: int) -> int:
         return self.options.size(ranks)[0]
 
-    def probe_device(self, device: dict, ranks: int) -> dict:
+    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
         return job_device(self.options, device, ranks)
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:

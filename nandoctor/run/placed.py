@@ -50,7 +50,7 @@ def gpu_names(visible: str | None) -> str | None:
 def node_facts() -> dict:
     """This node's device facts (env.collect_doctor, which imports torch), as a job sized like one probe
     sees them, and where they were gathered: `gathered` names the host, the process and the scheduler's
-    job and partition (SLURM's environment; None under Ray)."""
+    job and partition (SLURM's environment; None under Ray). As JSON data: the job writes or returns it."""
     from ..env import collect_doctor
 
     where = {
@@ -59,7 +59,7 @@ def node_facts() -> dict:
         "job": os.environ.get("SLURM_JOB_ID"),
         "partition": os.environ.get("SLURM_JOB_PARTITION"),
     }
-    return {**collect_doctor(), "gathered": where}
+    return collect_doctor().gathered_at(where).to_dict()
 
 
 def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = math.inf):

@@ -10,12 +10,13 @@ probe process watches its time budget (task.Budget): the local slots, or the nod
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..config import ExecutorConfig
+from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from .task import ProbeTask
 
 EXITED = "EXITED"  # an Ending whose probe process was watched to its end: its Outcome says how
@@ -113,9 +114,10 @@ class Placement(Protocol):
 
     def facts(self) -> dict[str, dict]:
         """{hardware kind ("" without a hardware axis): the device facts a job sized like one probe
-        gathered there}, once the start-up jobs ended; {} where the run plans with this host's facts."""
+        gathered there, as it wrote them (DeviceFacts.to_dict)}, once the start-up jobs ended; {} where
+        the run plans with this host's facts."""
 
-    def fit(self, device: dict, probe_bytes: int) -> None:
+    def fit(self, device: DeviceFacts, probe_bytes: int) -> None:
         """The facts the run's probes are planned with and the GPU memory one probe takes (the plan's
         estimate, then the largest peak measured): a placement that packs probes sizes its slots by them."""
 
@@ -143,22 +145,23 @@ class Placement(Protocol):
         """Plan the run where torch is already imported (child/plan.py in a warm worker's fork), or None:
         the caller plans itself."""
 
-    def threads(self, device: dict, ranks: int) -> int:
+    def threads(self, device: DeviceFacts, ranks: int) -> int:
         """The CPU threads of a probe of `ranks` ranks: the cores its job asks for, or this host's share."""
 
-    def probe_device(self, device: dict, ranks: int) -> dict:
+    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
         """What a probe of `ranks` ranks sees of the device facts (its job's GPUs, on a scheduler)."""
 
     def close(self) -> None:
         """End every probe and job still running, and what the placement started (workers, canaries)."""
 
 
-def job_device(executor: ExecutorConfig, device: dict, ranks: int) -> dict:
+def job_device(executor: ExecutorConfig, device: DeviceFacts | dict, ranks: int) -> DeviceFacts:
     """What a placed probe of `ranks` ranks will see: its job asks for the per-probe GPUs times its
     ranks (ExecutorConfig.size) of the kind the facts job saw one probe's share of."""
-    if not device.get("gpus"):
+    device = DeviceFacts.of(device)
+    if not device.gpus:
         return device
-    return {**device, "gpus": device["gpus"][:1] * executor.size(ranks)[1]}
+    return replace(device, gpus=device.gpus[:1] * executor.size(ranks)[1])
 
 
 def missing_extra(kind: str, module: str) -> NandoctorError:

@@ -8,9 +8,12 @@ import shlex
 import time
 from pathlib import Path
 
-from ..config import ExecutorConfig, Recipe
+from ..config import Recipe
+from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..models import memory_budget
+from ..runmeta import RunMeta
 from .store import RESULTS_FILE, RUN_FILE, ResultsStore
 
 REPORTS_DIR = Path("reports")
@@ -18,19 +21,19 @@ FACTS_FILE = "hardware.json"  # an executor's device facts per kind of hardware,
 RESUME_COMMANDS = {"grid": "nandoctor grid --resume {dir}", "bisect": "nandoctor bisect --resume {dir}"}
 
 
-def planning_device(devices: dict[str, dict]) -> dict:
+def planning_device(devices: dict[str, DeviceFacts]) -> DeviceFacts:
     """The facts the model is planned with when probes run on several kinds of hardware: those of the
     kind with the least memory, so that every kind trains the same model and it fits on each."""
     return min(devices.values(), key=memory_budget)
 
 
-def kept_device(run_dir, executor: ExecutorConfig | None) -> dict | None:
+def kept_device(run_dir, executor: ExecutorConfig | None) -> DeviceFacts | None:
     """The facts a run placed by an executor was planned with (FACTS_FILE), for resuming it with them
     on the same kind of executor; None otherwise."""
     if executor is None or not executor.remote:
         return None
     kept = ResultsStore(run_dir).read_json(FACTS_FILE)
-    return planning_device(kept) if kept else None
+    return planning_device({kind: DeviceFacts.from_dict(f) for kind, f in kept.items()}) if kept else None
 
 
 def resume_command(kind: str, run_dir: str | Path) -> str | None:
@@ -62,7 +65,7 @@ def refuse_used_out(path: Path) -> None:
     if not any((path / name).exists() for name in (RUN_FILE, RESULTS_FILE, "probes")):
         return
     try:
-        kind = (ResultsStore(path).read_json(RUN_FILE) or {}).get("kind", "nandoctor")
+        kind = RunMeta.from_dict(ResultsStore(path).read_json(RUN_FILE) or {}).kind or "nandoctor"
     except NandoctorError:
         kind = "nandoctor"  # an unreadable run.json is still somebody's run
     command = resume_command(kind, path)

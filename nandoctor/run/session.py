@@ -12,12 +12,16 @@ from pathlib import Path
 
 from .. import jsonio
 from ..capabilities import input_support, parallel_support
-from ..config import ExecutorConfig, Recipe, recipe_to_dict, refuse_short_probes
+from ..config import Recipe, recipe_to_dict
+from ..device import DeviceFacts
 from ..env import collect_doctor
 from ..errors import NandoctorError
+from ..executors import ExecutorConfig
 from ..models import model_type_hint, plan_model, plan_warnings, training_bytes
 from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
+from ..runmeta import RunMeta
+from ..thresholds import refuse_short_probes
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .heartbeat import Heartbeat
@@ -38,7 +42,7 @@ def probe_spec(
     recipe: Recipe,
     probe: PlannedProbe,
     plan: ModelPlan,
-    device: dict,
+    device: DeviceFacts | dict,
     steps: int,
     jobs: int,
     threads: int | None = None,
@@ -46,6 +50,7 @@ def probe_spec(
 ) -> ProbeSpec:
     """threads: the probe's CPU threads (its placement's share); by default this host's cores over `jobs`.
     replay_failed_only: the forensics replay runs only after a non-finite step (check)."""
+    device = DeviceFacts.of(device)
     return ProbeSpec(
         probe.probe_id,
         recipe,
@@ -53,8 +58,8 @@ def probe_spec(
         plan,
         steps,
         recipe.seed + probe.seed_offset,
-        device["device"],
-        threads or threads_per_probe(jobs, device["cpu_count"]),
+        device.device,
+        threads or threads_per_probe(jobs, device.cpu_count),
         replay_failed_only,
     )
 
@@ -95,7 +100,7 @@ class Session:
         out=None,
         jobs: int | None = None,
         steps: int | None = None,
-        device: dict | None = None,
+        device: DeviceFacts | dict | None = None,
         on_record=None,
         warm: bool = True,
         cache: ProbeCache | None = None,
@@ -113,11 +118,11 @@ class Session:
         self.executor = executor or ExecutorConfig()
         self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
         self.store = ResultsStore(self.dir)
-        self.device = device
+        self.device = DeviceFacts.of(device)
         # the device facts per kind of hardware a resumed run was planned with (a scheduler's start-up
         # jobs gathered them on the cluster): its placement gathers none again
         self.kept: dict | None = self.store.read_json(FACTS_FILE) if resume else None
-        self.devices: dict[str, dict] = {}
+        self.devices: dict[str, DeviceFacts] = {}
         # the placement starts its first warm worker (or a scheduler's start-up jobs) now, while this
         # process gathers the device facts and plans the model (prepare)
         self.placement: Placement = PLACEMENTS[self.executor.kind](
@@ -143,10 +148,11 @@ class Session:
             hint, adapter = model_type_hint(self.recipe), self.recipe.adapter.type != "none"
             if hint or adapter:
                 self.placement.preload(hint, adapter)  # the worker imports its modeling code before it plans
-            self.devices = self.placement.facts()
-            if self.devices and not self.kept:
+            gathered = self.placement.facts()
+            if gathered and not self.kept:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                write_atomic(self.dir / FACTS_FILE, jsonio.dumps(self.devices))
+                write_atomic(self.dir / FACTS_FILE, jsonio.dumps(gathered))
+            self.devices = {kind: DeviceFacts.from_dict(facts) for kind, facts in gathered.items()}
             if self.devices:
                 self.device = planning_device(self.devices)
             if self.device is None or self.plan is None:
@@ -168,7 +174,7 @@ class Session:
         self.jobs = self.placement.capacity
         self.plans = {self._key(self.recipe): self.plan}
 
-    def device_of(self, hardware: str) -> dict:
+    def device_of(self, hardware: str) -> DeviceFacts:
         """The device facts a probe on this kind of hardware is planned with: that kind's, gathered where
         it runs (an executor), or this run's own."""
         return self.devices.get(hardware) or self.device
@@ -186,7 +192,9 @@ class Session:
             self.placement.preload(self.plans[key].model_type, recipe.adapter.type != "none")
         return self.plans[key]
 
-    def _worker_plans(self, recipes: list[Recipe], device: dict | None) -> tuple[dict, list[ModelPlan], dict] | None:
+    def _worker_plans(
+        self, recipes: list[Recipe], device: DeviceFacts | None
+    ) -> tuple[DeviceFacts, list[ModelPlan], dict] | None:
         """(device facts, a plan per recipe, the first recipe's models.config_facts) from the placement's
         planning child (a warm worker's fork), or None when it has none or it did not answer: then this
         process plans. The user's own error in a model config or adapter is raised here, as plan_model
@@ -196,7 +204,8 @@ class Session:
             return None
         if "error" in answer:
             raise NandoctorError(answer["error"])
-        return answer["device"], [ModelPlan.from_dict(p) for p in answer["plans"]], answer["facts"]
+        plans = [ModelPlan.from_dict(p) for p in answer["plans"]]
+        return DeviceFacts.from_dict(answer["device"]), plans, answer["facts"]
 
     def _spec(self, recipe: Recipe, probe: PlannedProbe, plan: ModelPlan, steps: int) -> ProbeSpec:
         device = self.device_of(probe.cell.hardware)
@@ -217,8 +226,10 @@ class Session:
             raise RunInterrupted(self.kind, self.dir, getattr(exc, "signal", 2)) from None
 
     def start(self, planned: int, extra: dict | None = None) -> None:
+        """Write run.json (RunMeta): the run's own facts, and `extra`, the fields of its kind (RunMeta's
+        grid, check and bisect fields)."""
         self.planned = planned
-        self.store.create(
+        meta = RunMeta.from_dict(
             {
                 "kind": self.kind,
                 "run_id": self.dir.name,
@@ -236,6 +247,7 @@ class Session:
                 **(extra or {}),
             }
         )
+        self.store.create(meta.to_dict())
 
     def resume(self, planned: int) -> list[ProbeRecord]:
         """Continue a run directory: the probes its store holds count as done and are not rerun.

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..device import DeviceFacts
 from ..env import RUN_DIR_ENV, VISIBLE_DEVICES_ENV
 from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
@@ -39,33 +40,34 @@ GPU_FIT_FRACTION = 0.85  # of each GPU's memory, for the probes packed on it
 CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the data/launch work
 
 
-def gpu_fit(device: dict, probe_bytes: int) -> list[int]:
+def gpu_fit(device: DeviceFacts | dict, probe_bytes: int) -> list[int]:
     """How many one-GPU probes of `probe_bytes` training memory fit on each GPU at once (plus a CUDA
     context each, within GPU_FIT_FRACTION of its memory); at least one per GPU."""
     per_probe = probe_bytes + CUDA_CONTEXT_BYTES
-    return [max(1, int(GPU_FIT_FRACTION * g["memory_bytes"] // per_probe)) for g in device.get("gpus") or []]
+    return [max(1, int(GPU_FIT_FRACTION * g.memory_bytes // per_probe)) for g in DeviceFacts.of(device).gpus]
 
 
-def packed_jobs(device: dict, estimate_bytes: int, peak_bytes: int | None = None) -> int:
+def packed_jobs(device: DeviceFacts | dict, estimate_bytes: int, peak_bytes: int | None = None) -> int:
     """How many probes run at once by default. On a GPU host: as many as fit in each GPU's memory
     (each takes the planner's training-memory estimate, or the largest peak measured so far once a
     probe has finished, plus a CUDA context), summed over the GPUs, and at most one per
     CORES_PER_GPU_PROBE cores; at least one. On a CPU host: one (K probes on a CPU only share the
     same cores; `--jobs` asks for more)."""
-    gpus = device.get("gpus") or []
-    if not gpus:
+    device = DeviceFacts.of(device)
+    if not device.gpus:
         return 1
     per_probe = (peak_bytes or estimate_bytes) + CUDA_CONTEXT_BYTES
-    fit = sum(int(GPU_FIT_FRACTION * g["memory_bytes"] // per_probe) for g in gpus)
-    cores = max(1, (device.get("cpu_count") or 1) // CORES_PER_GPU_PROBE)
+    fit = sum(int(GPU_FIT_FRACTION * g.memory_bytes // per_probe) for g in device.gpus)
+    cores = max(1, (device.cpu_count or 1) // CORES_PER_GPU_PROBE)
     return max(1, min(fit, cores))
 
 
-def most_jobs(device: dict) -> int:
+def most_jobs(device: DeviceFacts | dict) -> int:
     """The most probes packed_jobs can ever choose on this host: the slots a session makes room for."""
-    if not device.get("gpus"):
+    device = DeviceFacts.of(device)
+    if not device.gpus:
         return 1
-    return max(1, (device.get("cpu_count") or 1) // CORES_PER_GPU_PROBE)
+    return max(1, (device.cpu_count or 1) // CORES_PER_GPU_PROBE)
 
 
 def inductor_cache_env() -> dict:

@@ -1,0 +1,173 @@
+"""The verdict thresholds: every number that turns a probe's curves into a verdict, or a run into a
+comparison with its baseline, in one frozen dataclass (`THRESHOLDS`), each with where it comes from.
+
+Foundation module: imports only errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import NandoctorError
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number that turns a loss / grad-norm curve into a verdict, in one place.
+
+    - min_scale: a GradScaler whose scale falls below 1.0 has stopped calibrating: at scale < 1 the
+      gradients overflow fp16 even unscaled, so every further step is skipped.
+    - spike_factor / spike_window: a loss above 2x the mean of the previous 10 steps is a spike
+      (the rule of llm-foundry's loss-spike callback, which uses a running window and a multiplier).
+    - grad_explode_factor: a grad-norm 10x above the largest seen so far is an explosion (Megatron's
+      rerun machinery flags values more than 10x the running maximum as unexpectedly large).
+    - rise_nats: a run that ends more than 0.5 nats above where it started has diverged.
+    - drift_rel / drift_abs: a finite run whose mean |loss - reference loss| over its last quarter
+      exceeds 25% of the reference's own loss drop plus 0.02 nats has left the fp32 curve (a stall
+      is the common cause); bf16-amp stays within ~0.005 nats of fp32 on the default recipe.
+    - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
+    - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
+    - speed_margin: inside a bucket, a probe is faster only by more than 5% of the other's median
+      tokens/s, and beyond both spreads (analysis/ranking.py): a few percent is what one idle core more
+      or less makes, not a reason to prefer a less plain configuration.
+    - loaded_speed_margin: the same, 25%, when other processes loaded the host while the probes were
+      timed (analysis/load.py: a quarter of the cores, or another process on a GPU). Measured here: a
+      busy loop sharing the probe's core made fp32/eager measure 17% and 25% faster than fp32/sdpa in
+      the two interleaved re-timing rounds, where a quiet host measured them 1% and -9% apart.
+    - spike_min_history: a spike needs at least 3 earlier steps to compare with (steps 0-2 of a fresh
+      model fall fast, and a mean of one or two of them is noise).
+    - rise_min_steps: a rise is judged only on curves of 4 steps or more.
+    - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
+    - min_probe_steps: a grid or bisect probe trains at least 2 steps: step 0's loss and grad-norm come
+      from the initial weights, so a 1-step probe never sees what its optimizer update did (fp16-pure
+      with eps 1e-8 is finite at step 0 and non-finite at step 1). `check` is a step-0 check by design.
+    - no_learning_loss_rel / no_learning_min_steps: a loss that stays within 1e-6 (relative) of its
+      first value for every step of a curve of 4 steps or more has not moved: nothing trains. 1e-6 is a
+      few fp32 ulps (reduction-order noise); a model that learns moves by orders of magnitude more per
+      step, and even one that does not learn sees a different loss on each of the data's batches
+      unless its output ignores its input (zero weights). A grad-norm of exactly 0 at every step is
+      judged from the first step: no parameter receives a gradient.
+    - grad_ratio_rel: a parallel probe whose step-0 gradient norm is within 5% of W (or 1/W) times the
+      one-process norm sums (or divides twice) instead of averaging (pytorch#162338 summed W-fold).
+    - grad_agreement: the largest relative error of a parameter's step-0 gradient a parallel probe may
+      show against the one-process gradient of the same global batch, by the coarsest dtype its
+      gradients go through (compute or reduce). Measured on tiny-llama over 2 gloo ranks: bf16-amp
+      0.0024 with DDP and 0.014 with FSDP2 (its bf16 param_dtype casts the norms too, autocast does
+      not); fp16-amp 0.016 with FSDP2 under both reduce dtypes alike (its fp16 param_dtype, not the
+      reduction: scaling bf16's bound by the unit roundoffs, 0.006, called that a mismatch); fp32 1e-6
+      or less. Each bound is about 3x the largest seen.
+
+    Comparing a run with a baseline (analysis/diff.py, `nandoctor diff`, `--baseline`):
+    - golden_loss_eps / golden_grad_eps / golden_floor: how far a step's loss and grad-norm may move
+      from the baseline's, relative, before the numerics count as changed: 1 machine epsilon of the
+      cell's matmul dtype for the loss (a mean over the batch, in which a kernel that rounds differently
+      moves each logit by about one unit of the last place) and 4 for the grad-norm (a sum over every
+      parameter's gradient, through the whole backward), never below 1e-5 (fp32 kernels that merely
+      reorder a reduction move a loss by ~1e-6). bf16: 0.78% / 3.1%; fp16 and tf32: 0.098% / 0.39%.
+    - fidelity_regression: a cell stable in both runs regressed when its fidelity to the fp32
+      reference got worse by more than one ranking bucket (0.5 percentage points).
+    - throughput_noise: the relative tokens/s band for a probe whose own steps cannot measure its noise
+      (fewer than 4 timed steps: a `check`); otherwise the band is the interquartile range of the probe's
+      own per-step rates over their median (analysis/diff.py throughput_noise).
+    - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
+      RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
+
+    The probe's own setup, measured at step 0 (record.setup_checks; the `misconfigured` verdict):
+    - packing_leak_abs / packing_leak_factor: a packed segment's logits must be the segment's own, run
+      alone, up to the model's rounding: a packed forward leaks when its largest logit difference
+      exceeds the larger of 1e-4 and 10x what the same packed batch moves them with no mask and no
+      cache (packing_clean_diff, the model's own rounding in its dtype). position_ids alone gave 2e-7
+      on a 2-layer tiny Llama in fp32; the usual 2-D all-ones mask beside them gave 0.77, because
+      transformers builds the per-segment mask only when no mask is passed and no cache exists
+      (huggingface/transformers PR #46634, huggingface/trl#3067).
+    - accumulation_min_cosine: the gradient a step accumulates over its micro-batches must point where
+      the full batch's does: a cosine below 0.99 weights the micro-batches' tokens unequally. By the
+      step's token count (num_items_in_batch) it was 1.000003 on rows of 32, 4, 4 and 4 tokens; averaged
+      per micro-batch, 0.666 (huggingface/transformers PR #34191, #37766). The bound is scaled by the
+      token-normalised cosine of the same step when it is below 1 (accumulation_cosine_tokens: the
+      model's own rounding), since a bf16-pure probe measures its gradients in bf16: by tokens 0.996
+      on the rows above, per micro-batch 0.719.
+    """
+
+    min_scale: float = 1.0
+    spike_factor: float = 2.0
+    spike_window: int = 10
+    grad_explode_factor: float = 10.0
+    rise_nats: float = 0.5
+    drift_rel: float = 0.25
+    drift_abs: float = 0.02
+    init_loss_band_nats: float = 1.0
+    init_loss_band_rel: float = 0.10
+    fidelity_bucket: float = 0.005
+    speed_margin: float = 0.05
+    loaded_speed_margin: float = 0.25
+    spike_min_history: int = 3
+    rise_min_steps: int = 4
+    tail_fraction: float = 0.25
+    no_learning_loss_rel: float = 1e-6
+    no_learning_min_steps: int = 4
+    grad_ratio_rel: float = 0.05
+    grad_agreement: tuple = (("float32", 1e-4), ("float16", 0.05), ("bfloat16", 0.05))
+    min_probe_steps: int = 2
+    golden_loss_eps: float = 1.0
+    golden_grad_eps: float = 4.0
+    golden_floor: float = 1e-5
+    fidelity_regression: float = 0.005
+    throughput_noise: float = 0.10
+    memory_noise: float = 0.05
+    packing_leak_abs: float = 1e-4
+    packing_leak_factor: float = 10.0
+    accumulation_min_cosine: float = 0.99
+
+    def packing_leaks(self, max_diff, clean_diff) -> bool:
+        """Whether a packed forward's largest logit difference to its segments run alone is a leak
+        (False for a figure that is absent or not finite: nothing measured, nothing judged)."""
+        floor = self.packing_leak_factor * clean_diff if _finite(clean_diff) else 0.0
+        return _finite(max_diff) and max_diff > max(self.packing_leak_abs, floor)
+
+    def accumulation_bound(self, by_tokens=None) -> float:
+        """The lowest cosine an accumulated step-0 gradient may have to the full batch's:
+        accumulation_min_cosine times the token-normalised cosine `by_tokens` when that is below 1 (the
+        rounding of the dtype the gradients were measured in)."""
+        return self.accumulation_min_cosine * (min(1.0, by_tokens) if _finite(by_tokens) and by_tokens > 0 else 1.0)
+
+    def accumulation_misweighted(self, cosine, by_tokens=None) -> bool:
+        """Whether an accumulated step-0 gradient's cosine to the full batch's is below accumulation_bound."""
+        return _finite(cosine) and cosine < self.accumulation_bound(by_tokens)
+
+    def unjudged(self, steps: int) -> list[str]:
+        """The verdict rules a probe of `steps` training steps is too short to apply."""
+        rules = {"a loss spike": self.spike_min_history + 1, "a rising loss": self.rise_min_steps}
+        return [f"{rule} (needs {n} steps)" for rule, n in rules.items() if steps < n]
+
+
+THRESHOLDS = Thresholds()
+
+
+def _finite(x) -> bool:
+    """A measured figure: a number, not None, NaN or inf (nor an int too large for a float)."""
+    try:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    except OverflowError:
+        return False
+
+
+def refuse_short_probes(kind: str, steps: int, t: Thresholds = THRESHOLDS) -> str | None:
+    """A grid or bisect of too few steps: refused (NandoctorError) below t.min_probe_steps, else a
+    warning naming the rules it cannot apply, or None."""
+    if steps < t.min_probe_steps:
+        raise NandoctorError(
+            f"--steps {steps} is too few for {kind}: a {steps}-step probe never trains on its own "
+            f"optimizer update, so a configuration that fails at step 1 would be called stable; pass "
+            f"--steps {t.min_probe_steps} or more "
+            f"(every verdict rule: {max(t.spike_min_history + 1, t.rise_min_steps)}), "
+            "or use `nandoctor check` for a step-0 check"
+        )
+    unjudged = t.unjudged(steps)
+    if unjudged:
+        return (
+            f"--steps {steps} is too short to judge {' or '.join(unjudged)}: those verdicts cannot be given; "
+            f"pass --steps {max(t.spike_min_history + 1, t.rise_min_steps)} or more to judge every rule"
+        )
+    return None
