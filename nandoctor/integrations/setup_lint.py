@@ -25,7 +25,7 @@ import itertools
 from ..analysis.verdicts import setup_failures
 from ..knowledge import OPERATORS, SEVERITIES
 from ..userdata.encode import IGNORE
-from ..userdata.lint import data_rules
+from ..userdata.lint import data_rules, finding
 from ..userdata.measure import gradient_reach, packing_isolation
 
 LINT_BATCHES = 2  # the trainer's first batches the lint reads
@@ -160,21 +160,7 @@ def live_findings(figures: dict) -> list[dict]:
     for rule_id, (when, figure) in LIVE_RULES.items():
         conditions = [(figures.get(name), c if isinstance(c, dict) else {"eq": c}) for name, c in when.items()]
         if all(OPERATORS[op](fact, value) for fact, ops in conditions for op, value in ops.items()):
-            r = rules[rule_id]
-            fired.append(
-                {
-                    "id": r.id,
-                    "severity": r.severity,
-                    "title": r.title,
-                    "figure": figure.format(**figures),
-                    "why": r.why,
-                    "fix": r.fix,
-                    "evidence": list(r.evidence),
-                    "verified_by": list(r.verified_by),
-                    "cells": [],
-                    "scope": "setup",
-                }
-            )
+            fired.append(finding(rules[rule_id], figure.format(**figures)))
     return sorted(fired, key=lambda f: SEVERITIES.index(f["severity"]))
 
 

@@ -72,24 +72,26 @@ def data_rules() -> tuple[DataRule, ...]:
     return tuple(out)
 
 
+def finding(rule: DataRule, figure: str) -> dict:
+    """One fired rule as a doctor finding, with the sentence of what was measured (`figure`)."""
+    return {
+        "id": rule.id,
+        "severity": rule.severity,
+        "title": rule.title,
+        "figure": " ".join(figure.split()),
+        "why": rule.why,
+        "fix": rule.fix,
+        "evidence": list(rule.evidence),
+        "verified_by": list(rule.verified_by),
+        "cells": [],
+        "scope": "setup",
+    }
+
+
 def findings(facts: dict) -> list[dict]:
     """The rules the figures fire, most severe first, as the doctor's findings (with `figure`)."""
     fired = sorted((r for r in data_rules() if r.matches(facts)), key=lambda r: SEVERITIES.index(r.severity))
-    return [
-        {
-            "id": r.id,
-            "severity": r.severity,
-            "title": r.title,
-            "figure": " ".join(r.figure.format(**facts).split()),
-            "why": r.why,
-            "fix": r.fix,
-            "evidence": list(r.evidence),
-            "verified_by": list(r.verified_by),
-            "cells": [],
-            "scope": "setup",
-        }
-        for r in fired
-    ]
+    return [finding(r, r.figure.format(**facts)) for r in fired]
 
 
 def histogram(values, bins: int = HISTOGRAM_BINS) -> dict:
