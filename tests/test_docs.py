@@ -1,6 +1,6 @@
 """The README stays a five-minute read, and the docs it points to are there: every relative link of the
-README and of the docs/ pages reaches a file (and a heading, when it names one), and docs/index.md links
-every docs page."""
+README and of the docs/ pages reaches a file (and a heading, when it names one), docs/index.md links
+every docs page, and every file docs/architecture.md names exists."""
 
 import re
 from pathlib import Path
@@ -75,3 +75,35 @@ def test_the_readme_quickstart_runs_the_ci_test_command():
     ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
     assert ci.startswith("python3 -m pytest ")
     assert f"&& python {ci.removeprefix('python3 ')}\n" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+# A file path as docs/architecture.md writes one: from the repository root (nandoctor/..., tests/...,
+# bench/...), from the package (run/session.py, userdata/rules.yaml) or a bare module name (session.py).
+FILE_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.(?:py|yaml|j2))(?![\w/])")
+
+
+def named_files(page: Path) -> list[str]:
+    """Every source, rule or template file a page names, in prose, in `code` and in its diagram."""
+    return sorted(set(FILE_PATH.findall(page.read_text(encoding="utf-8"))))
+
+
+def missing_files(page: Path) -> list[str]:
+    package = ROOT / "nandoctor"
+    known = {p.name for p in [*package.rglob("*"), *(ROOT / "tests").rglob("*")]}
+    out = []
+    for name in named_files(page):
+        if name.startswith(("nandoctor/", "tests/", "bench/")):
+            found = (ROOT / name).is_file()
+        elif "/" in name:
+            found = (package / name).is_file()
+        else:
+            found = name in known
+        if not found:
+            out.append(name)
+    return out
+
+
+def test_every_file_the_architecture_page_names_exists():
+    page = DOCS / "architecture.md"
+    assert len(named_files(page)) > 50  # the pattern still finds the page's paths
+    assert missing_files(page) == []
