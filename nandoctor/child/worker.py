@@ -49,9 +49,17 @@ def thread_count() -> int | None:
 def preload(model_type: str | None = None, adapter: bool = False) -> None:
     """Import what every probe needs (and the modeling module of model_type, and peft for an adapter),
     running no torch op. The optional packages are not among them: a child whose cell needs one
-    imports it (optional.py)."""
-    with hidden([*PACKAGES, *UNUSED_BY_PROBES]):
-        _preload(model_type, adapter)
+    imports it (optional.py). Where an installed package that this import pulls in needs a hidden one
+    (transformers 5.17 imports scikit-learn, which imports scipy, when it is installed), the preload
+    imports again hiding less, then nothing: hiding saves a tenth of a second, never a worker."""
+    for hiding in ([*PACKAGES, *UNUSED_BY_PROBES], [*PACKAGES], []):
+        try:
+            with hidden(hiding):
+                _preload(model_type, adapter)
+            return
+        except ImportError:
+            if not hiding:
+                raise
 
 
 def _preload(model_type: str | None, adapter: bool) -> None:
