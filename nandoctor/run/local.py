@@ -25,6 +25,7 @@ from pathlib import Path
 from .. import jsonio
 from ..device import DeviceFacts, GpuFacts
 from ..env import VISIBLE_DEVICES_ENV, get_cpu_count, get_gpu_count_guess, parse_visible_devices
+from ..errors import NandoctorError
 from ..executors import ExecutorConfig
 from ..record import Exited, Ready, Started
 from .placement import EXITED, Ending, Outcome, PlacedProbe
@@ -279,7 +280,7 @@ class LocalPlacement:
 
     def _died(self, slot, held: Running | None, returncode: int) -> list[tuple[PlacedProbe, Ending]]:
         if not slot.ready:
-            raise RuntimeError(
+            raise NandoctorError(
                 f"a warm worker exited {returncode} before it finished importing "
                 "(its error is printed above); `--cold` runs probes without warm workers"
             )
