@@ -379,6 +379,7 @@ def apply_adapter(model, recipe: Recipe):
 def checkpointing(model, mode: str) -> None:
     """Gradient checkpointing as recipe.gradient_checkpointing says (config.GRADIENT_CHECKPOINTING),
     enabled as the Trainer enables it after get_peft_model: the model's activation_checkpointing_enable
+    (gradient_checkpointing_enable in older releases, 5.17 among them)
     with use_reentrant as asked (transformers 5.24, which also adds the input-gradient hook,
     enable_input_require_grads, to every model whose main input is input_ids). `reentrant` then takes
     that hook off: reentrant checkpointing as a setup without the hook runs it (a loop that checkpoints
@@ -387,7 +388,11 @@ def checkpointing(model, mode: str) -> None:
     to the adapter weights inside it. docs/training-options.md."""
     if mode == "off":
         return
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": mode == "reentrant"})
+    kwargs = {"use_reentrant": mode == "reentrant"}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:  # older transformers (5.17) names it gradient_checkpointing_enable: the same steps, hook included
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if mode == "reentrant":
         model.disable_input_require_grads()
 
