@@ -64,8 +64,9 @@ def datasets_cache(tmp_path_factory):
 
 
 def run_cli(*args, cwd=None, env=None, timeout=900):
-    """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess."""
-    full_env = {**os.environ, **(env or {})}
+    """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
+    over this process's environment (None: removed from it)."""
+    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
     return subprocess.run(
         [sys.executable, "-m", "nandoctor", *map(str, args)],

@@ -82,7 +82,12 @@ try:
         time.sleep(0.1)
     worker = running[0].ppid()  # the probe's parent: the Ray worker running its task
     placement.cancel([probe], wait_s=30)  # wait() never read the node's name: it waits in the generator
-    print(json.dumps({"worker_alive": Path(f"/proc/{worker}").exists(), "probes": len(probe_processes(ray_head))}))
+    probes = len(probe_processes(ray_head))  # at once: the probe itself has ended
+    # the worker Ray force-killed: the raylet reaps it on its own time (a CI run saw it alive just after)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{worker}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print(json.dumps({"worker_alive": Path(f"/proc/{worker}").exists(), "probes": probes}))
 finally:
     placement.close()
 """

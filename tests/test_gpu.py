@@ -89,18 +89,34 @@ def test_cuda_probes_report_the_allocators_peak_and_their_build_time(cuda_run):
 
 def test_several_probes_share_the_gpu_when_packed(cuda_run):
     run = json.loads((cuda_run / "run.json").read_text())
-    assert run["jobs"] > 1  # tiny-llama fits many times over: packed by memory and cores
+    planned_on = {k: run["env"].get(k) for k in ("cpu_count", "gpus")}
+    assert run["jobs"] > 1, planned_on  # tiny-llama fits many times over: packed by memory and cores
     assert len({r["worker_pid"] for r in records(cuda_run).values() if r.get("worker_pid")}) > 1
 
 
-def test_the_replay_restores_its_snapshot_on_the_gpu_and_retraces_the_timed_run(cuda_run):
+def test_a_stable_probe_is_measured_on_its_timed_step_with_its_snapshot_on_the_gpu(cuda_run):
     forensics = records(cuda_run)["fp32/sdpa/off"]["forensics"]
     assert forensics["snapshot"]["where"] == "cuda"
+    assert (forensics["measured_on"], forensics["replayed_steps"]) == ("timed step 0", 0)  # not replayed
+
+
+def test_the_replay_restores_its_snapshot_on_the_gpu_and_retraces_the_timed_run(large_mlp_checkpoint, tmp_path, cli):
+    """Layer 1's MLP output passes fp16's 65504 in step 0: the failing probe is replayed from its snapshot."""
+    out = tmp_path / "run"
+    grid = ("grid", "--model", large_mlp_checkpoint, "--axis", "dtype=fp16-amp", "--axis", "attn=sdpa")
+    proc = cli(*grid, "--axis", "compile=off", "--steps", "4", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    forensics = records(out)["fp16-amp/sdpa/off"]["forensics"]
+    assert forensics["snapshot"]["where"] == "cuda"
     assert forensics["reproduced"] is True
+    probe = next(p for p in summary(out)["probes"] if p["probe_id"] == "fp16-amp/sdpa/off")
+    assert probe["forensics"]["origin"]["module"].startswith("model.layers.1.mlp")
 
 
 def test_a_compiled_cell_pays_its_compile_once_across_runs(tmp_path, cli):
-    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    # the host's own inductor cache settings would win over nandoctor's (slots.inductor_cache_env)
+    inductor = ("TORCHINDUCTOR_CACHE_DIR", "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE")
+    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache"), **dict.fromkeys(inductor)}
     grid = ("grid", "--axis", "dtype=bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=inductor", "--steps", "4")
     first = cli(*grid, "--out", tmp_path / "first", env=env)
     second = cli(*grid, "--out", tmp_path / "second", env=env)
