@@ -66,6 +66,20 @@ def test_other_reasons_are_said_in_short_beside_the_values_they_concern(capsys):
     assert "fp32/flash_attention_2: flash_attention_2 needs the flash-attn package, which is not installed)" in line
 
 
+def test_cells_that_share_every_value_are_counted_once(capsys):
+    """tf32 with two attentions: both cells share tf32, and so does every unsupported cell, so no value
+    tells them apart; the line says the count and why once."""
+    printer, references = GridProgress(), References()
+    planned = plan_grid(Recipe(), CPU, {"dtype": ["fp32", "tf32"], "attn": ["sdpa", "sdpa:flash"]}, {})
+    held = [ProbeRecord(p.probe_id, p.cell, "unsupported", reason=p.unsupported) for p in planned if p.unsupported]
+    assert len(held) == 2
+    for done, record in enumerate(held, 1):
+        printer.probe(done, 5, record, references.judge(record))
+    printer.flush()
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == "[  2/5] 2 cells not run, unsupported here (CUDA only); report.md lists each with its reason"
+
+
 @pytest.mark.slow
 def test_a_grid_on_this_cpu_prints_its_unsupported_cells_as_one_line(tmp_path):
     proc = run_cli(

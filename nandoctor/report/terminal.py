@@ -18,13 +18,14 @@ def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
 
 
 def _shared_values(cells: list[Cell], every: list[Cell]) -> str:
-    """The axis values all these cells share that not every unsupported cell shares: 'tf32', 'sdpa:cudnn'."""
+    """The axis values all these cells share that not every unsupported cell shares: 'tf32', 'sdpa:cudnn'
+    ('' when there is none to tell them apart)."""
     shared = [
         getattr(cells[0], axis)
         for axis in AXES
         if len({getattr(c, axis) for c in cells}) == 1 and len({getattr(c, axis) for c in every}) > 1
     ]
-    return "/".join(shared) or f"{len(cells)} cell(s)"
+    return "/".join(shared)
 
 
 def _cuda_only(cell: Cell, reason: str) -> bool:
@@ -39,9 +40,13 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
         groups.setdefault(r.reason or "", []).append(r.cell)
     every = [c for cells in groups.values() for c in cells]
     if all(_cuda_only(cells[0], reason) for reason, cells in groups.items()):
-        why = f"{', '.join(_shared_values(cells, every) for cells in groups.values())}: CUDA only"
+        values = ", ".join(filter(None, (_shared_values(cells, every) for cells in groups.values())))
+        why = f"{values}: CUDA only" if values else "CUDA only"
     else:
-        why = "; ".join(f"{_shared_values(cells, every)}: {reason.split(';')[0]}" for reason, cells in groups.items())
+        why = "; ".join(
+            ": ".join(filter(None, (_shared_values(cells, every), reason.split(";")[0])))
+            for reason, cells in groups.items()
+        )
     return (
         f"[{done:>3}/{total or '?'}] {len(records)} cells not run, unsupported here ({why}); "
         "report.md lists each with its reason"
