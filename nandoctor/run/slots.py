@@ -38,6 +38,13 @@ from .cache import default_cache_dir
 CUDA_CONTEXT_BYTES = 1 << 30
 GPU_FIT_FRACTION = 0.85  # of each GPU's memory, for the probes packed on it
 CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the data/launch work
+# How a probe's idle OpenMP threads wait. GNU libgomp's spin ~300,000 turns (milliseconds) before they
+# sleep; where other processes keep the cores busy, that spinning takes the time slices the thread it
+# waits for needs, and a probe crawls (bench/busy_host.py). PASSIVE: they sleep at once. libgomp reads it
+# when it loads, so it is in the environment a probe process or warm worker starts with.
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE"}
+# A user who set how OpenMP threads wait (GNU's or Intel's names) keeps that setting: nandoctor adds none.
+USER_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
 def gpu_fit(device: DeviceFacts | dict, probe_bytes: int) -> list[int]:
@@ -83,10 +90,12 @@ def inductor_cache_env() -> dict:
 
 def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
     """The environment of a probe process (and of a warm worker): this one's, with `gpus` as its
-    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them) and
+    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them),
     `run` (the run's directory) as RUN_DIR_ENV, which tells the run's own processes from other users'
-    load (env.host_load)."""
+    load (env.host_load), and OpenMP's passive wait (WAIT_POLICY) unless the user set how threads wait."""
     env = dict(os.environ)
+    if not any(name in env for name in USER_WAIT_SETTINGS):
+        env.update(WAIT_POLICY)
     if gpus is not None:
         env[VISIBLE_DEVICES_ENV] = gpus
     if run is not None:
