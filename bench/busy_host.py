@@ -57,7 +57,8 @@ SAMPLE_S = 1.0  # the free-core sample before a sized run
 SPIN_DEFAULT = "300000"  # libgomp's spin count when OMP_WAIT_POLICY is unset (libgomp/env.c)
 VARIANTS = ("default", "passive", "threads", "both", "nandoctor")
 OPENMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-HOSTS = ("idle", "busy")
+# Host states: how many busy loops of ours run beside the probe (of the cores this process may use).
+LOOPS = {"idle": lambda cpus: 0, "one": lambda cpus: 1, "busy": lambda cpus: cpus}
 
 
 def free_cores(cpus: int) -> int:
@@ -111,16 +112,16 @@ def one_run(out: Path, variant: str, steps: int, cpus: int) -> dict:
     }
 
 
-def busy_loops(cpus: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
+def busy_loops(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def run(out: Path, rounds: int, steps: int) -> list[dict]:
+def run(out: Path, rounds: int, steps: int, hosts: list[str]) -> list[dict]:
     cpus = len(os.sched_getaffinity(0))
     rows = []
     for n in range(rounds):
-        for host in HOSTS:
-            loops = busy_loops(cpus) if host == "busy" else []
+        for host in hosts:
+            loops = busy_loops(LOOPS[host](cpus))
             try:
                 time.sleep(1.0 if loops else 0.0)  # the loops have taken their cores
                 for variant in VARIANTS:
@@ -142,28 +143,34 @@ def median(rows: list[dict], host: str, variant: str) -> float | None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per variant, the idle and busy medians (with every round), idle cost, busy gain, busy/idle."""
+    """Markdown: per variant, each host state's median train_s (with every round), the idle cost and the
+    loaded hosts' gain against default, and each loaded host's time over the same variant's idle one."""
+    hosts = [h for h in LOOPS if any(r["host"] == h for r in rows)]
+    loaded = [h for h in hosts if h != "idle"]
     lines = [
-        "| remedy | idle train_s (rounds) | busy train_s (rounds) | idle cost vs default | busy gain vs default "
-        "| busy / idle |",
-        "|---|---|---|---|---|---|",
+        "| remedy | "
+        + " | ".join(f"{h} train_s (rounds)" for h in hosts)
+        + " | idle cost vs default | "
+        + " | ".join(f"{h} gain vs default | {h} / idle" for h in loaded)
+        + " |",
+        "|---|" + "---|" * (len(hosts) + 1 + 2 * len(loaded)),
     ]
-    idle0, busy0 = median(rows, "idle", "default"), median(rows, "busy", "default")
+    base = {h: median(rows, h, "default") for h in hosts}
     for variant in VARIANTS:
-        idle, busy = median(rows, "idle", variant), median(rows, "busy", variant)
-        each = {
-            h: ", ".join(
-                f"{r['train_s']:.2f}" for r in rows if r["host"] == h and r["variant"] == variant and r["train_s"]
+        m = {h: median(rows, h, variant) for h in hosts}
+        cells = [
+            f"{m[h] or 0:.2f} ("
+            + ", ".join(
+                f"{r['train_s']:.2f}" for r in rows if (r["host"], r["variant"]) == (h, variant) and r["train_s"]
             )
-            for h in HOSTS
-        }
-        cost = f"{idle / idle0:.2f}x" if idle and idle0 else "-"
-        gain = f"{busy0 / busy:.1f}x" if busy and busy0 else "-"
-        ratio = f"{busy / idle:.1f}x" if busy and idle else "-"
-        lines.append(
-            f"| {variant} | {idle or 0:.2f} ({each['idle']}) | {busy or 0:.2f} ({each['busy']}) "
-            f"| {cost} | {gain} | {ratio} |"
-        )
+            + ")"
+            for h in hosts
+        ]
+        cells.append(f"{m['idle'] / base['idle']:.2f}x" if m.get("idle") and base.get("idle") else "-")
+        for h in loaded:
+            cells.append(f"{base[h] / m[h]:.1f}x" if m[h] and base[h] else "-")
+            cells.append(f"{m[h] / m['idle']:.1f}x" if m[h] and m.get("idle") else "-")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     loads = [r["load1_before"] for r in rows] + [r["load1_after"] for r in rows]
     others = [r["other_cpu_cores"] for r in rows if r["host"] == "idle" and r["other_cpu_cores"] is not None]
     threads = sorted({(r["variant"], r["host"], (r["cpu_threads"] or {}).get("torch")) for r in rows})
@@ -185,6 +192,7 @@ def main() -> None:
     ap.add_argument("--out", help="a folder for the run directories and rows.jsonl")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--hosts", default="idle,busy", help="host states per round, of: " + ", ".join(LOOPS))
     ap.add_argument("--from", dest="done", help="re-tabulate the rows.jsonl of a finished run")
     args = ap.parse_args()
     if args.done:
@@ -194,7 +202,10 @@ def main() -> None:
             ap.error("--out or --from is required")
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        rows = run(out, args.rounds, args.steps)
+        hosts = args.hosts.split(",")
+        if not set(hosts) <= set(LOOPS):
+            ap.error(f"--hosts takes {', '.join(LOOPS)}")
+        rows = run(out, args.rounds, args.steps, hosts)
     print(table(rows))
 
 
