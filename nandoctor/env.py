@@ -21,9 +21,10 @@ from .device import DeviceFacts
 # process whose environment holds the same value is the run's own, not another user's load.
 RUN_DIR_ENV = "NANDOCTOR_RUN_DIR"
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
-# The OpenMP settings that decide how a probe's CPU threads run: how many (torch's default), and how an
-# idle one waits (GNU libgomp's and Intel's; both read them when the library loads).
-OPENMP_ENV = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+# The OpenMP settings that decide how a probe's CPU threads run: how an idle one waits (the standard
+# name, GNU libgomp's and Intel's), and how many (torch's default). Both libraries read them when they load.
+OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+OPENMP_ENV = ("OMP_NUM_THREADS", *OPENMP_WAIT_ENV)
 
 
 def get_version(dist: str) -> str | None:

@@ -7,8 +7,8 @@ a SLURM job's cores are its own), measured while it builds, for at least MIN_SAM
 the free cores wait for one another at every parallel region while other processes hold the cores, and
 a probe crawls (bench/busy_host.py). Never below one, never above the plan; a user's OMP_NUM_THREADS is
 kept as given, and a CUDA probe keeps its plan (its CPU threads only launch the work). How idle threads
-wait (OMP_WAIT_POLICY) is set in the probe's environment before it starts (run/slots.probe_env):
-OpenMP reads it when it loads.
+wait (a short spin) is set in the probe's environment before it starts (run/slots.probe_env): OpenMP
+reads it when it loads.
 """
 
 from __future__ import annotations
