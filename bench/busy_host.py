@@ -12,16 +12,20 @@ probes unchanged):
 - threads: libgomp's default spin, threads sized to the cores other processes leave free, measured
   over SAMPLE_S just before the CLI starts (psutil: nproc minus the busy cores, rounded, at least 1);
 - both: passive, and threads sized to the free cores;
-- nandoctor: no OpenMP setting of ours: what nandoctor now does by itself (passive waiting, and each
-  CPU probe sizes its threads to the cores left free while it builds: child/threads.py).
+- short-spin: GOMP_SPINCOUNT=10000 (idle threads spin ~30x shorter than libgomp's default, then
+  sleep), threads for the whole host; short-spin+threads: with threads sized to the free cores;
+- nandoctor: no OpenMP setting of ours: what nandoctor does by itself (the short spin in every probe's
+  environment, run/slots.OPENMP_WAIT, and each CPU probe sizes its threads to the cores left free
+  while it builds: child/threads.py).
 
 Each host state is "idle" (nothing of ours besides the probe; other users' load is what it is: the
-load average and the probe's own `host_load` figure say how idle it was) and "busy" (a busy loop,
-`python -c "while True: pass"`, on every core, killed after). A round runs the variants back to back
-on the idle host, then again with the loops (ABCDE ABCDE), so that every variant sees the same drift of
-other users' load; the table gives medians over the rounds:
+load average and the probe's own `host_load` figure say how idle it was), "one" (one busy loop,
+`python -c "while True: pass"`, the stray process of issue 28) and "busy" (a busy loop on every core),
+the loops killed after. A round runs the variants back to back on each host state in turn (ABCDE
+ABCDE ABCDE), so that every variant sees the same drift of other users' load; the table gives medians
+over the rounds:
 
-    PYTHONPATH=. python bench/busy_host.py --rounds 3 --out /tmp/busy-host
+    PYTHONPATH=. python bench/busy_host.py --rounds 3 --hosts idle,one,busy --out /tmp/busy-host
     PYTHONPATH=. python bench/busy_host.py --from /tmp/busy-host    # re-tabulate a finished run
 
 Every grid runs from a neutral working directory with PYTHONPATH set to this tree.
@@ -55,7 +59,17 @@ GRID = (
 PROBE = "fp32/sdpa/off"
 SAMPLE_S = 1.0  # the free-core sample before a sized run
 SPIN_DEFAULT = "300000"  # libgomp's spin count when OMP_WAIT_POLICY is unset (libgomp/env.c)
-VARIANTS = ("default", "passive", "threads", "both", "nandoctor")
+SPIN_SHORT = "10000"  # a short spin (~0.1 ms by libgomp's own estimate of 100,000 turns per ms)
+# variant -> (how idle threads wait, whether the threads are sized to the free cores); None: nandoctor's own
+VARIANTS = {
+    "default": ({"GOMP_SPINCOUNT": SPIN_DEFAULT}, False),
+    "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, False),
+    "threads": ({"GOMP_SPINCOUNT": SPIN_DEFAULT}, True),
+    "both": ({"OMP_WAIT_POLICY": "PASSIVE"}, True),
+    "short-spin": ({"GOMP_SPINCOUNT": SPIN_SHORT}, False),
+    "short-spin+threads": ({"GOMP_SPINCOUNT": SPIN_SHORT}, True),
+    "nandoctor": None,
+}
 OPENMP = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 # Host states: how many busy loops of ours run beside the probe (of the cores this process may use).
 LOOPS = {"idle": lambda cpus: 0, "one": lambda cpus: 1, "busy": lambda cpus: cpus}
@@ -71,11 +85,10 @@ def free_cores(cpus: int) -> int:
 
 def variant_env(variant: str, cpus: int) -> dict:
     """The OpenMP settings a variant's CLI starts with (the wait, then the threads)."""
-    if variant == "nandoctor":
+    if VARIANTS[variant] is None:
         return {}
-    env = {"OMP_WAIT_POLICY": "PASSIVE"} if variant in ("passive", "both") else {"GOMP_SPINCOUNT": SPIN_DEFAULT}
-    env["OMP_NUM_THREADS"] = str(free_cores(cpus) if variant in ("threads", "both") else cpus)
-    return env
+    wait, sized = VARIANTS[variant]
+    return {**wait, "OMP_NUM_THREADS": str(free_cores(cpus) if sized else cpus)}
 
 
 def one_run(out: Path, variant: str, steps: int, cpus: int) -> dict:
@@ -116,7 +129,7 @@ def busy_loops(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
-def run(out: Path, rounds: int, steps: int, hosts: list[str]) -> list[dict]:
+def run(out: Path, rounds: int, steps: int, hosts: list[str], variants: list[str]) -> list[dict]:
     cpus = len(os.sched_getaffinity(0))
     rows = []
     for n in range(rounds):
@@ -124,7 +137,7 @@ def run(out: Path, rounds: int, steps: int, hosts: list[str]) -> list[dict]:
             loops = busy_loops(LOOPS[host](cpus))
             try:
                 time.sleep(1.0 if loops else 0.0)  # the loops have taken their cores
-                for variant in VARIANTS:
+                for variant in variants:
                     row = {"round": n, "host": host, **one_run(out / f"r{n}-{host}-{variant}", variant, steps, cpus)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -147,16 +160,14 @@ def table(rows: list[dict]) -> str:
     loaded hosts' gain against default, and each loaded host's time over the same variant's idle one."""
     hosts = [h for h in LOOPS if any(r["host"] == h for r in rows)]
     loaded = [h for h in hosts if h != "idle"]
+    columns = [f"{h} train_s (rounds)" for h in hosts] + ["idle cost vs default"]
+    columns += [name for h in loaded for name in (f"{h} gain vs default", f"{h} / idle")]
     lines = [
-        "| remedy | "
-        + " | ".join(f"{h} train_s (rounds)" for h in hosts)
-        + " | idle cost vs default | "
-        + " | ".join(f"{h} gain vs default | {h} / idle" for h in loaded)
-        + " |",
+        "| remedy | " + " | ".join(columns) + " |",
         "|---|" + "---|" * (len(hosts) + 1 + 2 * len(loaded)),
     ]
     base = {h: median(rows, h, "default") for h in hosts}
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if any(r["variant"] == v for r in rows)]:
         m = {h: median(rows, h, variant) for h in hosts}
         cells = [
             f"{m[h] or 0:.2f} ("
@@ -192,7 +203,10 @@ def main() -> None:
     ap.add_argument("--out", help="a folder for the run directories and rows.jsonl")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--hosts", default="idle,busy", help="host states per round, of: " + ", ".join(LOOPS))
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="remedies per host state, of: " + ", ".join(VARIANTS)
+    )
+    ap.add_argument("--hosts", default="idle,one,busy", help="host states per round, of: " + ", ".join(LOOPS))
     ap.add_argument("--from", dest="done", help="re-tabulate the rows.jsonl of a finished run")
     args = ap.parse_args()
     if args.done:
@@ -205,7 +219,10 @@ def main() -> None:
         hosts = args.hosts.split(",")
         if not set(hosts) <= set(LOOPS):
             ap.error(f"--hosts takes {', '.join(LOOPS)}")
-        rows = run(out, args.rounds, args.steps, hosts)
+        variants = args.variants.split(",")
+        if not set(variants) <= set(VARIANTS):
+            ap.error(f"--variants takes {', '.join(VARIANTS)}")
+        rows = run(out, args.rounds, args.steps, hosts, variants)
     print(table(rows))
 
 
