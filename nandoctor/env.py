@@ -21,6 +21,10 @@ from .device import DeviceFacts
 # process whose environment holds the same value is the run's own, not another user's load.
 RUN_DIR_ENV = "NANDOCTOR_RUN_DIR"
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+# The OpenMP settings that decide how a probe's CPU threads run: how an idle one waits (the standard
+# name, GNU libgomp's and Intel's), and how many (torch's default). Both libraries read them when they load.
+OPENMP_WAIT_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+OPENMP_ENV = ("OMP_NUM_THREADS", *OPENMP_WAIT_ENV)
 
 
 def get_version(dist: str) -> str | None:
@@ -30,8 +34,20 @@ def get_version(dist: str) -> str | None:
         return None
 
 
+def get_cpu_set() -> set[int] | None:
+    """The numbers of the cores this process may run on (its affinity: a SLURM job's or taskset's), or
+    None where the OS does not say (macOS): then every core."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+
+
 def get_cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = get_cpu_set()
+    return len(cpus) if cpus is not None else (os.cpu_count() or 1)
+
+
+def get_openmp_env() -> dict:
+    """This process's OpenMP settings (OPENMP_ENV): name -> value as set, None when unset."""
+    return {name: os.environ.get(name) for name in OPENMP_ENV}
 
 
 def get_cpu_model() -> str | None:
@@ -64,16 +80,18 @@ def get_load_average() -> list[float] | None:
         return None
 
 
-def get_cpu_busy_s() -> float | None:
-    """Seconds all cores together have spent busy since boot, or None without psutil. Steal (time a
-    hypervisor gave to other machines) counts as busy: it is load the probe competes with; guest time is
-    already inside user time."""
+def get_cpu_busy_s(cpus: set[int] | None = None) -> float | None:
+    """Seconds all cores together (or the cores numbered `cpus`) have spent busy since boot, or None
+    without psutil. Steal (time a hypervisor gave to other machines) counts as busy: it is load the
+    probe competes with; guest time is already inside user time."""
     try:
         import psutil
     except ImportError:
         return None
-    t = psutil.cpu_times()
-    return sum(getattr(t, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+    times = (
+        [psutil.cpu_times()] if cpus is None else [t for i, t in enumerate(psutil.cpu_times(percpu=True)) if i in cpus]
+    )
+    return sum(getattr(t, name, 0.0) for t in times for name in ("user", "nice", "system", "irq", "softirq", "steal"))
 
 
 def get_own_cpu_s() -> float:
@@ -164,10 +182,26 @@ def get_run_cpu_s() -> dict | None:
     return out
 
 
-def get_host_sample() -> dict:
-    """What host_load compares: wall clock, the host's, this process's and this run's other processes'
-    CPU seconds."""
-    return {"wall": time.monotonic(), "busy_s": get_cpu_busy_s(), "own_s": get_own_cpu_s(), "run_s": get_run_cpu_s()}
+def get_host_sample(cpus: set[int] | None = None) -> dict:
+    """What host_load compares: wall clock, the host's (or its cores numbered `cpus`), this process's and
+    this run's other processes' CPU seconds."""
+    return {
+        "wall": time.monotonic(),
+        "busy_s": get_cpu_busy_s(cpus),
+        "own_s": get_own_cpu_s(),
+        "run_s": get_run_cpu_s(),
+    }
+
+
+def cpu_cores_between(before: dict, after: dict) -> tuple[float | None, float | None]:
+    """(the cores other processes kept busy on average between two get_host_samples, the cores this
+    run's other processes did); (None, None) without psutil or without time between them."""
+    wall = after["wall"] - before["wall"]
+    if before["busy_s"] is None or after["busy_s"] is None or wall <= 0:
+        return None, None
+    run_s = sum(s - (before["run_s"] or {}).get(key, 0.0) for key, s in (after["run_s"] or {}).items())
+    other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"]) - run_s) / wall)
+    return other, run_s / wall
 
 
 def host_load(before: dict) -> dict:
@@ -177,14 +211,9 @@ def host_load(before: dict) -> dict:
     are `run_cpu_cores`, apart. (A sibling that ended within the window took its CPU time with it: that
     time stays in `other_cpu_cores`.)"""
     after = get_host_sample()
-    wall = after["wall"] - before["wall"]
-    other = run = None
-    if before["busy_s"] is not None and after["busy_s"] is not None and wall > 0:
-        run_s = sum(s - (before["run_s"] or {}).get(key, 0.0) for key, s in (after["run_s"] or {}).items())
-        other = max(0.0, (after["busy_s"] - before["busy_s"] - (after["own_s"] - before["own_s"]) - run_s) / wall)
-        run = run_s / wall
+    other, run = cpu_cores_between(before, after)
     return {
-        "wall_s": wall,
+        "wall_s": after["wall"] - before["wall"],
         "cpu_count": get_cpu_count(),
         "other_cpu_cores": other,
         "run_cpu_cores": run,

@@ -286,6 +286,9 @@ class ProbeRecord:
     steady_step_s: float | None = None  # median time of the steady steps (after the warm-up ones)
     throughput: Throughput | None = None  # tokens/s of the steady steps, with its spread (what the ranking reads)
     host_load: dict | None = None  # other processes' use of the host during the timed steps (env.host_load)
+    # {"torch": intra-op threads it trained with, and its process's OpenMP settings (env.get_openmp_env),
+    # None where unset}; records before it: None
+    cpu_threads: dict | None = None
     first_nonfinite: dict | None = None
     stopped_early: bool = False
     peak_memory_bytes: int | None = None

@@ -131,6 +131,7 @@ SHARED_RUNS = {
     "test_robustness": "large-mlp",
     "test_grid_numerics": "large-mlp",
     "test_report_first_screen": "large-mlp",
+    "test_busy_host": "large-mlp",  # reads fp32_check with the two above
     "test_bisect_e2e": "fp16-pure-bisect",
     "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
     "test_executor_slurm": "clusters",

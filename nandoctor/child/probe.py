@@ -25,6 +25,7 @@ from ..cells import PACKAGES
 from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
+from . import threads
 from .build import Setup, setup
 from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
@@ -50,7 +51,7 @@ def run_probe(
     from ..env import collect_summary
 
     hf_logging.disable_progress_bar()  # keep log.txt to what a reader of a failed probe needs
-    torch.set_num_threads(max(1, spec.threads // ranks.world_size))  # the ranks share the probe's cores
+    planned, sample = threads.start(spec, ranks.world_size)  # the ranks share the probe's cores
     ranks.join(spec)
     if ranks.rank == 0:
         record.env = collect_summary()
@@ -86,6 +87,7 @@ def run_probe(
     watch = StepZeroWatch(s.model, s.optimizer, snapshot) if snapshot and eager_forensics(spec) else None
     # after the watch: this step post-hook removes itself while torch iterates the hooks, so it must be the last
     split = split_after_first_step(s.model, s.optimizer)
+    record.cpu_threads = threads.settle(planned, sample)  # sized to the cores other processes left free
     t1 = time.perf_counter()
     before = host_sample(ranks)
     try:

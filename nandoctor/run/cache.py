@@ -3,7 +3,9 @@
 It lives in $NANDOCTOR_CACHE_DIR, else $XDG_CACHE_HOME/nandoctor, else ~/.cache/nandoctor, as one
 append-only probes.jsonl. Only outcomes that a rerun would repeat are kept: probes that finished
 (whatever their numbers did) and probes that raised. Timeouts, signals and out-of-memory depend on
-the machine's load and memory at the time, so they are always rerun.
+the machine's load and memory at the time, so they are always rerun; so is a CPU probe that trained
+with fewer threads than planned because other processes held cores (child/threads.py): CPU kernels
+split their sums by thread count, so its last digits depend on the load at the time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ def default_cache_dir() -> Path:
 
 
 def cacheable(record: ProbeRecord) -> bool:
+    """Whether a rerun of the probe would repeat `record` (see above)."""
     if record.cached_from or not record.fingerprint:
+        return False
+    if record.cpu_threads and record.cpu_threads.get("torch") != record.cpu_threads.get("planned"):
         return False
     return record.status == "ok" or (record.status == "error" and not record.error.get("oom"))
 

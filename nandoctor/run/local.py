@@ -55,7 +55,12 @@ def plan_request(device: DeviceFacts | dict | None, recipes: list[dict], steps: 
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
-    """Divide the cores so that K probes at once do not oversubscribe them."""
+    """A probe's torch threads on this host: the user's OMP_NUM_THREADS when it is set (its first
+    level, a positive integer: the count torch itself would take), else the cores divided so that
+    `jobs` probes at once do not oversubscribe them."""
+    given = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
     return max(1, cpu_count // max(1, jobs))
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..device import DeviceFacts
-from ..env import RUN_DIR_ENV, VISIBLE_DEVICES_ENV
+from ..env import OPENMP_WAIT_ENV, RUN_DIR_ENV, VISIBLE_DEVICES_ENV
 from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
 
@@ -38,6 +38,14 @@ from .cache import default_cache_dir
 CUDA_CONTEXT_BYTES = 1 << 30
 GPU_FIT_FRACTION = 0.85  # of each GPU's memory, for the probes packed on it
 CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the data/launch work
+# How a probe's idle OpenMP threads wait, unless the user said (env.OPENMP_WAIT_ENV). GNU libgomp (torch's
+# OpenMP on Linux) spins 300,000 turns before an idle thread sleeps: where other processes hold the cores,
+# that spinning takes the time slices of the thread it waits for, and a probe crawls. Sleeping at once
+# (OMP_WAIT_POLICY=PASSIVE) costs a tiny probe 1.9x its step time on an idle host; a short spin keeps the
+# idle speed, and with the threads sized to the free cores (child/threads.py) keeps a busy host's cost
+# small (bench/busy_host.py, bench/RESULTS.md). libgomp reads it when it loads: it is in the environment
+# a probe process or warm worker starts with.
+OPENMP_WAIT = {"GOMP_SPINCOUNT": "10000"}
 
 
 def gpu_fit(device: DeviceFacts | dict, probe_bytes: int) -> list[int]:
@@ -83,10 +91,12 @@ def inductor_cache_env() -> dict:
 
 def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
     """The environment of a probe process (and of a warm worker): this one's, with `gpus` as its
-    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them) and
+    CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them),
     `run` (the run's directory) as RUN_DIR_ENV, which tells the run's own processes from other users'
-    load (env.host_load)."""
+    load (env.host_load), and OpenMP's short spin (OPENMP_WAIT) unless the user set how threads wait."""
     env = dict(os.environ)
+    if not any(name in env for name in OPENMP_WAIT_ENV):
+        env.update(OPENMP_WAIT)
     if gpus is not None:
         env[VISIBLE_DEVICES_ENV] = gpus
     if run is not None:
