@@ -23,7 +23,13 @@ from nandoctor.analysis.run import analyze, analyze_records
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_to_dict, set_field
 from nandoctor.record import ProbeRecord, Step, Throughput
-from nandoctor.report.diff import render_diff_html, render_diff_markdown, render_diff_summary, render_diff_terminal
+from nandoctor.report.diff import (
+    curve_text,
+    render_diff_html,
+    render_diff_markdown,
+    render_diff_summary,
+    render_diff_terminal,
+)
 from nandoctor.report.junit import render_junit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run-before-issue-9"
@@ -156,6 +162,23 @@ def test_curves_compare_bit_identical_within_the_dtype_tolerance_or_parted():
     assert (within.status, within.first_difference, within.parted_at) == (WITHIN_TOLERANCE, 3, None)
     apart = compare_curves(base, [Step(s.step, s.loss + 0.01 * (s.step >= 5), 1.0) for s in base], 1e-5)
     assert (apart.status, apart.parted_at) == (PARTED, 5)
+
+
+def test_curves_of_probes_that_trained_on_different_thread_counts_say_so():
+    """A probe on a busy host trains on the cores left free (child/threads.py); its loss's last digits
+    follow the thread count, which the curve comparison names beside the difference."""
+    nudged = [Step(s.step, s.loss * (1 + 1e-7 * (s.step >= 3)), 1.0, tokens_per_s=1000.0) for s in falling()]
+
+    def probes(steps, threads):
+        cells = ("fp32/eager/off", "fp32/sdpa/off")
+        return run([record(c, steps, cpu_threads={"torch": threads, "planned": 2}) for c in cells])
+
+    d = compare_runs(probes(falling(), 2), probes(nudged, 1))
+    cell = next(c for c in d.cells if c.probe_id == "fp32/sdpa/off")
+    assert cell.threads == (2, 1) and cell.curve.status == WITHIN_TOLERANCE
+    assert curve_text(cell).endswith("; trained on 2 -> 1 CPU threads)")
+    same = next(c for c in compare_runs(probes(falling(), 2), probes(nudged, 2)).cells if c.probe_id == cell.probe_id)
+    assert same.threads is None and "threads" not in curve_text(same)
 
 
 def test_the_golden_tolerance_follows_the_matmul_dtype():

@@ -184,6 +184,15 @@ def compare_curves(before: list[Step], after: list[Step], tolerance: float) -> C
     )
 
 
+def thread_change(before: ProbeRecord, after: ProbeRecord) -> tuple[int, int] | None:
+    """(before, after) torch CPU threads of two probes that trained with different counts; None when the
+    counts agree or either record does not say (records before cpu_threads, parallel ranks)."""
+    counts = [(r.cpu_threads or {}).get("torch") for r in (before, after)]
+    if None in counts or counts[0] == counts[1]:
+        return None
+    return counts[0], counts[1]
+
+
 @dataclass(frozen=True)
 class Golden:
     """A `check` run's step-0 value against the baseline's: the golden-value test."""
@@ -265,6 +274,9 @@ class CellChange:
     tokens_per_s: Measured | None = None
     peak_memory: Measured | None = None
     golden: list[Golden] = field(default_factory=list)
+    # (before, after) torch CPU threads when the two probes trained with different counts (a probe sizes
+    # its threads to the cores other processes leave free): a loss's last digits follow the thread count
+    threads: tuple[int, int] | None = None
 
     @property
     def regressed(self) -> bool:
@@ -318,6 +330,7 @@ def compare_cell(
         return out
     if before.record.steps and after.record.steps:
         out.curve = compare_curves(before.record.steps, after.record.steps, golden_tolerance(after.record, t)[0])
+    out.threads = thread_change(before.record, after.record)
     if golden:
         out.golden = golden_values(before.record, after.record, t)
         moved = [g for g in out.golden if not g.passed]

@@ -126,9 +126,10 @@ def curve_text(c: CellChange) -> str:
         return "-"
     if k.status == BIT_IDENTICAL:
         return f"bit-identical over {k.steps} steps"
+    threads = f"; trained on {c.threads[0]} -> {c.threads[1]} CPU threads" if c.threads else ""
     if k.status == PARTED:
-        return f"parted at step {k.parted_at} (tolerance ±{k.tolerance:.3g}, largest {k.largest:.3g})"
-    return f"within ±{k.tolerance:.3g} (first differs at step {k.first_difference}, largest {k.largest:.3g})"
+        return f"parted at step {k.parted_at} (tolerance ±{k.tolerance:.3g}, largest {k.largest:.3g}{threads})"
+    return f"within ±{k.tolerance:.3g} (first differs at step {k.first_difference}, largest {k.largest:.3g}{threads})"
 
 
 def stable_rows(d: RunDiff) -> list[dict]:
