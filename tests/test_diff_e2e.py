@@ -13,6 +13,9 @@ from nandoctor.analysis.run import analyze
 pytestmark = pytest.mark.slow
 GRID = ("grid", "--axis", "dtype=fp32,bf16-pure", "--axis", "attn=sdpa", "--steps", "16")
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-before-issue-9"
+# One thread per probe, as a user pins it for curves that must repeat bit for bit across loads: unpinned,
+# a probe trains on the cores the other test worker leaves free, and 1 vs 2 threads moves a loss's last digits
+PINNED = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +23,12 @@ def runs(tmp_path_factory):
     from conftest import run_cli
 
     root = tmp_path_factory.mktemp("baseline")
-    procs = {"a": run_cli(*GRID, "--out", root / "a")}
+    procs = {"a": run_cli(*GRID, "--out", root / "a", env=PINNED)}
     assert procs["a"].returncode == 0, procs["a"].stdout + procs["a"].stderr
-    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a")
+    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a", env=PINNED)
     # at lr 2e-5 a bf16 weight's update is below half its unit in the last place: it rounds away
     procs["c"] = run_cli(
-        *GRID, "--set", "optimizer.lr=2e-5", "--out", root / "c", "--baseline", root / "a" / "summary.json"
+        *GRID, "--set", "optimizer.lr=2e-5", "--out", root / "c", "--baseline", root / "a" / "summary.json", env=PINNED
     )
     return root, procs
 

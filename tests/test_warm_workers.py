@@ -88,12 +88,15 @@ def tiny_task(steps=2):
     )
 
 
-def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path):
+def test_a_killed_worker_is_replaced_and_the_next_probe_runs(tmp_path, monkeypatch):
     from nandoctor.executors import ExecutorConfig
     from nandoctor.run.local import LocalPlacement
     from nandoctor.run.scheduler import Scheduler
     from nandoctor.run.store import ResultsStore
 
+    # one thread each: a probe otherwise trains on the cores other processes leave free, and 1 vs 2 threads
+    # moves a loss's last digits
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     task = tiny_task()
     # the second probe may be handed to the dead worker before its death is heard: placed again (retries)
     with Scheduler(LocalPlacement(ExecutorConfig(), tmp_path, jobs=1), ResultsStore(tmp_path), retries=1) as runner:
