@@ -107,7 +107,8 @@ def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli)
 
 @pytest.mark.slow
 def test_cache_reruns_a_probe_whose_data_file_was_edited(tmp_path, cli):
-    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    # one thread: a probe that gave up threads to the other test worker's load is never cached
+    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     rows = tmp_path / "rows.jsonl"  # pre-tokenized rows: tiny-llama has no tokenizer to read text with
     rows.write_text("".join(json.dumps({"input_ids": [10 + (i + r) % 80 for i in range(40)]}) + "\n" for r in range(8)))
     one = (
