@@ -82,6 +82,10 @@ def said(error: Exception) -> str:
     return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
 
 
+# How long a run's end waits for cancelled tasks to end their probes themselves before killing their workers
+GRACEFUL_CANCEL_S = 10.0
+
+
 class RayPlacement:
     launch = "ray"
     batches = False  # one task per probe, `parallel` in flight
@@ -246,16 +250,36 @@ class RayPlacement:
         return probe.step
 
     def cancel(self, probes: list[PlacedProbe], wait_s: float) -> None:
+        """End the probes' tasks. With time to wait (a run ending), each task is first asked to end (a
+        KeyboardInterrupt in it: its probe's group is killed and reaped before the task ends), and only
+        the ones still running after GRACEFUL_CANCEL_S are killed with their worker (then the probe dies
+        with its parent, PR_SET_PDEATHSIG, on its own time). Waits on each task's completed(), not on the
+        generator itself, which is "ready" as soon as an item waits unread (its node's name)."""
         refs = [p.handle for p in probes if p.handle is not None]
+        if not refs:
+            return
+        deadline = time.monotonic() + wait_s
+        pending = refs
+        if wait_s > 0:
+            self._cancel(refs, force=False)
+            pending = self._wait_ended(refs, min(wait_s, GRACEFUL_CANCEL_S))
+        self._cancel(pending, force=True)
+        if pending and wait_s > 0:
+            self._wait_ended(pending, max(0.0, deadline - time.monotonic()))
+
+    def _cancel(self, refs: list, force: bool) -> None:
         for ref in refs:
             try:
-                self.ray.cancel(ref, force=True)
+                self.ray.cancel(ref, force=force)
             except self.ray.exceptions.RayError:
                 pass  # it ended meanwhile
-        if refs and wait_s > 0:
-            # completed(), not the generator itself: the generator is "ready" as soon as an item is
-            # waiting (its node's name), while its worker, and the probe it started, still run
-            self.ray.wait([ref.completed() for ref in refs], num_returns=len(refs), timeout=wait_s)
+
+    def _wait_ended(self, refs: list, timeout_s: float) -> list:
+        """The tasks of `refs` still running after waiting up to timeout_s for all of them to end."""
+        ended = {ref.completed(): ref for ref in refs}
+        done, _ = self.ray.wait(list(ended), num_returns=len(ended), timeout=timeout_s)
+        done = set(done)
+        return [ref for completed, ref in ended.items() if completed not in done]
 
     def close(self) -> None:
         if self.started_ray:

@@ -28,6 +28,7 @@ from .task import LOG_TAIL_CHARS, OUTCOME_FILE, SPEC_FILE, Budget, ProbeTask, la
 
 CARRIED_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a Ray task carries back whole; log.txt: its tail
 WATCH_S = 0.5  # how often the wrapper looks at its probe's budget
+REAP_S = 10.0  # how long the wrapper waits for its killed probe to be gone
 STEP_EVERY_S = 5.0  # how often a Ray task streams its probe's last step back (for the parent's heartbeat)
 
 
@@ -96,6 +97,10 @@ def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = 
                     yield {"step": step}
     finally:
         kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
+        try:
+            proc.wait(timeout=REAP_S)  # reaped before the task ends: a cancel that waits sees it gone
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            pass
     outcome = Outcome(
         returncode,
         budget.timed_out,
