@@ -268,9 +268,10 @@ def misbehaving_checkpoint() -> Path:
 
 
 def interrupt_when_running(
-    args: list, env: dict, ours: Path | int, run_dir: Path, timeout: float = 300
+    args: list, env: dict, ours: Path | int, run_dir: Path, timeout: float = 300, sig: int = signal.SIGINT
 ) -> tuple[int, str]:
-    """Start `nandoctor grid ARGS`, send it SIGINT (Ctrl-C) the moment its run has begun (run_dir/run.json)
+    """Start `nandoctor grid ARGS`, send it `sig` (SIGINT: Ctrl-C; SIGTERM: what `timeout`, CI systems and a
+    preempted job get) the moment its run has begun (run_dir/run.json)
     and a probe process of ours that was not there before runs on this machine (probe_processes(ours):
     the cluster's one node is this machine); returns its exit code and everything it printed. Watching the
     processes, not the queue line (said at most every QUEUE_LINE_S), so that on a fast machine the
@@ -292,7 +293,7 @@ def interrupt_when_running(
         assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
         assert time.monotonic() < deadline, "".join(lines)
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     proc.wait(timeout=120)
     reader.join(timeout=10)
     return proc.returncode, "".join(lines)

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from clusters import (
     MISBEHAVING_VERDICTS,
     active_slurm_jobs,
     assert_like_local,
+    interrupt_when_running,
     local_run,
     losses,
     misbehaving_checkpoint,
@@ -44,31 +44,6 @@ def slurm_env(tmp_path_factory):
         yield env
 
 
-def terminate_when_running(args: list, env: dict, run_dir: Path, timeout: float = 300) -> tuple[int, str]:
-    """Start `nandoctor grid ARGS` and send it SIGTERM (what `timeout`, CI systems and a preempted job
-    get) once its run has begun and a probe process of this run directory runs here (the cluster's
-    one node is this machine); returns its exit code and everything it printed."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "nandoctor", "grid", *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **env},
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + timeout
-    while not ((run_dir / "run.json").exists() and probe_processes(run_dir)):
-        assert proc.poll() is None, "the run ended before a probe ran:\n" + "".join(lines)
-        assert time.monotonic() < deadline, "".join(lines)
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=120)
-    reader.join(timeout=10)
-    return proc.returncode, "".join(lines)
-
-
 def results(run_dir: Path) -> list[str]:
     path = run_dir / "results.jsonl"
     return path.read_text().splitlines() if path.exists() else []
@@ -78,7 +53,8 @@ def results(run_dir: Path) -> list[str]:
 def terminated(slurm_env, tmp_path_factory):
     """The small grid on SLURM, sent SIGTERM once a probe runs, then resumed on SLURM."""
     out = tmp_path_factory.mktemp("slurm-sigterm") / "run"
-    code, printed = terminate_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out)
+    # ours: this run's directory, whose probe processes run here (the cluster's one node is this machine)
+    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out, out, sig=signal.SIGTERM)
     queued = active_slurm_jobs(slurm_env)  # this module's own cluster: every job on it is this test's
     children = probe_processes(out)
     kept = results(out)
