@@ -7,6 +7,7 @@ import sys
 
 import pandas as pd
 import pytest
+import recorded
 
 from nandoctor.analysis.ranking import adoption_key, rank
 from nandoctor.analysis.run import analyze_records, speed_decides
@@ -154,26 +155,8 @@ def test_rounds_run_interleaved_and_reversed_every_other_round():
 
 
 def timing_of(rounds: dict[str, list[list[float]]]) -> dict:
-    probes = [
-        {
-            "probe_id": f"{cell} retime{n}",
-            "of": cell,
-            "round": n,
-            "status": "ok",
-            "steps": [s.to_dict() for s in steps(rates)],
-            "host_load": None,
-        }
-        for cell, runs in rounds.items()
-        for n, rates in enumerate(runs, 1)
-    ]
-    return {
-        "cells": list(rounds),
-        "rounds": 2,
-        "steps": 4,
-        "order": [p["probe_id"] for p in probes],
-        "wall_s": 3.0,
-        "probes": probes,
-    }
+    """retime.json of these rounds of 4-step re-timing probes (recorded.timing_of)."""
+    return recorded.timing_of(rounds, n_steps=4)
 
 
 def test_the_re_timed_figure_replaces_the_grid_probes_and_decides_the_ranking():
