@@ -41,7 +41,7 @@ CORES_PER_GPU_PROBE = 2  # a GPU probe's host side: its Python thread and the da
 # How a probe's idle OpenMP threads wait, unless the user said (env.OPENMP_WAIT_ENV). GNU libgomp (torch's
 # OpenMP on Linux) spins 300,000 turns before an idle thread sleeps: where other processes hold the cores,
 # that spinning takes the time slices of the thread it waits for, and a probe crawls. Sleeping at once
-# (OMP_WAIT_POLICY=PASSIVE) costs a tiny probe 1.9x its step time on an idle host; a short spin keeps the
+# (OMP_WAIT_POLICY=PASSIVE) costs a tiny probe 1.8x its step time on an idle host; a short spin keeps the
 # idle speed, and with the threads sized to the free cores (child/threads.py) keeps a busy host's cost
 # small (bench/busy_host.py, bench/RESULTS.md). libgomp reads it when it loads: it is in the environment
 # a probe process or warm worker starts with.
