@@ -83,6 +83,11 @@ class DataStream:
             group = [next(cycle) for _ in range(micro_batches)]
             yield group, sum(b.supervised for b in group)
 
+    def step_batches(self, index: int, micro_batches: int = 1) -> list:
+        """The batches optimizer step `index` of `steps(micro_batches)` trains (the stream cycles)."""
+        n = len(self.batches)
+        return [self.batches[(index * micro_batches + j) % n] for j in range(micro_batches)]
+
     def joined(self, batches: list) -> dict:
         """The model inputs of one batch holding every row of `batches` (a step's micro-batches), collated
         as the stream collates: the full batch an accumulated step stands for."""

@@ -17,7 +17,7 @@ from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary
 from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
-from .verdicts import HARNESS_FAILURES, STABLE, References, Verdict, fidelity, judged_facts
+from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -36,6 +36,7 @@ class ProbeOutcome:
     retimed: bool = False  # throughput comes from the interleaved re-timing rounds (retime.json)
     speed_class: int | None = None  # ranked probes: equal numbers in one fidelity bucket are equally fast within noise
     devices: int = 1  # the devices (ranks) the probe trained on: its tokens/s is its figure over these
+    reference: str | None = None  # the probe whose curve this one's drift and fidelity were judged against
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -72,6 +73,9 @@ class RunAnalysis:
         default_factory=list
     )  # (line, the OS refused it) per report file not written
     rounds: dict[str, dict[int, float]] = field(default_factory=dict)  # speed.round_medians of the re-timing
+    # the recipe variants whose probes were not judged against a stable fp32/eager probe: another fp32
+    # probe stood in for it, or none could (drift not judged); the reports say so first
+    references: list[Reference] = field(default_factory=list)
 
     def __post_init__(self):
         self.meta = RunMeta.of(self.meta)  # run.json's meta, given as the dict it holds
@@ -85,6 +89,11 @@ class RunAnalysis:
     @property
     def recommended(self) -> ProbeOutcome | None:
         return self.ranking[0] if self.ranking else None
+
+    @property
+    def unjudged(self) -> list[Reference]:
+        """The recipe variants whose drift was not judged (no fp32 probe trained stably)."""
+        return [r for r in self.references if r.probe_id is None]
 
     @property
     def hardware(self) -> list[str]:
@@ -323,6 +332,7 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
                 fidelity(r.steps, references.exact(r)),
                 retimed=r.probe_id in retimed,
                 devices=world[r.probe_id],
+                reference=None if references.is_own(r) else references.reference(r).probe_id,
             )
         )
     table = probe_table(outcomes)
@@ -337,6 +347,7 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
         timing=timing,
         load=load,
         rounds=rounds,
+        references=references.notes() if meta.kind != "check" else [],  # a check judges no drift
     )
     ranked = rank_per_hardware(
         table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], rounds, THRESHOLDS, analysis.loaded

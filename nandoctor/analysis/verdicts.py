@@ -25,11 +25,16 @@ NO_LEARNING = "no-learning"
 # the same; judged on the probe itself, since its fp32 reference usually shares the setup.
 MISCONFIGURED = "misconfigured"
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+# a step trained on a batch with no supervised token (every label -100: completion-only rows whose answer
+# fell past max_length): its mean loss is 0/0. A data finding, judged before any numeric verdict: every
+# configuration meets it, so it says nothing about the one probed
+NO_TARGET = "no-target"
 GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
-UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED)
+# A batch with no target is the data's fault, whatever the configuration.
+UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED, NO_TARGET)
 FAIL_ON = (TIMEOUT, OOM, KILLED)  # what bisect's --fail-on may count as a failure
 CRASH_SIGNALS = {
     "SIGSEGV": "segmentation fault",
@@ -275,13 +280,17 @@ def numeric_verdict(
     since: int = 0,
     trainable: dict | None = None,
     adapter: str | None = None,
+    against: str = "",
 ) -> Verdict:
-    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given.
+    """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given (`against`:
+    the reference's name when another fp32 probe stands in for fp32/eager).
     Steps before index `since` were judged already (a live run's watch judges each new step once);
     they still count as history for the spike window, the largest grad-norm and the rise.
     trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
     no gradient (group_no_learning)."""
     for s in steps[since:]:
+        if s.supervised == 0 and (not math.isfinite(s.loss) or s.loss == 0.0):
+            return Verdict(NO_TARGET, untargeted(s), s.step)
         what = s.unrecoverable(t.min_scale)
         if what == "loss":
             return Verdict(NONFINITE, f"loss is {_fmt(s.loss)} at step {s.step}", s.step)
@@ -301,17 +310,10 @@ def numeric_verdict(
     dead = no_learning(steps, t, trainable, adapter)
     if dead:
         return dead
+    spike = loss_spike(steps, t, since)
+    if spike:
+        return spike
     losses = [s.loss for s in steps]
-    for k in range(max(t.spike_min_history, since), len(losses)):
-        window = losses[max(0, k - t.spike_window) : k]
-        mean = sum(window) / len(window)
-        if mean > 0 and losses[k] > t.spike_factor * mean:  # a spike is a multiple of a positive mean
-            return Verdict(
-                DIVERGED,
-                f"loss spiked to {_fmt(losses[k])} at step {steps[k].step}, "
-                f"{losses[k] / mean:.1f}x the mean of the previous {len(window)} steps",
-                steps[k].step,
-            )
     counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
     largest = max(counted, default=None)
     for s in steps[since:]:
@@ -342,12 +344,59 @@ def numeric_verdict(
             mine, theirs = sum(losses[n - q : n]) / q, sum(ref[n - q : n]) / q
             return Verdict(
                 DRIFT,
-                f"loss {mine:.4f} vs fp32 reference {theirs:.4f} over the last {q} steps: "
+                f"loss {mine:.4f} vs fp32 reference{' ' + against if against else ''} {theirs:.4f} "
+                f"over the last {q} steps: "
                 f"{dev:.3f} nats off, tolerance {tol:.3f} "
                 f"({t.drift_rel:.0%} of the reference's {ref_drop:.3f}-nat drop + {t.drift_abs})",
                 n - q,
             )
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def untargeted(s: Step) -> str:
+    """Why step s has no verdict of its own: its batch had no supervised token."""
+    kind = f"{s.batch} " if s.batch else ""
+    return (
+        f"step {s.step}'s {kind}batch has no supervised token (every label -100 after the shift), so its mean "
+        f"loss is 0/0 = {_fmt(s.loss)}: a fault of the data, not of this configuration"
+    )
+
+
+def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) -> Verdict | None:
+    """A loss above spike_factor x the mean of the previous spike_window steps that trained the same kind
+    of batch (Step.batch: the longest rows or the fewest targets of the user's data lose differently
+    from its first batches, every time); steps before `since` count only as history."""
+    kinds = {s.batch for s in steps}
+    for k in range(since, len(steps)):
+        kind = steps[k].batch
+        window = [s.loss for s in steps[:k] if s.batch == kind][-t.spike_window :]
+        if len(window) < t.spike_min_history:
+            continue
+        mean = sum(window) / len(window)
+        loss = steps[k].loss
+        if mean > 0 and loss > t.spike_factor * mean:  # a spike is a multiple of a positive mean
+            of = f" of {kind} batches" if kind and len(kinds) > 1 else ""
+            return Verdict(
+                DIVERGED,
+                f"loss spiked to {_fmt(loss)} at step {steps[k].step}, "
+                f"{loss / mean:.1f}x the mean of the previous {len(window)} steps{of}",
+                steps[k].step,
+            )
+    return None
+
+
+def never_stepped(steps: list[Step]) -> Verdict | None:
+    """A probe whose GradScaler skipped every one of its steps: its optimizer never stepped, so its curve
+    says nothing of training (the scale halves from 65536 and reaches below 1 only after 16 skips,
+    Step.unrecoverable). Judged on a finished probe, not on a live run's first steps."""
+    if not steps or not all(s.skipped and s.scale is not None for s in steps):
+        return None
+    return Verdict(
+        NONFINITE,
+        f"GradScaler skipped every one of the {len(steps)} steps (scale {steps[0].scale:g} -> "
+        f"{steps[-1].scale / 2:g}): the gradients overflowed at every scale tried and the optimizer never stepped",
+        steps[0].step,
+    )
 
 
 def no_learning(
@@ -382,12 +431,39 @@ def no_learning(
     return None
 
 
-def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
+def classify(
+    record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS, against: str = ""
+) -> Verdict:
+    """The probe's verdict: what stopped it, its ranks' agreement, its setup, then its curve against the
+    reference curve (`against` names the reference when it stands in for fp32/eager)."""
+    first = harness_verdict(record) or parallel_verdict(record, t) or setup_verdict(record, t)
+    if first:
+        return first
+    v = numeric_verdict(
+        record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record), against=against
+    )
+    if v.name == NO_TARGET:
+        return Verdict(v.name, v.reason + untargeted_rows(record, v.step), v.step)
+    if v.name not in (NONFINITE, ZERO_LOSS):
+        return never_stepped(record.steps) or v
+    return v
+
+
+def untargeted_rows(record: ProbeRecord, step: int | None) -> str:
+    """'; rows ... of the data set' for the micro-batches of `step` that have no supervised token, read
+    from record.data (step i trains batches i*k .. i*k+k-1 of its list, cycled); '' where unknown."""
+    data = record.data or {}
+    batches, k = data.get("batches") or [], data.get("micro_batches_per_step") or 1
+    if step is None or not batches:
+        return ""
+    trained = [batches[(step * k + j) % len(batches)] for j in range(k)]
+    rows = [r for b in trained if b.get("supervised") == 0 for r in b.get("rows") or []]
+    if not rows:
+        return ""
+    where = f" of {data['path']}" if data.get("path") else ""
     return (
-        harness_verdict(record)
-        or parallel_verdict(record, t)
-        or setup_verdict(record, t)
-        or numeric_verdict(record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record))
+        f"; rows {', '.join(map(str, rows))}{where} have no label left (`nandoctor doctor --data` says why: "
+        "truncation at max_length, or a completion mask that found no answer)"
     )
 
 
@@ -415,31 +491,108 @@ def reference_key(record: ProbeRecord) -> str:
     return json.dumps(same, sort_keys=True, default=str)
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The fp32 curve one recipe variant's probes are judged against, or why there is none.
+    probe_id: the probe whose steps these are (None: no fp32 probe trained stably); stands_in: it is
+    another fp32 cell, since fp32/eager did not train stably (`why`)."""
+
+    probe_id: str | None
+    steps: list[Step] | None
+    stands_in: bool = False
+    why: str = ""
+    hardware: str = ""
+
+    def sentence(self) -> str | None:
+        """What the reports say first about it: None for fp32/eager itself."""
+        on = f" on {self.hardware}" if self.hardware else ""
+        if self.probe_id is None:
+            return (
+                f"Drift was not judged{on}: {self.why}, and no other fp32 probe trained stably, so no probe's "
+                "fidelity to fp32 is known and a stable verdict says only that its curve did not break."
+            )
+        if self.stands_in:
+            return f"Drift was judged{on} against {self.probe_id}, standing in for the fp32 reference: {self.why}."
+        return None
+
+
+def stand_in_order(record: ProbeRecord) -> tuple:
+    """Which fp32 probe stands in for a failed fp32/eager first: compile off, then SDPA's default kernel."""
+    return record.cell.compile != REFERENCE_CELL.compile, record.cell.attn != "sdpa", record.probe_id
+
+
 class References:
     """The one place where a probe meets its fp32 reference: the steps of the stable fp32/eager probe
-    of the same recipe variant and seed. Learn the references first, then judge any probe."""
+    of the same recipe variant and seed, or, when that one did not train stably (out of memory, timed
+    out, ...), of another stable one-process fp32 probe of them (`Reference.stands_in`), or none, said
+    once (`notes`). Learn the probes first, then judge any probe."""
 
     def __init__(self):
-        self.steps: dict[str, list[Step] | None] = {}  # reference key -> a stable reference's steps, else None
+        self.primary: dict[str, ProbeRecord] = {}  # reference key -> its fp32/eager probe (a stable one first)
+        self.candidates: dict[str, list[ProbeRecord]] = {}  # reference key -> other one-process fp32 probes
+        self.keys: dict[str, str] = {}  # reference key -> its hardware, for every probe learnt
         self.singles: dict[tuple, list[Step]] = {}  # (reference key, cell id) -> a one-process probe's steps
+        self.chosen: dict[str, Reference] = {}
 
     def learn(self, record: ProbeRecord) -> None:
+        key = reference_key(record)
+        self.keys.setdefault(key, record.cell.hardware)
+        self.chosen.pop(key, None)
         if record.cell.parallel == "none" and record.status == "ok" and record.steps:
-            self.singles[(reference_key(record), record.cell.id)] = record.steps
+            self.singles[(key, record.cell.id)] = record.steps
         if is_reference(record):
-            if record.status == "ok" and classify(record).name == STABLE:
-                self.steps[reference_key(record)] = record.steps
-            else:
-                self.steps.setdefault(reference_key(record), None)
+            if key not in self.primary or not _trains(self.primary[key]):
+                self.primary[key] = record
+        elif (
+            record.cell.dtype == REFERENCE_CELL.dtype
+            and record.cell.parallel == REFERENCE_CELL.parallel
+            and record.cell.optimizer == REFERENCE_CELL.optimizer
+        ):
+            self.candidates.setdefault(key, []).append(record)
+
+    def reference(self, record: ProbeRecord) -> Reference:
+        """The reference this probe's recipe variant is judged against."""
+        key = reference_key(record)
+        if key not in self.chosen:
+            self.chosen[key] = self._choose(key, record.cell.hardware)
+        return self.chosen[key]
+
+    def _choose(self, key: str, hardware: str) -> Reference:
+        primary = self.primary.get(key)
+        if primary is not None and _trains(primary):
+            return Reference(primary.probe_id, primary.steps, hardware=hardware)
+        if primary is None:
+            why = f"the fp32 reference {REFERENCE_CELL.id} did not run"
+        else:
+            v = classify(primary)
+            why = f"the fp32 reference {primary.probe_id} ended {v.name} ({v.reason})"
+        stand_in = min(filter(_trains, self.candidates.get(key, [])), key=stand_in_order, default=None)
+        if stand_in is None:
+            return Reference(None, None, why=why, hardware=hardware)
+        return Reference(stand_in.probe_id, stand_in.steps, stands_in=True, why=why, hardware=hardware)
+
+    def notes(self) -> list[Reference]:
+        """The references that are not fp32/eager's (a stand-in, or none), one per recipe variant."""
+        out = []
+        for key, hardware in self.keys.items():
+            if key not in self.chosen:
+                self.chosen[key] = self._choose(key, hardware)
+            if self.chosen[key].sentence():
+                out.append(self.chosen[key])
+        return out
 
     def knows(self, record: ProbeRecord) -> bool:
-        """Whether the reference of this probe has run (stable or not)."""
-        return reference_key(record) in self.steps
+        """Whether the fp32/eager reference of this probe has run (stable or not)."""
+        return reference_key(record) in self.primary
+
+    def is_own(self, record: ProbeRecord) -> bool:
+        """Whether this probe is the reference of its recipe variant (fp32/eager, or its stand-in)."""
+        return is_reference(record) or self.reference(record).probe_id == record.probe_id
 
     def of(self, record: ProbeRecord) -> list[Step] | None:
-        """The reference curve this probe is judged against; None for a reference itself, or when its
-        reference has not run or was not stable."""
-        return None if is_reference(record) else self.steps.get(reference_key(record))
+        """The reference curve this probe is judged against; None for a reference itself, or when no
+        fp32 probe of its recipe variant trained stably."""
+        return None if self.is_own(record) else self.reference(record).steps
 
     def exact(self, record: ProbeRecord) -> list[Step] | None:
         """A parallel probe's exact reference: the one-process probe of the same cell, recipe and seed,
@@ -449,12 +602,18 @@ class References:
         return self.singles.get((reference_key(record), record.cell.single.id))
 
     def judge(self, record: ProbeRecord) -> Verdict:
-        return classify(record, self.of(record))
+        ref = self.reference(record)
+        return classify(record, self.of(record), against=ref.probe_id if ref.stands_in else "")
 
     def fidelity(self, record: ProbeRecord, verdict: Verdict) -> float | None:
-        if is_reference(record) and verdict.name == STABLE:
+        if self.is_own(record) and verdict.name == STABLE:
             return 0.0
         return fidelity(record.steps, self.of(record))
+
+
+def _trains(record: ProbeRecord) -> bool:
+    """A probe whose curve can be a reference: it finished and is stable on its own."""
+    return record.status == "ok" and bool(record.steps) and classify(record).name == STABLE
 
 
 def fidelity(steps: list[Step], reference: list[Step] | None) -> float | None:

@@ -44,7 +44,12 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         skipped = scale is not None and s.scaler.get_scale() < scale
         tokens = step_tokens(micro_batches)
         rate = tokens / seconds if tokens is not None and seconds > 0 else None
-        if not on_step(Step(step, sum(losses).item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)):
+        measured = Step(step, sum(losses).item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)
+        if s.stream is not None:  # what the step trained on: its loss terms (0: a batch with no target) and kind
+            trained = s.stream.step_batches(step, len(micro_batches))
+            measured.supervised = sum(b.supervised for b in trained)
+            measured.batch = "+".join(b.kind for b in trained)
+        if not on_step(measured):
             break
 
 

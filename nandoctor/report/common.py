@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
+from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, STABLE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
 from ..record import ModelPlan
@@ -51,6 +51,19 @@ def shown_rate(o: ProbeOutcome) -> float | None:
 def fmt_fidelity(x: float | None) -> str:
     x = as_float(x)
     return f"{100 * x:.3f}%" if x is not None else "-"
+
+
+def fidelity_text(o: ProbeOutcome) -> str:
+    """A probe's fidelity to fp32 in words: 'not judged' where no fp32 probe trained to compare it with."""
+    if o.fidelity is None and o.reference is None and o.verdict.name == STABLE:
+        return "not judged: no fp32 reference"
+    return fmt_fidelity(o.fidelity)
+
+
+def reference_lines(a: RunAnalysis) -> list[str]:
+    """What the reports say first about the fp32 reference: which probe stood in for a failed fp32/eager,
+    or that drift was not judged and why (analysis RunAnalysis.references)."""
+    return [r.sentence() for r in a.references]
 
 
 def fmt_loss(x: float | None) -> str:
@@ -145,7 +158,9 @@ def ranking_rows(a: RunAnalysis) -> list[dict]:
         {
             "rank": i + 1,
             "config": ("★ " if o.probe_id in starred else "") + label(o),
-            "fidelity vs fp32": fmt_fidelity(o.fidelity),
+            "fidelity vs fp32": "not judged"
+            if o.fidelity is None and o.reference is None
+            else fmt_fidelity(o.fidelity),
             "tokens/s": timing.rate_text(o) + per_device(o),
             "tokens/s IQR": timing.spread_text(o.throughput),
             "timed over": timing.timing_note(o, a),
@@ -252,23 +267,25 @@ def headline(a: RunAnalysis) -> list[str]:
                 lines.append(
                     f"Fastest stable on {h}: {label(fast_here)} ({timing.rate_text(fast_here)} tokens/s"
                     f"{per_device(fast_here)}, "
-                    f"fidelity {fmt_fidelity(fast_here.fidelity)})"
+                    f"fidelity {fidelity_text(fast_here)})"
                 )
         lines += timing.speed_lines(a)
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(
-            f"Recommended: {label(rec)} (fidelity {fmt_fidelity(rec.fidelity)}, {timing.rate_text(rec)} tokens/s"
+            f"Recommended: {label(rec)} (fidelity {fidelity_text(rec)}, {timing.rate_text(rec)} tokens/s"
             f"{per_device(rec)}, peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
         )
         if fast is not rec:
             lines.append(
                 f"Fastest stable: {label(fast)} "
-                f"({timing.rate_text(fast)} tokens/s{per_device(fast)}, fidelity {fmt_fidelity(fast.fidelity)})"
+                f"({timing.rate_text(fast)} tokens/s{per_device(fast)}, fidelity {fidelity_text(fast)})"
             )
         lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
+    first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # the recommendation line(s)
+    lines[first:first] = reference_lines(a)
     counts = {}
     for o in a.outcomes:
         counts[o.verdict.name] = counts.get(o.verdict.name, 0) + 1

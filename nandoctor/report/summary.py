@@ -27,6 +27,7 @@ def _probe(o: ProbeOutcome) -> dict:
         "reason": o.verdict.reason,
         "step": o.verdict.step,
         "fidelity": o.fidelity,
+        "reference": o.reference,
         "tokens_per_s": o.tokens_per_s,
         "world_size": o.devices,
         "tokens_per_s_all_devices": o.tokens_per_s_all_devices,
@@ -65,6 +66,19 @@ def render_summary(a: RunAnalysis) -> dict:
             "model": a.meta.model_plan,
             "planned": a.expected,
             "finished": len(a.outcomes),
+            # drift: whether every probe's drift was judged against a stable fp32 probe, and the recipe
+            # variants whose reference was another fp32 probe (stands_in) or none (reference null)
+            "drift_judged": not a.unjudged,
+            "references": [
+                {
+                    "hardware": r.hardware or None,
+                    "reference": r.probe_id,
+                    "stands_in": r.stands_in,
+                    "why": r.why,
+                    "sentence": r.sentence(),
+                }
+                for r in a.references
+            ],
             "recommended": a.recommended.probe_id if a.recommended else None,
             "fastest_stable": a.fastest.probe_id if a.fastest else None,
             "recommended_by_hardware": {

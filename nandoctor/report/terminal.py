@@ -56,6 +56,7 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
 def render_terminal(a: RunAnalysis, run_dir) -> str:
     probed, why = common.model_line(a)
     out = [f"model: {probed}", f"       {why}", ""]
+    out += [*common.reference_lines(a), ""] if a.references else []
     rows = common.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
     note = common.ranking_note(a)
