@@ -138,9 +138,9 @@ class Step:
     # models.GROUPS: adapter, modules_to_save, embeddings, rest); None for a group no parameter of which
     # got a gradient. Records before it, and replayed steps: None
     groups: dict | None = None
-    # the loss terms the step trained on over all its micro-batches (labels other than -100 after the
-    # shift: num_items_in_batch); 0 when its batch has no target, whose mean loss is 0/0. None where
-    # unknown (records before it, a live run's steps)
+    # the loss terms (labels other than -100 after the shift) of the step's micro-batch that has the
+    # fewest: 0 when a batch has no target, whose mean loss is 0/0. None where unknown (records before
+    # it, a live run's steps)
     supervised: int | None = None
     # the kind of batch the step trained (data.Batch.kind: synthetic, first, longest, most_padded,
     # fewest_supervised; a step of several micro-batches joins theirs with "+"): a loss spike is judged

@@ -47,7 +47,7 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
         measured = Step(step, sum(losses).item(), grad_norm.item(), skipped, scale, seconds, tokens, rate)
         if s.stream is not None:  # what the step trained on: its loss terms (0: a batch with no target) and kind
             trained = s.stream.step_batches(step, len(micro_batches))
-            measured.supervised = sum(b.supervised for b in trained)
+            measured.supervised = min(b.supervised for b in trained)
             measured.batch = "+".join(b.kind for b in trained)
         if not on_step(measured):
             break
