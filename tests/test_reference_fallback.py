@@ -69,3 +69,52 @@ def test_with_no_fp32_probe_that_trained_drift_is_said_unjudged_first_in_every_r
     assert summary["drift_judged"] is False
     assert summary["references"][0]["reference"] is None
     assert "out of memory" in summary["references"][0]["why"]
+
+
+class RecordedSession:
+    """What ProbeOracle asks of a Session: a device, and run(recipe, probes) -> their records. Each cell
+    ends as `outcomes` says (a curve, or an out-of-memory error)."""
+
+    def __init__(self, outcomes: dict):
+        from nandoctor.env import collect_summary
+
+        self.device, self.outcomes, self.ran = collect_summary(), outcomes, []
+
+    def run(self, recipe, probes):
+        self.ran += [p.probe_id for p in probes]
+        out = []
+        for p in probes:
+            curve = self.outcomes[p.cell.id]
+            r = probe(p.cell.id, *((None, curve) if isinstance(curve, str) else (curve,)))
+            r.probe_id, r.recipe = p.probe_id, recipe_to_dict(p.recipe or Recipe(name="tiny-llama"))
+            out.append(r)
+        return out
+
+
+def test_bisects_oracle_runs_an_fp32_stand_in_when_the_reference_ran_out_of_memory():
+    from nandoctor.bisect.engine import Trial
+    from nandoctor.bisect.factors import BASELINE_AXES
+    from nandoctor.bisect.oracle import ProbeOracle
+
+    session = RecordedSession(
+        {"fp32/eager/off": "CUDA out of memory", "fp32/sdpa/off": FALLS, "bf16-pure/sdpa/off": STALLS}
+    )
+    oracle = ProbeOracle(session, Recipe(name="tiny-llama"))
+    (run,) = oracle([Trial({**BASELINE_AXES, "dtype": "bf16-pure", "attn": "sdpa"})])
+    assert session.ran == ["bf16-pure/sdpa/off", "fp32/eager/off", "fp32/sdpa/off"]
+    assert run.verdict == DRIFT and run.failed
+
+
+def test_bisects_oracle_without_any_fp32_probe_that_trained_says_nothing_was_judged():
+    from nandoctor.bisect.engine import Trial
+    from nandoctor.bisect.factors import BASELINE_AXES
+    from nandoctor.bisect.oracle import ProbeOracle
+
+    session = RecordedSession(
+        {"fp32/eager/off": "CUDA out of memory", "fp32/sdpa/off": "CUDA out of memory", "bf16-pure/sdpa/off": STALLS}
+    )
+    oracle = ProbeOracle(session, Recipe(name="tiny-llama"))
+    (run,) = oracle([Trial({**BASELINE_AXES, "dtype": "bf16-pure", "attn": "sdpa"})])
+    assert run.verdict == STABLE
+    (note,) = oracle.references.notes()
+    assert note.probe_id is None and "fp32/eager/off ended oom" in note.sentence()

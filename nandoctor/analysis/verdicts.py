@@ -394,7 +394,8 @@ def never_stepped(steps: list[Step]) -> Verdict | None:
     return Verdict(
         NONFINITE,
         f"GradScaler skipped every one of the {len(steps)} steps (scale {steps[0].scale:g} -> "
-        f"{steps[-1].scale / 2:g}): the gradients overflowed at every scale tried and the optimizer never stepped",
+        f"{steps[-1].scale / 2:g}): the gradients overflowed fp16 at every scale tried and the optimizer never "
+        "stepped; a longer probe (--steps) shows whether a lower scale fits",
         steps[0].step,
     )
 
@@ -565,7 +566,8 @@ class References:
             why = f"the fp32 reference {REFERENCE_CELL.id} did not run"
         else:
             v = classify(primary)
-            why = f"the fp32 reference {primary.probe_id} ended {v.name} ({v.reason})"
+            at = f" at step {v.step}" if v.step is not None else ""
+            why = f"the fp32 reference {primary.probe_id} ended {v.name}{at} ({v.reason.split('; ')[0][:160]})"
         stand_in = min(filter(_trains, self.candidates.get(key, [])), key=stand_in_order, default=None)
         if stand_in is None:
             return Reference(None, None, why=why, hardware=hardware)

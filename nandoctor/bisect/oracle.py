@@ -34,7 +34,12 @@ UNRESOLVED_ADVICE = {
     "killed": "something outside killed the probe (the kernel's OOM killer sends SIGKILL): "
     "free memory or use --scale probe; --fail-on killed counts it as the failure",
     "unsupported": "choose a --bad / --good this device can run (`nandoctor doctor` lists what it runs)",
+    "no-target": "fix the data: a batch has no supervised token, whatever the configuration "
+    "(`nandoctor doctor --data` names its rows and why)",
 }
+
+
+STAND_IN_ATTN = "sdpa"  # the attention of the fp32 probe run when fp32/eager did not train stably
 
 
 def resolved(verdict: str, fail_on: tuple[str, ...]) -> bool:
@@ -47,7 +52,9 @@ def resolved(verdict: str, fail_on: tuple[str, ...]) -> bool:
 class ProbeOracle:
     """The bisection's oracle: runs each trial as a real probe process, and before trusting a stable
     verdict runs the fp32/eager reference of the same recipe variant and seed, since drift is
-    measured against it. Records are cached by probe id, which names the full configuration."""
+    measured against it; when that one does not train stably (out of memory, timed out), fp32 with
+    STAND_IN_ATTN attention stands in for it (References), and with neither the reports say that drift
+    was not judged. Records are cached by probe id, which names the full configuration."""
 
     def __init__(self, session: Session, recipe: Recipe, fail_on: tuple[str, ...] = ()):
         self.session, self.recipe, self.fail_on = session, recipe, fail_on
@@ -85,6 +92,14 @@ class ProbeOracle:
                 ref = Trial({**t.config, **BASELINE_AXES}, t.seed, 0)
                 needed[self.planned(ref).probe_id] = self.planned(ref)
         self._run(list(needed.values()))
+        stand_ins = {}
+        for t, p in zip(trials, probes):
+            r = self.records[p.probe_id]
+            if not self.references.is_own(r) and self.references.reference(r).probe_id is None:
+                if self.references.judge(r).name == STABLE:
+                    ref = Trial({**t.config, **BASELINE_AXES, "attn": STAND_IN_ATTN}, t.seed, 0)
+                    stand_ins[self.planned(ref).probe_id] = self.planned(ref)
+        self._run(list(stand_ins.values()))
         return [self._outcome(self.records[p.probe_id]) for p in probes]
 
     def _outcome(self, record: ProbeRecord) -> Run:

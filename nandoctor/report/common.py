@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, STABLE, UNSUPPORTED
+from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, UNSUPPORTED
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
 from ..record import ModelPlan
@@ -284,6 +284,13 @@ def headline(a: RunAnalysis) -> list[str]:
         lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
+    untargeted = [o for o in a.outcomes if o.verdict.name == NO_TARGET]
+    if untargeted and a.meta.kind != "bisect":
+        lines.append(
+            f"{len(untargeted)} of {len(a.outcomes)} probes met a batch of the data with no supervised token "
+            f"(first: {untargeted[0].probe_id} at step {untargeted[0].verdict.step}): a fault of the data, which "
+            "every configuration meets; fix the rows (`nandoctor doctor --data` names them) and run again."
+        )
     first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # the recommendation line(s)
     lines[first:first] = reference_lines(a)
     counts = {}
