@@ -154,12 +154,31 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
     return None
 
 
-def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
-    """The step-0 setup checks (record.setup_checks, or the live lint's figures) that failed, each as one
-    clause naming the check and its figure; [] when none failed or none was measured."""
+def setup_judgement(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
+    """The one decision on a probe's (or a live run's) step-0 setup figures, which the `misconfigured`
+    verdict, the knowledge rules' facts, the reports' setup table and the callbacks' lint all read:
+    packing_leaks and accumulation_misweighted, each True, False, or None where it was not measured."""
     c = checks or {}
+    return {
+        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
+        if "packing_max_logit_diff" in c
+        else None,
+        "accumulation_misweighted": t.accumulation_misweighted(
+            c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
+        )
+        if "accumulation_cosine" in c
+        else None,
+    }
+
+
+def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The step-0 setup checks (record.setup_checks, or the live lint's figures) that failed
+    (setup_judgement), each as one clause naming the check and its figure; [] when none failed or none
+    was measured."""
+    c = checks or {}
+    judged = setup_judgement(c, t)
     out = []
-    if t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff")):
+    if judged["packing_leaks"]:
         clean = _num(c.get("packing_clean_diff"))
         floor = max(t.packing_leak_abs, t.packing_leak_factor * clean) if math.isfinite(clean) else t.packing_leak_abs
         out.append(
@@ -167,7 +186,7 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
             f"beyond {floor:.2g} (with no mask and no cache the same batch gives {_fmt(clean)})"
         )
-    if t.accumulation_misweighted(c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")):
+    if judged["accumulation_misweighted"]:
         norm = c.get("loss_normalization") or "?"
         ratio = c.get("accumulation_norm_ratio") if norm == "micro_batch" else None
         tokens = c.get("accumulation_cosine_tokens")
@@ -254,18 +273,7 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     """Facts for the knowledge rules from what the verdicts judge on the probe's own setup: whether its
     packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
     no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
-    c = record.setup_checks or {}
-    return {
-        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
-        if "packing_max_logit_diff" in c
-        else None,
-        "accumulation_misweighted": t.accumulation_misweighted(
-            c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
-        )
-        if "accumulation_cosine" in c
-        else None,
-        "groups_without_gradient": len(starved_groups(record.steps)),
-    }
+    return {**setup_judgement(record.setup_checks, t), "groups_without_gradient": len(starved_groups(record.steps))}
 
 
 def _tail(n: int, t: Thresholds) -> int:

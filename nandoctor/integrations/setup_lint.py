@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..analysis.verdicts import setup_failures
+from ..analysis.verdicts import setup_failures, setup_judgement
 from ..knowledge import OPERATORS, SEVERITIES
 from ..userdata.encode import IGNORE
 from ..userdata.lint import data_rules, finding
@@ -143,7 +143,7 @@ def measured_figures(model, batch: dict) -> dict:
         try:
             if packed(batch):
                 figures = packing_isolation(model, batch)
-                out["packing_leaks"] = bool(setup_failures(figures))
+                out["packing_leaks"] = bool(setup_judgement(figures)["packing_leaks"])
                 out["packing_reason"] = "; ".join(setup_failures(figures))
                 out.update(figures)
             if getattr(model, "is_gradient_checkpointing", False) and "labels" in batch:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..analysis.verdicts import starved_groups
+from ..analysis.verdicts import setup_judgement, starved_groups
 from ..runmeta import RunMeta
-from ..thresholds import THRESHOLDS
 
 BAR = "#1f77b4"
 
@@ -119,12 +118,12 @@ def fig(x, digits: int = 3) -> str:
 
 def setup_check_rows(outcomes) -> list[dict]:
     """The step-0 setup checks each probe measured on its own model (record.setup_checks), one row per
-    check with its figures and whether it passed (the `misconfigured` verdict's rule, Thresholds)."""
+    check with its figures and whether it passed (the judge's decision, verdicts.setup_judgement)."""
     out = []
     for o in outcomes:
         c = getattr(o.record, "setup_checks", None) or {}
-        if "packing_max_logit_diff" in c:
-            leaks = THRESHOLDS.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
+        judged = setup_judgement(c)
+        if judged["packing_leaks"] is not None:
             out.append(
                 {
                     "probe": o.record.probe_id,
@@ -132,13 +131,10 @@ def setup_check_rows(outcomes) -> list[dict]:
                     "figure": f"max logit difference {fig(c.get('packing_max_logit_diff'))} over "
                     f"{fig(c.get('packing_segments'))} segments ({c.get('packing_cause') or 'as collated'}); "
                     f"{fig(c.get('packing_clean_diff'))} with no mask and no cache",
-                    "result": "leaks" if leaks else "isolated",
+                    "result": "leaks" if judged["packing_leaks"] else "isolated",
                 }
             )
-        if "accumulation_cosine" in c:
-            misweighted = THRESHOLDS.accumulation_misweighted(
-                c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
-            )
+        if judged["accumulation_misweighted"] is not None:
             out.append(
                 {
                     "probe": o.record.probe_id,
@@ -148,7 +144,7 @@ def setup_check_rows(outcomes) -> list[dict]:
                     f"terms), loss_normalization={c.get('loss_normalization', '-')}; per micro-batch "
                     f"{fig(c.get('accumulation_cosine_micro_batch'), 4)}, by tokens "
                     f"{fig(c.get('accumulation_cosine_tokens'), 4)}",
-                    "result": "misweighted" if misweighted else "as the full batch",
+                    "result": "misweighted" if judged["accumulation_misweighted"] else "as the full batch",
                 }
             )
     return out
