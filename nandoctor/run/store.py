@@ -61,6 +61,15 @@ class ResultsStore:
         except OSError as e:
             raise cannot_write(self.results_path, e) from None
 
+    def drop(self, probe_ids: list[str]) -> None:
+        """Rewrite results.jsonl without these probes' records (atomically: a kill leaves the old file)."""
+        gone = set(probe_ids)
+        kept = [jsonio.dumps(r.to_dict()) + "\n" for r in self.records() if r.probe_id not in gone]
+        try:
+            write_atomic(self.results_path, "".join(kept))
+        except OSError as e:
+            raise cannot_write(self.results_path, e) from None
+
     def write_json(self, name: str, data: dict) -> None:
         try:
             write_atomic(self.dir / name, jsonio.dumps(data, indent=2))
