@@ -23,7 +23,7 @@ from ..run.rundir import kept_device
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
+from .factors import WORKLOAD, BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
@@ -153,6 +153,7 @@ def run_bisect(
             session.jobs,
             on_step,
             precision_ladder(good_cfg, bad_cfg, session.device),
+            WORKLOAD,
         ).run()
     return _finish(session, recipe, oracle, result, model_flags or [])
 
@@ -200,6 +201,7 @@ def resume_bisect(
             session.jobs,
             on_step,
             precision_ladder(good_cfg, bad_cfg, session.device),
+            WORKLOAD,
         ).run()
     return _finish(session, recipe, oracle, result, meta.model_flags)
 
