@@ -23,7 +23,7 @@ from ..run.rundir import kept_device
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import WORKLOAD, BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
+from .factors import BASELINE_AXES, WORKLOAD, fmt_value, parse_configurations, precision_ladder, variant
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
@@ -219,8 +219,9 @@ def _finish(
         result.message += "; to test it: " + "; ".join(advice)
     data = result.to_dict()
     if result.recommended is not None:
+        lint = session.store.meta().get("data")  # run.json's data lint (a resumed session has not run it again)
         data["recommendation"] = recommendation(
-            result.recommended, variant(recipe, result.recommended), recipe, model_flags
+            result.recommended, variant(recipe, result.recommended), recipe, model_flags, lint
         )
     session.store.write_json(BISECT_FILE, data)
     return render_run(session.dir), result
