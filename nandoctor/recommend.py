@@ -199,6 +199,8 @@ def completion_code(lint: dict | None) -> str:
         return UNKNOWN_TEMPLATE
     if not check["generation_marks"]:
         return UNMARKED_TEMPLATE
+    if not check["rows_checked"]:
+        return UNKNOWN_TEMPLATE
     if check["rows_differing"]:
         return MARKS_DIFFER.format(
             differing=check["rows_differing"], checked=check["rows_checked"], first=check["first_differing"]

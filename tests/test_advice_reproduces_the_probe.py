@@ -95,7 +95,7 @@ def test_the_grids_printed_command_runs_and_its_collator_is_the_probed_block_mas
 
     words = shlex.split(rec["command"])
     assert words[:2] == ["nandoctor", "check"]
-    check = run_cli(*words[2:], "--out", tmp_path / "check")
+    check = run_cli(*words[1:], "--out", tmp_path / "check")
     assert check.returncode in (0, 1), check.stdout + check.stderr  # run as printed: never a usage error (2)
     assert "check fp32/sdpa/off" in check.stdout
 
@@ -146,3 +146,33 @@ def test_a_llama3_chats_turn_token_is_in_the_special_token_table(tmp_path):
     assert eot["content"] == 16  # each of 8 chats: a user and an assistant turn, each ended by <|eot_id|>
     assert eot["targets"] == 16  # labels=pad_id: every token a target
     assert "'<|start_header_id|>'" in table and "'<|end_of_text|>'" in table
+
+
+def test_the_block_mask_code_builds_the_mask_the_probe_trained_with():
+    import types
+
+    import torch
+
+    from nandoctor.recommend import PACKED_CODE
+    from nandoctor.userdata.collate import block_mask
+
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])  # three rows packed into one
+    scope = {
+        "torch": torch,
+        "batch": {"position_ids": position_ids},
+        "model": types.SimpleNamespace(dtype=torch.bfloat16),
+    }
+    for line in PACKED_CODE["block_mask"][1:]:
+        exec(line, scope)
+    assert torch.equal(scope["batch"]["attention_mask"], block_mask(position_ids[0], torch.bfloat16))
+
+
+def test_generation_marks_that_differ_from_the_probed_mask_are_named():
+    from nandoctor.recommend import completion_code
+
+    check = {"generation_marks": True, "rows_checked": 32, "rows_differing": 5, "first_differing": 3}
+    said = completion_code({"source": {"kind": "messages"}, "assistant_mask": check})
+    assert not said.startswith("trl.SFTConfig(") and "differ from the probed mask" in said and "in 5 of 32" in said
+    assert completion_code({"source": {"kind": "prompt_completion"}}).startswith(
+        "trl.SFTConfig(completion_only_loss=True)"
+    )

@@ -49,21 +49,27 @@ def assistant_mask_check(encoded, raw_rows) -> dict:
     """For chat rows labelled completion_only: {"generation_marks": whether the template has
     {% generation %} marks, "rows_checked", "rows_differing": rows (of the first MASK_ROWS) whose
     transformers assistant mask, cut to max_length as the probe cut its row, differs from the probe's
-    labels (None without marks: transformers returns all zeros), "first_differing": the first such row}."""
+    labels (None without marks: transformers returns all zeros), "first_differing": the first such row};
+    rows_checked is 0 when transformers could not return the mask (a slow tokenizer)."""
     tokenizer, enc = encoded.tokenizer, encoded.encoding
     marks = bool(GENERATION_MARK.search(template_text(tokenizer)))
     n = min(MASK_ROWS, len(encoded.rows))
     check = {"generation_marks": marks, "rows_checked": n, "rows_differing": None, "first_differing": None}
     if not marks:
         return check
+    from jinja2 import TemplateError
+
     differing = []
     for i in range(n):
         row = encoded.rows[i]
         ids = row["input_ids"]
         probed = [t != IGNORE for t in (row["labels"] if row["labels"] is not None else ids)]
-        out = tokenizer.apply_chat_template(
-            raw_rows[i]["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-        )
+        try:
+            out = tokenizer.apply_chat_template(
+                raw_rows[i]["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
+        except (TemplateError, ValueError, TypeError):  # a slow tokenizer cannot return the mask
+            return {**check, "rows_checked": 0}
         theirs, mask = list(out["input_ids"]), list(out["assistant_masks"])
         if len(theirs) > enc.max_length:
             keep = slice(-enc.max_length, None) if enc.truncation_side == "left" else slice(enc.max_length)
