@@ -107,4 +107,5 @@ def test_bisect_repairs_the_normalisation_and_keeps_the_accumulation(files):
     # both one-factor repairs train stably; the one that keeps the user's 4 micro-batches is recommended
     assert result["recommended"]["gradient_accumulation_steps"] == 4
     assert result["recommended"]["loss_normalization"] == "tokens"
-    assert "gradient_accumulation_steps=4" in result["recommendation"]["command"]
+    command = result["recommendation"]["command"]
+    assert "--set gradient_accumulation_steps=4" in command and f"--data {files['uneven']}" in command
