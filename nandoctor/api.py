@@ -41,7 +41,8 @@ class Listener:
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
     queue(queued, running, done, job_ids, queue_wait, retries): a scheduler's queue as it changes (slurm, ray);
-    retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py).
+    retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py);
+    stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since.
     """
 
     opened: Callable | None = None
@@ -50,6 +51,7 @@ class Listener:
     alive: Callable | None = None
     queue: Callable | None = None
     retiming: Callable | None = None
+    stale: Callable | None = None
 
 
 class Progress:
@@ -74,7 +76,15 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
     directory at once and about the model plan once it is made."""
     listener = listener or Listener()
     judge = Progress(listener.probe)
-    session = Session(kind, recipe, on_record=judge, on_alive=listener.alive, on_queue=listener.queue, **session_args)
+    session = Session(
+        kind,
+        recipe,
+        on_record=judge,
+        on_alive=listener.alive,
+        on_queue=listener.queue,
+        on_stale=listener.stale,
+        **session_args,
+    )
     try:
         if listener.opened:
             listener.opened(session.dir)

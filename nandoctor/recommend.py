@@ -61,9 +61,19 @@ def call_text(name: str, kwargs: dict) -> str:
     return f"{name}(" + ", ".join(f"{k}={show(v)}" for k, v in kwargs.items()) + ")"
 
 
+def input_flags(base: Recipe) -> list[str]:
+    """--data and --tokenizer naming the files the run read (absolute, as the recipe holds them)."""
+    d = base.data
+    flags = ["--data", d.path] if d.source == "file" and d.path else []
+    return flags + (["--tokenizer", d.tokenizer] if d.tokenizer else [])
+
+
 def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
+    """The `nandoctor check` command line of a configuration: the model flags of the run's command, the
+    data and tokenizer it read, the cell and every recipe field set otherwise than in `base`."""
     cell = Cell.of(config)
-    parts = ["nandoctor", "check", *model_flags, "--dtype", cell.dtype, "--attn", cell.attn, "--compile", cell.compile]
+    flags = [*model_flags, *input_flags(base)]
+    parts = ["nandoctor", "check", *flags, "--dtype", cell.dtype, "--attn", cell.attn, "--compile", cell.compile]
     if cell.optimizer != DEFAULT_OPTIMIZER:
         parts += ["--optimizer", cell.optimizer]
     if cell.parallel != "none":
@@ -76,7 +86,8 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
 
 
 # The flags of a run's command line that choose the model and recipe: a `check` of the recommendation
-# passes them again (bisect's CLI hands them over itself).
+# passes them again (bisect's CLI hands them over itself); the data and tokenizer come from the recipe
+# (input_flags), as resolved paths.
 MODEL_FLAG_NAMES = ("--model", "--recipe", "--scale", "--set", "--world-size")
 
 
@@ -103,19 +114,70 @@ def model_flags_of(command: str, recipe: Recipe) -> list[str]:
 
 
 # The collator of the user's rows, by data.labels, when nothing is packed (docs/data.md): what the
-# probe's collator did, in transformers' (or TRL's) terms.
+# probe's collator did, in transformers' (or TRL's) terms. completion_only is written by completion_code.
 COLLATORS = {
     "pad_id": "collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels: the ids, -100 at the pad id",
     "attention_mask": "collator = DataCollatorForLanguageModeling(tokenizer, mlm=False)  # labels -100 at the pad "
     "id: where attention_mask is 0 when the pad token is its own (a pad that is also a real token masks it too)",
-    "completion_only": "trl.SFTConfig(completion_only_loss=True, assistant_only_loss=True)  # labels on the "
-    "completion (prompt + completion rows) or the assistant turns (messages) only, -100 elsewhere",
 }
-PACKED_COLLATOR = (
-    "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row, no attention "
-    "mask: transformers then keeps the packed rows apart"
+# data.labels=completion_only, by the kind of rows and what the run's lint found of the chat template
+# (userdata/lint.py "assistant_mask"): TRL's assistant_only_loss takes its mask from transformers'
+# apply_chat_template(return_assistant_tokens_mask=True), which marks only the {% generation %} spans of
+# the template and returns all zeros for a template without them (Llama 3.1's, Qwen3's and Gemma 3's
+# stock templates), so that nothing would train; the probe placed its mask by rendering each turn's prefix.
+PROMPT_COMPLETION = (
+    "trl.SFTConfig(completion_only_loss=True)  # labels on the completion only, -100 on the prompt: as probed"
 )
-NO_CACHE = "model.config.use_cache = False  # with a cache, position_ids are not packing: the rows would see each other"
+MARKED_TEMPLATE = (
+    "trl.SFTConfig(assistant_only_loss=True)  # labels on the chat template's {{% generation %}} spans, -100 "
+    "elsewhere: the probe's mask on the {checked} rows checked"
+)
+MARKS_DIFFER = (
+    "# the chat template's {{% generation %}} spans differ from the probed mask (each assistant turn and its "
+    "end-of-turn) in {differing} of {checked} rows checked (row {first}): trl.SFTConfig(assistant_only_loss=True) "
+    "would train on other tokens than the probe did; move the marks around each assistant turn's content and "
+    "its end-of-turn, or give prompt/completion rows and trl.SFTConfig(completion_only_loss=True)"
+)
+UNMARKED_TEMPLATE = (
+    "# as probed, labels on each assistant turn and its end-of-turn, -100 elsewhere. The chat template has no "
+    "{% generation %} marks, and trl.SFTConfig(assistant_only_loss=True) alone gets an all-zero mask from "
+    "transformers: nothing would train. Add them around each assistant turn's content and end-of-turn "
+    "({% generation %}...{% endgeneration %}), then trl.SFTConfig(assistant_only_loss=True); or give "
+    "prompt/completion rows (the chat before each assistant turn, that turn) and "
+    "trl.SFTConfig(completion_only_loss=True)"
+)
+UNKNOWN_TEMPLATE = (
+    "trl.SFTConfig(assistant_only_loss=True)  # labels on the assistant turns only, -100 elsewhere, as probed: only "
+    "where the chat template marks them with {% generation %}...{% endgeneration %} (without the marks "
+    "transformers returns an all-zero mask); or prompt/completion rows and trl.SFTConfig(completion_only_loss=True)"
+)
+# The collator of packed rows, by data.packing: the one the probe's collator stands for (userdata/collate.py).
+PACKED_COLLATORS = {
+    "position_ids": "DataCollatorWithFlattening",
+    "block_mask": "DataCollatorWithFlattening + a 4-D block-diagonal attention_mask",
+    "position_ids_with_mask": "DataCollatorWithFlattening + a 2-D all-ones attention_mask",
+}
+PACKED_CODE = {
+    "position_ids": [
+        "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row, no attention "
+        "mask: transformers then keeps the packed rows apart",
+        "model.config.use_cache = False  # with a cache, position_ids are not packing: the rows would see each other",
+    ],
+    "block_mask": [
+        "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row; as probed, "
+        "the collated batch then gets an explicit additive mask keeping the rows apart:",
+        "seg = (batch['position_ids'][0] == 0).cumsum(0); keep = (seg[:, None] == seg[None, :]) & "
+        "torch.ones(len(seg), len(seg), dtype=torch.bool).tril()",
+        "batch['attention_mask'] = torch.zeros(keep.shape, dtype=model.dtype).masked_fill(~keep, "
+        "torch.finfo(model.dtype).min)[None, None]  # [1, 1, T, T]: 0 where a token attends, the lowest value "
+        "elsewhere",
+    ],
+    "position_ids_with_mask": [
+        "collator = DataCollatorWithFlattening()  # as probed: each batch one row, position_ids restarting per row, "
+        "then a 2-D all-ones attention_mask beside them (a padding collator adds it): the packed rows attend to "
+        "each other",
+    ],
+}
 TOKEN_NORMALISED = (
     "# a custom loop: loss = each micro-batch's summed token loss / the step's supervised tokens "
     "(num_items_in_batch), summed over the micro-batches"
@@ -126,6 +188,26 @@ MICRO_BATCH_NORMALISED = (
 )
 
 
+def completion_code(lint: dict | None) -> str:
+    """The TRL setting that labels the completions as the probe did, or what to add for it; lint: the
+    run's data lint (run.json's "data"), which names the kind of rows and checks the chat template."""
+    lint = lint or {}
+    if (lint.get("source") or {}).get("kind") == "prompt_completion":
+        return PROMPT_COMPLETION
+    check = lint.get("assistant_mask")
+    if not check:
+        return UNKNOWN_TEMPLATE
+    if not check["generation_marks"]:
+        return UNMARKED_TEMPLATE
+    if not check["rows_checked"]:
+        return UNKNOWN_TEMPLATE
+    if check["rows_differing"]:
+        return MARKS_DIFFER.format(
+            differing=check["rows_differing"], checked=check["rows_checked"], first=check["first_differing"]
+        )
+    return MARKED_TEMPLATE.format(checked=check["rows_checked"])
+
+
 def data_settings(recipe: Recipe) -> dict | None:
     """The data settings a probe of the user's rows trained with (None for the synthetic stream): the
     collator, padding and truncation, packing and labels, and the model config they need."""
@@ -134,7 +216,7 @@ def data_settings(recipe: Recipe) -> dict | None:
         return None
     packed = d.packing != "none"
     return {
-        "collator": "DataCollatorWithFlattening" if packed else "DataCollatorForLanguageModeling",
+        "collator": PACKED_COLLATORS[d.packing] if packed else "DataCollatorForLanguageModeling",
         "packing": d.packing,
         "padding_side": d.padding_side,
         "labels": d.labels,
@@ -157,8 +239,9 @@ def training_settings(recipe: Recipe) -> dict:
     }
 
 
-def data_code(recipe: Recipe) -> list[str]:
-    """The tokenizer and collator lines of the user's rows; [] for the synthetic stream."""
+def data_code(recipe: Recipe, lint: dict | None = None) -> list[str]:
+    """The tokenizer, label and collator lines of the user's rows; [] for the synthetic stream. lint: the
+    run's data lint, which says how the chat template marks the assistant turns."""
     d = data_settings(recipe)
     if d is None:
         return []
@@ -166,9 +249,11 @@ def data_code(recipe: Recipe) -> list[str]:
         f"tokenizer.padding_side, tokenizer.truncation_side = {d['padding_side']!r}, {d['truncation_side']!r}"
         f"  # rows tokenized with truncation=True, max_length={d['max_length']}"
     ]
+    if d["labels"] == "completion_only":
+        lines.append(completion_code(lint))
     if d["packing"] != "none":
-        return lines + [PACKED_COLLATOR, NO_CACHE]
-    return lines + [COLLATORS[d["labels"]]]
+        return lines + PACKED_CODE[d["packing"]]
+    return lines + ([COLLATORS[d["labels"]]] if d["labels"] in COLLATORS else [])
 
 
 def loss_code(recipe: Recipe) -> list[str]:
@@ -283,8 +368,11 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     return lines
 
 
-def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str]) -> dict:
-    """What the reports print for a recommended configuration (`recipe` is its variant of `base`)."""
+def recommendation(
+    config: dict, recipe: Recipe, base: Recipe, model_flags: list[str], lint: dict | None = None
+) -> dict:
+    """What the reports print for a recommended configuration (`recipe` is its variant of `base`; lint:
+    the run's data lint, run.json's "data")."""
     cell = Cell.of(config)
     lines = [
         call_text("TrainingArguments", training_arguments(cell, recipe)),
@@ -306,7 +394,7 @@ def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list
             lora["modules_to_save"] = list(a.modules_to_save)
         lines.append("lora_config = " + call_text("LoraConfig", lora))
         lines.append(f"model = get_peft_model(model, lora_config, autocast_adapter_dtype={a.autocast_adapter_dtype})")
-    lines += data_code(recipe)
+    lines += data_code(recipe, lint)
     lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
     if cell.precision.tf32:
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')

@@ -198,3 +198,21 @@ def test_equally_near_candidates_are_not_reordered_by_speed_noise():
     assert nearest_then_clearly_faster([first, noisy]) is first
     clearly = _passing(2, ["f3"], 200.0)
     assert nearest_then_clearly_faster([first, noisy, clearly]) is clearly
+
+
+def test_a_repair_keeps_the_users_accumulation_where_fixing_the_normalisation_also_holds():
+    from nandoctor.bisect.factors import WORKLOAD
+
+    good = {"gradient_accumulation_steps": 1, "loss_normalization": "tokens"}
+    bad = {"gradient_accumulation_steps": 4, "loss_normalization": "micro_batch"}
+
+    probed = []
+
+    def oracle(trials):  # micro-batch normalisation misweights only an accumulated step
+        probed.extend(trials)
+        fails = [t.config == bad for t in trials]
+        return [Run(f"p{len(probed)}-{i}", "misconfigured" if f else "stable", f) for i, f in enumerate(fails)]
+
+    result = Bisection(good, bad, oracle, reruns=0, workload=WORKLOAD).run()
+    assert [sorted(c.factors) for c in result.culprits] == [["gradient_accumulation_steps", "loss_normalization"]]
+    assert result.recommended == {"gradient_accumulation_steps": 4, "loss_normalization": "tokens"}

@@ -91,3 +91,21 @@ def test_bisect_names_per_micro_batch_normalisation(files):
     assert verdicts["fail"] == ["misconfigured"] and verdicts["pass"] == ["stable"]
     md = (files["dir"] / "accumulation" / "report.md").read_text()
     assert "accumulation: step 0's gradient over 4 micro-batches" in md
+
+
+def test_bisect_repairs_the_normalisation_and_keeps_the_accumulation(files):
+    result, _, _ = bisect(
+        files,
+        "accumulation-kept",
+        "uneven",
+        "loss_normalization=tokens",
+        "gradient_accumulation_steps=4,loss_normalization=micro_batch",
+        "batch_size=1",
+    )
+    culprits = [sorted(c["factors"]) for c in result["culprits"]]
+    assert culprits == [["gradient_accumulation_steps", "loss_normalization"]], result["message"]
+    # both one-factor repairs train stably; the one that keeps the user's 4 micro-batches is recommended
+    assert result["recommended"]["gradient_accumulation_steps"] == 4
+    assert result["recommended"]["loss_normalization"] == "tokens"
+    command = result["recommendation"]["command"]
+    assert "--set gradient_accumulation_steps=4" in command and f"--data {files['uneven']}" in command

@@ -19,6 +19,7 @@ FOUNDATION = {
     "nandoctor.runmeta",
     "nandoctor.record",
     "nandoctor.env",
+    "nandoctor.digests",
 }
 # what each part may never import: later stages, and across the process boundary
 FORBIDDEN = {

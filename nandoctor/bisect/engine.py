@@ -146,8 +146,12 @@ class Bisection:
         parallel: int = 1,
         on_step: Callable[[Step], None] | None = None,
         ladders: dict | None = None,
+        workload: tuple[str, ...] = (),
     ):
         self.good, self.bad, self.oracle = dict(good), dict(bad), oracle
+        # the factors that say what is trained rather than how (factors.WORKLOAD): of two repairs equally
+        # near the target, the one that keeps more of them as the target has them is recommended
+        self.workload = tuple(workload)
         # factor -> the values between the target's and the baseline's, nearest the target first: when a
         # culprit is reverted to the baseline, the nearest of them that is stable is recommended instead
         # (a cheaper precision than fp32 when the culprit is the dtype)
@@ -319,7 +323,7 @@ class Bisection:
         if not steps:
             fallback = [revert] if revert is not None and revert.outcome == PASS else []
             steps = fallback or [self.probe("recommend", [])]  # the baseline, confirmed at the start
-        best = nearest_then_clearly_faster(steps)
+        best = nearest_then_clearly_faster(steps, self.workload)
         names = " + ".join("{" + ", ".join(c.factors) + "}" for c in result.culprits)
         kept = [f for f in self.factors if f in best.factors]
         message = (
@@ -358,13 +362,19 @@ class Bisection:
 CLEARLY_FASTER = 1.5
 
 
-def nearest_then_clearly_faster(steps: list[Step]) -> Step:
+def nearest_then_clearly_faster(steps: list[Step], workload: tuple[str, ...] = ()) -> Step:
     """The recommendation among passing steps: the one that keeps the most target factors (the nearest
-    to what the user asked for), then candidate order; a later, equally near step wins only when it is
+    to what the user asked for), then the most `workload` factors (a repair that changes how the step is
+    computed before one that changes what is trained: token normalisation with the accumulation kept,
+    not the accumulation removed), then candidate order; a later, equally near step wins only when it is
     CLEARLY_FASTER, so the answer does not flip with the host's load."""
-    nearest = max(len(s.factors) for s in steps)
+
+    def nearness(s: Step) -> tuple[int, int]:
+        return len(s.factors), sum(f in workload for f in s.factors)
+
+    nearest = max(nearness(s) for s in steps)
     best = None
-    for s in (s for s in steps if len(s.factors) == nearest):
+    for s in (s for s in steps if nearness(s) == nearest):
         if best is None or (s.tokens_per_s or 0.0) > CLEARLY_FASTER * (best.tokens_per_s or 0.0):
             best = s
     return best

@@ -43,6 +43,29 @@ FASTEST_FIRST = {
 }
 
 
+# The factors that say what is trained rather than how it is computed: the batch an optimizer step sees
+# (rows, micro-batches, ranks), the rows' length, the model, the data and the adapter's capacity. When two
+# stable repairs are equally near the target, the one that keeps these as the user set them wins: for
+# gradient_accumulation_steps=4 with loss_normalization=micro_batch, token normalisation with the
+# accumulation kept, not a batch 4x smaller with the wrong normalisation kept.
+WORKLOAD = (
+    "batch_size",
+    "gradient_accumulation_steps",
+    "world_size",
+    "seq_len",
+    "data.max_length",
+    "data.path",
+    "data.tokenizer",
+    "model.hub_id",
+    "model.path",
+    "model.arch",
+    "adapter.type",
+    "adapter.r",
+    "adapter.target_modules",
+    "adapter.modules_to_save",
+)
+
+
 def precision_ladder(good: dict, bad: dict, device: DeviceFacts | dict) -> dict[str, list[str]]:
     """{"dtype": the precisions faster than the baseline's and slower than the target's on this device,
     nearest the target first}: when the dtype is a culprit, bisect recommends the first of them that is

@@ -23,7 +23,7 @@ from ..run.rundir import kept_device
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import BASELINE_AXES, fmt_value, parse_configurations, precision_ladder, variant
+from .factors import BASELINE_AXES, WORKLOAD, fmt_value, parse_configurations, precision_ladder, variant
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
@@ -168,6 +168,7 @@ def run_bisect(
             session.jobs,
             on_step,
             precision_ladder(good_cfg, bad_cfg, session.device),
+            WORKLOAD,
         ).run()
     return _finish(session, recipe, oracle, result, model_flags or [])
 
@@ -215,6 +216,7 @@ def resume_bisect(
             session.jobs,
             on_step,
             precision_ladder(good_cfg, bad_cfg, session.device),
+            WORKLOAD,
         ).run()
     return _finish(session, recipe, oracle, result, meta.model_flags)
 
@@ -232,8 +234,9 @@ def _finish(
         result.message += "; to test it: " + "; ".join(advice)
     data = result.to_dict()
     if result.recommended is not None:
+        lint = session.store.meta().get("data")  # run.json's data lint (a resumed session has not run it again)
         data["recommendation"] = recommendation(
-            result.recommended, variant(recipe, result.recommended), recipe, model_flags
+            result.recommended, variant(recipe, result.recommended), recipe, model_flags, lint
         )
     session.store.write_json(BISECT_FILE, data)
     return render_run(session.dir), result

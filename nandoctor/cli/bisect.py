@@ -69,11 +69,14 @@ def register(sub) -> None:
 
 
 def model_flags(args) -> list[str]:
-    """The flags that name the model and recipe, for the recommended command line."""
+    """The flags that name the model and recipe, for the recommended command line (which names the data
+    and tokenizer the recipe read itself: recommend.input_flags)."""
     flags = []
-    for name in ("model", "recipe", "scale", "data", "tokenizer"):
+    for name in ("model", "recipe", "scale"):
         if getattr(args, name):
             flags += [f"--{name}", str(getattr(args, name))]
+    if args.world_size is not None:
+        flags += ["--world-size", str(args.world_size)]
     for item in args.set:
         flags += ["--set", item]
     return flags + (["--trust-remote-code"] if args.trust_remote_code else [])

@@ -226,9 +226,17 @@ def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
     )
 
 
+def stale_line(probe_ids: list[str]) -> str:
+    return (
+        f"resume: rerunning {len(probe_ids)} recorded probe(s) whose inputs changed since (checkpoint, tokenizer, "
+        f"template or data files, environment or nandoctor version): {', '.join(probe_ids)}"
+    )
+
+
 def listener(probe) -> Listener:
     """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
-    per running one, a scheduler's queue as it changes, and a line before a grid re-times its leading cells."""
+    per running one, a scheduler's queue as it changes, a line before a grid re-times its leading cells, and one
+    when a resumed run reruns records whose inputs changed."""
     return Listener(
         opened=opened,
         started=started,
@@ -236,4 +244,5 @@ def listener(probe) -> Listener:
         alive=lambda *a: say(alive_line(*a)),
         queue=lambda *a: say(queue_line(*a)),
         retiming=lambda *a: say(retiming_line(*a)),
+        stale=lambda ids: say(stale_line(ids)),
     )

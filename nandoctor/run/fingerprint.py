@@ -2,30 +2,31 @@
 reused (`--cache`) exactly when rerunning the probe would compute the same thing.
 
 What goes in: the probe's spec (recipe with its overrides applied, cell, model plan, steps, seed,
-device, threads: CPU kernels split reductions by thread count), the weight files' names, sizes and
-modification times for a local checkpoint, the content of every data file and directory the recipe
-names (data.path, data.tokenizer: a sha256 of the bytes, so that an edit of the same size and a copied
-file's old time are seen), nandoctor's own version, and the environment (library versions, device, GPU,
-CPU model, and the version of every optional package the cell uses). What stays out: the run's
+device, threads: CPU kernels split reductions by thread count), a local checkpoint's files
+(digests.checkpoint_stamp: the weight files' names, sizes and modification times, the bytes of every
+other file: config, generation config, tokenizer files, chat template, modeling code), the content of
+every data file and directory the recipe names (data.path, data.tokenizer: a sha256 of the bytes, so
+that an edit of the same size and a copied file's old time are seen), nandoctor's own version, and
+the environment (library versions, device, GPU, CPU model, and the version of every optional package
+the cell uses). What stays out: the run's
 location, the plan's prose (`why` quotes free memory), the recipe's fp8 section for a cell that is
 not fp8 and its parallel fields for a one-process cell (it reads none of them; runs written before they
 existed keep their fingerprints) and
 the forensics replay's and the build's time budgets (they never change a number, and runs before
 them had none).
-Pure apart from reading the files it stamps; imports only the cell table and the package's version.
+Pure apart from reading the files it stamps; imports only the cell table, digests and the package's version.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
-from pathlib import Path
 
 import nandoctor
 
 from ..cells import OPTIMIZERS, PRECISIONS, Cell
 from ..device import DeviceFacts
+from ..digests import checkpoint_stamp, content_digest
 
 ENV_KEYS = ("python", "torch", "transformers", "peft", "cuda", "cudnn", "device", "flash_attn", "cpu_model")
 
@@ -38,47 +39,8 @@ def environment_key(env: DeviceFacts | dict) -> dict:
     return key
 
 
-def weights_stamp(path: str | None) -> list:
-    if not path:
-        return []
-    files = sorted(p for p in Path(path).iterdir() if p.suffix in (".safetensors", ".bin", ".json", ".py"))
-    return [(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
-
-
 # The recipe's data fields that name a file or directory a probe reads.
 DATA_FILES = ("path", "tokenizer")
-# A digest is remembered for a file (one run fingerprints every probe) only once its modification time is
-# this much older than the hashing: a file written again within the file system's timestamp granularity
-# keeps its size and time, so a stat alone cannot tell the two versions apart (git's "racy clean" rule).
-SETTLED_S = 2.0
-_digests: dict[tuple, str] = {}
-
-
-def file_digest(path: Path) -> str:
-    """sha256 hex of a file's bytes, remembered by its stat while the file is unchanged."""
-    st = path.stat()
-    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    if key in _digests:
-        return _digests[key]
-    with open(path, "rb") as f:
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
-    if time.time() - st.st_mtime > SETTLED_S:
-        _digests[key] = digest
-    return digest
-
-
-def content_digest(path: str) -> str:
-    """sha256 hex of a file's bytes, or of a directory's files (their relative names and bytes, every
-    level), or "missing" for a path that does not exist (the probe reports that, not the fingerprint)."""
-    p = Path(path).expanduser()
-    if p.is_file():
-        return file_digest(p)
-    if not p.is_dir():
-        return "missing"
-    digest = hashlib.sha256()
-    for f in sorted(f for f in p.rglob("*") if f.is_file()):
-        digest.update(f"{f.relative_to(p).as_posix()}\0{file_digest(f)}\n".encode())
-    return digest.hexdigest()
 
 
 def data_stamp(recipe: dict) -> dict:
@@ -124,7 +86,7 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
         "spec": {**spec, "recipe": recipe, "model_plan": plan},
         "overrides": overrides,
         "env": environment_key(env),
-        "weights": weights_stamp(plan.get("path")),
+        "weights": checkpoint_stamp(plan.get("path")),
         "nandoctor": nandoctor.__version__,  # a new release may compute the same probe differently
     }
     files = data_stamp(recipe)

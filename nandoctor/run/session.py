@@ -32,7 +32,7 @@ from .placement import Placement
 from .rundir import FACTS_FILE, RunInterrupted, new_run_dir, planning_device
 from .scheduler import Scheduler
 from .store import RUN_FILE, ResultsStore, write_atomic
-from .task import ProbeTask
+from .task import SPEC_FILE, ProbeTask, probe_dir
 
 # Where each executor places probes: a placement class per --executor kind (run/placement.py's protocol).
 PLACEMENTS = {"local": LocalPlacement, "slurm": SlurmPlacement, "ray": RayPlacement}
@@ -80,7 +80,8 @@ class Session:
     a probe that hit a non-finite step (a quick check); plan reuses a model plan and resume=True continues
     the run directory `out` (see resume()); otherwise `out` must not hold a run yet.
     on_record(record) is called for every record as it is kept; on_alive(probe_id, elapsed_s, step)
-    every HEARTBEAT_S while a probe runs. Constructing one picks the run directory and opens the
+    every HEARTBEAT_S while a probe runs; on_stale(probe_ids) when a resumed run's records are rerun
+    because their inputs changed. Constructing one picks the run directory and opens the
     placement (this machine's first warm worker, or a scheduler's start-up jobs start at once);
     prepare() then gathers the device facts (`device`, unless given) and plans the model (`plan`,
     unless given); `warnings` says what the user should know about the model plan. Ctrl-C (or SIGTERM)
@@ -110,6 +111,7 @@ class Session:
         executor: ExecutorConfig | None = None,
         on_queue=None,
         replay_failed_only: bool = False,
+        on_stale=None,
     ):
         self.kind, self.recipe = kind, recipe
         self.replay_failed_only = replay_failed_only
@@ -135,6 +137,7 @@ class Session:
         self.model_facts: dict | None = None
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
+        self.on_stale = on_stale or (lambda probe_ids: None)
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
 
@@ -250,14 +253,34 @@ class Session:
         self.store.create(meta.to_dict())
 
     def resume(self, planned: int) -> list[ProbeRecord]:
-        """Continue a run directory: the probes its store holds count as done and are not rerun.
-        Returns them (the caller learns their references)."""
+        """Continue a run directory: the probes its store holds count as done and are not rerun, unless
+        what one was made from changed since (a checkpoint, tokenizer, template or data file, nandoctor's
+        version: its fingerprint, recomputed from its spec.json, differs from the recorded one). Those
+        are dropped from the store, named through on_stale(probe_ids), and run again. Returns the records
+        kept (the caller learns their references)."""
         self.planned = planned
         self.store.drop_partial_line()
         records = self.store.records()
+        stale = [r.probe_id for r in records if self._inputs_changed(r)]
+        if stale:
+            self.store.drop(stale)
+            self.on_stale(stale)
+            records = [r for r in records if r.probe_id not in stale]
         for record in records:
             self.recorded[record.probe_id] = record
         return records
+
+    def _inputs_changed(self, record: ProbeRecord) -> bool:
+        """Whether the probe's fingerprint, computed now from the spec it ran with, differs from the one
+        it was recorded with; False for a record without either (a reused or an unsupported one)."""
+        spec = probe_dir(self.dir, record.probe_id) / SPEC_FILE
+        if not record.fingerprint or not spec.is_file():
+            return False
+        try:
+            data = jsonio.loads(spec.read_text())
+        except (OSError, ValueError):
+            return False
+        return probe_fingerprint(data, record.overrides, self.device_of(record.cell.hardware)) != record.fingerprint
 
     def run(self, recipe: Recipe, probes: list[PlannedProbe]) -> list[ProbeRecord]:
         """Record the unsupported probes, reuse cached ones, run the others; every record in plan order.

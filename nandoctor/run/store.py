@@ -61,6 +61,17 @@ class ResultsStore:
         except OSError as e:
             raise cannot_write(self.results_path, e) from None
 
+    def drop(self, probe_ids: list[str]) -> None:
+        """Rewrite results.jsonl without these probes' records, the others' lines kept as they were written
+        (atomically: a kill leaves the old file)."""
+        gone = set(probe_ids)
+        lines = self.results_path.read_text().splitlines(keepends=True) if self.results_path.exists() else []
+        kept = [line for line in lines if line.strip() and jsonio.loads(line).get("probe_id") not in gone]
+        try:
+            write_atomic(self.results_path, "".join(kept))
+        except OSError as e:
+            raise cannot_write(self.results_path, e) from None
+
     def write_json(self, name: str, data: dict) -> None:
         try:
             write_atomic(self.dir / name, jsonio.dumps(data, indent=2))

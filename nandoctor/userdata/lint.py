@@ -28,7 +28,9 @@ from ..config import Recipe
 from ..errors import NandoctorError
 from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
 from .encode import IGNORE
+from .read import open_rows
 from .rows import EncodedRows, encoded_rows, scan_columns
+from .template import assistant_mask_check
 
 HISTOGRAM_BINS = 12
 EXAMPLES = 5  # rows named in a finding's figure
@@ -243,10 +245,14 @@ def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", 
     fits = facts["ids_beyond_vocab"] == 0
     measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
     facts.update(measured)
-    return {
+    report = {
         "source": encoded.describe(),
         **section,
         "batches": [b.describe() for b in batches],
         "measured": measured,
         "findings": findings(facts),
     }
+    if encoded.kind == "messages" and encoded.encoding.labels == "completion_only":
+        # whether TRL's assistant_only_loss would label what the probe labels (recommend.completion_code)
+        report["assistant_mask"] = assistant_mask_check(encoded, open_rows(recipe.data.path))
+    return report

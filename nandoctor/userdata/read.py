@@ -1,13 +1,16 @@
 """The user's rows as a `datasets.Dataset`: memory-mapped Arrow, so a file of any size is scanned
 without holding its rows in Python lists. A file is converted once into the Hugging Face datasets
 cache (HF_DATASETS_CACHE, as `datasets.load_dataset` does for the user's own training) and read from
-there afterwards; a `save_to_disk` directory is mapped as it is."""
+there afterwards, under a configuration named by the file's content (`datasets` itself keys a local
+file by its modification time, so an edit that keeps it, `rsync -t` or `cp -p`, would read the old
+rows); a `save_to_disk` directory is mapped as it is."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ..digests import file_digest
 from ..errors import NandoctorError
 
 # file suffix -> the `datasets` builder that reads it; compressed files keep their inner suffix
@@ -56,7 +59,8 @@ def open_rows(path: str | Path):
             rows = _from_disk(path)
         else:
             cache = os.environ.get("HF_DATASETS_CACHE")  # read now, so that a caller can point it elsewhere
-            rows = datasets.load_dataset(builder_of(path), data_files=str(path), split="train", cache_dir=cache)
+            builder, name = builder_of(path), f"sha256-{file_digest(path)[:32]}"
+            rows = datasets.load_dataset(builder, name, data_files=str(path), split="train", cache_dir=cache)
     except (DatasetsError, ArrowException, ValueError, OSError) as e:
         raise NandoctorError(f"cannot read data {str(path)!r}: {str(e).splitlines()[0] if str(e) else e!r}") from None
     if len(rows) == 0:

@@ -16,6 +16,7 @@ from .collate import Collation, collate
 from .encode import IGNORE, Encoding, encode
 from .read import open_rows, row_kind
 from .select import choose_batches
+from .template import generation_eos_ids, turn_token_ids
 from .tokenizer import config_pad_id, load_tokenizer, pad_token_id, tokenizer_dir
 
 
@@ -74,7 +75,10 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
     tokenizer, path = resolve_tokenizer(recipe, kind, tokenizer)
     if tokenizer is not None:
         pad, why = pad_token_id(tokenizer, recipe.pad_token.policy)
-        special = tuple(sorted(set(tokenizer.all_special_ids)))
+        # bos, eos, pad and the like, the tokens the chat template writes between turns, and the
+        # generation config's eos ids: the tokens whose use as content and as a target the lint counts
+        turns = turn_token_ids(tokenizer) | generation_eos_ids(recipe.model.path)
+        special = tuple(sorted(set(tokenizer.all_special_ids) | turns))
         eos = tokenizer.eos_token_id
     else:
         own = getattr(model_config, "pad_token_id", None)
@@ -83,7 +87,8 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
         why = "the model config's pad_token_id" if own == pad else f"pad_token.policy={recipe.pad_token.policy}"
         eos = getattr(model_config, "eos_token_id", None)
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        special = tuple(sorted({t for t in (getattr(model_config, "bos_token_id", None), eos, pad) if t is not None}))
+        own = {t for t in (getattr(model_config, "bos_token_id", None), eos, pad) if t is not None}
+        special = tuple(sorted(own | generation_eos_ids(recipe.model.path)))
     encoding = Encoding(
         kind=kind,
         max_length=d.max_length or recipe.seq_len,

@@ -1,0 +1,84 @@
+"""What a run reads is what the file holds now: a checkpoint's tokenizer and template files are part of
+a probe's fingerprint, an edit of the data file that keeps its modification time is read (not served
+from the datasets cache), and `--resume` reruns the records whose inputs changed since."""
+
+import json
+import os
+
+import pytest
+from checkpoints import save_llama
+from conftest import run_main
+from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
+
+from nandoctor.run.fingerprint import probe_fingerprint
+
+ONE_CELL = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off")
+
+
+def rewrite_keeping_time(path, text: str) -> None:
+    """What `rsync -t` or `cp -p` leaves: new bytes, the old modification time."""
+    st = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+@pytest.mark.parametrize("name", ["chat_template.jinja", "tokenizer.model", "generation_config.json"])
+def test_a_checkpoint_file_edited_in_place_changes_the_fingerprint(tmp_path, name):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"weights")
+    (ckpt / name).write_text("{{ messages }}")
+    spec = {
+        "recipe": {"name": "r"},
+        "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"},
+        "model_plan": {"path": str(ckpt)},
+    }
+    before = probe_fingerprint(spec, {}, {})
+    rewrite_keeping_time(ckpt / name, "{{ message }}!")  # same size would pass a stat, not a digest
+    assert probe_fingerprint(spec, {}, {}) != before
+
+
+def test_an_edit_of_the_data_file_that_keeps_its_time_is_read(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+
+    def row(r):
+        return json.dumps({"input_ids": [10 + (i + r) % 80 for i in range(24)]}) + "\n"
+
+    rows.write_text("".join(row(r) for r in range(8)))
+
+    def rows_read():
+        proc = run_main("doctor", "--data", rows, "--json", *ONE_CELL[:4])
+        assert proc.returncode in (0, 1), proc.stderr
+        return json.loads(proc.stdout)["data"]["source"]["rows"]
+
+    assert rows_read() == 8
+    rewrite_keeping_time(rows, "".join(row(r) for r in range(9)))
+    assert rows_read() == 9
+
+
+def fingerprints(run_dir) -> dict:
+    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    assert len(records) == len({r["probe_id"] for r in records})  # one record per probe
+    return {r["probe_id"]: r["fingerprint"] for r in records}
+
+
+@pytest.mark.slow
+def test_resume_reruns_a_probe_whose_checkpoint_template_changed(tmp_path, cli):
+    ckpt = save_chat_tokenizer(save_llama(tmp_path / "ckpt", use_cache=False))  # the tokenizer beside the weights
+    rows = write_jsonl(tmp_path / "chat.jsonl", chat_rows(8))
+    out = tmp_path / "run"
+    args = ("--model", ckpt, "--data", rows, *ONE_CELL, "--steps", "2", "--set", "retime_rounds=0", "--jobs", "1")
+    first = cli("grid", *args, "--out", out)
+    assert first.returncode == 0, first.stdout + first.stderr
+    recorded = fingerprints(out)
+
+    same = cli("grid", "--resume", out)
+    assert same.returncode == 0 and "rerunning" not in same.stdout, same.stdout + same.stderr
+
+    template = ckpt / "chat_template.jinja"
+    rewrite_keeping_time(template, template.read_text().replace("</s>", "</s>\n"))
+    again = cli("grid", "--resume", out)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"resume: rerunning {len(recorded)} recorded probe(s) whose inputs changed since" in again.stdout
+    now = fingerprints(out)
+    assert now.keys() == recorded.keys() and all(now[p] != recorded[p] for p in now)
