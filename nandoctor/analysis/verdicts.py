@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..cells import REFERENCE_CELL
+from ..cells import reference_of
 from ..config import recipe_from_dict, recipe_to_dict
 from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
@@ -396,7 +396,7 @@ def _adapter(record: ProbeRecord) -> str | None:
 
 
 def is_reference(record: ProbeRecord) -> bool:
-    return record.cell.anywhere == REFERENCE_CELL
+    return record.cell == reference_of(record.cell)
 
 
 def reference_key(record: ProbeRecord) -> str:
@@ -412,6 +412,7 @@ def reference_key(record: ProbeRecord) -> str:
     except NandoctorError:
         pass  # a recipe this version cannot read (a newer one's) is compared as written
     same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
+    same += [record.cell.quant] if record.cell.quant != "none" else []  # a quantized base has its own reference
     return json.dumps(same, sort_keys=True, default=str)
 
 

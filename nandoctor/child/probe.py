@@ -31,6 +31,7 @@ from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
 from .outcome import WarningLog, built, error_of, write
+from .quant import base_facts
 from .ranks import Ranks, host_sample, probe_load
 from .replay import eager_forensics, forensics_of
 from .setup_checks import setup_checks
@@ -59,6 +60,8 @@ def run_probe(
     with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
+    if spec.recipe.adapter.type != "none":  # the base as stored, before any wrapper
+        record.quant = base_facts(s.model, spec.cell, spec.recipe)
     record.data = {**s.stream.describe(), "micro_batches_per_step": spec.recipe.gradient_accumulation_steps}
     if ranks.rank == 0:  # on the model before any rank wraps it: every rank's is the same
         record.setup_checks = setup_checks(spec, s)
