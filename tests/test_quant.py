@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import save_llama
+from conftest import run_main
 
 from nandoctor.analysis.verdicts import roundtrip_differs
 from nandoctor.capabilities import cell_support, quant_support
@@ -15,8 +16,6 @@ from nandoctor.errors import NandoctorError
 from nandoctor.plan import plan_grid
 from nandoctor.recommend import recommendation
 from nandoctor.run.fingerprint import probe_fingerprint
-
-from conftest import run_main
 
 
 @pytest.fixture(scope="module")
