@@ -160,3 +160,15 @@ def test_the_round_trip_names_a_trained_head_tied_again_on_reload(tmp_path):
     assert rt["tied"] == {"live": False, "merged": False, "reloaded": True}
     assert any(d.startswith("trained head tied to the embeddings on reload") and "lm_head.weight" in d for d in differs)
     assert any(d.startswith("reloaded loss") for d in differs)
+
+
+def test_a_quantized_base_is_compared_with_the_same_adapter_over_the_16_bit_base():
+    from nandoctor.analysis.savings import SavingsRow, savings
+
+    def row(quant, base, optimizer="adamw"):
+        cell = f"bf16-amp/sdpa/off/{quant}" if quant != "none" else "bf16-amp/sdpa/off"
+        return SavingsRow(cell, "bf16-amp", optimizer, 100, 1000, 50.0, 0.0, "stable", "v", "cpu", quant, base)
+
+    compared, checks = savings([row("none", 894_208), row("nf4", 578_304)])
+    assert [(s.cell_id, s.baseline_id) for s in compared] == [("bf16-amp/sdpa/off/nf4", "bf16-amp/sdpa/off")]
+    assert compared[0].base_saving == pytest.approx(1 - 578_304 / 894_208) and checks == []
