@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .analysis.verdicts import References, check_results
+from .analysis.verdicts import References, check_results, roundtrip_check
 from .capabilities import cell_support
 from .cells import Cell
 from .config import Recipe, recipe_from_dict
@@ -18,7 +18,7 @@ from .doctor import data_lint, doctor_section, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
 from .executors import ExecutorConfig, with_hardware
-from .plan import PlannedProbe, plan_grid
+from .plan import PlannedProbe, plan_grid, quantized_without_adapter
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
@@ -270,16 +270,29 @@ def run_check(
     warm: bool = True,
     listener: Listener | None = None,
     baseline=None,
+    roundtrip: bool = False,
 ):
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]). Quick:
     one warm worker, importing while this process plans, and the forensics replay only after a
     non-finite step. baseline: a run directory with a probe of the same cell; its step-0 loss and
-    grad-norm are the golden values this probe's must match, within the tolerance of the cell's matmul dtype."""
+    grad-norm are the golden values this probe's must match, within the tolerance of the cell's matmul dtype.
+    roundtrip: after its steps the probe merges, saves and reloads what it trained (child/roundtrip.py);
+    the live, merged and reloaded model must agree (verdicts.roundtrip_check)."""
+    quantized_without_adapter(recipe, [cell])
     ids = [o.probe_id for o in baseline_analysis(baseline).outcomes] if baseline is not None else [cell.id]
     if cell.id not in ids:
         raise NandoctorError(f"baseline {str(baseline)!r} has no probe of {cell.id}; it has {', '.join(ids)}")
     session, _ = open_session(
-        "check", recipe, listener, out=out, jobs=1, steps=steps, device=device, warm=warm, replay_failed_only=True
+        "check",
+        recipe,
+        listener,
+        out=out,
+        jobs=1,
+        steps=steps,
+        device=device,
+        warm=warm,
+        replay_failed_only=True,
+        roundtrip=roundtrip,
     )
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
@@ -294,6 +307,8 @@ def run_check(
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)
     checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")
+    if roundtrip:
+        checks.append(roundtrip_check(record))
     if analysis.comparison:
         checks += golden_checks(analysis.comparison, cell.id)
     return analysis, checks

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from packaging.version import Version
 
-from .cells import ATTENTIONS, PACKAGES, PRECISIONS, Cell
+from .cells import ATTENTIONS, FP8_QUANT, PACKAGES, PRECISIONS, Cell
 from .device import DeviceFacts, PackageFacts
 from .env import get_package
 
@@ -106,9 +106,11 @@ def package_missing(module: str, device: DeviceFacts) -> str | None:
 
 
 def cell_packages(cell: Cell) -> list[str]:
-    """The optional packages (cells.PACKAGES keys) a cell needs: its fp8 recipe's and its optimizer's."""
+    """The optional packages (cells.PACKAGES keys) a cell needs: its fp8 recipe's, its optimizer's and its
+    quantization's."""
     fp8 = cell.precision.fp8
-    return [p for p in (fp8.package if fp8 else None, cell.optimizer_row.package) if p]
+    used = [p for p in (fp8.package if fp8 else None, cell.optimizer_row.package) if p]
+    return used + [p for p in (cell.quantization.package,) if p and p not in used]
 
 
 def cell_support(cell: Cell, device: DeviceFacts | dict) -> str | None:
@@ -145,6 +147,23 @@ def cell_support(cell: Cell, device: DeviceFacts | dict) -> str | None:
         return "inductor on CPU generates C++ and no C++ compiler is on PATH"
     if cell.parallel_row.needs_half and not computes_in_half(cell.dtype):
         return cell.parallel_row.needs_half
+    if cell.quant != "none" and cell.precision.fp8:
+        return FP8_QUANT
+    return None
+
+
+def quant_support(cell: Cell, storage: str, weights: str) -> str | None:
+    """None unless the cell's quantized base cannot be sharded as it is stored: FSDP2 flattens and shards
+    every parameter of a unit together, so the packed 4-bit weights must sit in the dtype of the
+    others (bnb_4bit_quant_storage; bitsandbytes-foundation/bitsandbytes#970). `storage` and `weights`
+    are torch dtype names: the recipe's quant.storage and the cell's weight dtype."""
+    if cell.quantization.bits == 4 and cell.parallel_row.wrapper == "fsdp2" and storage != weights:
+        return (
+            f"fsdp2 shards a 4-bit base only when its quant storage is the model's dtype: the packed weights "
+            f"are {storage}, the others {weights}; set quant.storage to the weights' dtype"
+        )
+    if cell.quantization.bits == 8 and cell.parallel_row.wrapper == "fsdp2":
+        return "fsdp2 cannot shard bitsandbytes' Int8Params (an 8-bit base has no quant storage dtype to match)"
     return None
 
 

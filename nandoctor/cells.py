@@ -328,6 +328,51 @@ PARALLELS = {
         ),
     )
 }
+
+
+# -- quantized bases (issue 36) --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A `quant` axis value: how the base model's linears are loaded (bitsandbytes, through
+    transformers' BitsAndBytesConfig). A quantized base is frozen: it trains adapters only. Its matmuls
+    run in the cell's compute dtype (bnb_4bit_compute_dtype), the recipe's quant section says the rest."""
+
+    name: str
+    bits: int | None  # bits per base weight; None: the base is not quantized
+    quant_type: str | None = None  # bnb_4bit_quant_type ("nf4" / "fp4"); None for the 8-bit and unquantized rows
+    package: str | None = None  # PACKAGES key
+
+    def bnb_kwargs(self, compute: str, double_quant: bool, storage: str) -> dict:
+        """BitsAndBytesConfig(**kwargs) of this row, dtypes as torch attribute names ("bfloat16"); {} for none."""
+        if self.bits == 4:
+            return {
+                "load_in_4bit": True,
+                "bnb_4bit_quant_type": self.quant_type,
+                "bnb_4bit_compute_dtype": compute,
+                "bnb_4bit_use_double_quant": double_quant,
+                "bnb_4bit_quant_storage": storage,
+            }
+        return {"load_in_8bit": True} if self.bits == 8 else {}
+
+
+# bitsandbytes 0.50.2 runs all three on a CPU (device_map="cpu"): nf4 / fp4 Linear4bit and the 8-bit
+# Linear8bitLt train LoRA forward and backward there (checked on this project's 2-core CI machine).
+QUANTIZATIONS = {
+    q.name: q
+    for q in (
+        Quantization("none", None),
+        Quantization("nf4", 4, "nf4", "bitsandbytes"),
+        Quantization("fp4", 4, "fp4", "bitsandbytes"),
+        Quantization("int8", 8, None, "bitsandbytes"),
+    )
+}
+FP8_QUANT = (
+    "fp8 converts the model's nn.Linear layers to fp8 training linears; a bitsandbytes-quantized base has "
+    "Linear4bit / Linear8bitLt layers, which neither torchao nor Transformer Engine converts"
+)
+
 # the autocast dtype -> accelerate's `mixed_precision` (its config files and Accelerator(mixed_precision=...))
 ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
@@ -396,6 +441,7 @@ AXES = {
     "compile": tuple(COMPILATIONS),
     "optimizer": tuple(OPTIMIZERS),
     "parallel": tuple(PARALLELS),
+    "quant": tuple(QUANTIZATIONS),
 }
 # The hardware axes: a kind of machine, named as the executor that places probes on it names it
 # (Cell.hardware). Axis -> (the executor that knows it, what its values are).
@@ -408,6 +454,7 @@ DEFAULT_AXES = {
     "dtype": tuple(n for n, p in PRECISIONS.items() if p.default_grid),
     "optimizer": tuple(n for n, o in OPTIMIZERS.items() if o.default_grid),
     "parallel": ("none",),
+    "quant": ("none",),  # a quantized base trains an adapter only: the user names it (--axis quant=none,nf4)
 }
 
 
@@ -440,13 +487,15 @@ class Cell:
     compile: str = "off"
     optimizer: str = DEFAULT_OPTIMIZER
     parallel: str = "none"
+    quant: str = "none"
     hardware: str = ""
 
     @property
     def id(self) -> str:
         parts = [self.dtype, self.attn, self.compile]
         parts += [self.optimizer] if self.optimizer != DEFAULT_OPTIMIZER else []
-        text = "/".join(parts + ([self.parallel] if self.parallel != "none" else []))
+        parts += [self.parallel] if self.parallel != "none" else []
+        text = "/".join(parts + ([self.quant] if self.quant != "none" else []))
         return f"{text}@{self.hardware}" if self.hardware else text
 
     @property
@@ -470,6 +519,10 @@ class Cell:
         return PARALLELS[self.parallel]
 
     @property
+    def quantization(self) -> Quantization:
+        return QUANTIZATIONS[self.quant]
+
+    @property
     def single(self) -> Cell:
         """The same cell in one process: a parallel probe's exact reference (same global batch)."""
         return replace(self, parallel="none")
@@ -483,6 +536,7 @@ class Cell:
         out = {"dtype": self.dtype, "attn": self.attn, "compile": self.compile}
         out.update({"optimizer": self.optimizer} if self.optimizer != DEFAULT_OPTIMIZER else {})
         out.update({"parallel": self.parallel} if self.parallel != "none" else {})
+        out.update({"quant": self.quant} if self.quant != "none" else {})
         return {**out, "hardware": self.hardware} if self.hardware else out
 
     @classmethod
@@ -493,21 +547,31 @@ class Cell:
 
     @classmethod
     def parse(cls, text: str) -> Cell:
-        """'bf16-amp/sdpa/off[/optimizer][/parallel][@hardware]': the optional parts are told apart by their values."""
+        """'bf16-amp/sdpa/off[/optimizer][/parallel][/quant][@hardware]': the optional parts are told apart
+        by their values."""
         text, _, hardware = text.partition("@")
         parts = text.split("/")
-        if not 3 <= len(parts) <= 5:
+        if not 3 <= len(parts) <= 6:
             raise NandoctorError(
-                f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel], e.g. bf16-amp/sdpa/off"
+                f"bad cell {text!r}: expected dtype/attn/compile[/optimizer][/parallel][/quant], e.g. bf16-amp/sdpa/off"
             )
         values = {axis: parse_axis_values(axis, [value])[0] for axis, value in zip(("dtype", "attn", "compile"), parts)}
         for value in parts[3:]:
-            axis = "parallel" if value in PARALLELS and "parallel" not in values else "optimizer"
+            if value in PARALLELS and "parallel" not in values:
+                axis = "parallel"
+            else:
+                axis = "quant" if value in QUANTIZATIONS and "quant" not in values else "optimizer"
             values[axis] = parse_axis_values(axis, [value])[0]
         return cls(**values, hardware=hardware)
 
 
 REFERENCE_CELL = Cell("fp32", "eager", "off")  # the fidelity reference: no reduced precision, no fused kernels
+
+
+def reference_of(cell: Cell) -> Cell:
+    """The fp32 reference a cell's drift is measured against, on its hardware: REFERENCE_CELL over the
+    same base (a quantized base's weights are not the 16-bit base's: its own fp32 cell is its reference)."""
+    return replace(REFERENCE_CELL, quant=cell.quant, hardware=cell.hardware)
 
 
 def weight_dtype(cell: Cell, dtype_on_load: str) -> str:

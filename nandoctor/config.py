@@ -109,6 +109,24 @@ class Fp8Config:
     amax_compute_algo: str = "max"
 
 
+# -- quantized bases (issue 36) --------------------------------------------------------------------------
+QUANT_STORAGES = ("uint8", "bf16", "fp16", "fp32")  # bnb_4bit_quant_storage: the dtype the packed 4-bit weights sit in
+STORAGE_DTYPES = {"uint8": "uint8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """How a `quant` cell's base is quantized (bitsandbytes' BitsAndBytesConfig) and prepared. Only the
+    cells with a quant value read it; the compute dtype is the cell's (its dtype row's compute)."""
+
+    double_quant: bool = False  # bnb_4bit_use_double_quant: the block scales quantized again (8-bit)
+    storage: str = "uint8"  # QUANT_STORAGES; FSDP shards it with the other weights only when it is their dtype
+    # peft's prepare_model_for_kbit_training before the adapter: upcasts every non-quantized weight to
+    # fp32, freezes the base and makes the inputs require a gradient (the probe passes it the recipe's
+    # gradient_checkpointing; left to its default it switches checkpointing on)
+    prepare: bool = True
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str = "tiny-llama"
@@ -119,6 +137,7 @@ class Recipe:
     data: DataConfig = field(default_factory=DataConfig)
     pad_token: PadTokenConfig = field(default_factory=PadTokenConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
+    quant: QuantConfig = field(default_factory=QuantConfig)
     grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
     batch_size: int = 4
     seq_len: int = 64
@@ -161,6 +180,7 @@ class Recipe:
             ("grad_reduce", self.grad_reduce, GRAD_REDUCE_OPS),
             ("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS),
             ("gradient_checkpointing", self.gradient_checkpointing, GRADIENT_CHECKPOINTING),
+            ("quant.storage", self.quant.storage, QUANT_STORAGES),
         ]
         for key, value, valid in checks:
             if value not in valid:

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from .capabilities import cell_support, gpu_capabilities, sdpa_backends
-from .cells import REFERENCE_CELL, Cell
+from .cells import Cell, reference_of
 from .config import Recipe
 from .device import DeviceFacts
 from .env import collect_doctor
@@ -40,6 +40,7 @@ def planned_findings(
             **recipe_facts,
             **setup_facts(recipe, cell, None, trainer_args, tokenizer, eager_baseline=eager),
             "attn_softcapping": known["attn_softcapping"],
+            "tied_embeddings": known.get("tied_embeddings"),
         }
         for rule in evaluate(facts):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
@@ -51,7 +52,7 @@ def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
     """'setup' when a rule fires on every planned cell (the user's recipe, model or environment walks
     into it whatever the grid chooses), 'grid' when it fires on some cells only (what the grid will find).
     The fp32 reference the grid always adds is not the user's choice and does not count."""
-    chosen = {c.id for c in cells if c != REFERENCE_CELL} or {c.id for c in cells}
+    chosen = {c.id for c in cells if c != reference_of(c)} or {c.id for c in cells}
     return "setup" if chosen <= set(fired_on) else "grid"
 
 

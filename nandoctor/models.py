@@ -177,6 +177,7 @@ def config_facts(recipe: Recipe) -> dict:
     return {
         "all_masked_batches": all_masked_batches(recipe, config),
         "attn_softcapping": getattr(config, "attn_logit_softcapping", None),
+        "tied_embeddings": getattr(config, "tie_word_embeddings", None),
     }
 
 

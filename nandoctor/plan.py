@@ -8,9 +8,10 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from .capabilities import cell_support, computes_in_half
-from .cells import AXES, DEFAULT_AXES, HARDWARE_AXES, REFERENCE_CELL, Cell, parse_axis_values
+from .cells import AXES, DEFAULT_AXES, HARDWARE_AXES, Cell, parse_axis_values, reference_of
 from .config import Recipe
 from .device import DeviceFacts
+from .errors import NandoctorError
 
 CPU_DEFAULT_COMPILE = ["off"]  # the first inductor step costs ~36 s on a 2-core CPU: opt in with --axis
 
@@ -51,6 +52,17 @@ def hardware_kinds(axes: dict[str, list[str]]) -> list[str]:
     return next((list(v) for k, v in axes.items() if k in HARDWARE_AXES), [""])
 
 
+def quantized_without_adapter(recipe: Recipe, cells) -> None:
+    """A quantized base is frozen (bitsandbytes' layers hold no trainable weight): a cell with a `quant`
+    value trains an adapter, or it is the user's error, said before any probe runs."""
+    quantized = [c.quant for c in cells if c.quant != "none"]
+    if quantized and recipe.adapter.type == "none":
+        raise NandoctorError(
+            f"quant={quantized[0]} loads a frozen quantized base, which trains adapters only: "
+            "add --set adapter.type=lora (or dora), or drop the quant axis"
+        )
+
+
 def plan_grid(
     recipe: Recipe,
     device: DeviceFacts | dict,
@@ -69,9 +81,11 @@ def plan_grid(
         chosen[name] = parse_axis_values(name, values)
     cells = [Cell(**dict(zip(AXES, values))) for values in itertools.product(*(chosen[axis] for axis in AXES))]
     kinds = hardware_kinds(chosen)
-    references = [replace(REFERENCE_CELL, hardware=h) for h in kinds]
+    quantized_without_adapter(recipe, cells)
+    # one reference per kind of hardware and base (a quantized base's drift is its own fp32 cell's)
+    references = list(dict.fromkeys(reference_of(replace(c, hardware=h)) for c in cells for h in kinds))
     others = sorted(
-        (replace(c, hardware=h) for c in cells if c != REFERENCE_CELL for h in kinds),
+        (replace(c, hardware=h) for c in cells for h in kinds if replace(c, hardware=h) not in references),
         key=lambda c: cost_rank(c, device),
     )
     return [

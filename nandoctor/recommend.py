@@ -2,7 +2,8 @@
 line, `transformers.TrainingArguments`, the model-loading call, Lightning's `precision`, and the code
 that no flag writes (an fp8 conversion, an optimizer built by hand, a DDP / FSDP2 wrapping), each
 rendered here from what the cell table's rows say (their fp8 recipe, wrapper, reduce dtype, comm hook).
-Pure: imports only cells and config.
+A quantized base (the quant axis) adds its BitsAndBytesConfig and, when the probe ran it, peft's
+prepare_model_for_kbit_training. Pure: imports only cells and config.
 
 Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
 torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
@@ -21,7 +22,7 @@ import dataclasses
 import shlex
 
 from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, SHORT_DTYPES, Cell, weight_dtype
-from .config import Recipe, get_field
+from .config import STORAGE_DTYPES, Recipe, get_field
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
 # from the row, {amax_history_len} / {amax_compute_algo} from the recipe's fp8 section (config.Fp8Config).
@@ -78,6 +79,8 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
         parts += ["--optimizer", cell.optimizer]
     if cell.parallel != "none":
         parts += ["--parallel", cell.parallel]
+    if cell.quant != "none":
+        parts += ["--quant", cell.quant]
     for name, value in config.items():
         if name not in AXES and value != get_field(base, name):
             text = ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
@@ -368,18 +371,59 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     return lines
 
 
+# -- a quantized base (issue 36) -------------------------------------------------------------------------
+
+
+class Code(str):
+    """A value call_text writes as code, not as a literal (a variable's name)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def quantization(cell: Cell, recipe: Recipe) -> dict | None:
+    """A quant cell's BitsAndBytesConfig keyword arguments (dtypes as torch attribute names) and whether
+    prepare_model_for_kbit_training runs; None for a 16-bit base."""
+    row = cell.quantization
+    if row.bits is None:
+        return None
+    kwargs = row.bnb_kwargs(cell.precision.compute, recipe.quant.double_quant, STORAGE_DTYPES[recipe.quant.storage])
+    return {"bnb_config": kwargs, "prepare_model_for_kbit_training": recipe.quant.prepare}
+
+
+def quant_code(cell: Cell, recipe: Recipe) -> list[str]:
+    """The BitsAndBytesConfig line (from_pretrained then takes quantization_config=bnb_config); [] for none."""
+    q = quantization(cell, recipe)
+    if q is None:
+        return []
+    shown = {k: f"torch.{v}" if k.endswith(("_dtype", "_storage")) else v for k, v in q["bnb_config"].items()}
+    return ["bnb_config = " + call_text("BitsAndBytesConfig", shown)]
+
+
+def prepare_code(cell: Cell, recipe: Recipe) -> list[str]:
+    """The prepare_model_for_kbit_training call as the probe made it, checkpointing left to
+    TrainingArguments (its default, True, would switch it on unasked); [] when it did not run."""
+    q = quantization(cell, recipe)
+    if q is None or not q["prepare_model_for_kbit_training"]:
+        return []
+    return ["model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # peft"]
+
+
 def recommendation(
     config: dict, recipe: Recipe, base: Recipe, model_flags: list[str], lint: dict | None = None
 ) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`; lint:
     the run's data lint, run.json's "data")."""
     cell = Cell.of(config)
+    quantized = {"quantization_config": Code("bnb_config")} if cell.quant != "none" else {}
     lines = [
         call_text("TrainingArguments", training_arguments(cell, recipe)),
+        *quant_code(cell, recipe),
         call_text(
             "AutoModelForCausalLM.from_pretrained",
-            {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe)},
+            {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe), **quantized},
         ),
+        *prepare_code(cell, recipe),
     ]
     a = recipe.adapter
     if a.type != "none":
@@ -413,5 +457,6 @@ def recommendation(
         "accelerate": accelerate_config(cell, recipe),
         "data": data_settings(recipe),
         "training": training_settings(recipe),
+        "quantization": quantization(cell, recipe),
         "python": lines,
     }

@@ -91,6 +91,7 @@ class ProbeSpec:
     device: str  # "cpu" or "cuda"
     threads: int  # torch intra-op threads, so that K probes at once do not oversubscribe the cores
     replay_failed_only: bool = False  # the forensics replay only after a non-finite step (`check`: a quick pass)
+    roundtrip: bool = False  # after the timed steps: merge, save, reload and compare (check --roundtrip)
 
     def to_dict(self) -> dict:
         return {
@@ -103,6 +104,7 @@ class ProbeSpec:
             "device": self.device,
             "threads": self.threads,
             "replay_failed_only": self.replay_failed_only,
+            **({"roundtrip": True} if self.roundtrip else {}),  # absent when off: older fingerprints stay
         }
 
     @classmethod
@@ -118,6 +120,7 @@ class ProbeSpec:
             data["device"],
             data.get("threads") or 1,
             data.get("replay_failed_only", False),
+            data.get("roundtrip", False),
         )
 
 
@@ -325,6 +328,12 @@ class ProbeRecord:
     setup_checks: dict | None = None
     # {group: {"tensors", "elements", "first"}}: what each trainable group of Step.groups holds
     trainable_groups: dict | None = None
+    # An adapter probe's base (child/quant.py): its quantization settings (type "none" for a 16-bit base)
+    # and bytes as stored, quantization constants included (base_bytes, constants_bytes). None: no adapter
+    quant: dict | None = None
+    # check --roundtrip (child/roundtrip.py): the loss and logits of one fixed batch on the live model, the
+    # merged one and the one saved and loaded back, and the tensors that differ between them
+    roundtrip: dict | None = None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

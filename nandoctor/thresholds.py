@@ -119,6 +119,10 @@ class Thresholds:
     packing_leak_abs: float = 1e-4
     packing_leak_factor: float = 10.0
     accumulation_min_cosine: float = 0.99
+    roundtrip_loss_rel: float = 0.01
+    roundtrip_logits_rel: float = 0.02
+    roundtrip_update_lost: float = 0.1
+    roundtrip_tensor_rel: float = 1e-3
 
     def packing_leaks(self, max_diff, clean_diff) -> bool:
         """Whether a packed forward's largest logit difference to its segments run alone is a leak

@@ -183,6 +183,41 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
         lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),
     ),
+    # quantized bases (issue 36)
+    "qlora-fp16-compute": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="fp16-amp/sdpa/off/nf4"),
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off/nf4"),
+    ),
+    "kbit-prepare-upcasts-to-fp32": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off/nf4"),
+        lambda t, p: facts(recipe(adapter__type="lora", quant__prepare="false"), cell="bf16-amp/sdpa/off/nf4"),
+    ),
+    "kbit-prepare-switches-checkpointing-on": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off/int8"),
+        lambda t, p: facts(
+            recipe(adapter__type="lora", gradient_checkpointing="non_reentrant"), cell="bf16-amp/sdpa/off/int8"
+        ),
+    ),
+    "reentrant-checkpointing-with-adapters-across-ranks": (
+        lambda t, p: facts(
+            recipe(adapter__type="lora", gradient_checkpointing="reentrant"), cell="bf16-amp/sdpa/off/ddp"
+        ),
+        lambda t, p: facts(
+            recipe(adapter__type="lora", gradient_checkpointing="non_reentrant"), cell="bf16-amp/sdpa/off/ddp"
+        ),
+    ),
+    "fsdp-quant-storage-not-weights-dtype": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-pure/sdpa/off/fsdp2/nf4"),
+        lambda t, p: facts(recipe(adapter__type="lora", quant__storage="bf16"), cell="bf16-pure/sdpa/off/fsdp2/nf4"),
+    ),
+    "merge-into-quantized-base": (
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off/fp4"),
+        lambda t, p: facts(recipe(adapter__type="lora"), cell="bf16-amp/sdpa/off"),
+    ),
+    "tied-embeddings-trained-through-modules-to-save": (
+        lambda t, p: facts(recipe(adapter__type="lora", adapter__modules_to_save="lm_head"), tied_embeddings=True),
+        lambda t, p: facts(recipe(adapter__type="lora", adapter__modules_to_save="lm_head"), tied_embeddings=False),
+    ),
     **PARALLEL_CASES,
 }
 

@@ -3,7 +3,8 @@ against its baseline in the same run, and the published claims beside what was m
 plain-words verdict.
 
 A probe's baseline differs from it only in the low-precision choice: bf16-amp for an fp8 dtype (the
-precision fp8 is sold against), adamw for an optimizer (the state it shrinks), with the same
+precision fp8 is sold against), adamw for an optimizer (the state it shrinks), the 16-bit base for a
+quantized one (quant axis: the bytes of the base it shrinks), with the same
 attention, compile, recipe variant and seed. A bf16-amp/adamw probe is the baseline of an fp8 cell
 with adamw, and of a bf16-amp cell with an 8-bit optimizer.
 
@@ -37,6 +38,8 @@ class SavingsRow:
     verdict: str
     variant: str = ""
     device: str = "cuda"  # "cuda" or "cpu": what the speed and peak figures were measured on
+    quant: str = "none"  # the base's quantization (the quant axis)
+    base_bytes: int | None = None  # the frozen base as stored, quantization constants included
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ class Saving:
     peak_saving: float | None  # 1 - peak / baseline peak
     speedup: float | None  # tokens/s over baseline tokens/s
     extra_loss_error: float | None  # fidelity - baseline fidelity
+    base_saving: float | None = None  # 1 - base bytes / baseline base bytes (a quantized base)
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,15 @@ class ClaimCheck:
 
 
 def is_low_precision(row: SavingsRow) -> bool:
-    return PRECISIONS[row.dtype].fp8 is not None or row.optimizer != DEFAULT_OPTIMIZER
+    return PRECISIONS[row.dtype].fp8 is not None or row.optimizer != DEFAULT_OPTIMIZER or row.quant != "none"
 
 
-def baseline_of(row: SavingsRow) -> tuple[str, str]:
-    """(dtype, optimizer) of the probe a low-precision row is compared with."""
-    return (BASELINE_DTYPE if PRECISIONS[row.dtype].fp8 else row.dtype), DEFAULT_OPTIMIZER
+def baseline_of(row: SavingsRow) -> tuple[str, str, str]:
+    """(dtype, optimizer, quant) of the probe a low-precision row is compared with: a quantized base is
+    compared with the same adapter, dtype and optimizer over the 16-bit base."""
+    if row.quant != "none":
+        return row.dtype, row.optimizer, "none"
+    return (BASELINE_DTYPE if PRECISIONS[row.dtype].fp8 else row.dtype), DEFAULT_OPTIMIZER, row.quant
 
 
 def _ratio(num, den):
@@ -158,6 +165,7 @@ def compare(row: SavingsRow, baseline: SavingsRow | None) -> Saving:
         peak_saving=_saving(row.peak_memory_bytes, baseline.peak_memory_bytes),
         speedup=_ratio(row.tokens_per_s, baseline.tokens_per_s),
         extra_loss_error=row.fidelity - baseline.fidelity if both_fidelities else None,
+        base_saving=_saving(row.base_bytes, baseline.base_bytes) if row.quant != "none" else None,
     )
 
 
@@ -172,7 +180,7 @@ def check(claim: Claim, row: SavingsRow, baseline: SavingsRow | None, saving: Sa
             claim,
             None,
             NOT_MEASURED,
-            f"no {'/'.join(baseline_of(row))} probe of the same variant in this run",
+            f"no {'/'.join(v for v in baseline_of(row) if v != 'none')} probe of the same variant in this run",
         )
     if baseline.verdict != "stable":
         return ClaimCheck(
@@ -198,7 +206,7 @@ def check(claim: Claim, row: SavingsRow, baseline: SavingsRow | None, saving: Sa
 def savings(rows: list[SavingsRow]) -> tuple[list[Saving], list[ClaimCheck]]:
     """Every low-precision row compared with its baseline of the same variant, and every claim that
     speaks about the row's dtype or optimizer checked on it."""
-    by_key = {(r.variant, r.dtype, r.optimizer): r for r in rows}
+    by_key = {(r.variant, r.dtype, r.optimizer, r.quant): r for r in rows}
     compared, checks = [], []
     for row in rows:
         if not is_low_precision(row):

@@ -12,6 +12,7 @@ from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
 from ..config import Recipe, dotted_fields, get_field, set_field
 from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..plan import quantized_without_adapter
 
 BASELINE_AXES = {axis: getattr(REFERENCE_CELL, axis) for axis in AXES}  # every axis, the default optimizer too
 # What a user would like to train with on each kind of device, fastest first. The default target is
@@ -32,6 +33,7 @@ FASTEST_FIRST = {
         "compile": ("inductor", "aot_eager", "off"),
         "optimizer": ("adamw-fused", "adamw"),
         "parallel": ("none",),  # a parallel setup is the user's to name (--bad parallel=fsdp2)
+        "quant": ("none",),  # a quantized base saves memory, not time, and trains adapters only: named, not chosen
     },
     "cpu": {
         "dtype": ("fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"),
@@ -39,6 +41,7 @@ FASTEST_FIRST = {
         "compile": ("off", "aot_eager", "inductor"),
         "optimizer": ("adamw",),
         "parallel": ("none",),
+        "quant": ("none",),
     },
 }
 
@@ -148,7 +151,8 @@ def parse_configurations(
             "give --bad / --factor values that differ from the baseline"
         )
     for label, cfg in (("target", bad_cfg), ("baseline", good_cfg)):
-        variant(recipe, cfg)  # every combination is validated when it is probed; fail early on these two
+        # every combination is validated when it is probed; fail early on these two
+        quantized_without_adapter(variant(recipe, cfg), [Cell.of(cfg)])
         why = cell_support(Cell.of(cfg), device)
         if why:
             raise NandoctorError(f"the {label} {Cell.of(cfg).id} cannot run on this device: {why}")

@@ -10,7 +10,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support
-from ..cells import AXES, Cell
+from ..cells import AXES, Cell, reference_of
 from ..config import Recipe, get_field
 from ..device import DeviceFacts
 from ..env import collect_summary
@@ -23,7 +23,7 @@ from ..run.rundir import kept_device
 from ..run.session import Session
 from ..run.store import BISECT_FILE
 from .engine import Bisection, BisectResult, Run, Trial
-from .factors import BASELINE_AXES, WORKLOAD, fmt_value, parse_configurations, precision_ladder, variant
+from .factors import WORKLOAD, fmt_value, parse_configurations, precision_ladder, variant
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
 UNRESOLVED_ADVICE = {
@@ -89,7 +89,8 @@ class ProbeOracle:
         for t, p in zip(trials, probes):
             r = self.records[p.probe_id]
             if not is_reference(r) and not self.references.knows(r) and self.references.judge(r).name == STABLE:
-                ref = Trial({**t.config, **BASELINE_AXES}, t.seed, 0)
+                base = reference_of(Cell.of(t.config))  # fp32/eager over the trial's own base
+                ref = Trial({**t.config, **{axis: getattr(base, axis) for axis in AXES}}, t.seed, 0)
                 needed[self.planned(ref).probe_id] = self.planned(ref)
         self._run(list(needed.values()))
         stand_ins = {}
@@ -97,7 +98,8 @@ class ProbeOracle:
             r = self.records[p.probe_id]
             if not self.references.is_own(r) and self.references.reference(r).probe_id is None:
                 if self.references.judge(r).name == STABLE:
-                    ref = Trial({**t.config, **BASELINE_AXES, "attn": STAND_IN_ATTN}, t.seed, 0)
+                    base = reference_of(Cell.of(t.config))  # fp32 over the trial's own base, another attention
+                    ref = Trial({**t.config, **{a: getattr(base, a) for a in AXES}, "attn": STAND_IN_ATTN}, t.seed, 0)
                     stand_ins[self.planned(ref).probe_id] = self.planned(ref)
         self._run(list(stand_ins.values()))
         return [self._outcome(self.records[p.probe_id]) for p in probes]

@@ -21,6 +21,7 @@ from ..data import DataStream, stream
 from ..models import apply_adapter, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
+from .quant import load_quantized, prepare
 
 
 def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: str = "cpu"):
@@ -34,24 +35,37 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
     attn = cell.attention.implementation
     remote = recipe.model.trust_remote_code
     torch.manual_seed(seed)  # seeds the CUDA generators too: every probe of a run starts from the same weights
+    weights = getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load))
+
+    def twin():
+        config = model_config(recipe)
+        config = probe_scale(config) if plan.scale == "probe" else config
+        return AutoModelForCausalLM.from_config(
+            config, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote
+        )
+
     with torch.device(device):  # transformers builds and initialises under the ambient device
-        if plan.source == "local-weights":
+        if cell.quant != "none":  # quantized as it loads, what stays unquantized in the cell's weight dtype
+            model = load_quantized(plan, recipe, cell, weights, attn, device, twin)
+        elif plan.source == "local-weights":
             model = AutoModelForCausalLM.from_pretrained(
                 plan.path, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote, device_map=device
             )
         else:
-            config = model_config(recipe)
-            config = probe_scale(config) if plan.scale == "probe" else config
-            model = AutoModelForCausalLM.from_config(
-                config, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote
-            )
+            model = twin()
         # Trainer sets the config's use_cache from TrainingArguments.use_cache, False by default
         # (transformers 5.24 trainer.py): no cache is built in training, packed or not (docs/data.md)
         model.config.use_cache = False
+        if cell.quant != "none" and recipe.quant.prepare:
+            model = prepare(model)
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     checkpointing(model, recipe.gradient_checkpointing)
-    if cell.precision.weights:  # a pure cell hard-casts every weight, the adapter's too
-        model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
+    if cell.precision.weights and cell.quant == "none":  # a pure cell hard-casts every weight, the adapter's too
+        model.to(weights)
+    elif cell.precision.weights:  # transformers refuses to cast a quantized model: the adapter is cast alone
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.to(weights)
     model.train()
     return model
 

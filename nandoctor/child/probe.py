@@ -26,13 +26,15 @@ from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
 from . import threads
-from .build import Setup, setup
+from .build import Setup, first_step, setup
 from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
 from .outcome import WarningLog, built, error_of, write
+from .quant import base_facts
 from .ranks import Ranks, host_sample, probe_load
 from .replay import eager_forensics, forensics_of
+from .roundtrip import roundtrip
 from .setup_checks import setup_checks
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
@@ -59,6 +61,8 @@ def run_probe(
     with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
+    if spec.recipe.adapter.type != "none":  # the base as stored, before any wrapper
+        record.quant = base_facts(s.model, spec.cell, spec.recipe)
     record.data = {**s.stream.describe(), "micro_batches_per_step": spec.recipe.gradient_accumulation_steps}
     if ranks.rank == 0:  # on the model before any rank wraps it: every rank's is the same
         record.setup_checks = setup_checks(spec, s)
@@ -135,5 +139,22 @@ def probe(spec: ProbeSpec, ranks: Ranks, result: Path, folder: Path | None) -> i
         write(record, result)  # the timed result: the verdict stands whatever the replay does
         record.forensics = forensics_of(spec, record, s, snapshot, watch, ranks)
         code = ranks.exit_code(record.forensics)
+    elif spec.roundtrip and code == 0 and not record.first_nonfinite:  # it merges the model: nothing runs after it
+        record.roundtrip = roundtrip_of(spec, s)
     write(record, result)
     return code
+
+
+def roundtrip_of(spec: ProbeSpec, s: Setup) -> dict:
+    """The round trip of the trained model (roundtrip.py) on the first micro-batch; a failure in it is
+    data, {"error": ...}, as any probe failure."""
+    import torch
+
+    from ..cells import weight_dtype
+
+    batch = first_step(spec, s)[0][0]
+    dtype = getattr(torch, weight_dtype(spec.cell, spec.recipe.model.dtype_on_load))
+    try:
+        return roundtrip(s.model, batch, s.autocast, s.attend, dtype, spec.device, spec.recipe.model.trust_remote_code)
+    except Exception as e:  # noqa: BLE001 -- recorded, judged as a failed round trip
+        return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

@@ -15,6 +15,7 @@ def register(sub) -> None:
         **examples(
             "nandoctor check --model tiny-llama --dtype bf16-amp --attn sdpa",
             "nandoctor check --model ./my-checkpoint --dtype fp16-amp --steps 4",
+            "nandoctor check --model ./my-checkpoint --set adapter.type=lora --quant nf4 --steps 8 --roundtrip",
         ),
     )
     add_model_args(p)
@@ -29,6 +30,13 @@ def register(sub) -> None:
     p.add_argument(
         "--parallel", default="none", help=f"one of {', '.join(AXES['parallel'])} (default none: one process)"
     )
+    p.add_argument("--quant", default="none", help=f"one of {', '.join(AXES['quant'])} (default none: a 16-bit base)")
+    p.add_argument(
+        "--roundtrip",
+        action="store_true",
+        help="after the steps, merge the adapter, save and load back the model, and compare the loss and "
+        "logits of one batch: live, merged, reloaded (fails when they differ beyond the threshold)",
+    )
     p.add_argument(
         "--baseline",
         metavar="DIR",
@@ -39,10 +47,16 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}")
+    cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}/{args.quant}")
     recipe = recipe_from_args(args)
     analysis, checks = run_check(
-        recipe, cell, steps=args.steps or 1, out=args.out, listener=listener(None), baseline=args.baseline
+        recipe,
+        cell,
+        steps=args.steps or 1,
+        out=args.out,
+        listener=listener(None),
+        baseline=args.baseline,
+        roundtrip=args.roundtrip,
     )
     for name, passed, detail in checks:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")

@@ -9,8 +9,15 @@ import json
 import re
 from pathlib import Path
 
-from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
-from ..config import Recipe
+from ..cells import (
+    SHORT_DTYPES,
+    Cell,
+    compile_of_training_args,
+    precision_of_training_args,
+    reduce_dtype,
+    weight_dtype,
+)
+from ..config import STORAGE_DTYPES, Recipe
 
 # all_masked_batches: the rules' fact, computed with the data
 from ..data import all_masked_batches, batches  # noqa: F401
@@ -136,8 +143,27 @@ def setup_facts(
         "parallel": cell.parallel,
         "reduce_dtype": SHORT_DTYPES.get(reduce_dtype(cell, recipe.model.dtype_on_load)),  # None: one process
     }
+    facts.update(quant_facts(recipe, cell, model_config))
     facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
     return facts
+
+
+def quant_facts(recipe: Recipe, cell: Cell, model_config=None) -> dict:
+    """The facts of a quantized base (the quant axis; None where the base is not quantized) and of tied
+    embeddings trained through modules_to_save (what the round trip checks after training)."""
+    quantized = cell.quant != "none"
+    weights = weight_dtype(cell, recipe.model.dtype_on_load)
+    tied = getattr(model_config, "tie_word_embeddings", None) if model_config is not None else None
+    saved = set(recipe.adapter.modules_to_save) if recipe.adapter.type != "none" else set()
+    return {
+        "quant": cell.quant,
+        "quant_compute": SHORT_DTYPES[cell.precision.compute] if quantized else None,
+        "quant_prepare": recipe.quant.prepare if quantized else None,
+        "quant_storage_is_weights": STORAGE_DTYPES[recipe.quant.storage] == weights if quantized else None,
+        "gradient_checkpointing": recipe.gradient_checkpointing,
+        "tied_embeddings": tied,
+        "modules_to_save_embeddings": bool(saved & {"lm_head", "embed_tokens"}),
+    }
 
 
 def observed_facts(record) -> dict:

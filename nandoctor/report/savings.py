@@ -38,6 +38,8 @@ def savings_row(o: ProbeOutcome) -> SavingsRow:
         o.verdict.name,
         variant,
         r.device or "cpu",
+        cell.quant,
+        (r.quant or {}).get("base_bytes"),
     )
 
 
@@ -53,7 +55,8 @@ def section(a: RunAnalysis) -> dict | None:
         return None
     by_id = {o.probe_id: o for o in outcomes}
     compared, checks = savings(rows)
-    table = [_saving_row(s, by_id) for s in compared]
+    quantized = any(by_id[s.cell_id].record.cell.quant != "none" for s in compared)
+    table = [_saving_row(s, by_id, quantized) for s in compared]
     claims = [
         {
             "config": c.cell_id,
@@ -82,6 +85,12 @@ def intro(a: RunAnalysis) -> list[str]:
         "real storage after the first step (quantized state opened to the tensors it is made of), not "
         "numel x element size; tokens/s is the median over the steps after the first."
     ]
+    if any(o.record.cell.quant != "none" for o in _ran(a)):
+        lines.append(
+            "A quantized base (quant) is compared with the same adapter, dtype and optimizer over the 16-bit "
+            "base: its base weights are the frozen weights as stored (4-bit or 8-bit) plus their quantization "
+            "constants (block scales, code book), the layers left unquantized in their own dtype."
+        )
     if on_cpu:
         lines.append(
             "Measured on a CPU: tokens/s compares CPU kernels (no fp8 or tensor-core matmuls; bf16 runs "
@@ -91,11 +100,18 @@ def intro(a: RunAnalysis) -> list[str]:
     return lines
 
 
-def _saving_row(s, by_id: dict) -> dict:
+def _saving_row(s, by_id: dict, quantized: bool = False) -> dict:
     o, base = by_id[s.cell_id], by_id.get(s.baseline_id)
+    base_bytes = {}
+    if quantized:  # a run with a quantized base: its bytes as stored, against the 16-bit base's
+        base_bytes = {
+            "base weights": fmt_bytes((o.record.quant or {}).get("base_bytes")),
+            "base vs baseline": _pct(s.base_saving, "smaller"),
+        }
     return {
         "config": label(o),
         "baseline": s.baseline_id or "none in this run",
+        **base_bytes,
         "optimizer state": fmt_bytes(o.record.optimizer_state_bytes),
         "vs baseline": _pct(s.state_saving, "smaller"),
         "peak memory": fmt_bytes(o.peak_memory_bytes),

@@ -65,6 +65,7 @@ def package_versions(cell: Cell, env: DeviceFacts) -> dict:
     """{package: version} of the optional packages the cell's fp8 recipe and optimizer use."""
     fp8 = PRECISIONS[cell.dtype].fp8
     used = [p for p in (fp8.package if fp8 else None, OPTIMIZERS[cell.optimizer].package) if p]
+    used += [p for p in (cell.quantization.package,) if p and p not in used]
     return {p: env.packages[p].version if p in env.packages else None for p in used}
 
 
@@ -82,6 +83,8 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
         recipe = {k: v for k, v in recipe.items() if k != "fp8"}
     if cell.parallel_row.wrapper is None:
         recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
+    if cell.quant == "none":  # only a quantized base reads the quant section
+        recipe = {k: v for k, v in recipe.items() if k != "quant"}
     payload = {
         "spec": {**spec, "recipe": recipe, "model_plan": plan},
         "overrides": overrides,

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..capabilities import input_support, parallel_support
-from ..config import Recipe, recipe_to_dict
+from ..capabilities import input_support, parallel_support, quant_support
+from ..cells import weight_dtype
+from ..config import STORAGE_DTYPES, Recipe, recipe_to_dict
 from ..device import DeviceFacts
 from ..env import collect_doctor
 from ..errors import NandoctorError
@@ -47,9 +48,11 @@ def probe_spec(
     jobs: int,
     threads: int | None = None,
     replay_failed_only: bool = False,
+    roundtrip: bool = False,
 ) -> ProbeSpec:
     """threads: the probe's CPU threads (its placement's share); by default this host's cores over `jobs`.
-    replay_failed_only: the forensics replay runs only after a non-finite step (check)."""
+    replay_failed_only: the forensics replay runs only after a non-finite step (check); roundtrip: the probe
+    merges, saves and reloads what it trained (check --roundtrip, child/roundtrip.py)."""
     device = DeviceFacts.of(device)
     return ProbeSpec(
         probe.probe_id,
@@ -61,6 +64,7 @@ def probe_spec(
         device.device,
         threads or threads_per_probe(jobs, device.cpu_count),
         replay_failed_only,
+        roundtrip,
     )
 
 
@@ -112,9 +116,10 @@ class Session:
         on_queue=None,
         replay_failed_only: bool = False,
         on_stale=None,
+        roundtrip: bool = False,
     ):
         self.kind, self.recipe = kind, recipe
-        self.replay_failed_only = replay_failed_only
+        self.replay_failed_only, self.roundtrip = replay_failed_only, roundtrip
         self.steps = steps or recipe.steps
         self.short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
         self.executor = executor or ExecutorConfig()
@@ -214,7 +219,9 @@ class Session:
         device = self.device_of(probe.cell.hardware)
         ranks = recipe.world_size if probe.cell.parallel_row.wrapper else 1
         threads = self.placement.threads(device, ranks)
-        return probe_spec(recipe, probe, plan, device, steps, self.jobs, threads, self.replay_failed_only)
+        return probe_spec(
+            recipe, probe, plan, device, steps, self.jobs, threads, self.replay_failed_only, self.roundtrip
+        )
 
     def close(self) -> None:
         """End every probe still running (cancelling its job) and close the placement."""
@@ -298,6 +305,9 @@ class Session:
                 or spec.plan.refuses.get(p.cell.attention.implementation)
                 or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
                 or parallel_support(p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks))
+                or quant_support(
+                    p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, own.model.dtype_on_load)
+                )
             )
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))

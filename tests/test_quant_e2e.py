@@ -1,0 +1,113 @@
+"""Quantized bases end to end through the CLI (issue 36): a grid over quant=none,nf4 records each base's
+settings and bytes, fp16 compute overflows a large-activation model's 4-bit base where bf16 does not and
+bisect names the compute dtype, and `check --roundtrip` fails the merge into a 4-bit base and passes a
+LoRA over a 16-bit base and tied embeddings trained through modules_to_save."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from checkpoints import save_llama
+from conftest import run_cli, verdicts
+
+pytestmark = pytest.mark.slow
+LORA = ("--set", "adapter.type=lora")
+# the issue's case: LoRA r=8 on q/v/up/down at lr 1e-2, 8 AdamW steps on one batch
+ISSUE = (*LORA, "--set", "adapter.target_modules=q_proj,v_proj,up_proj,down_proj", "--set", "optimizer.lr=1e-2")
+ISSUE += ("--set", "data.batches=1", "--steps", "8")
+
+
+@pytest.fixture(scope="module")
+def quant_grid(large_mlp_checkpoint, tmp_path_factory):
+    out = tmp_path_factory.mktemp("quant-grid") / "run"
+    proc = run_cli(
+        "grid",
+        "--model",
+        large_mlp_checkpoint,
+        *LORA,
+        "--set",
+        "retime_rounds=0",
+        "--axis",
+        "quant=none,nf4",
+        "--axis",
+        "dtype=bf16-amp,fp16-amp",
+        "--axis",
+        "attn=sdpa",
+        "--axis",
+        "compile=off",
+        "--steps",
+        "4",
+        "--out",
+        out,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    return out
+
+
+def records(run_dir) -> dict:
+    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
+
+
+def test_every_nf4_record_carries_its_settings_and_a_base_smaller_than_the_16_bit_one(quant_grid):
+    got = records(quant_grid)
+    nf4 = {k: r["quant"] for k, r in got.items() if k.endswith("/nf4")}
+    plain = {k: r["quant"] for k, r in got.items() if not k.endswith("/nf4")}
+    assert set(nf4) == {"fp32/eager/off/nf4", "bf16-amp/sdpa/off/nf4", "fp16-amp/sdpa/off/nf4"}
+    for cell, q in nf4.items():
+        assert (q["type"], q["bits"], q["quant_type"], q["storage"]) == ("nf4", 4, "nf4", "uint8")
+        assert q["compute"] == {"fp32": "float32", "bf16-amp": "bfloat16", "fp16-amp": "float16"}[cell.split("/")[0]]
+        assert 0 < q["constants_bytes"] and q["base_bytes"] < min(p["base_bytes"] for p in plain.values())
+
+
+def test_fp16_compute_overflows_the_4_bit_base_where_bf16_compute_trains(quant_grid):
+    v = verdicts(quant_grid)
+    assert v["fp16-amp/sdpa/off/nf4"] == "nonfinite"
+    assert v["bf16-amp/sdpa/off/nf4"] == "stable"
+
+
+def test_bisect_names_the_compute_dtype_of_a_4_bit_base(large_mlp_checkpoint, tmp_path):
+    out = tmp_path / "bisect"
+    proc = run_cli(
+        "bisect",
+        "--model",
+        large_mlp_checkpoint,
+        *LORA,
+        "--good",
+        "dtype=bf16-amp,quant=nf4",
+        "--bad",
+        "dtype=fp16-amp,quant=nf4",
+        "--reruns",
+        "0",
+        "--steps",
+        "2",
+        "--out",
+        out,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    result = json.loads((out / "bisect.json").read_text())
+    assert [c["factors"] for c in result["culprits"]] == [["dtype"]]
+
+
+def test_roundtrip_finds_the_merge_into_a_4_bit_base(tmp_path):
+    ckpt = save_llama(tmp_path / "ckpt", hidden_size=128, intermediate_size=256, num_key_value_heads=4)
+    proc = run_cli("check", "--model", ckpt, *ISSUE, "--quant", "nf4", "--roundtrip", "--out", tmp_path / "run")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "the saved model is the model that was trained" in x)
+    assert "FAIL" in line and "loss live" in line and "merged" in line and "reloaded" in line
+    assert "merge rounding" in line and "of its update lost" in line
+
+
+@pytest.mark.parametrize(
+    "tied, extra",
+    [(False, ()), (True, ("--set", "adapter.modules_to_save=lm_head,embed_tokens"))],
+    ids=["lora-16-bit", "tied-head-and-embeddings"],
+)
+def test_roundtrip_passes_lora_over_a_16_bit_base(tmp_path, tied, extra):
+    ckpt = save_llama(tmp_path / "ckpt", tie_word_embeddings=tied)
+    proc = run_cli(
+        "check", "--model", ckpt, *ISSUE, *extra, "--dtype", "fp32", "--roundtrip", "--out", tmp_path / "run"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "the saved model is the model that was trained" in x)
+    assert line.strip().startswith("ok") and "equal within" in line
