@@ -138,6 +138,9 @@ class Step:
     # models.GROUPS: adapter, modules_to_save, embeddings, rest); None for a group no parameter of which
     # got a gradient. Records before it, and replayed steps: None
     groups: dict | None = None
+    # a mixture of experts: the load-balancing loss the model added to this step's loss, before its
+    # router_aux_loss_coef (summed over the step's micro-batches); None where the loss held none
+    aux_loss: float | None = None
 
     def __post_init__(self):
         # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
@@ -317,6 +320,10 @@ class ProbeRecord:
     setup_checks: dict | None = None
     # {group: {"tensors", "elements", "first"}}: what each trainable group of Step.groups holds
     trainable_groups: dict | None = None
+    # A mixture of experts' routing as the timed steps measured it (child/moe.py RouterWatch.figures):
+    # experts, top_k, router_dtype, aux_loss_on / _coef / _in_loss, per layer the tokens per expert at
+    # step 0 and the last step, and step 0's token -> expert choices. None for a dense model
+    moe: dict | None = None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -25,6 +25,9 @@ NO_LEARNING = "no-learning"
 # the same; judged on the probe itself, since its fp32 reference usually shares the setup.
 MISCONFIGURED = "misconfigured"
 CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", "unsupported"
+# a mixture of experts' router sends the tokens of a layer to a few experts: half or more of them get
+# none, or one takes nearly every token (record.moe), whatever the loss does
+EXPERT_COLLAPSE = "expert-collapse"
 GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
@@ -203,6 +206,67 @@ def setup_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | 
     return Verdict(MISCONFIGURED, "; ".join(failed), 0) if failed else None
 
 
+def collapsed_layers(moe: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
+    """One clause per router layer whose step (the last one measured, else step 0) left
+    t.expert_dead_fraction of its experts without a token, or gave one expert t.expert_token_share of
+    its tokens, naming the layer and the counts; [] for a dense model or a router that still spreads."""
+    if not moe:
+        return []
+    experts, k = moe.get("experts") or 0, moe.get("top_k") or 1
+    out = []
+    for layer in moe.get("layers") or []:
+        for key in ("step_last", "step_0"):
+            at = layer.get(key) or {}
+            rows, tokens = at.get("rows") or 0, at.get("tokens") or []
+            if not rows or not experts or rows * k / experts < t.expert_min_load:
+                continue
+            dead, top = at.get("no_token") or 0, max(tokens)
+            share = top / rows
+            if dead >= t.expert_dead_fraction * experts or (
+                k / experts <= t.expert_share_even_max and share >= t.expert_token_share
+            ):
+                out.append(
+                    f"layer {layer['layer']} ({layer.get('module', '?')}): {dead} of {experts} experts got no token "
+                    f"at step {at.get('step', '?')}, expert {tokens.index(top)} took {share:.0%} of its {rows} "
+                    f"tokens (top-{k}; an even router gives each {k / experts:.0%})"
+                )
+                break
+    return out
+
+
+def router_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """`expert-collapse` when a router layer collapsed (collapsed_layers), else None."""
+    layers = collapsed_layers(record.moe, t)
+    return Verdict(EXPERT_COLLAPSE, "router collapse: " + "; ".join(layers), 0) if layers else None
+
+
+def route_flips(choices: list | None, reference: list | None) -> float | None:
+    """The share of step 0's (token, slot) expert choices that differ from the reference's, over every
+    router layer and the tokens both kept (record.moe step0_choices); None when either is missing."""
+    if not choices or not reference:
+        return None
+    differ = total = 0
+    for mine, theirs in zip(choices, reference):
+        for a, b in zip(mine, theirs):
+            differ += len(a) - len(set(a) & set(b))
+            total += len(a)
+    return differ / total if total else None
+
+
+def routing_cause(verdict: Verdict, flips: float | None, t: Thresholds = THRESHOLDS) -> Verdict:
+    """A drift whose step-0 routing differs from the fp32 reference's by more than t.route_flip_share,
+    with the routing named as its cause; any other verdict as it is."""
+    if verdict.name != DRIFT or flips is None or flips <= t.route_flip_share:
+        return verdict
+    return Verdict(
+        DRIFT,
+        f"{verdict.reason}; caused by the routing: {flips:.1%} of step 0's token -> expert choices differ from "
+        f"the fp32 reference's (over {t.route_flip_share:.0%}), the same weights and batch choose other experts "
+        "in this precision (moe.router_dtype=fp32 keeps the router's logits in fp32)",
+        verdict.step,
+    )
+
+
 # How a group's tensors are named in a verdict: the adapter's by its type (lora -> LoRA)
 GROUP_WORDS = {"modules_to_save": "modules_to_save", "embeddings": "embedding", "rest": "other trainable"}
 ADAPTER_WORDS = {"lora": "LoRA", "dora": "DoRA"}
@@ -260,6 +324,7 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
         if "accumulation_cosine" in c
         else None,
         "groups_without_gradient": len(starved_groups(record.steps)),
+        "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
     }
 
 
@@ -382,13 +447,21 @@ def no_learning(
     return None
 
 
-def classify(record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS) -> Verdict:
-    return (
-        harness_verdict(record)
-        or parallel_verdict(record, t)
-        or setup_verdict(record, t)
-        or numeric_verdict(record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record))
-    )
+def classify(
+    record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS, routes: list | None = None
+) -> Verdict:
+    """The probe's verdict: how it ended, its ranks' agreement, its setup checks, then its curve against
+    the fp32 reference's (`reference`); a mixture of experts whose curve is finite and not diverged is
+    judged on its routing (router_verdict), and a drift is traced to it when step 0's choices differ from
+    the reference's (`routes`: its record.moe step0_choices; routing_cause)."""
+    early = harness_verdict(record) or parallel_verdict(record, t) or setup_verdict(record, t)
+    if early:
+        return early
+    numeric = numeric_verdict(record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record))
+    if numeric.name in (NONFINITE, ZERO_LOSS, DIVERGED):
+        return numeric
+    flips = route_flips((record.moe or {}).get("step0_choices"), routes)
+    return router_verdict(record, t) or routing_cause(numeric, flips, t)
 
 
 def _adapter(record: ProbeRecord) -> str | None:
@@ -422,6 +495,7 @@ class References:
     def __init__(self):
         self.steps: dict[str, list[Step] | None] = {}  # reference key -> a stable reference's steps, else None
         self.singles: dict[tuple, list[Step]] = {}  # (reference key, cell id) -> a one-process probe's steps
+        self.routes: dict[str, list] = {}  # reference key -> a mixture of experts reference's step-0 choices
 
     def learn(self, record: ProbeRecord) -> None:
         if record.cell.parallel == "none" and record.status == "ok" and record.steps:
@@ -429,6 +503,8 @@ class References:
         if is_reference(record):
             if record.status == "ok" and classify(record).name == STABLE:
                 self.steps[reference_key(record)] = record.steps
+                if (record.moe or {}).get("step0_choices"):
+                    self.routes[reference_key(record)] = record.moe["step0_choices"]
             else:
                 self.steps.setdefault(reference_key(record), None)
 
@@ -448,8 +524,16 @@ class References:
             return None
         return self.singles.get((reference_key(record), record.cell.single.id))
 
+    def routes_of(self, record: ProbeRecord) -> list | None:
+        """The step-0 token -> expert choices of this probe's reference (a mixture of experts), else None."""
+        return None if is_reference(record) else self.routes.get(reference_key(record))
+
+    def flips(self, record: ProbeRecord) -> float | None:
+        """The share of this probe's step-0 expert choices that differ from its reference's (route_flips)."""
+        return route_flips((record.moe or {}).get("step0_choices"), self.routes_of(record))
+
     def judge(self, record: ProbeRecord) -> Verdict:
-        return classify(record, self.of(record))
+        return classify(record, self.of(record), routes=self.routes_of(record))
 
     def fidelity(self, record: ProbeRecord, verdict: Verdict) -> float | None:
         if is_reference(record) and verdict.name == STABLE:

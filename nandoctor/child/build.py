@@ -18,7 +18,7 @@ from typing import Any
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
 from ..data import DataStream, stream
-from ..models import apply_adapter, checkpointing, model_config, probe_scale
+from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
 
@@ -48,10 +48,15 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         # Trainer sets the config's use_cache from TrainingArguments.use_cache, False by default
         # (transformers 5.24 trainer.py): no cache is built in training, packed or not (docs/data.md)
         model.config.use_cache = False
+        apply_moe(model, recipe)  # moe.aux_loss: whether the load-balancing loss is in the loss the model returns
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     checkpointing(model, recipe.gradient_checkpointing)
     if cell.precision.weights:  # a pure cell hard-casts every weight, the adapter's too
         model.to(getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load)))
+    if recipe.moe.router_dtype == "fp32":
+        from .moe import pin_router_fp32
+
+        pin_router_fp32(model, device)
     model.train()
     return model
 
