@@ -204,7 +204,7 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
     cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if cls is None:
         return {}
-    return TRAINING_REFUSALS.get(config.model_type, {}) | {
+    flagged = {
         impl: f"{cls.__name__} does not support attn_implementation={impl!r}: transformers {transformers.__version__} "
         f"sets {cls.__name__}.{flag} = False"
         + (
@@ -215,6 +215,7 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
         for impl, flag in ATTENTION_FLAGS.items()
         if getattr(cls, flag, True) is False
     }
+    return flagged | TRAINING_REFUSALS.get(config.model_type, {})  # the family's reason says more
 
 
 def config_facts(recipe: Recipe) -> dict:

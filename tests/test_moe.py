@@ -1,0 +1,116 @@
+"""Mixtures of experts: the 2025-2026 recipes train, their routers are measured in every probe, and
+what is known about their load-balancing loss and router collapse is said with its fix (docs/moe.md)."""
+
+import dataclasses
+
+import pytest
+
+from checkpoints import save_collapsed_qwen3_moe
+from nandoctor.analysis.verdicts import EXPERT_COLLAPSE, classify, route_flips
+from nandoctor.cells import Cell
+from nandoctor.config import set_field
+from nandoctor.env import collect_summary
+from nandoctor.models import plan_model
+from nandoctor.recipes import recipe_by_name, resolve_model
+from nandoctor.record import ProbeRecord, ProbeSpec
+
+NEW_RECIPES = (
+    "qwen3-8b",
+    "qwen3-30b-a3b",
+    "gemma-3-4b",
+    "llama-3.2-3b",
+    "gpt-oss-20b",
+    "mixtral-8x7b",
+    "qwen3-next-80b-a3b",
+)
+MOE_RECIPES = {"qwen3-30b-a3b": 32, "gpt-oss-20b": 16, "mixtral-8x7b": 8, "qwen3-next-80b-a3b": 40}
+# A recipe at probe scale keeps its family's vocabulary and head_dim; these keep the suite fast (the
+# architecture, layer kinds, experts and top-k stay the family's)
+QUICK = {"model.arch.vocab_size": 512, "model.arch.head_dim": 16, "batch_size": 2, "seq_len": 16}
+
+
+def quick(recipe):
+    for key, value in QUICK.items():
+        recipe = set_field(recipe, key, value)
+    return recipe
+
+
+def probe_in_process(recipe, cell=Cell("fp32", "eager", "off"), steps=4):
+    """One probe of `steps` steps run in this process (child/probe.run_probe), its record."""
+    from nandoctor.child.probe import run_probe
+    from nandoctor.child.ranks import ONE_PROCESS
+
+    env = collect_summary()
+    recipe = dataclasses.replace(recipe, forensics_steps=0)
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, env), steps, recipe.seed, "cpu", 1)
+    record = ProbeRecord(spec.probe_id, spec.cell)
+    run_probe(spec, record, ONE_PROCESS, None)
+    return spec, record
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NEW_RECIPES)
+def test_each_new_recipe_trains_four_steps_on_the_cpu_and_refuses_with_reasons(name):
+    spec, record = probe_in_process(quick(recipe_by_name(name)))
+    assert spec.plan.scale == "probe" and spec.plan.source == "architecture-twin"
+    assert len(record.steps) == 4 and all(s.loss == s.loss and s.loss < 1e3 for s in record.steps)
+    assert all(isinstance(why, str) and len(why) > 40 for why in spec.plan.refuses.values())
+    if name in MOE_RECIPES:
+        assert record.moe["experts"] == MOE_RECIPES[name]
+        assert len(record.moe["layers"]) == 2  # a router per layer of the probe-scale twin
+        assert sum(record.moe["layers"][0]["step_0"]["tokens"]) == 2 * 16 * record.moe["top_k"]
+    else:
+        assert record.moe is None
+
+
+def test_gpt_oss_refuses_sdpa_and_flash_attention_for_training_with_the_sinks_reason():
+    plan = plan_model(recipe_by_name("gpt-oss-20b"), collect_summary())
+    assert set(plan.refuses) == {"sdpa", "flash_attention_2"}
+    assert all("sinks" in why and "flash-attention#1895" in why for why in plan.refuses.values())
+    assert recipe_by_name("gpt-oss-20b").axes == {"attn": ["eager"]}
+
+
+def test_probe_scale_keeps_the_top_k_and_four_times_as_many_experts():
+    from nandoctor.models import expert_count, expert_top_k, model_config, probe_scale
+
+    for name, experts in MOE_RECIPES.items():
+        full = model_config(recipe_by_name(name))
+        small = probe_scale(full)
+        assert expert_top_k(small) == expert_top_k(full) and expert_count(small) == experts
+
+
+@pytest.mark.slow
+def test_a_collapsed_router_is_diagnosed_with_its_layer_and_idle_experts(tmp_path):
+    """A real router that sends every token to experts 0 and 1 (a local checkpoint) trains 4 finite
+    steps with a falling loss, and is judged expert-collapse naming the layer and the 6 idle experts."""
+    recipe = resolve_model(str(save_collapsed_qwen3_moe(tmp_path / "collapsed")))
+    _, record = probe_in_process(recipe)
+    record.recipe = {"adapter": {"type": "none"}}
+    verdict = classify(record)
+    assert verdict.name == EXPERT_COLLAPSE, verdict
+    assert "layer 0 (model.layers.0.mlp.gate): 6 of 8 experts got no token at step 3" in verdict.reason
+    assert "layer 1" in verdict.reason and "expert 0 took 100%" in verdict.reason
+    # the same model with its routers left as initialised spreads the tokens: nothing to diagnose
+    spread = resolve_model(str(_reinitialised_routers(tmp_path)))
+    _, healthy = probe_in_process(spread)
+    assert classify(healthy).name != EXPERT_COLLAPSE
+    assert max(layer["step_0"]["no_token"] for layer in healthy.moe["layers"]) < 4
+
+
+def _reinitialised_routers(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(save_collapsed_qwen3_moe(tmp_path / "base"))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 0.02)
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 0.02)
+    model.save_pretrained(tmp_path / "spread")
+    return tmp_path / "spread"
+
+
+def test_route_flips_counts_the_choices_that_differ_per_token_and_slot():
+    assert route_flips([[[0, 1], [2, 3]]], [[[0, 1], [2, 4]]]) == 0.25
+    assert route_flips([[[0, 1]]], None) is None
