@@ -114,3 +114,46 @@ def _reinitialised_routers(tmp_path):
 def test_route_flips_counts_the_choices_that_differ_per_token_and_slot():
     assert route_flips([[[0, 1], [2, 3]]], [[[0, 1], [2, 4]]]) == 0.25
     assert route_flips([[[0, 1]]], None) is None
+
+
+QUICK_FLAGS = [f"--set={k}={v}" for k, v in QUICK.items()] + ["--set=retime_rounds=0"]
+
+
+def _findings(run_dir):
+    from conftest import summary
+
+    return {f["id"]: f for f in summary(run_dir)["doctor"]["findings"]}
+
+
+def _records(run_dir):
+    import json
+
+    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(cli, tmp_path):
+    """The issue's grid, on a smaller vocabulary and head_dim: the report shows the expert load per router
+    layer, and says that the load-balancing loss is off, with its fix; switched on, the finding is gone
+    and the aux loss is recorded at every step."""
+    grid = ["grid", "--model", "qwen3-30b-a3b", "--steps", "8", "--axis", "attn=sdpa", "--axis", "compile=off"]
+    off = cli(*grid, "--axis", "dtype=fp32,bf16-amp", *QUICK_FLAGS, "--out", tmp_path / "off")
+    assert off.returncode == 0, off.stderr[-2000:]
+    finding = _findings(tmp_path / "off")["moe-load-balancing-off"]
+    assert "output_router_logits=True" in finding["fix"] and finding["evidence"]
+    report = (tmp_path / "off" / "report.md").read_text()
+    assert "## Mixture of experts" in report and "### Expert load: bf16-amp/sdpa/off" in report
+    assert "| 8 of 32   | off " in report  # top-8 of 32 experts, no load-balancing loss
+    assert "<svg" in (tmp_path / "off" / "report.html").read_text().split("Mixture of experts", 1)[1]
+    assert "router_aux_loss_coef=0.001) adds it" in report  # the recommendation's code says how
+    for record in _records(tmp_path / "off"):
+        assert len(record["moe"]["layers"]) == 2 and not record["moe"]["aux_loss_in_loss"]
+        assert all(s["aux_loss"] is None for s in record["steps"])
+
+    on = cli(*grid, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
+    assert on.returncode == 0, on.stderr[-2000:]
+    assert "moe-load-balancing-off" not in _findings(tmp_path / "on")
+    for record in _records(tmp_path / "on"):
+        assert record["moe"]["aux_loss_in_loss"] and record["moe"]["aux_loss_coef"] == 0.001
+        assert all(s["aux_loss"] > 0 for s in record["steps"]) and len(record["steps"]) == 8
+    assert "output_router_logits=True, router_aux_loss_coef=0.001" in (tmp_path / "on" / "report.md").read_text()
