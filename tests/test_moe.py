@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from checkpoints import save_collapsed_qwen3_moe
+from checkpoints import save_collapsed_qwen3_moe, save_tied_router_qwen3_moe
 from nandoctor.analysis.verdicts import EXPERT_COLLAPSE, classify, route_flips
 from nandoctor.cells import Cell
 from nandoctor.config import set_field
@@ -157,3 +157,63 @@ def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(cli,
         assert record["moe"]["aux_loss_in_loss"] and record["moe"]["aux_loss_coef"] == 0.001
         assert all(s["aux_loss"] > 0 for s in record["steps"]) and len(record["steps"]) == 8
     assert "output_router_logits=True, router_aux_loss_coef=0.001" in (tmp_path / "on" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_a_bf16_router_flips_near_tied_choices_and_moe_router_dtype_fp32_keeps_them(tmp_path):
+    """Near-tied router logits (ViperEkura/AstrAI#57): under bf16 autocast most of step 0's token ->
+    expert choices differ from the fp32 reference's; with moe.router_dtype=fp32 the router's logits are
+    fp32 again and the choices are the reference's, up to the rounding of the layers before it."""
+    from nandoctor.thresholds import THRESHOLDS
+
+    recipe = resolve_model(str(save_tied_router_qwen3_moe(tmp_path / "tied")))
+    _, reference = probe_in_process(recipe, steps=2)
+    _, bf16 = probe_in_process(recipe, Cell("bf16-amp", "eager", "off"), steps=2)
+    _, pinned = probe_in_process(set_field(recipe, "moe.router_dtype", "fp32"), Cell("bf16-amp", "eager", "off"), 2)
+    choices = reference.moe["step0_choices"]
+    assert bf16.moe["router_dtype"] == "bfloat16" and pinned.moe["router_dtype"] == "float32"
+    assert route_flips(bf16.moe["step0_choices"], choices) > 0.5
+    assert route_flips(pinned.moe["step0_choices"], choices) < THRESHOLDS.route_flip_share
+
+
+def test_a_drift_with_flipped_routing_names_the_routing_as_its_cause():
+    from nandoctor.analysis.verdicts import DRIFT, STABLE, Verdict, routing_cause
+
+    drift = Verdict(DRIFT, "loss 6.9 vs fp32 reference 6.5 over the last 2 steps", 6)
+    assert "caused by the routing: 66.4% of step 0's token -> expert choices" in routing_cause(drift, 0.664).reason
+    assert routing_cause(drift, 0.01) == drift  # within the threshold: the routing is not the cause
+    assert routing_cause(Verdict(STABLE, "fine"), 0.9).name == STABLE
+
+
+def test_bisect_takes_moe_aux_loss_and_router_dtype_as_factors_and_names_the_one_that_fails():
+    """--good / --bad parse both fields, typed and validated like the recipe's; the engine, against an
+    oracle that fails where the router's logits are bf16 (what the test above measures), names
+    moe.router_dtype and keeps the rest of the target."""
+    from nandoctor.bisect.engine import Bisection, Run
+    from nandoctor.bisect.factors import parse_configurations
+    from nandoctor.errors import NandoctorError
+
+    cpu = {"device": "cpu", "gpus": []}
+    good, bad = parse_configurations(
+        recipe_by_name("qwen3-30b-a3b"),
+        cpu,
+        "dtype=bf16-amp,moe.router_dtype=fp32,moe.aux_loss=on",
+        "moe.router_dtype=compute,moe.aux_loss=family,attn=sdpa",
+        [],
+    )
+    assert (good["moe.router_dtype"], bad["moe.router_dtype"]) == ("fp32", "compute")
+    assert (good["moe.aux_loss"], bad["moe.aux_loss"]) == ("on", "family")
+    with pytest.raises(NandoctorError, match="moe.router_dtype='bf16' is not valid"):
+        parse_configurations(recipe_by_name("qwen3-30b-a3b"), cpu, None, "moe.router_dtype=bf16", [])
+
+    probes = []
+
+    def oracle(trials):
+        collapsed = [t.config["moe.router_dtype"] == "compute" for t in trials]
+        probes.extend(collapsed)
+        return [Run(f"p{len(probes)}-{i}", "expert-collapse" if c else "stable", c) for i, c in enumerate(collapsed)]
+
+    result = Bisection(good, bad, oracle).run()
+    assert result.status == "bisected", result.message
+    assert [c.factors for c in result.culprits] == [["moe.router_dtype"]]
+    assert result.recommended == {**bad, "moe.router_dtype": "fp32"}
