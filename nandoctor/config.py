@@ -36,6 +36,11 @@ SCALES = ("auto", "probe", "full")
 # steps, or over the supervised tokens of the whole step (transformers' num_items_in_batch)
 LOSS_NORMALIZATIONS = ("micro_batch", "tokens")
 GRADIENT_CHECKPOINTING = ("off", "reentrant", "non_reentrant")  # torch.utils.checkpoint's use_reentrant
+# Mixture-of-experts models (docs/moe.md). aux_loss: the load-balancing loss as the family's config
+# says (transformers: output_router_logits, False by default), or switched on / off; router_dtype: the
+# router's logits in the cell's compute dtype (as transformers runs it under autocast) or in fp32.
+MOE_AUX_LOSS = ("family", "on", "off")
+MOE_ROUTER_DTYPES = ("compute", "fp32")
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,14 @@ class QuantConfig:
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """What a mixture-of-experts model trains with; a dense model reads neither field."""
+
+    aux_loss: str = "family"  # MOE_AUX_LOSS; on: output_router_logits=True, weighted by router_aux_loss_coef
+    router_dtype: str = "compute"  # MOE_ROUTER_DTYPES
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str = "tiny-llama"
     description: str = ""
@@ -138,6 +151,7 @@ class Recipe:
     pad_token: PadTokenConfig = field(default_factory=PadTokenConfig)
     fp8: Fp8Config = field(default_factory=Fp8Config)
     quant: QuantConfig = field(default_factory=QuantConfig)
+    moe: MoeConfig = field(default_factory=MoeConfig)
     grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
     batch_size: int = 4
     seq_len: int = 64
@@ -181,6 +195,8 @@ class Recipe:
             ("loss_normalization", self.loss_normalization, LOSS_NORMALIZATIONS),
             ("gradient_checkpointing", self.gradient_checkpointing, GRADIENT_CHECKPOINTING),
             ("quant.storage", self.quant.storage, QUANT_STORAGES),
+            ("moe.aux_loss", self.moe.aux_loss, MOE_AUX_LOSS),
+            ("moe.router_dtype", self.moe.router_dtype, MOE_ROUTER_DTYPES),
         ]
         for key, value, valid in checks:
             if value not in valid:
@@ -266,13 +282,31 @@ def _hints(cls) -> dict:
 def set_field(recipe: Recipe, key: str, value) -> Recipe:
     """A copy of recipe with the dotted field set. value: typed data, or the text of a `--set KEY=VALUE`
     (read as YAML); either is typed by the field's annotation (typed.typed_value). An unknown key or a
-    value of the wrong type is one NandoctorError naming the field."""
+    value of the wrong type is one NandoctorError naming the field. `model.arch.KEY` sets one key the
+    recipe's arch already has (a smaller vocab_size for a quick probe), typed like the value it replaces."""
+    if key.startswith("model.arch."):
+        return _set_arch(recipe, key, value)
     current = get_field(recipe, key)
     if dataclasses.is_dataclass(current):
         raise NandoctorError(
             f"{key!r} is a section; set one of its fields, e.g. {key}.{dataclasses.fields(current)[0].name}"
         )
     return _set_at(recipe, key.split("."), key, value)
+
+
+def _set_arch(recipe: Recipe, key: str, value) -> Recipe:
+    name, arch = key.removeprefix("model.arch."), dict(recipe.model.arch)
+    if name not in arch:
+        raise NandoctorError(
+            f"recipe {recipe.name!r} has no {key!r};{did_you_mean(name, list(arch))} "
+            f"its arch keys: {', '.join(arch) or 'none (a local checkpoint: its config.json decides)'}"
+        )
+    old = arch[name]
+    if isinstance(old, (bool, int, float, str)):
+        arch[name] = typed_value(key, value, type(old), text=isinstance(value, str))
+    else:  # a mapping or a list (rope_parameters): the YAML value as written
+        arch[name] = typed_value(key, value, dict, text=isinstance(value, str)) if isinstance(old, dict) else value
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, arch=arch))
 
 
 def _set_at(obj, parts: list[str], key: str, value):

@@ -15,7 +15,7 @@ from .env import collect_doctor
 from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
-from .knowledge.facts import env_facts, read_trainer_args, setup_facts, trainer_cell
+from .knowledge.facts import env_facts, read_trainer_args, router_setup_facts, setup_facts, trainer_cell
 from .models import config_facts, model_config
 from .plan import plan_grid
 from .userdata.tokenizer import has_tokenizer, load_tokenizer
@@ -41,6 +41,8 @@ def planned_findings(
             **setup_facts(recipe, cell, None, trainer_args, tokenizer, eager_baseline=eager),
             "attn_softcapping": known["attn_softcapping"],
             "tied_embeddings": known.get("tied_embeddings"),
+            "model_type": known.get("model_type"),
+            **router_setup_facts(known.get("router")),
         }
         for rule in evaluate(facts):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
@@ -117,6 +119,7 @@ def run_doctor(
     if accelerate is not None and cells[0].parallel != "none":
         recipe = dataclasses.replace(recipe, world_size=accelerate["num_processes"])
     reasons = {c.id: cell_support(c, env) for c in cells}
+    known = config_facts(recipe)
     setup = {
         "recipe": recipe.name,
         "cells": [c.id for c in cells],
@@ -125,12 +128,16 @@ def run_doctor(
         "accelerate_config": str(Path(accelerate_config_path)) if accelerate_config_path else None,
         "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
         "tokenizer": str(tokenizer_path) if tokenizer_path else None,
+        "router": known.get("router"),  # a mixture of experts' routing as configured (models.router_facts)
     }
     if recipe.data.source != "file":
-        return {"environment": env.to_dict(), **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)}
+        return {
+            "environment": env.to_dict(),
+            **doctor_section(env, recipe, cells, trainer_args, tokenizer, setup, known),
+        }
     data = data_lint(recipe, attn, tokenizer)
     setup["data"] = recipe.data.path
-    section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup)
+    section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup, known)
     return {
         "environment": env.to_dict(),
         **section,

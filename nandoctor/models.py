@@ -24,6 +24,16 @@ from .record import ModelPlan
 
 PROBE_LAYERS = 2  # a probe-scale twin keeps two layers: enough for a residual stream across blocks
 PROBE_MIN_HEADS = 4
+# A probe-scale mixture of experts keeps each token's top-k and at least PROBE_EXPERTS_PER_K times as
+# many experts (at least PROBE_MIN_EXPERTS): routing stays a choice among many, at a size a CPU trains.
+PROBE_EXPERTS_PER_K = 4
+PROBE_MIN_EXPERTS = 8
+# What each family calls its number of routed experts and its top-k (Qwen2/3-MoE, OLMoE, Qwen3-Next:
+# num_experts; Mixtral, gpt-oss, Llama-4: num_local_experts; DeepSeek-V3, GLM-4-MoE: n_routed_experts),
+# and the widths that scale with hidden at probe scale (each expert's, the shared expert's).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+EXPERT_TOP_K_KEYS = ("num_experts_per_tok", "moe_topk")
+EXPERT_WIDTH_KEYS = ("moe_intermediate_size", "shared_expert_intermediate_size", "intermediate_size_mlp")
 TRAIN_BYTES_PER_PARAM = 16  # fp32 weight + grad + AdamW's two moments
 FIT_FRACTION = 0.6  # leave room for activations and the allocator
 # --scale auto trains the full model only when a probe is expected to finish in this time: a default
@@ -115,9 +125,34 @@ def probe_scale(config):
         small.head_dim = s["head_dim"]
     if getattr(config, "intermediate_size", None):
         small.intermediate_size = max(8, round(s["intermediate"] * hidden / s["hidden"] / 8) * 8)
+    for key in EXPERT_WIDTH_KEYS:
+        if getattr(config, key, None):
+            setattr(small, key, max(8, round(getattr(config, key) * hidden / s["hidden"] / 8) * 8))
+    if getattr(config, "linear_num_key_heads", None):  # linear-attention layers (Qwen3-Next): heads as attention's
+        scale = heads / s["heads"]
+        small.linear_num_key_heads = max(1, round(config.linear_num_key_heads * scale))
+        small.linear_num_value_heads = small.linear_num_key_heads * max(
+            1, config.linear_num_value_heads // config.linear_num_key_heads
+        )
+    experts = expert_count(config)
+    if experts:
+        key = next(k for k in EXPERT_COUNT_KEYS if getattr(config, k, None))
+        k = expert_top_k(config) or 1
+        setattr(small, key, min(experts, max(PROBE_MIN_EXPERTS, PROBE_EXPERTS_PER_K * k)))
     if getattr(config, "layer_types", None):
         small.layer_types = list(config.layer_types[: small.num_hidden_layers])
     return small
+
+
+def expert_count(config) -> int | None:
+    """The routed experts of a mixture-of-experts config, whatever its family calls them; None for a
+    dense model."""
+    return next((int(getattr(config, k)) for k in EXPERT_COUNT_KEYS if getattr(config, k, None)), None)
+
+
+def expert_top_k(config) -> int | None:
+    """How many experts each token is routed to; None for a dense model."""
+    return next((int(getattr(config, k)) for k in EXPERT_TOP_K_KEYS if getattr(config, k, None)), None)
 
 
 def count_params(config, recipe: Recipe) -> tuple[int, int]:
@@ -144,9 +179,23 @@ def count_params(config, recipe: Recipe) -> tuple[int, int]:
 ATTENTION_FLAGS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}
 
 
+# Implementations a family cannot TRAIN with though its class allows them (keyed by model_type, so that
+# a local checkpoint of the family is refused them too): gpt-oss's attention sinks have no fused
+# backward in flash-attn (Dao-AILab/flash-attention#1895), so its training runs eager attention.
+TRAINING_REFUSALS = {
+    "gpt_oss": {
+        "flash_attention_2": "gpt-oss attention sinks have no fused backward in flash-attn: training runs "
+        "attn_implementation='eager' (Dao-AILab/flash-attention#1895)",
+        "sdpa": "gpt-oss attention sinks are not an SDPA input: transformers sets GptOssForCausalLM._supports_sdpa "
+        "= False and training runs attn_implementation='eager' (Dao-AILab/flash-attention#1895)",
+    },
+}
+
+
 def refused_attention(config, recipe: Recipe) -> dict[str, str]:
     """{attn_implementation: why} for each implementation the architecture's class refuses, read from
-    the class flags without building the model. Empty for a model with its own (remote) code."""
+    the class flags without building the model, and the family's training refusals (TRAINING_REFUSALS).
+    Empty for a model with its own (remote) code."""
     import transformers
     from transformers import AutoModelForCausalLM
 
@@ -155,7 +204,7 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
     cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if cls is None:
         return {}
-    return {
+    flagged = {
         impl: f"{cls.__name__} does not support attn_implementation={impl!r}: transformers {transformers.__version__} "
         f"sets {cls.__name__}.{flag} = False"
         + (
@@ -166,6 +215,7 @@ def refused_attention(config, recipe: Recipe) -> dict[str, str]:
         for impl, flag in ATTENTION_FLAGS.items()
         if getattr(cls, flag, True) is False
     }
+    return flagged | TRAINING_REFUSALS.get(config.model_type, {})  # the family's reason says more
 
 
 def config_facts(recipe: Recipe) -> dict:
@@ -178,7 +228,49 @@ def config_facts(recipe: Recipe) -> dict:
         "all_masked_batches": all_masked_batches(recipe, config),
         "attn_softcapping": getattr(config, "attn_logit_softcapping", None),
         "tied_embeddings": getattr(config, "tie_word_embeddings", None),
+        "router": router_facts(config, recipe),
+        "model_type": config.model_type,
     }
+
+
+def router_facts(config, recipe: Recipe) -> dict | None:
+    """A mixture of experts' routing as configured and as the recipe trains it (None for a dense
+    model): its family (model_type), experts and top-k, whether the load-balancing loss reaches the
+    trained loss (moe.aux_loss over the config's output_router_logits) and its weight
+    (router_aux_loss_coef), whether the router's weights train (a full fine-tune, or an adapter on a
+    module named gate or router), the router's dtype setting, and a quantization the weights load in."""
+    experts = expert_count(config)
+    if not experts:
+        return None
+    family = bool(getattr(config, "output_router_logits", False))
+    aux = {"family": family, "on": True, "off": False}[recipe.moe.aux_loss]
+    adapter = recipe.adapter
+    return {
+        "model_type": config.model_type,
+        "experts": experts,
+        "top_k": expert_top_k(config),
+        "aux_loss": "on" if aux else "off",
+        "aux_loss_family": "on" if family else "off",
+        "aux_loss_coef": getattr(config, "router_aux_loss_coef", None),
+        "router_trained": adapter.type == "none"
+        or any(m in ("gate", "router") or m.endswith((".gate", ".router")) for m in adapter.target_modules),
+        "router_dtype": recipe.moe.router_dtype,
+        "quant_method": _quant_method(config),
+    }
+
+
+def _quant_method(config) -> str | None:
+    """The quantization a checkpoint's weights are stored in (mxfp4 for gpt-oss), else None."""
+    q = getattr(config, "quantization_config", None)
+    q = q.to_dict() if hasattr(q, "to_dict") else q
+    return (q or {}).get("quant_method")
+
+
+def apply_moe(model, recipe: Recipe) -> None:
+    """moe.aux_loss on the built model: output_router_logits, which the model's forward reads to add
+    router_aux_loss_coef times the load-balancing loss to the loss it returns. A dense model is left alone."""
+    if expert_count(model.config) and recipe.moe.aux_loss != "family":
+        model.config.output_router_logits = recipe.moe.aux_loss == "on"
 
 
 def training_bytes(params: int, trainable: int) -> int:

@@ -409,21 +409,58 @@ def prepare_code(cell: Cell, recipe: Recipe) -> list[str]:
     return ["model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)  # peft"]
 
 
+def router_loading(moe: dict | None) -> dict:
+    """A mixture of experts probed with its load-balancing loss: the from_pretrained keywords that put
+    it in the loss (output_router_logits) at the weight it trained with; {} otherwise."""
+    if not moe or not moe.get("aux_loss_on"):
+        return {}
+    return {"output_router_logits": True, "router_aux_loss_coef": moe.get("aux_loss_coef")}
+
+
+def router_code(moe: dict | None, recipe: Recipe) -> list[str]:
+    """A mixture of experts probed without its load-balancing loss: a comment with the keywords that add
+    it (knowledge rule moe-load-balancing-off); a router pinned to fp32: how to do the same."""
+    if not moe:
+        return []
+    lines = []
+    if not moe.get("aux_loss_on"):
+        coef = moe.get("aux_loss_coef")
+        lines.append(
+            "# probed WITHOUT the load-balancing loss; from_pretrained(..., output_router_logits=True"
+            + (f", router_aux_loss_coef={coef!r}" if coef is not None else "")
+            + ") adds it (nandoctor: --set moe.aux_loss=on)"
+        )
+    if recipe.moe.router_dtype == "fp32":
+        lines.append(
+            "# moe.router_dtype=fp32: keep each router's gate weights in fp32 and call it under "
+            "torch.autocast(device_type, enabled=False) with its input cast to fp32"
+        )
+    return lines
+
+
 def recommendation(
-    config: dict, recipe: Recipe, base: Recipe, model_flags: list[str], lint: dict | None = None
+    config: dict,
+    recipe: Recipe,
+    base: Recipe,
+    model_flags: list[str],
+    lint: dict | None = None,
+    moe: dict | None = None,
 ) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`; lint:
-    the run's data lint, run.json's "data")."""
+    the run's data lint, run.json's "data"; `moe`: the probe record's routing figures, for a mixture of
+    experts)."""
     cell = Cell.of(config)
     quantized = {"quantization_config": Code("bnb_config")} if cell.quant != "none" else {}
+    loading = {**model_loading(cell, recipe), **router_loading(moe)}
     lines = [
         call_text("TrainingArguments", training_arguments(cell, recipe)),
         *quant_code(cell, recipe),
         call_text(
             "AutoModelForCausalLM.from_pretrained",
-            {"pretrained_model_name_or_path": checkpoint_name(recipe), **model_loading(cell, recipe), **quantized},
+            {"pretrained_model_name_or_path": checkpoint_name(recipe), **loading, **quantized},
         ),
         *prepare_code(cell, recipe),
+        *router_code(moe, recipe),
     ]
     a = recipe.adapter
     if a.type != "none":
@@ -452,7 +489,7 @@ def recommendation(
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()},
         "command": check_command(config, base, model_flags),
         "training_arguments": training_arguments(cell, recipe),
-        "model_loading": model_loading(cell, recipe),
+        "model_loading": loading,
         "lightning": lightning_arguments(cell, recipe),
         "accelerate": accelerate_config(cell, recipe),
         "data": data_settings(recipe),

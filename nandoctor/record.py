@@ -149,6 +149,9 @@ class Step:
     # fewest_supervised; a step of several micro-batches joins theirs with "+"): a loss spike is judged
     # against earlier steps of the same kind. None where unknown
     batch: str | None = None
+    # a mixture of experts: the load-balancing loss the model added to this step's loss, before its
+    # router_aux_loss_coef (summed over the step's micro-batches); None where the loss held none
+    aux_loss: float | None = None
 
     def __post_init__(self):
         # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
@@ -334,6 +337,10 @@ class ProbeRecord:
     # check --roundtrip (child/roundtrip.py): the loss and logits of one fixed batch on the live model, the
     # merged one and the one saved and loaded back, and the tensors that differ between them
     roundtrip: dict | None = None
+    # A mixture of experts' routing as the timed steps measured it (child/moe.py RouterWatch.figures):
+    # experts, top_k, router_dtype, aux_loss_on / _coef / _in_loss, per layer the tokens per expert at
+    # step 0 and the last step, and step 0's token -> expert choices. None for a dense model
+    moe: dict | None = None
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -88,6 +88,20 @@ class Thresholds:
       token-normalised cosine of the same step when it is below 1 (accumulation_cosine_tokens: the
       model's own rounding), since a bf16-pure probe measures its gradients in bf16: by tokens 0.996
       on the rows above, per micro-batch 0.719.
+    - expert_dead_fraction / expert_min_load: a mixture of experts' router has collapsed in a layer when
+      half of its experts or more get no token of a step, judged only where an even router would give
+      each expert 8 assignments or more (tokens x top-k / experts; the chance an expert of an even
+      router gets none is then e^-8, 3e-4). A router sending every token to the same top-k experts
+      leaves 1 - k/E of them idle: 75% on the probe-scale twins (32 experts top-8, 8 top-2, 16
+      top-4); random-init routers left 4 and 5 of 32 (12-16%) idle on 64 tokens of qwen3-30b-a3b's
+      twin. Dead experts and collapse are reported by pytorch/torchtitan#1246 and NVIDIA-NeMo/Automodel#1232.
+    - expert_token_share: one expert taking 95% of a layer's tokens, where an even router gives it
+      k/E <= expert_share_even_max (an eighth) of them, is a router that no longer chooses. Not judged
+      at larger k/E: a random-init router of top-8 of 32 gave one expert 81% of 64 tokens here.
+    - route_flip_share: a drift whose step-0 token -> expert choices differ from the fp32 reference's
+      in more than 5% of (token, slot) pairs is named as caused by the routing: the same weights and
+      batch choose other experts in this precision (a bf16 softmax before top-k flips near-ties,
+      ViperEkura/AstrAI#57); bf16-amp flipped 0-3% on qwen3-30b-a3b's probe-scale twin here.
     """
 
     min_scale: float = 1.0
@@ -123,6 +137,11 @@ class Thresholds:
     roundtrip_logits_rel: float = 0.02
     roundtrip_update_lost: float = 0.1
     roundtrip_tensor_rel: float = 1e-3
+    expert_dead_fraction: float = 0.5
+    expert_min_load: float = 8.0
+    expert_token_share: float = 0.95
+    expert_share_even_max: float = 0.125
+    route_flip_share: float = 0.05
 
     def packing_leaks(self, max_diff, clean_diff) -> bool:
         """Whether a packed forward's largest logit difference to its segments run alone is a leak

@@ -214,3 +214,73 @@ def save_crashing_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
     fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa trains."""
     return save_custom_llama(path, "crashing_llama", "Crashing", CRASHING_CODE)
+
+
+def save_collapsed_qwen3_moe(path: Path, output_router_logits: bool = False) -> Path:
+    """A tiny Qwen3-MoE (8 experts, top-2) whose routers send every token to experts 0 and 1: every
+    token embedding carries a large constant in dimension 0, which survives each RMSNorm, and each
+    router's weight reads that dimension with +5 for experts 0 and 1 and -5 for the others (logit gaps of
+    ~80). Saved as transformers 5.24 makes it (output_router_logits=False unless asked)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=1024,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        output_router_logits=output_router_logits,
+    )
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 20.0
+        for layer in model.model.layers:
+            gate = layer.mlp.gate.weight
+            gate[:, 0] = -5.0
+            gate[:2, 0] = 5.0
+    model.save_pretrained(path)
+    return path
+
+
+def save_tied_router_qwen3_moe(path: Path) -> Path:
+    """A tiny Qwen3-MoE (8 experts, top-2) whose routers see near-ties: every token embedding carries 20
+    in dimension 0 (about 8 after each RMSNorm), which every router row reads with weight 1.0, so every
+    logit is ~8, plus differences of ~1e-3 between experts (the rest of the router's weights, N(0, 1e-3)).
+    fp32 ranks the experts by those differences; bf16 (a spacing of 1/16 at 8) rounds them into one
+    tie, and top-k picks by position."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=1024,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+    )
+    model = Qwen3MoeForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 20.0
+        for layer in model.model.layers:
+            gate = layer.mlp.gate.weight
+            gate.normal_(0, 1e-3)
+            gate[:, 0] = 1.0
+    model.save_pretrained(path)
+    return path

@@ -81,6 +81,68 @@ def masked_file_recipe(tmp_path):
     return recipe(data__source="file", data__path=str(path), pad_token__policy="id0")
 
 
+def routed(name_or_config, cell="fp32/sdpa/off", **fields):
+    """The setup facts of a mixture of experts: a recipe (with `fields` set) or a transformers config
+    trained by the default recipe, through models.router_facts as the doctor gathers them."""
+    from nandoctor.knowledge.facts import router_setup_facts
+    from nandoctor.models import router_facts
+
+    r = recipe(**fields)
+    if isinstance(name_or_config, str):
+        r = recipe_by_name(name_or_config)
+        for key, value in fields.items():
+            r = set_field(r, key.replace("__", "."), value)
+        config = model_config(r)
+    else:
+        config = name_or_config
+    return facts(r, cell, model_type=config.model_type, **router_setup_facts(router_facts(config, r)))
+
+
+def moe_config(model_type, **kwargs):
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **kwargs)
+
+
+def routing_record(no_token: int, rows: int = 256):
+    """A record of an 8-expert top-2 router whose layer 0 left `no_token` experts without a token."""
+    tokens = [2 * rows // (8 - no_token)] * (8 - no_token) + [0] * no_token
+    at = {"step": 3, "tokens": tokens, "no_token": no_token, "rows": rows, "largest_share": max(tokens) / rows}
+    moe = {"experts": 8, "top_k": 2, "layers": [{"layer": 0, "module": "model.layers.0.mlp.gate", "step_last": at}]}
+    return ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 7.0, 1.0)], moe=moe)
+
+
+MOE_CASES = {
+    "moe-load-balancing-off": (
+        lambda t, p: routed("qwen3-30b-a3b"),
+        lambda t, p: routed("qwen3-30b-a3b", moe__aux_loss="on"),
+    ),
+    "moe-aux-loss-on-aux-free-family": (
+        lambda t, p: routed(moe_config("deepseek_v3", router_aux_loss_coef=0.001)),
+        lambda t, p: routed(moe_config("deepseek_v3")),
+    ),
+    "moe-aux-loss-llama4": (
+        lambda t, p: routed(moe_config("llama4_text"), moe__aux_loss="on"),
+        lambda t, p: routed(moe_config("llama4_text")),
+    ),
+    "moe-mxfp4-weights": (
+        lambda t, p: routed(moe_config("gpt_oss", quantization_config={"quant_method": "mxfp4"})),
+        lambda t, p: routed(moe_config("gpt_oss")),
+    ),
+    "moe-expert-collapse": (
+        lambda t, p: judged_facts(routing_record(no_token=6)),
+        lambda t, p: judged_facts(routing_record(no_token=1)),
+    ),
+    "moe-fp32-router-for-low-precision": (
+        lambda t, p: routed("mixtral-8x7b", cell="bf16-amp/sdpa/off"),
+        lambda t, p: routed("mixtral-8x7b", cell="bf16-amp/sdpa/off", moe__router_dtype="fp32"),
+    ),
+    "gemma3-token-type-ids": (
+        lambda t, p: facts(model_type=moe_config("gemma3").model_type),
+        lambda t, p: facts(model_type=model_config(recipe_by_name("gemma-3-4b")).model_type),
+    ),
+}
+
 CASES = {  # rule id: (a setup with the problem, a setup without it); each a function of (tokenizers, tmp_path)
     "no-native-bf16": (
         lambda t, p: facts(cell="bf16-amp/sdpa/off", env=gpu("7.5")),
@@ -219,6 +281,7 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(recipe(adapter__type="lora", adapter__modules_to_save="lm_head"), tied_embeddings=False),
     ),
     **PARALLEL_CASES,
+    **MOE_CASES,
 }
 
 

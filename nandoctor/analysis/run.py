@@ -37,6 +37,9 @@ class ProbeOutcome:
     speed_class: int | None = None  # ranked probes: equal numbers in one fidelity bucket are equally fast within noise
     devices: int = 1  # the devices (ranks) the probe trained on: its tokens/s is its figure over these
     reference: str | None = None  # the probe whose curve this one's drift and fidelity were judged against
+    # a mixture of experts: the share of step 0's token -> expert choices that differ from its fp32
+    # reference's (verdicts.route_flips); None for a dense model, a reference, or none to compare with
+    route_flips: float | None = None
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -198,8 +201,8 @@ PROBE_COLUMNS = {
     "gpu": "the GPUs the scheduler gave the probe there; None without",
     "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
     "seed": "the probe's seed",
-    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, grad-mismatch, crash, oom, "
-    "timeout, killed or unsupported",
+    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, expert-collapse, "
+    "grad-mismatch, crash, oom, timeout, killed or unsupported",
     "step": "the failing step (the first step the verdict is about); NA when none",
     "reason": "the verdict's one-line reason",
     "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%)",
@@ -333,6 +336,7 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
                 retimed=r.probe_id in retimed,
                 devices=world[r.probe_id],
                 reference=None if references.is_own(r) else references.reference(r).probe_id,
+                route_flips=references.flips(r),
             )
         )
     table = probe_table(outcomes)

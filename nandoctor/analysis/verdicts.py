@@ -9,7 +9,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from ..cells import reference_of
+from ..cells import REFERENCE_CELL, reference_of
 from ..config import recipe_from_dict, recipe_to_dict
 from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
@@ -29,6 +29,9 @@ CRASH, OOM, TIMEOUT, KILLED, UNSUPPORTED = "crash", "oom", "timeout", "killed", 
 # fell past max_length): its mean loss is 0/0. A data finding, judged before any numeric verdict: every
 # configuration meets it, so it says nothing about the one probed
 NO_TARGET = "no-target"
+# a mixture of experts' router sends the tokens of a layer to a few experts: half or more of them get
+# none, or one takes nearly every token (record.moe), whatever the loss does
+EXPERT_COLLAPSE = "expert-collapse"
 GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
@@ -227,6 +230,67 @@ def setup_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | 
     return Verdict(MISCONFIGURED, "; ".join(failed), 0) if failed else None
 
 
+def collapsed_layers(moe: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
+    """One clause per router layer whose step (the last one measured, else step 0) left
+    t.expert_dead_fraction of its experts without a token, or gave one expert t.expert_token_share of
+    its tokens, naming the layer and the counts; [] for a dense model or a router that still spreads."""
+    if not moe:
+        return []
+    experts, k = moe.get("experts") or 0, moe.get("top_k") or 1
+    out = []
+    for layer in moe.get("layers") or []:
+        for key in ("step_last", "step_0"):
+            at = layer.get(key) or {}
+            rows, tokens = at.get("rows") or 0, at.get("tokens") or []
+            if not rows or not experts or rows * k / experts < t.expert_min_load:
+                continue
+            dead, top = at.get("no_token") or 0, max(tokens)
+            share = top / rows
+            if dead >= t.expert_dead_fraction * experts or (
+                k / experts <= t.expert_share_even_max and share >= t.expert_token_share
+            ):
+                out.append(
+                    f"layer {layer['layer']} ({layer.get('module', '?')}): {dead} of {experts} experts got no token "
+                    f"at step {at.get('step', '?')}, expert {tokens.index(top)} took {share:.0%} of its {rows} "
+                    f"tokens (top-{k}; an even router gives each {k / experts:.0%})"
+                )
+                break
+    return out
+
+
+def router_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """`expert-collapse` when a router layer collapsed (collapsed_layers), else None."""
+    layers = collapsed_layers(record.moe, t)
+    return Verdict(EXPERT_COLLAPSE, "router collapse: " + "; ".join(layers), 0) if layers else None
+
+
+def route_flips(choices: list | None, reference: list | None) -> float | None:
+    """The share of step 0's (token, slot) expert choices that differ from the reference's, over every
+    router layer and the tokens both kept (record.moe step0_choices); None when either is missing."""
+    if not choices or not reference:
+        return None
+    differ = total = 0
+    for mine, theirs in zip(choices, reference):
+        for a, b in zip(mine, theirs):
+            differ += len(a) - len(set(a) & set(b))
+            total += len(a)
+    return differ / total if total else None
+
+
+def routing_cause(verdict: Verdict, flips: float | None, t: Thresholds = THRESHOLDS) -> Verdict:
+    """A drift whose step-0 routing differs from the fp32 reference's by more than t.route_flip_share,
+    with the routing named as its cause; any other verdict as it is."""
+    if verdict.name != DRIFT or flips is None or flips <= t.route_flip_share:
+        return verdict
+    return Verdict(
+        DRIFT,
+        f"{verdict.reason}; caused by the routing: {flips:.1%} of step 0's token -> expert choices differ from "
+        f"the fp32 reference's (over {t.route_flip_share:.0%}), the same weights and batch choose other experts "
+        "in this precision (moe.router_dtype=fp32 keeps the router's logits in fp32)",
+        verdict.step,
+    )
+
+
 # How a group's tensors are named in a verdict: the adapter's by its type (lora -> LoRA)
 GROUP_WORDS = {"modules_to_save": "modules_to_save", "embeddings": "embedding", "rest": "other trainable"}
 ADAPTER_WORDS = {"lora": "LoRA", "dora": "DoRA"}
@@ -273,7 +337,11 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     """Facts for the knowledge rules from what the verdicts judge on the probe's own setup: whether its
     packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
     no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
-    return {**setup_judgement(record.setup_checks, t), "groups_without_gradient": len(starved_groups(record.steps))}
+    return {
+        **setup_judgement(record.setup_checks, t),
+        "groups_without_gradient": len(starved_groups(record.steps)),
+        "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
+    }
 
 
 def _tail(n: int, t: Thresholds) -> int:
@@ -441,10 +509,17 @@ def no_learning(
 
 
 def classify(
-    record: ProbeRecord, reference: list[Step] | None = None, t: Thresholds = THRESHOLDS, against: str = ""
+    record: ProbeRecord,
+    reference: list[Step] | None = None,
+    t: Thresholds = THRESHOLDS,
+    against: str = "",
+    routes: list | None = None,
 ) -> Verdict:
     """The probe's verdict: what stopped it, its ranks' agreement, its setup, then its curve against the
-    reference curve (`against` names the reference when it stands in for fp32/eager)."""
+    reference curve (`against` names the reference when it stands in for fp32/eager). A mixture of experts
+    whose curve is finite and not diverged is judged on its routing (router_verdict), and a drift is traced
+    to it when step 0's choices differ from the reference's (`routes`: its record.moe step0_choices;
+    routing_cause)."""
     first = harness_verdict(record) or parallel_verdict(record, t) or setup_verdict(record, t)
     if first:
         return first
@@ -453,9 +528,13 @@ def classify(
     )
     if v.name == NO_TARGET:
         return Verdict(v.name, v.reason + untargeted_rows(record, v.step), v.step)
-    if v.name not in (NONFINITE, ZERO_LOSS):
-        return never_stepped(record.steps) or v
-    return v
+    if v.name in (NONFINITE, ZERO_LOSS):
+        return v
+    stuck = never_stepped(record.steps)
+    if stuck or v.name == DIVERGED:
+        return stuck or v
+    flips = route_flips((record.moe or {}).get("step0_choices"), routes)
+    return router_verdict(record, t) or routing_cause(v, flips, t)
 
 
 def untargeted_rows(record: ProbeRecord, step: int | None) -> str:
@@ -543,6 +622,7 @@ class References:
         self.keys: dict[str, str] = {}  # reference key -> its hardware, for every probe learnt
         self.singles: dict[tuple, list[Step]] = {}  # (reference key, cell id) -> a one-process probe's steps
         self.chosen: dict[str, Reference] = {}
+        self.routes: dict[str, list] = {}  # probe id -> a mixture of experts probe's step-0 expert choices
 
     def learn(self, record: ProbeRecord) -> None:
         key = reference_key(record)
@@ -550,13 +630,15 @@ class References:
         self.chosen.pop(key, None)
         if record.cell.parallel == "none" and record.status == "ok" and record.steps:
             self.singles[(key, record.cell.id)] = record.steps
+        if (record.moe or {}).get("step0_choices"):
+            self.routes[record.probe_id] = record.moe["step0_choices"]
         if is_reference(record):
             if key not in self.primary or not _trains(self.primary[key]):
                 self.primary[key] = record
         elif (
-            record.cell.dtype == REFERENCE_CELL.dtype
-            and record.cell.parallel == REFERENCE_CELL.parallel
-            and record.cell.optimizer == REFERENCE_CELL.optimizer
+            record.cell.dtype == (base := reference_of(record.cell)).dtype
+            and record.cell.parallel == base.parallel
+            and record.cell.optimizer == base.optimizer
         ):
             self.candidates.setdefault(key, []).append(record)
 
@@ -612,9 +694,19 @@ class References:
             return None
         return self.singles.get((reference_key(record), record.cell.single.id))
 
+    def routes_of(self, record: ProbeRecord) -> list | None:
+        """The step-0 token -> expert choices of this probe's reference (a mixture of experts), else None."""
+        return None if self.is_own(record) else self.routes.get(self.reference(record).probe_id)
+
+    def flips(self, record: ProbeRecord) -> float | None:
+        """The share of this probe's step-0 expert choices that differ from its reference's (route_flips)."""
+        return route_flips((record.moe or {}).get("step0_choices"), self.routes_of(record))
+
     def judge(self, record: ProbeRecord) -> Verdict:
         ref = self.reference(record)
-        return classify(record, self.of(record), against=ref.probe_id if ref.stands_in else "")
+        return classify(
+            record, self.of(record), against=ref.probe_id if ref.stands_in else "", routes=self.routes_of(record)
+        )
 
     def fidelity(self, record: ProbeRecord, verdict: Verdict) -> float | None:
         if self.is_own(record) and verdict.name == STABLE:

@@ -18,7 +18,7 @@ from typing import Any
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
 from ..data import DataStream, stream
-from ..models import apply_adapter, checkpointing, model_config, probe_scale
+from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
 from .quant import load_quantized, prepare
@@ -58,6 +58,7 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         model.config.use_cache = False
         if cell.quant != "none" and recipe.quant.prepare:
             model = prepare(model)
+        apply_moe(model, recipe)  # moe.aux_loss: whether the load-balancing loss is in the loss the model returns
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     checkpointing(model, recipe.gradient_checkpointing)
     if cell.precision.weights and cell.quant == "none":  # a pure cell hard-casts every weight, the adapter's too
@@ -66,6 +67,10 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(weights)
+    if recipe.moe.router_dtype == "fp32":
+        from .moe import pin_router_fp32
+
+        pin_router_fp32(model, device)
     model.train()
     return model
 

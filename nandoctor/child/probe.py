@@ -30,6 +30,7 @@ from .build import Setup, first_step, setup
 from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
+from .moe import router_watch
 from .outcome import WarningLog, built, error_of, write
 from .quant import base_facts
 from .ranks import Ranks, host_sample, probe_load
@@ -83,8 +84,13 @@ def run_probe(
     log = StepLog(folder / "steps.jsonl" if folder else None, spec.steps)
     record.steps = log.steps
 
+    router = router_watch(s.model, spec.steps - 1)  # a mixture of experts: its routing, step by step
+
     def on_step(step: Step) -> bool:
         step.groups = norms.take()
+        if router:
+            step.aux_loss = router.aux.get(step.step)
+            router.step = step.step + 1
         ranks.agree(step)  # every rank decides to stop on the same numbers
         return log(step)
 
@@ -99,6 +105,12 @@ def run_probe(
     finally:
         if watch:
             watch.remove()
+        if router:
+            router.remove()
+            record.moe = router.figures(
+                getattr(s.model.config, "router_aux_loss_coef", None),
+                bool(getattr(s.model.config, "output_router_logits", False)),
+            )
         record.train_s = time.perf_counter() - t1
         record.host_load = probe_load(before)
         measured(record, spec, log, split, ranks.world_size)

@@ -166,6 +166,22 @@ def quant_facts(recipe: Recipe, cell: Cell, model_config=None) -> dict:
     }
 
 
+def router_setup_facts(router: dict | None) -> dict:
+    """The rules' facts of a mixture of experts' routing as planned (models.router_facts): its family,
+    experts, whether the load-balancing loss is in the trained loss and its weight, whether the router
+    trains, and the quantization its weights load in; every one None for a dense model."""
+    r = router or {}
+    return {
+        "moe_family": r.get("model_type"),
+        "moe_experts": r.get("experts"),
+        "moe_aux_loss": r.get("aux_loss"),
+        "moe_aux_coef": r.get("aux_loss_coef"),
+        "moe_router_trained": r.get("router_trained"),
+        "moe_quant_method": r.get("quant_method"),
+        "moe_router_dtype": r.get("router_dtype"),
+    }
+
+
 def observed_facts(record) -> dict:
     """Facts only a run can show, from one probe record: the lowest GradScaler scale it reached
     (a skipped step halves the scale it was taken at); whether every gradient it computed was exactly

@@ -139,6 +139,7 @@ def render_doctor_text(report: dict) -> str:
         )
         for cell, why in (setup.get("unsupported") or {}).items():
             out.append(f"  {cell} cannot run here: {why}")
+        out += router_lines(setup.get("router"))
         out.append("")
     if report.get("data"):
         out += data_text(report["data"])
@@ -155,6 +156,22 @@ def render_doctor_text(report: dict) -> str:
         ]
         out += _finding_lines(grid)
     return "\n".join(out)
+
+
+def router_lines(router: dict | None) -> list[str]:
+    """A mixture of experts' routing as planned (models.router_facts), a line each; [] for a dense model."""
+    if not router:
+        return []
+    coef = router.get("aux_loss_coef")
+    family = router.get("aux_loss_family")
+    return [
+        f"Router ({router['model_type']}): {router['experts']} experts, each token routed to {router.get('top_k')}",
+        f"  load-balancing loss: {router['aux_loss']} (the family's config: {family}; output_router_logits), "
+        f"router_aux_loss_coef {coef}",
+        f"  router weights trained: {'yes' if router.get('router_trained') else 'no (frozen under the adapter)'}; "
+        f"router logits in: {'fp32' if router.get('router_dtype') == 'fp32' else 'the compute dtype'}"
+        + (f"; weights stored in {router['quant_method']}" if router.get("quant_method") else ""),
+    ]
 
 
 def _finding_lines(findings: list[dict]) -> list[str]:

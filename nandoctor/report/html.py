@@ -14,7 +14,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
 from ..device import DeviceFacts
-from . import bisection, code, common, data, doctor, failures, forensics, matrix, parallel, savings, timing
+from . import bisection, code, common, data, doctor, failures, forensics, matrix, moe, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -160,6 +160,7 @@ def render_html(a: RunAnalysis) -> str:
         headroom=forensics.headroom_sections(a),
         savings=savings.section(a),
         parallel={"intro": parallel.INTRO.replace("`", ""), "rows": parallel.parallel_rows(a)},
+        moe=moe.moe_context(a),
     )
 
 

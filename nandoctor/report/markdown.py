@@ -12,6 +12,7 @@ from . import bisection, code, common, failures, matrix, timing
 from .data import data_markdown
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
+from .moe import moe_markdown
 from .parallel import parallel_markdown
 from .savings import savings_markdown
 
@@ -43,6 +44,7 @@ def render_markdown(a: RunAnalysis) -> str:
     parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += parallel_markdown(a, _table)
+    parts += moe_markdown(a, _table)
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
     parts += doctor_markdown(m.env or DeviceFacts.from_dict({}), a.findings)

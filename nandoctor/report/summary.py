@@ -10,6 +10,7 @@ from ..jsonio import json_safe
 from .code import grid_recommendations
 from .failures import failure_classes
 from .forensics import forensics_summary
+from .moe import moe_facts
 from .parallel import parallel_facts
 from .savings import savings_summary
 from .timing import timing_summary
@@ -40,6 +41,7 @@ def _probe(o: ProbeOutcome) -> dict:
         "forensics": forensics_summary(o),
         "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None,
         "setup_checks": o.record.setup_checks,
+        "moe": moe_facts(o),
         "groups_without_gradient": starved_groups(o.record.steps),
         "trained_rows": [
             {"kind": b.get("kind"), "rows": b.get("rows")} for b in (o.record.data or {}).get("batches") or []
