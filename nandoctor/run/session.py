@@ -294,12 +294,14 @@ class Session:
                 self.cache.add(r, self.dir)
         return [records[p.probe_id] for p in probes]
 
-    def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int) -> list[ProbeRecord]:
+    def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int, on_alive=None) -> list[ProbeRecord]:
         """Run probes for their timing alone, in the given order, one at a time (so that none competes
         with another), `steps` steps each: never cached, never in results.jsonl; the caller keeps what
-        it needs. Their folders sit under retime/, apart from the run's probes."""
+        it needs. Their folders sit under retime/, apart from the run's probes. on_alive(running, step_of):
+        the heartbeat while they run, instead of the run's."""
         tasks = [ProbeTask(self._spec(recipe, p, self.plan, steps), recipe.timeout_s) for p in probes]
-        records = {r.probe_id: r for r in self.scheduler.run(tasks, keep=False, under="retime", at_once=1)}
+        run = self.scheduler.run(tasks, keep=False, under="retime", at_once=1, on_alive=on_alive)
+        records = {r.probe_id: r for r in run}
         return [records[t.probe_id] for t in tasks]
 
     def _measured(self, record: ProbeRecord) -> None:
