@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..capabilities import input_support, parallel_support
+from ..capabilities import data_masked, input_support, parallel_support
 from ..config import Recipe, recipe_to_dict
 from ..device import DeviceFacts
 from ..env import collect_doctor
@@ -133,6 +133,7 @@ class Session:
         self.plan = plan
         # models.config_facts of the recipe, when the worker's planning gathered them
         self.model_facts: dict | None = None
+        self.data_lint: dict | None = None  # the data lint of the recipe's rows (api.open_session); None: synthetic
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.planned = 0
@@ -273,7 +274,7 @@ class Session:
             unsupported = (
                 p.unsupported
                 or spec.plan.refuses.get(p.cell.attention.implementation)
-                or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
+                or input_support(p.cell, spec.plan.shape, data_masked(own.data, self.data_lint), device)
                 or parallel_support(p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks))
             )
             if unsupported:
