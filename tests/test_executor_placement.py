@@ -241,3 +241,33 @@ def test_a_slurm_canary_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         on_slurm.write_canary(str(canary), gather=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_ctrl_c_during_rays_graceful_cancel_still_kills_the_tasks():
+    # issue 34: a KeyboardInterrupt while cancel() waited its GRACEFUL_CANCEL_S for the asked tasks to
+    # end skipped the force cancel, and the tasks trained on. Ray's calls are recorded, not made: the
+    # order of the asks is the point (tests/test_executor_ray.py runs a real cluster's cancel)
+    from types import SimpleNamespace
+
+    from nandoctor.run.on_ray import RayPlacement
+
+    asked = []
+
+    class Task:
+        def completed(self):
+            return self
+
+    def wait(refs, num_returns, timeout):
+        raise KeyboardInterrupt  # the user's second Ctrl-C
+
+    ray = SimpleNamespace(
+        cancel=lambda ref, force: asked.append(force),
+        wait=wait,
+        exceptions=SimpleNamespace(RayError=RuntimeError),
+    )
+    placement = object.__new__(RayPlacement)
+    placement.ray = ray
+    probes = [SimpleNamespace(handle=Task()), SimpleNamespace(handle=Task())]
+    with pytest.raises(KeyboardInterrupt):
+        placement.cancel(probes, wait_s=30.0)
+    assert asked == [False, False, True, True]
