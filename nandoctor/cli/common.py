@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..api import Listener
-from ..config import SCALES, Recipe, set_field
+from ..config import SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
 from ..recipes import executor_section, resolve_model
@@ -140,6 +140,7 @@ def recipe_from_args(args) -> Recipe:
             recipe = set_field(recipe, key.strip(), value.strip())
         except NandoctorError as e:
             raise NandoctorError(f"--set {item}: {e}") from None
+    recipe = with_paths_resolved(recipe, Path.cwd())  # a --set path is the user's, from where they are
     for flag, key, value in field_flags(args):
         try:
             recipe = set_field(recipe, key, value)
