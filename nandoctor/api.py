@@ -41,7 +41,8 @@ class Listener:
     probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
     alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
     queue(queued, running, done, job_ids, queue_wait, retries): a scheduler's queue as it changes (slurm, ray);
-    retiming(cells, rounds, steps): a grid is about to re-time its leading cells (retime.py);
+    retiming(news): what a grid's re-timing of its leading cells does, a retime.RetimeNews: before its first
+      rounds, before each two added, while a round runs (at least every 10 s), or that it re-times nothing;
     stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since.
     """
 

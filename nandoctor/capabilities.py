@@ -195,6 +195,21 @@ def _torch_version(device: DeviceFacts) -> tuple[int, int]:
         return (0, 0)
 
 
+def data_masked(data, lint: dict | None) -> bool:
+    """Whether the batches a probe trains on make transformers materialise an attention mask (input_support's
+    `padded`): the synthetic stream when it pads (data.pad_fraction); the user's rows (data.path) when
+    they are packed by position_ids (transformers builds the per-segment mask from them) or by a block
+    mask, or when a batch the lint chose (run.json's data.batches) holds padded positions. Without the
+    lint (a resumed run), the user's rows count as padded: rows of one length are the exception."""
+    if data.source != "file":
+        return data.pad_fraction > 0
+    if data.packing in ("position_ids", "block_mask"):
+        return True
+    if lint is None:
+        return True
+    return any(b.get("padded", 0) > 0 for b in lint.get("batches") or [])
+
+
 def input_support(cell: Cell, shape: dict, padded: bool, device: DeviceFacts | dict) -> str | None:
     """None unless the cell's pinned CUDA SDPA kernel is certain to refuse the inputs transformers will
     give it (then PyTorch raises "No available kernel"), judged from the model's shape (ModelPlan.shape)

@@ -279,6 +279,27 @@ def _hints(cls) -> dict:
     return field_types(cls)
 
 
+PATH_FIELDS = ("model.path", "data.path", "data.tokenizer")  # local files a probe opens, wherever it runs
+
+
+def with_paths_resolved(recipe: Recipe, base) -> Recipe:
+    """The recipe with each relative PATH_FIELDS value (after ~) made absolute against `base`: the
+    directory of the recipe file that named it, or the working directory for --set. A probe runs in
+    another working directory (a warm worker's, a node's), and run.json must name the same file from
+    wherever --resume is run."""
+    import os.path
+
+    for key in PATH_FIELDS:
+        value = get_field(recipe, key)
+        if value:
+            full = os.path.expanduser(value)
+            if not os.path.isabs(full):
+                recipe = set_field(recipe, key, os.path.normpath(os.path.join(os.path.abspath(base), full)))
+            elif full != value:
+                recipe = set_field(recipe, key, full)
+    return recipe
+
+
 def set_field(recipe: Recipe, key: str, value) -> Recipe:
     """A copy of recipe with the dotted field set. value: typed data, or the text of a `--set KEY=VALUE`
     (read as YAML); either is typed by the field's annotation (typed.typed_value). An unknown key or a

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import Recipe, recipe_from_dict
+from .config import Recipe, recipe_from_dict, with_paths_resolved
 from .errors import NandoctorError
 from .typed import load_yaml
 
@@ -35,7 +35,7 @@ def load_recipe(path: str | Path) -> Recipe:
     path = Path(path)
     data = _read_yaml(path)
     data.pop("executor", None)
-    return recipe_from_dict(data, path.stem)
+    return with_paths_resolved(recipe_from_dict(data, path.stem), path.parent)  # relative to the recipe file
 
 
 def executor_section(path: str | Path) -> tuple[str | None, list[str]]:

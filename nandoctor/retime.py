@@ -3,19 +3,30 @@ and interleaved, the way careful benchmarks compare two programs: a few short pr
 rounds A B C, then C B A, on one slot, so that whatever else the host does in those seconds weighs
 on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
-Which cells: analysis.run.speed_decides (the recommended one's fidelity bucket, at most
-RETIME_MOST_CELLS, always with the one the tie order puts first). How many rounds: the recipe's
-retime_rounds at least; then, as pyperf calibrates its runs, two more at a time for as long as the
-fastest cell's gain over another is above the speed margin on average but not yet at the one-sided 95%
-lower bound of its per-round ratio (analysis.ranking.undecided), and another two rounds still fit in
-RETIME_BUDGET_S. A busy host swings the per-round ratios, so it takes more rounds to tell a real gap
-from the swing; a quiet one seldom needs more than the first. The budget is a constant here, not a
-recipe field: the recipe's retime_rounds stays the minimum (0 turns the re-timing off).
+Which cells (`choose`): of analysis.run.speed_decides (the recommended one's fidelity bucket, at most
+RETIME_MOST_CELLS, always with the one the tie order puts first), those the grid's own probes cannot
+already tell from the fastest of them with the loaded margin (ranking.compare_speed, loaded=True): a
+cell slower than that beyond any load's swing needs no rounds. Then the budget: the re-timing may take
+RETIME_SHARE of the grid's summed training time (its probes' train_s), so that it costs the same share
+of a tiny grid as of a large one and grows with a loaded host's slower grid. Each cell's round is
+estimated from its grid probe (start-up, first step and RETIME_STEPS - 1 steady steps); cells are
+dropped from the end until the first retime_rounds rounds fit, and with fewer than two left nothing is
+re-timed ("over budget", said with the estimate): the grid's own probes decide.
+
+How many rounds: the recipe's retime_rounds at least; then, as pyperf calibrates its runs, two more at
+a time for as long as the fastest cell's gain over another is above the speed margin on average but not
+yet at the one-sided 95% lower bound of its per-round ratio (analysis.ranking.undecided), and another two
+rounds still fit in the budget at the rounds' own cost so far. A busy host swings the per-round ratios,
+so it takes more rounds to tell a real gap from the swing; a quiet one seldom needs more than the first.
+
+It says what it does (`on_news`, a RetimeNews each): before the first rounds, before each two added,
+when it re-times nothing, and, while a round runs, at least every RETIME_SAY_S, so that no ten seconds
+pass without a line; no two lines are the same.
 
 What is kept: retime.json beside results.jsonl (the probes' folders under retime/), every round's
-steps, throughput and host load, the rounds run and why the re-timing stopped ("decided" or "budget");
-the analysis then ranks those cells on their pooled rounds and compares them round by round
-(analysis.speed). Runs probes, so it sits with the API, not in the analysis.
+steps, throughput and host load, the rounds run, the budget and why the re-timing stopped ("decided",
+"budget" or "over budget"); the analysis then ranks those cells on their pooled rounds and compares
+them round by round (analysis.speed). Runs probes, so it sits with the API, not in the analysis.
 """
 
 from __future__ import annotations
@@ -23,22 +34,96 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .analysis.ranking import undecided
-from .analysis.run import analyze, speed_decides, tie_order_added
+from .analysis.ranking import compare_speed, paired_ratios, ratio_interval, undecided
+from .analysis.run import ProbeOutcome, RunAnalysis, analyze, grid_speed, speed_decides, tie_first, tie_order_added
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
 from .record import ProbeRecord
 from .run.session import Session
 from .run.store import RETIME_FILE
+from .thresholds import THRESHOLDS
 
 RETIME_STEPS = 5  # per round: the warm-up step and 4 steady ones, ~0.3 s of a tiny model on a quiet CPU
 RETIME_MOST_CELLS = 3  # bounds the cost of the first rounds: 6 short probes at most
-# The whole re-timing's wall time, extra rounds included: a tiny model's round of 3 cells takes ~2 s on
-# a quiet 2-core CPU and ~10 s with a busy loop on each core (bench/RESULTS.md), so a loaded host gets
-# about a dozen rounds; a large model's first rounds may use it all, and then no round is added.
-RETIME_BUDGET_S = 120.0
-DECIDED, BUDGET = "decided", "budget"  # why the re-timing stopped
+# The re-timing's whole wall time, extra rounds included, as a share of the grid's summed training time
+# (issue 34: a re-timing that took longer than the 8-cell grid it ranked decided a 4% gap nobody asked
+# about). A tiny model's 8-cell grid trains ~10 s on a quiet 2-core CPU: ~1.5 s of rounds.
+RETIME_SHARE = 0.15
+RETIME_SAY_S = 9.0  # while rounds run, a line at least this often (the scheduler looks every second)
+DECIDED, BUDGET, OVER_BUDGET = "decided", "budget", "over budget"  # why the re-timing stopped
+
+
+@dataclasses.dataclass(frozen=True)
+class RetimeNews:
+    """What the re-timing is doing, for a line of progress. kind: "start" (the first rounds), "more" (two
+    rounds added: `open` holds each gap still open as (faster, slower, RatioInterval)), "running" (a round
+    runs: `probe` is it), "over budget" (nothing re-timed: `estimate_s` is what the first rounds would
+    take)."""
+
+    kind: str
+    cells: list[str]
+    rounds: tuple[int, int]  # the first and last round of this step
+    steps: int
+    elapsed_s: float
+    budget_s: float
+    train_s: float  # the grid's summed training time the budget is a share of
+    open: list = dataclasses.field(default_factory=list)
+    probe: str | None = None
+    estimate_s: float | None = None
+    share: float = RETIME_SHARE
+
+
+def retime_budget(grid: RunAnalysis) -> tuple[float, float]:
+    """(budget_s, the grid's summed train_s): RETIME_SHARE of the time its probes trained."""
+    train_s = sum(o.record.train_s or 0.0 for o in grid.outcomes)
+    return RETIME_SHARE * train_s, train_s
+
+
+def round_cost(o: ProbeOutcome) -> float:
+    """A re-timing probe's wall time, estimated from the cell's grid probe: its start-up (wall_s less
+    train_s), its first step (the warm-up), and RETIME_STEPS - 1 of its steady steps."""
+    r = o.record
+    times = [s.time_s for s in r.steps if s.time_s is not None]
+    if not times or r.wall_s is None:
+        return r.wall_s or 0.0
+    steady = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    return max(0.0, r.wall_s - (r.train_s or sum(times))) + times[0] + (RETIME_STEPS - 1) * steady
+
+
+def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeOutcome], float]:
+    """(the cells to re-time, the first rounds' estimated wall time), see the module docstring: per kind
+    of hardware, the tie order's first and the grid's fastest, then the other leaders in rank order, less
+    those the fastest beats beyond the loaded margin on the grid's own probes; then cut from the end to
+    the budget. ([], estimate) when fewer than two cells of a kind fit: nothing to re-time."""
+    leaders = speed_decides(grid, RETIME_MOST_CELLS)
+    picked: list[list[ProbeOutcome]] = []
+    for hardware in dict.fromkeys(o.record.cell.hardware for o in leaders):
+        kind = [o for o in leaders if o.record.cell.hardware == hardware]
+        fastest, first = max(kind, key=lambda o: grid_speed(o)[0]), tie_first(kind)
+        worth = [
+            o
+            for o in kind
+            if o is fastest
+            or o is first
+            or not compare_speed(grid_speed(fastest), grid_speed(o), THRESHOLDS, loaded=True).faster
+        ]
+        if len(worth) > 1:
+            chosen = [first]
+            chosen += [o for o in [fastest, *worth] if all(o is not c for c in chosen)]
+            picked.append(chosen)
+    estimate = rounds * sum(round_cost(o) for kind in picked for o in kind[:2])
+    if not picked or estimate > budget_s:
+        return [], estimate
+    kept = [kind[:2] for kind in picked]
+    for kind, chosen in zip(picked, kept):
+        for o in kind[2:]:
+            more = estimate + rounds * round_cost(o)
+            if more <= budget_s:
+                chosen.append(o)
+                estimate = more
+    order = {id(o): i for i, o in enumerate(leaders)}  # run order: the grid's ranking
+    return sorted((o for chosen in kept for o in chosen), key=lambda o: order[id(o)]), estimate
 
 
 def interleaved(cells: list[str], rounds: int, first: int = 1) -> list[tuple[str, int]]:
@@ -60,10 +145,22 @@ def still_open(timing: dict, world: dict[str, int]) -> list[str]:
     return [cell for cell in timing["cells"] if cell == lead or cell in others] if others else []
 
 
-def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: float = RETIME_BUDGET_S) -> list[str]:
+def open_gaps(timing: dict, world: dict[str, int]) -> list[tuple[str, str, object]]:
+    """(fastest, other, RatioInterval) for each gap still_open, for the line that says why rounds are added."""
+    more = still_open(timing, world)
+    rounds = round_medians(timing, world)
+    pooled = retimed_throughput(timing, world)
+    if not more:
+        return []
+    lead = max(pooled, key=lambda cell: pooled[cell].median)
+    return [(lead, c, ratio_interval(paired_ratios(rounds, lead, c))) for c in more if c != lead]
+
+
+def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: float | None = None) -> list[str]:
     """The cells to re-time in two more rounds (still_open), or [] with timing["stopped"] set: DECIDED
     when no gap is open, BUDGET when two more rounds of them, at the rounds' mean cost per probe so far,
-    would end past budget_s. Pure: retime.json so far in."""
+    would end past budget_s (by default timing["budget_s"]). Pure: retime.json so far in."""
+    budget_s = timing["budget_s"] if budget_s is None else budget_s
     more = still_open(timing, world)
     if not more:
         timing["stopped"] = DECIDED
@@ -75,57 +172,86 @@ def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: f
     return more
 
 
-def retime_leaders(session: Session, recipe: Recipe, on_start=None) -> dict | None:
+class Ticker:
+    """Hands each RetimeNews on and, while a round runs, says so once RETIME_SAY_S have passed without a
+    line (the scheduler's heartbeat calls it at least every second)."""
+
+    def __init__(self, on_news, t0: float, budget_s: float, train_s: float):
+        self.on_news, self.t0, self.budget_s, self.train_s = on_news, t0, budget_s, train_s
+        self.said_at = t0
+
+    def __call__(self, kind: str, cells: list[str], rounds: tuple[int, int], **more) -> None:
+        now = time.monotonic()
+        self.said_at = now
+        if self.on_news:
+            news = RetimeNews(kind, cells, rounds, RETIME_STEPS, now - self.t0, self.budget_s, self.train_s, **more)
+            self.on_news(news)
+
+    def alive(self, running, step_of=None) -> None:
+        if running and time.monotonic() - self.said_at >= RETIME_SAY_S:
+            probe = running[0].task.probe_id
+            cell, _, n = probe.rpartition(" retime")
+            self("running", [cell], (int(n), int(n)), probe=probe)
+
+
+def retime_leaders(session: Session, recipe: Recipe, on_news=None) -> dict | None:
     """Re-time the grid's leading cells (see the module docstring) and write retime.json; returns what
-    it wrote, or None when speed decides nothing (one cell in the top bucket), the recipe turned it off
-    (retime_rounds=0) or it was done already.
-    on_start(cells, rounds, steps) is called before the first rounds and before each two rounds added."""
+    it wrote, or None when speed decides nothing (one cell in the top bucket, or the grid's own probes
+    tell the others apart beyond any load's swing), the recipe turned it off (retime_rounds=0) or it was
+    done already. on_news(RetimeNews) hears what it does."""
     rounds = recipe.retime_rounds
     if not rounds or session.store.read_json(RETIME_FILE) is not None:
         return None
     grid = analyze(session.dir)
-    leaders = speed_decides(grid, RETIME_MOST_CELLS)
+    budget_s, train_s = retime_budget(grid)
+    leaders, estimate = choose(grid, rounds, budget_s)
+    t0 = time.monotonic()
+    tick = Ticker(on_news, t0, budget_s, train_s)
+    base = {"min_rounds": rounds, "budget_s": budget_s, "budget_share": RETIME_SHARE, "grid_train_s": train_s}
     if not leaders:
-        return None
+        wanted = [o.probe_id for o in speed_decides(grid, RETIME_MOST_CELLS)]
+        if estimate <= budget_s or len(wanted) < 2:  # the grid's probes alone tell them apart
+            return None
+        tick(OVER_BUDGET, wanted, (1, rounds), estimate_s=estimate)
+        timing = {"cells": wanted, "rounds": 0, **base, "steps": RETIME_STEPS, "order": [], "probes": []}
+        timing |= {"wall_s": 0.0, "estimate_s": estimate, "tie_order_added": [], "stopped": OVER_BUDGET}
+        session.store.write_json(RETIME_FILE, timing)
+        return timing
     cells = [o.probe_id for o in leaders]
-    added = [o.probe_id for o in tie_order_added(grid, RETIME_MOST_CELLS)]
+    added = [o.probe_id for o in tie_order_added(grid, RETIME_MOST_CELLS) if o in leaders]
     of = {o.probe_id: o for o in leaders}
     world = {o.probe_id: devices(o.record) for o in leaders}
     timing_recipe = dataclasses.replace(recipe, forensics_steps=0)  # the replay times nothing
-    t0, order, records, more = time.monotonic(), [], [], cells
+    order, records, more, gaps = [], [], cells, []
     while more:
         first, n = (order[-1][1] + 1, 2) if order else (1, rounds)  # after the first rounds, two at a time
-        if on_start:
-            on_start(more, n, RETIME_STEPS)
+        tick("more" if order else "start", more, (first, first + n - 1), open=gaps, estimate_s=estimate)
         extra = interleaved(more, n, first)
-        records += run_rounds(session, timing_recipe, recipe, of, extra)
+        records += run_rounds(session, timing_recipe, recipe, of, extra, tick.alive)
         order += extra
-        timing = {**timing_record(cells, rounds, order, records, t0), "tie_order_added": added}
+        timing = {**timing_record(cells, order, records, t0), **base, "tie_order_added": added}
         more = plan_more(timing, world, time.monotonic() - t0)
+        gaps = open_gaps(timing, world) if more else []
     session.store.write_json(RETIME_FILE, timing)
     return timing
 
 
 def run_rounds(
-    session: Session, timing_recipe: Recipe, recipe: Recipe, of: dict, order: list[tuple[str, int]]
+    session: Session, timing_recipe: Recipe, recipe: Recipe, of: dict, order: list[tuple[str, int]], on_alive=None
 ) -> list[ProbeRecord]:
     """One short timing probe per (cell, round), in that order, on one slot."""
     probes = [
         PlannedProbe(f"{cell} retime{r}", of[cell].record.cell, seed_offset=of[cell].record.seed - recipe.seed)
         for cell, r in order
     ]
-    return session.time_only(timing_recipe, probes, RETIME_STEPS)
+    return session.time_only(timing_recipe, probes, RETIME_STEPS, on_alive)
 
 
-def timing_record(
-    cells: list[str], least: int, order: list[tuple[str, int]], records: list[ProbeRecord], t0: float
-) -> dict:
-    """retime.json's content for the rounds run so far (`stopped` is added once the re-timing ends)."""
+def timing_record(cells: list[str], order: list[tuple[str, int]], records: list[ProbeRecord], t0: float) -> dict:
+    """retime.json's content for the rounds run so far (the budget and `stopped` are added by the caller)."""
     return {
         "cells": cells,
         "rounds": max(r for _, r in order),
-        "min_rounds": least,
-        "budget_s": RETIME_BUDGET_S,
         "steps": RETIME_STEPS,
         "order": [f"{cell} retime{r}" for cell, r in order],
         "wall_s": time.monotonic() - t0,

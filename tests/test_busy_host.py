@@ -33,6 +33,20 @@ def no_openmp_settings(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+def wait_for_environ(pid: int, timeout_s: float = 60.0) -> None:
+    """Until /proc/PID/environ has the environment the process was started with. Popen returns once the
+    exec has begun (the close-on-exec pipe closed), before the kernel has laid out the new program's
+    environment: read at once, it is empty (15 of 50 python starts here, on a loaded host), and every
+    setting reads None. A busy host widens that window: the ColdSlot case failed so under load."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            if f.read(1):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid}'s environment still empty after {timeout_s:.0f} s")
+
+
 def started_env(tmp_path, slot_class) -> dict:
     """The OpenMP wait settings of a real process a slot starts, read from /proc/PID/environ: a warm
     worker, or a cold probe whose spec is a FIFO nobody writes (it blocks reading it, alive, until killed)."""
@@ -45,6 +59,7 @@ def started_env(tmp_path, slot_class) -> dict:
             os.mkfifo(tmp_path / "spec.json")
             slot.launch(tmp_path / "spec.json", tmp_path / "result.json", tmp_path / "log.txt", {})
             pid = slot.pid
+        wait_for_environ(pid)
         return {name: get_process_env(pid, name) for name in WAIT_SETTINGS}
     finally:
         slot.close()

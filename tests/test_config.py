@@ -174,6 +174,25 @@ def test_data_flag_sets_the_recipes_data_file(command, tmp_path, monkeypatch):
     assert (recipe.data.source, recipe.data.path) == ("file", str(tmp_path / "rows.txt"))
 
 
+def test_relative_paths_given_by_set_or_a_recipe_file_are_made_absolute(tmp_path, monkeypatch):
+    # issue 34: only --data was resolved; a --set data.path or a recipe's own relative path reached the
+    # probes (another working directory: a worker's, a node's) and run.json as the user wrote it
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipes" / "data").mkdir(parents=True)
+    recipe_file = tmp_path / "recipes" / "mine.yaml"
+    recipe_file.write_text("model: {arch: {model_type: llama}}\ndata: {path: data/rows.jsonl, tokenizer: ../tok}\n")
+    mine = load_recipe(recipe_file)
+    assert (mine.data.path, mine.data.tokenizer) == (
+        str(tmp_path / "recipes" / "data" / "rows.jsonl"),
+        str(tmp_path / "tok"),
+    )
+    args = ["grid", "--model", "tiny-llama", "--set", "data.path=rows.jsonl", "--set", "model.path=ckpt/"]
+    recipe = recipe_from_args(build_parser().parse_args(args))
+    assert (recipe.data.path, recipe.model.path) == (str(tmp_path / "rows.jsonl"), str(tmp_path / "ckpt"))
+    home = recipe_from_args(build_parser().parse_args(["grid", "--set", "data.path=~/rows.jsonl"]))
+    assert home.data.path == str(Path.home() / "rows.jsonl")
+
+
 @pytest.mark.parametrize("command", ["grid", "check", "bisect", "doctor"])
 def test_tokenizer_flag_sets_the_recipes_tokenizer(command, tmp_path):
     args = build_parser().parse_args([command, "--model", "tiny-llama", "--tokenizer", str(tmp_path)])

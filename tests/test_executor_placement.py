@@ -2,6 +2,7 @@
 imports neither submitit nor ray, and a probe the scheduler keeps losing is placed again a bounded
 number of times, then recorded as lost — no verdict about its configuration."""
 
+import json
 import subprocess
 import sys
 
@@ -221,3 +222,52 @@ def test_the_queue_line_says_placed_again_only_when_a_retry_is_left():
         "one not started within 5 s while none runs is placed again (queue_wait)"
     )
     assert queue_line(1, 0, 0, ["12"], 5, 0).endswith("while none runs is recorded lost (queue_wait, retries=0)")
+
+
+def test_a_slurm_canary_file_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    # issue 34: the client parses the canary file the moment it exists; written in place, a half-written
+    # file (a node's full disk, the job killed mid-write) was there to be read
+    from nandoctor.run import on_slurm, store
+
+    canary = tmp_path / "canary-1"
+    on_slurm.write_canary(str(canary), gather=False)
+    assert "host" in json.loads(canary.read_text())["gathered"]
+    canary.unlink()
+
+    def disk_full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.os, "fsync", disk_full)
+    with pytest.raises(OSError):
+        on_slurm.write_canary(str(canary), gather=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_second_ctrl_c_during_rays_graceful_cancel_still_kills_the_tasks():
+    # issue 34: a KeyboardInterrupt while cancel() waited its GRACEFUL_CANCEL_S for the asked tasks to
+    # end skipped the force cancel, and the tasks trained on. Ray's calls are recorded, not made: the
+    # order of the asks is the point (tests/test_executor_ray.py runs a real cluster's cancel)
+    from types import SimpleNamespace
+
+    from nandoctor.run.on_ray import RayPlacement
+
+    asked = []
+
+    class Task:
+        def completed(self):
+            return self
+
+    def wait(refs, num_returns, timeout):
+        raise KeyboardInterrupt  # the user's second Ctrl-C
+
+    ray = SimpleNamespace(
+        cancel=lambda ref, force: asked.append(force),
+        wait=wait,
+        exceptions=SimpleNamespace(RayError=RuntimeError),
+    )
+    placement = object.__new__(RayPlacement)
+    placement.ray = ray
+    probes = [SimpleNamespace(handle=Task()), SimpleNamespace(handle=Task())]
+    with pytest.raises(KeyboardInterrupt):
+        placement.cancel(probes, wait_s=30.0)
+    assert asked == [False, False, True, True]

@@ -1,10 +1,11 @@
 """How a GPU host is used, decided without one: probes packed by memory and cores, the replay's
 snapshot placed, kernels refused by shape predicted, compile time split from steady steps. Pure."""
 
-from nandoctor.capabilities import input_support
+from nandoctor.capabilities import data_masked, input_support
 from nandoctor.cells import Cell
 from nandoctor.child.snapshot import keep_on_device
 from nandoctor.child.train import step_times
+from nandoctor.config import DataConfig
 from nandoctor.models import training_bytes
 from nandoctor.record import Step
 from nandoctor.run.slots import CUDA_CONTEXT_BYTES, most_jobs, packed_jobs
@@ -96,3 +97,18 @@ def test_a_compiled_probe_splits_its_first_step_into_compile_and_a_steady_step()
 def test_an_eager_probe_has_no_compile_time():
     assert step_times(_steps(1.0, 0.5, 0.4, 0.6), compiled=False) == (None, 0.5)
     assert step_times(_steps(1.0), compiled=False) == (None, None)
+
+
+def test_the_users_padded_rows_count_as_masked_for_the_sdpa_kernel_predictions():
+    # issue 34: the session passed data.pad_fraction > 0, which only the synthetic stream sets, so a GQA
+    # model trained on the user's padded rows had sdpa:efficient planned unsupported (and sdpa:flash not)
+    padded_rows = {"batches": [{"kind": "first", "padded": 0}, {"kind": "most_padded", "padded": 37}]}
+    one_length = {"batches": [{"kind": "first", "padded": 0}, {"kind": "most_padded", "padded": 0}]}
+    rows = DataConfig(path="chats.jsonl")
+    assert data_masked(rows, padded_rows) and not data_masked(rows, one_length)
+    assert data_masked(DataConfig(path="chats.jsonl", packing="position_ids"), one_length)
+    assert data_masked(rows, None)  # a resumed run, without the lint: rows of one length are the exception
+    assert not data_masked(DataConfig(), None) and data_masked(DataConfig(pad_fraction=0.25), None)
+    efficient, flash = Cell("bf16-amp", "sdpa:efficient", "off"), Cell("bf16-amp", "sdpa:flash", "off")
+    assert input_support(efficient, GQA, data_masked(rows, padded_rows), H100_HOST) is None
+    assert "for padded batches" in input_support(flash, GQA, data_masked(rows, padded_rows), H100_HOST)

@@ -152,3 +152,26 @@ def test_a_collator_the_lint_cannot_run_leaves_the_watch_on(capsys):
     loader = torch.utils.data.DataLoader(Rows(4), batch_size=2, collate_fn=broken)
     assert watch._lint(loader, 2, None, None) == [] and watch.off is None
     assert "the data and setup lint could not run (KeyError: 'text'); watching goes on" in capsys.readouterr().err
+
+
+def test_the_lint_reading_the_first_batches_leaves_the_users_random_draws_as_they_were():
+    # issue 34: the dataset and collator ran outside any RNG fork, so a collator that draws (a random
+    # crop, MLM masking) shifted every draw of the training after it
+    import numpy as np
+
+    from nandoctor.integrations.setup_lint import first_batches
+
+    def drawing(rows):
+        torch.rand(1), random.random(), np.random.rand()  # what a random crop or masking draws
+        ids = torch.tensor([r["input_ids"][:6] for r in rows])
+        return {"input_ids": ids, "labels": ids}
+
+    def draws():
+        return torch.rand(3).tolist(), random.random(), float(np.random.rand())
+
+    loader = torch.utils.data.DataLoader(Rows(8), batch_size=2, collate_fn=drawing)
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    expected = draws()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    assert len(first_batches(loader, 2)) == 2
+    assert draws() == expected

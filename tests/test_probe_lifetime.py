@@ -89,6 +89,27 @@ def test_a_probe_whose_starter_died_before_it_started_does_not_run(tmp_path):
     assert done.returncode == 1 and not (tmp_path / BUILT_FILE).exists() and not (tmp_path / "result.json").exists()
 
 
+def test_a_warm_forked_probe_whose_worker_died_before_it_was_tied_does_not_run(tmp_path):
+    # issue 34: the worker's forked child tied itself to the worker without checking, as a cold probe does,
+    # that the worker was still its parent; had it died in between, the probe trained on as an orphan
+    from nandoctor.child.worker import run_child
+    from nandoctor.record import Fork
+
+    long_probe(tmp_path, steps=3)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that is nobody's parent now: the worker that forked this child, died
+    log = tmp_path / "log.txt"
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run_child(Fork("spec", str(tmp_path / "spec.json"), str(tmp_path / "result.json"), str(log)), (), gone.pid)
+        finally:
+            os._exit(3)  # never back into pytest
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 1
+    assert not log.exists() and not (tmp_path / BUILT_FILE).exists() and not (tmp_path / "result.json").exists()
+
+
 @pytest.mark.slow  # a real probe process
 def test_a_placed_probe_streams_its_last_step_while_it_runs(tmp_path, monkeypatch):
     """A Ray task's probe runs in a scratch folder of its node: the parent's heartbeat hears its last step

@@ -1,7 +1,9 @@
 """A polite SLURM client (issue 28 item 3): squeue is asked once for all of the run's jobs (canaries,
 probes, cancelled jobs), at a cadence that backs off while nothing changes, its answer shared between
 callers. Measured with fake `sbatch`, `squeue` and `scancel` on PATH that count their calls and answer
-as a one-node cluster would, and a fake clock, so that minutes of a run take a second here."""
+as a one-node cluster would, and a fake clock, so that minutes of a run take a second here. A fake
+`srun` too: submitit refuses to build an executor without one on PATH, and no job of these tests ever
+runs, so they need no SLURM installed (issue 34: README's test command failed on a machine without)."""
 
 import json
 import os
@@ -50,6 +52,10 @@ states = json.loads((home / "states.json").read_text())
 states.update({job: "CANCELLED|None" for job in sys.argv[1:]})
 (home / "states.json").write_text(json.dumps(states))
 """
+SRUN = """
+import sys
+sys.exit("fake srun: the jobs of these tests never run")
+"""
 
 
 class FakeClock:
@@ -71,7 +77,7 @@ class FakeClock:
 def cluster(tmp_path, monkeypatch):
     home = tmp_path / "fake-slurm"
     home.mkdir()
-    for name, code in (("sbatch", SBATCH), ("squeue", SQUEUE), ("scancel", SCANCEL)):
+    for name, code in (("sbatch", SBATCH), ("squeue", SQUEUE), ("scancel", SCANCEL), ("srun", SRUN)):
         shim = home / name
         shim.write_text(f"#!{sys.executable}\n{code}")
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)

@@ -387,7 +387,8 @@ def test_a_cell_the_re_timing_left_out_never_outranks_the_re_timed_leaders_on_it
     assert analysis.fastest is analysis.recommended  # sdpa:flash is not faster than sdpa in the grid's own probes
     said = timing.speed_lines(analysis)[0]
     assert said.startswith(
-        "4 configurations share the top fidelity bucket, so speed decides between them: the first 3 of"
+        "4 configurations share the top fidelity bucket, so speed decides between them: fp32/sdpa/off, fp32/eager/off, "
+        "fp32/sdpa:math/off were re-timed"
     )
     assert said.endswith("the other one ranks after them, on its grid probe.")
 

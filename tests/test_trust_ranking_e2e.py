@@ -51,18 +51,22 @@ def test_two_runs_of_one_grid_recommend_the_same_configuration_even_under_load(t
 
 
 @pytest.mark.slow
-def test_the_leading_cells_were_re_timed_interleaved_and_the_reports_say_so(two_runs):
+def test_the_re_timing_keeps_to_its_budget_and_the_reports_say_what_it_did(two_runs):
+    # Two 4-step probes train well under a second: 15% of that buys no 5-step rounds, so the re-timing
+    # says it is over budget and the grid's probes decide (unless they already tell the cells apart).
     for proc, run in two_runs.values():
-        timing = json.loads((run / "retime.json").read_text())
-        assert sorted(timing["cells"]) == ["fp32/eager/off", "fp32/sdpa/off"]
-        ids = timing["order"]
-        assert len(ids) == 2 * timing["rounds"] and ids[0].split(" ")[0] != ids[1].split(" ")[0]
-        assert "re-timing fp32/" in proc.stdout
-        report = (run / "report.md").read_text()
-        assert "## Timing" in report and "re-timed back to back, interleaved" in report
-        assert summary(run)["timing"]["retimed"]["rounds"] == timing["rounds"]
-        # the re-timing probes are not configurations of the run
         assert [p["probe_id"] for p in summary(run)["probes"]] == ["fp32/eager/off", "fp32/sdpa/off"]
+        if not (run / "retime.json").exists():
+            assert "re-timing" not in proc.stdout
+            continue
+        timing = json.loads((run / "retime.json").read_text())
+        assert (
+            timing["stopped"] == "over budget" and timing["probes"] == [] and timing["estimate_s"] > timing["budget_s"]
+        )
+        assert f"not re-timing {', '.join(timing['cells'])}: 2 interleaved rounds would take about" in proc.stdout
+        head = (run / "report.md").read_text().split("\n## ")[0]
+        assert "were not re-timed back to back: 2 interleaved rounds would take about" in head
+        assert summary(run)["timing"]["retimed"]["stopped"] == "over budget"
 
 
 @pytest.mark.slow

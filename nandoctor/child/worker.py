@@ -82,14 +82,18 @@ def _preload(model_type: str | None, adapter: bool) -> None:
             pass  # custom code (trust_remote_code) or an unknown type: the child imports it itself
 
 
-def run_child(fork: Fork, protocol: tuple[int, ...]) -> None:
-    """In the forked child: own session (so a timeout kills the whole group), the protocol's pipes
-    closed, its environment (its GPUs) set before anything reads it, output to the probe's log, then
-    the probe. Never returns."""
+def run_child(fork: Fork, protocol: tuple[int, ...], worker: int) -> None:
+    """In the forked child of the worker `worker` (its pid): own session (so a timeout kills the whole
+    group), tied to the worker's life, the protocol's pipes closed, its environment (its GPUs) set before
+    anything reads it, output to the probe's log, then the probe. Never returns; exits 1 at once when
+    the worker died before the tie held (as a cold probe does, child/__main__.py): nobody would wait
+    for this probe, and it would train on as an orphan."""
     code = 1
     try:
         os.setsid()
         die_with_parent()
+        if parent_gone(str(worker), os.getppid()):
+            os._exit(1)
         for fd in protocol:
             os.close(fd)
         os.environ.update(fork.env)
@@ -142,9 +146,10 @@ def main(argv: list[str]) -> int:
             continue
         sys.stderr.flush()
         threads = thread_count()
+        worker = os.getpid()
         pid = os.fork()
         if pid == 0:
-            run_child(command, (commands_fd, messages_fd))
+            run_child(command, (commands_fd, messages_fd), worker)
         send(Started(pid, threads))
         _, status = os.waitpid(pid, 0)
         send(Exited(pid, os.waitstatus_to_exitcode(status)))

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from ..api import Listener
-from ..config import SCALES, Recipe, set_field
+from ..config import SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
 from ..recipes import executor_section, resolve_model
+from ..thresholds import THRESHOLDS
 
 MODEL_FLAGS = (
     "model",
@@ -139,6 +140,7 @@ def recipe_from_args(args) -> Recipe:
             recipe = set_field(recipe, key.strip(), value.strip())
         except NandoctorError as e:
             raise NandoctorError(f"--set {item}: {e}") from None
+    recipe = with_paths_resolved(recipe, Path.cwd())  # a --set path is the user's, from where they are
     for flag, key, value in field_flags(args):
         try:
             recipe = set_field(recipe, key, value)
@@ -219,10 +221,29 @@ def queue_line(queued: int, running: int, done: int, job_ids: list[str], queue_w
     return f"  ... queue: {queued} queued, {running} running, {done} done{jobs}{wait}"
 
 
-def retiming_line(cells: list[str], rounds: int, steps: int) -> str:
+def retiming_line(news) -> str:
+    """One line of the re-timing's progress (retime.RetimeNews); each differs from the one before it."""
+    cells, (first, last) = ", ".join(news.cells), news.rounds
+    spent = f"{news.elapsed_s:.0f} s of its {news.budget_s:.1f} s"
+    budget = f"{news.budget_s:.1f} s, {100 * news.share:g}% of the grid's {news.train_s:.1f} s of training"
+    if news.kind == "start":
+        return (
+            f"re-timing {cells} back to back, interleaved ({last} rounds of {news.steps} steps, about "
+            f"{news.estimate_s:.1f} s; budget {budget}): speed decides between them"
+        )
+    if news.kind == "over budget":
+        return (
+            f"not re-timing {cells}: {last} interleaved rounds would take about {news.estimate_s:.1f} s, more "
+            f"than the re-timing's budget ({budget}); their grid probes decide"
+        )
+    if news.kind == "running":
+        return f"  ... re-timing {cells}, round {first}: {spent} budget spent"
+    gaps = "; ".join(
+        f"{a} over {b} {i.ratio:.2f}x, 95% lower bound {i.low:.2f}x" for a, b, i in news.open if i is not None
+    )
     return (
-        f"re-timing {', '.join(cells)} back to back, interleaved ({rounds} rounds of {steps} steps): "
-        "speed decides between them"
+        f"re-timing rounds {first}-{last} of {cells} ({spent} budget spent): "
+        f"{gaps or 'a gap'} is neither proven above {1 + THRESHOLDS.speed_margin:.2f}x nor within it yet"
     )
 
 
@@ -243,6 +264,6 @@ def listener(probe) -> Listener:
         probe=probe,
         alive=lambda *a: say(alive_line(*a)),
         queue=lambda *a: say(queue_line(*a)),
-        retiming=lambda *a: say(retiming_line(*a)),
+        retiming=lambda news: say(retiming_line(news)),
         stale=lambda ids: say(stale_line(ids)),
     )

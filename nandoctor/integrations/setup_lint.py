@@ -20,7 +20,9 @@ Importing this module needs torch, not a framework.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import random
 
 from ..analysis.verdicts import setup_failures, setup_judgement
 from ..knowledge import OPERATORS, SEVERITIES
@@ -65,19 +67,38 @@ LIVE_RULES = {
 }
 
 
+@contextlib.contextmanager
+def rng_untouched():
+    """Python's, NumPy's global and torch's CPU random states as they were on entry, on exit: what the
+    user's dataset or collator draws while the lint reads it (a random crop, a masking collator) must
+    not shift the draws of the training that follows."""
+    import numpy as np
+    import torch
+
+    python, numpy = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+
+
 def first_batches(loader, batch_size: int, n: int = LINT_BATCHES) -> list[dict]:
     """The first `n` batches of the loader's dataset, in order, collated by its own collate_fn; no
-    sampler is drawn from, so the user's data order and RNG are untouched. [] when the batches are not
-    dicts (a training_step of the user's own reads them)."""
+    sampler is drawn from and the random states are restored afterwards (rng_untouched), so the user's
+    data order and RNG are untouched. [] when the batches are not dicts (a training_step of the user's
+    own reads them)."""
     dataset, collate = getattr(loader, "dataset", None), getattr(loader, "collate_fn", None)
     if dataset is None or collate is None:
         return []
     size = max(1, batch_size or 1)
-    if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
-        rows = [dataset[i] for i in range(min(len(dataset), n * size))]
-    else:  # an iterable dataset: a fresh iterator starts at its beginning
-        rows = list(itertools.islice(iter(dataset), n * size))
-    batches = [collate(rows[i : i + size]) for i in range(0, len(rows), size)]
+    with rng_untouched():
+        if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"):
+            rows = [dataset[i] for i in range(min(len(dataset), n * size))]
+        else:  # an iterable dataset: a fresh iterator starts at its beginning
+            rows = list(itertools.islice(iter(dataset), n * size))
+        batches = [collate(rows[i : i + size]) for i in range(0, len(rows), size)]
     return [b for b in batches if isinstance(b, dict) and "input_ids" in b]
 
 

@@ -131,22 +131,28 @@ def _retimed_how(a: RunAnalysis) -> str:
     )
 
 
-def _chosen_text(a: RunAnalysis, timed: int) -> str:
+def _chosen_text(a: RunAnalysis) -> str:
     """Which of the configurations sharing the top bucket were re-timed, in words."""
     added = a.timing.get("tie_order_added") or []
+    cells = ", ".join(a.timing["cells"])
     if not added:
-        return f"the first {timed} of the grid's ranking were"
-    return (
-        f"the first {timed - len(added)} of the grid's ranking and {', '.join(added)}, first in the tie order "
-        "(the winner if they all tie), were"
-    )
+        return f"{cells} were"
+    return f"{cells} ({', '.join(added)} first in the tie order: the winner if they all tie) were"
+
+
+def budget_text(t: dict) -> str:
+    """'1.4 s (15% of the grid's 9.3 s of training)', or the budget alone in a retime.json before the share."""
+    if t.get("grid_train_s") is None:
+        return f"{t.get('budget_s', 0):.0f} s"
+    return f"{t['budget_s']:.1f} s ({100 * t['budget_share']:g}% of the grid's {t['grid_train_s']:.1f} s of training)"
 
 
 def interval_text(c: SpeedComparison) -> str:
     i = c.interval
     per_round = ", ".join(f"{r:.2f}x" for r in i.ratios)
     return (
-        f"{i.ratio:.2f}x over {len(i.ratios)} interleaved rounds (per round {per_round}; 95% lower bound {i.low:.2f}x)"
+        f"{i.ratio:.2f}x over {len(i.ratios)} interleaved rounds (per round {per_round}; 95% bounds "
+        f"{i.low:.2f}x-{i.high:.2f}x)"
     )
 
 
@@ -154,11 +160,12 @@ def tie_reason(lead: ProbeOutcome, other: ProbeOutcome, c: SpeedComparison, load
     """Why `lead` (the fastest of a speed class) does not count as faster than `other`, with the figures."""
     pair = f"{lead.probe_id} against {other.probe_id}"
     if c.rule == ROUNDS:
-        if c.interval.ratio <= 1 + c.margin:
-            return f"{pair}: {interval_text(c)}, within the {_pct(c.margin)} margin"
+        if c.interval.high <= 1 + c.margin:
+            return f"{pair}: {interval_text(c)}, within the {_pct(c.margin)} margin at the upper bound"
         return (
-            f"{pair}: {interval_text(c)}: above {1 + c.margin:.2f}x on average but not at the lower bound, "
-            "the rounds swing too much to call it a gain"
+            f"{pair}: {interval_text(c)}: unresolved, neither faster by more than the {_pct(c.margin)} margin at "
+            "the lower bound nor within it at the upper bound; the rounds cannot tell them apart, so the tie "
+            "order decides"
         )
     figures = f"{rate_text(lead, c.a[0])} against {rate_text(other, c.b[0])} tokens/s per device"
     if c.rule == MARGIN:
@@ -185,9 +192,9 @@ def unresolved_line(a: RunAnalysis) -> str | None:
         return None
     said = "; ".join(f"{lead.probe_id} against {o.probe_id}: {interval_text(a.compare(lead, o))}" for o in open_)
     return (
-        f"The re-timing could not tell these apart within its budget ({t.get('budget_s', 0):.0f} s, "
-        f"{t['rounds']} rounds): {said}; a gain counts only above {1 + THRESHOLDS.speed_margin:.2f}x at the 95% "
-        "lower bound, so they count as equally fast here. A quieter host, or more steps per probe, can tell."
+        f"The re-timing could not tell these apart within its budget ({budget_text(t)}, {t['rounds']} rounds): "
+        f"{said}; a gain counts only above {1 + THRESHOLDS.speed_margin:.2f}x at the 95% lower bound, so they count "
+        "as equally fast here, unresolved. A quieter host, or more steps per probe, can tell."
     )
 
 
@@ -199,7 +206,15 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     lines = []
     if rec is None or a.meta.kind != "grid":
         return lines
-    if a.timing:
+    if a.timing and a.timing.get("stopped") == "over budget":
+        t = a.timing
+        lines.append(
+            f"{len(speed_decides(a, len(a.ranking)))} configurations share the top fidelity bucket, so speed decides "
+            f"between them; {', '.join(t['cells'])} were not re-timed back to back: {t['min_rounds']} interleaved "
+            f"rounds would take about {t['estimate_s']:.1f} s, more than the re-timing's budget of {budget_text(t)}. "
+            "Each speed is its own grid probe's."
+        )
+    elif a.timing:
         timed, sharing = len(a.timing["cells"]), speed_decides(a, len(a.ranking))
         how = _retimed_how(a)
         if len(sharing) > timed:  # more than RETIME_MOST_CELLS: the rest rank after the re-timed ones (ranking.rank)
@@ -211,7 +226,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
             )
             lines.append(
                 f"{len(sharing)} configurations share the top fidelity bucket, so speed decides between them: "
-                f"{_chosen_text(a, timed)} {how}; {after}."
+                f"{_chosen_text(a)} {how}; {after}."
             )
         else:
             lines.append(
@@ -246,8 +261,8 @@ def retime_intro(a: RunAnalysis) -> str:
     """The Timing section's first sentence: how the re-timing ran and how its figures are used."""
     t = a.timing
     stopped = {
-        "decided": "every gap to the fastest was proven or within the margin",
-        "budget": f"its {t.get('budget_s', 0):.0f} s budget was spent",
+        "decided": "every gap to the fastest was proven at its lower bound or within the margin on average",
+        "budget": f"its budget of {budget_text(t)} was spent",
     }.get(t.get("stopped"))
     return (
         "Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "

@@ -260,10 +260,12 @@ class RayPlacement:
             return
         deadline = time.monotonic() + wait_s
         pending = refs
-        if wait_s > 0:
-            self._cancel(refs, force=False)
-            pending = self._wait_ended(refs, min(wait_s, GRACEFUL_CANCEL_S))
-        self._cancel(pending, force=True)
+        try:
+            if wait_s > 0:
+                self._cancel(refs, force=False)
+                pending = self._wait_ended(refs, min(wait_s, GRACEFUL_CANCEL_S))
+        finally:  # a second Ctrl-C during the graceful wait still kills what is left
+            self._cancel(pending, force=True)
         if pending and wait_s > 0:
             self._wait_ended(pending, max(0.0, deadline - time.monotonic()))
 

@@ -31,6 +31,7 @@ from ..errors import NandoctorError
 from ..executors import ExecutorConfig
 from .placed import node_facts, run_placed
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
+from .store import write_atomic
 from .task import OUTCOME_FILE, last_step
 
 CANARY_MINUTES = 3  # the canary's time limit: its import of torch to gather the device facts
@@ -73,13 +74,15 @@ def job_size(executor: ExecutorConfig, ranks: int) -> dict:
 
 
 def write_canary(path: str, gather: bool) -> str:
-    """The canary job: writes this node's device facts (gather) or its name into the run directory."""
+    """The canary job: writes this node's device facts (gather) or its name into the run directory,
+    whole or not at all (store.write_atomic): the client parses the file the moment it exists."""
     if gather:
-        Path(path).write_text(jsonio.dumps(node_facts()))
+        facts = node_facts()
     else:
         import socket
 
-        Path(path).write_text(jsonio.dumps({"gathered": {"host": socket.gethostname()}}))
+        facts = {"gathered": {"host": socket.gethostname()}}
+    write_atomic(Path(path), jsonio.dumps(facts))
     return path
 
 

@@ -85,11 +85,14 @@ class Scheduler:
         keep: bool = True,
         under: str = "probes",
         at_once: int | None = None,
+        on_alive=None,
     ) -> list[ProbeRecord]:
         """Run every task, each in its folder under the store's directory/`under`; each record is appended
         to the store the moment its probe ends (keep=False: only returned, for probes run to time cells
         again) and handed to on_record. at_once: at most this many in flight (re-timing runs one at a
-        time); by default as many as the placement has room for (a batching placement gets them all)."""
+        time); by default as many as the placement has room for (a batching placement gets them all).
+        on_alive: this run's heartbeat instead of the scheduler's (the re-timing says its own progress)."""
+        on_alive = on_alive or self.on_alive
         pending = [PlacedProbe(t, probe_dir(Path(self.store.dir), t.probe_id, under)) for t in tasks]
         records = []
         while pending or self.in_flight:
@@ -113,8 +116,8 @@ class Scheduler:
                 if on_record:
                     on_record(record)
             self._backstop()
-            if self.on_alive:
-                self.on_alive([p for p in self.in_flight.values() if p.state == "running"], self.placement.last_step)
+            if on_alive:
+                on_alive([p for p in self.in_flight.values() if p.state == "running"], self.placement.last_step)
         return records
 
     def _place(self, pending: list[PlacedProbe], at_once: int | None) -> None:

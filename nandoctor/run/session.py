@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..capabilities import input_support, parallel_support, quant_support
+from ..capabilities import data_masked, input_support, parallel_support, quant_support
 from ..cells import weight_dtype
 from ..config import STORAGE_DTYPES, Recipe, recipe_to_dict
 from ..device import DeviceFacts
@@ -140,6 +140,7 @@ class Session:
         self.plan = plan
         # models.config_facts of the recipe, when the worker's planning gathered them
         self.model_facts: dict | None = None
+        self.data_lint: dict | None = None  # the data lint of the recipe's rows (api.open_session); None: synthetic
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.on_stale = on_stale or (lambda probe_ids: None)
@@ -303,7 +304,7 @@ class Session:
             unsupported = (
                 p.unsupported
                 or spec.plan.refuses.get(p.cell.attention.implementation)
-                or input_support(p.cell, spec.plan.shape, own.data.pad_fraction > 0, device)
+                or input_support(p.cell, spec.plan.shape, data_masked(own.data, self.data_lint), device)
                 or parallel_support(p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks))
                 or quant_support(
                     p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, own.model.dtype_on_load)
@@ -327,12 +328,14 @@ class Session:
                 self.cache.add(r, self.dir)
         return [records[p.probe_id] for p in probes]
 
-    def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int) -> list[ProbeRecord]:
+    def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int, on_alive=None) -> list[ProbeRecord]:
         """Run probes for their timing alone, in the given order, one at a time (so that none competes
         with another), `steps` steps each: never cached, never in results.jsonl; the caller keeps what
-        it needs. Their folders sit under retime/, apart from the run's probes."""
+        it needs. Their folders sit under retime/, apart from the run's probes. on_alive(running, step_of):
+        the heartbeat while they run, instead of the run's."""
         tasks = [ProbeTask(self._spec(recipe, p, self.plan, steps), recipe.timeout_s) for p in probes]
-        records = {r.probe_id: r for r in self.scheduler.run(tasks, keep=False, under="retime", at_once=1)}
+        run = self.scheduler.run(tasks, keep=False, under="retime", at_once=1, on_alive=on_alive)
+        records = {r.probe_id: r for r in run}
         return [records[t.probe_id] for t in tasks]
 
     def _measured(self, record: ProbeRecord) -> None:
