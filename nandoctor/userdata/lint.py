@@ -24,9 +24,11 @@ from pathlib import Path
 
 import yaml
 
+from ..cells import PACKAGES
 from ..config import Recipe
 from ..errors import NandoctorError
 from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
+from ..optional import hidden
 from .encode import IGNORE
 from .rows import EncodedRows, encoded_rows, scan_columns
 
@@ -241,7 +243,10 @@ def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", 
     batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
     # a model the ids do not fit would fail its embedding lookup: the finding says so instead
     fits = facts["ids_beyond_vocab"] == 0
-    measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
+    # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
+    # package: transformers and peft then import none of them, nor print their noise (optional.py)
+    with hidden(PACKAGES if model is None else ()):
+        measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
     facts.update(measured)
     return {
         "source": encoded.describe(),
