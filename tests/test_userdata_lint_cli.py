@@ -6,7 +6,7 @@ import json
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_main
+from conftest import run_cli, run_main
 from userdata_fixtures import (
     LAST_TURN_TEMPLATE,
     chat_rows,
@@ -209,3 +209,45 @@ def test_reentrant_checkpointing_that_starves_the_lora_weights_is_an_error(files
     assert code == 0 and "trainable-group-without-gradient" not in found
     code, found, _ = doctor(*args[:-2], "--set", "gradient_checkpointing=reentrant")  # only the adapter trains
     assert code == 1 and "the backward raised" in found["trainable-group-without-gradient"]["figure"]
+
+
+def test_one_truncated_row_in_full_batches_is_a_warning(files):
+    """One chat in 24 whose long question leaves its answer past max_length: every batch still has
+    targets, so the doctor warns (exit 0); the error is kept for a batch left with none."""
+    rows = chat_rows(24)
+    rows[5]["messages"][0]["content"] = " ".join(["the"] * 80)
+    path = write_jsonl(files["dir"] / "one-long.jsonl", rows)
+    args = ("--data", path, "--tokenizer", files["tok"], "--set", "data.labels=completion_only")
+    code, found, _ = doctor(*args)
+    warning = found["rows-without-supervised-token-in-full-batches"]
+    assert code == 0 and warning["severity"] == "warning" and "rows-without-supervised-token" not in found
+    assert "1 of 24 rows have no label left" in warning["figure"] and "0 of 6 batches" in warning["figure"]
+    code, found, _ = doctor(*args, "--set", "batch_size=1")  # the row is a batch of its own: 0/0
+    assert code == 1 and found["rows-without-supervised-token"]["severity"] == "error"
+
+
+def test_a_large_share_of_truncated_rows_suggests_a_seq_len(files):
+    rows = chat_rows(20, question_words=(20, 30), answer_words=(20, 30))
+    path = write_jsonl(files["dir"] / "long-chats.jsonl", rows)
+    code, found, report = doctor("--data", path, "--tokenizer", files["tok"])  # seq_len 64
+    figure = found["rows-truncated-at-max-length"]["figure"]
+    assert code == 0 and found["rows-truncated-at-max-length"]["severity"] == "warning"
+    suggested = int(figure.split("--set seq_len=")[1].split()[0])
+    tokenizer = load_tokenizer(files["tok"])
+    texts = [tokenizer.apply_chat_template(r["messages"], tokenize=False) for r in rows]
+    lengths = sorted(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
+    # the 95th percentile of 20 lengths (between the two longest), rounded up to a multiple of 8
+    assert lengths[-2] <= suggested < lengths[-1] + 8 and suggested % 8 == 0
+    assert f"{report['data']['rows_truncated']} of 20 rows" in figure and "are longer than max_length 64" in figure
+    code, found, _ = doctor("--data", path, "--tokenizer", files["tok"], "--set", f"seq_len={suggested}")
+    assert "rows-truncated-at-max-length" not in found
+
+
+@pytest.mark.slow  # a process of its own: what a user's terminal shows
+def test_the_lint_model_prints_no_third_party_lines(tmp_path, files):
+    """The lint builds a model for the accumulation check: transformers and peft import no optional
+    package (torchao's "Failed to load ...so", torch's _pytree lines), and stderr holds only nandoctor's."""
+    args = ("doctor", "--data", files["chat"], "--tokenizer", files["tok"], "--set", "gradient_accumulation_steps=2")
+    proc = run_cli(*args, *ONE_CELL)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if not line.startswith("nandoctor:")] == []

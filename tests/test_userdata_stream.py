@@ -13,6 +13,7 @@ import pytest
 from checkpoints import save_llama
 from conftest import run_main
 from userdata_fixtures import (
+    CHAT_TEMPLATE,
     chat_rows,
     prompt_completion_rows,
     save_chat_tokenizer,
@@ -185,6 +186,37 @@ def test_truncation_keeps_the_side_asked_for_and_left_padding_pads_before(tmp_pa
     assert padded["attention_mask"][0].tolist()[0] == 0 and padded["attention_mask"][0].tolist()[-1] == 1
 
 
+@pytest.mark.parametrize("template", [True, False])
+def test_alpaca_rows_are_a_prompt_and_the_output_its_completion(tmp_path, template):
+    tok = save_chat_tokenizer(tmp_path / "tok", template=CHAT_TEMPLATE if template else None)
+    rows = [
+        {"instruction": "add two and two", "input": "two two", "output": " four"},
+        {"instruction": "why does water boil", "input": "", "output": " because heat"},
+    ] * 2
+    r = recipe(write_jsonl(tmp_path / "alpaca.jsonl", rows), tok, labels="completion_only")
+    s = stream(r, model_config(resolve_model(None)), 0)
+    tokenizer, first = load_tokenizer(tok), s.batches[0]
+    assert s.source["kind"] == "alpaca"
+    for i, row in enumerate(rows):
+        ids = first.inputs["input_ids"][i][first.inputs["attention_mask"][i] == 1].tolist()
+        prompt = row["instruction"] + (f"\n\n{row['input']}" if row["input"] else "")
+        if template:
+            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": row["output"]}]
+            assert tokenizer.decode(ids) == tokenizer.apply_chat_template(chat, tokenize=False)
+        else:
+            assert tokenizer.decode(ids) == prompt + "\n\n" + row["output"] + "</s>"
+        assert supervised_text(tokenizer, first, i) == row["output"] + "</s>"
+
+
+@pytest.mark.parametrize("packing", ["position_ids", "block_mask"])
+def test_an_empty_row_adds_nothing_to_a_packed_batch(tmp_path, tok, config, packing):
+    rows = text_rows(4)
+    rows[1] = {"text": ""}
+    packed = stream(recipe(write_jsonl(tmp_path / "t.jsonl", rows), tok, packing=packing), config, 0).batches[0]
+    assert packed.inputs["labels"].shape == packed.inputs["input_ids"].shape == packed.inputs["position_ids"].shape
+    assert (packed.inputs["position_ids"][0] == 0).sum() == 3  # three segments: the empty row is none
+
+
 @pytest.mark.parametrize("packing", ["position_ids", "block_mask"])
 def test_packing_flattens_the_batch_with_positions_restarting_per_row(tmp_path, tok, config, packing):
     path = write_jsonl(tmp_path / "t.jsonl", text_rows(4))
@@ -280,4 +312,56 @@ def test_bad_data_is_one_line_and_exit_2(tmp_path, name, content, says):
         path.write_text(content)
     proc = run_main("doctor", "--data", path, "--axis", "dtype=fp32", "--axis", "attn=sdpa")
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _lines(*rows) -> bytes:
+    return b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows)
+
+
+CHAT = {"messages": [{"role": "user", "content": "two plus two"}, {"role": "assistant", "content": "four"}]}
+# ordinary data that used to end in a traceback (or in datasets' "An error occurred while generating the
+# dataset"): one line naming the file, the row or line, and the cause
+BAD_ROWS = {
+    "row-without-messages": (_lines(CHAT, CHAT, {"messages": None}), "row 2 (counting from 0): `messages` is missing"),
+    "text-null": (_lines({"text": "the cat"}, {"text": None}), "row 1 (counting from 0): `text` is missing (null)"),
+    "messages-a-string": (_lines({"messages": "hello"}), "row 0 (counting from 0): `messages` is a str, 'hello'"),
+    "messages-of-strings": (_lines({"messages": ["hello"]}), "row 0 (counting from 0): `messages` is a list holding"),
+    "empty-file": (b"", "is an empty file: it has no rows"),
+    "latin-1": (b'{"text": "the caf\xe9 sat"}\n', "line 1 is not UTF-8 text (byte 0xe9 at column 18)"),
+    "malformed-line": (_lines(CHAT, CHAT, b'{"messages": [', CHAT), "line 3 is not JSON (Expecting value, column 15)"),
+    "binary": (bytes(range(255, -1, -1)) * 4, "line 1 is not UTF-8 text (byte 0xff at column 1)"),
+    "a-json-list-per-line": (_lines(CHAT, [1, 2]), "line 2 is a JSON list, not an object"),
+}
+
+
+def bad_rows(tmp_path, tok, command: str, case: str):
+    content, says = BAD_ROWS[case]
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(content)
+    out = tmp_path / "run"
+    args = ("--data", path, "--tokenizer", tok, "--axis", "dtype=fp32", "--axis", "attn=sdpa")
+    proc = run_main(command, *args, *(("--out", out) if command == "grid" else ()))
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and proc.stderr.startswith("nandoctor: error: "), proc.stderr
+    assert repr(str(path)) in proc.stderr and says in proc.stderr, proc.stderr
+    assert not out.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("case", BAD_ROWS)
+def test_ordinary_bad_rows_are_one_line_naming_the_row_and_exit_2(tmp_path, tok, case):
+    bad_rows(tmp_path, tok, "doctor", case)
+
+
+@pytest.mark.slow  # a grid starts its workers before it lints
+@pytest.mark.parametrize("case", ["row-without-messages", "malformed-line"])
+def test_a_grid_on_bad_rows_stops_before_any_probe_with_the_same_line(tmp_path, tok, case):
+    bad_rows(tmp_path, tok, "grid", case)
+
+
+def test_non_utf8_plain_text_names_its_line(tmp_path, tok):
+    path = tmp_path / "rows.txt"
+    path.write_bytes(b"the cat sat\nthe caf\xe9 sat\n")
+    proc = run_main("doctor", "--data", path, "--tokenizer", tok)
+    assert proc.returncode == 2 and "line 2 is not UTF-8 text (byte 0xe9 at column 8)" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1

@@ -67,8 +67,8 @@ def _segments(row: dict) -> list[tuple[list, list, list]]:
     ids = [row["input_ids"][i] for i in keep]
     labels = [row["labels"][i] for i in keep]
     positions = [row["position_ids"][i] for i in keep] if row.get("position_ids") is not None else None
-    if positions is None:
-        return [(ids, labels, list(range(len(ids))))]
+    if positions is None:  # an empty row is no segment: packed, it would add a label without a token
+        return [(ids, labels, list(range(len(ids))))] if ids else []
     starts = [i for i, p in enumerate(positions) if p == 0 or i == 0] + [len(ids)]
     return [(ids[a:b], labels[a:b], positions[a:b]) for a, b in zip(starts, starts[1:]) if b > a]
 

@@ -67,8 +67,22 @@ def _chat_spans(tokenizer, messages: list) -> tuple[str, list, bool]:
     return full, spans, aligned
 
 
+def alpaca_prompt(instruction: str, given: str | None, chat: bool):
+    """An Alpaca row's instruction and optional input as the prompt its output completes: one user
+    turn (a chat template renders it) where the tokenizer has a chat template, else plain text that
+    ends in a blank line before the output."""
+    text = instruction + (f"\n\n{given}" if given else "")
+    return [{"role": "user", "content": text}] if chat else text + "\n\n"
+
+
 def _texts(batch: dict, kind: str, tokenizer, completion_only: bool) -> tuple[list, list, list, bool]:
     """(texts, supervised character spans per text or None for all, aligned flags, add_special_tokens)."""
+    if kind == "alpaca":
+        chat = tokenizer.chat_template is not None
+        given = batch.get("input") or [None] * len(batch["instruction"])
+        prompts = [alpaca_prompt(i, g, chat) for i, g in zip(batch["instruction"], given)]
+        completions = [[{"role": "assistant", "content": o}] if chat else o for o in batch["output"]]
+        return _texts({"prompt": prompts, "completion": completions}, "prompt_completion", tokenizer, completion_only)
     if kind == "text":
         return batch["text"], [None] * len(batch["text"]), [True] * len(batch["text"]), True
     if kind == "messages" and not completion_only:  # one call renders the batch
@@ -97,10 +111,48 @@ def _supervised_mask(offsets: list, spans: list | None) -> list[bool]:
     return [any(a <= start < b for a, b in spans) and end > start for start, end in offsets]
 
 
-def encode_rows(batch: dict, tokenizer, enc: Encoding) -> dict:
-    """A batch of rows (columns of lists, as Dataset.map passes them) to the encoded columns."""
+# what each kind of row holds, per column: (the types a value may have, in words)
+ROW_TYPES = {
+    "tokens": {"input_ids": ((list,), "a list of token ids")},
+    "messages": {"messages": ((list,), "a list of {role, content} messages")},
+    "prompt_completion": {
+        "prompt": ((str, list), "a string, or a list of {role, content} messages"),
+        "completion": ((str, list), "a string, or a list of {role, content} messages"),
+    },
+    "alpaca": {"instruction": ((str,), "a string"), "output": ((str,), "a string")},
+    "text": {"text": ((str,), "a string")},
+}
+
+
+def check_rows(batch: dict, indices: list, kind: str, path: str) -> None:
+    """A NandoctorError naming the first row (its index, counting from 0) whose value is missing or
+    of the wrong type for its kind: rendering or tokenizing it would fail deep inside transformers."""
+    for column, (types, valid) in ROW_TYPES[kind].items():
+        for i, value in zip(indices, batch[column]):
+            if value is None or not isinstance(value, types):
+                what = "missing (null)" if value is None else f"a {type(value).__name__}, {_short(value)}"
+            elif kind != "tokens" and isinstance(value, list) and not all(isinstance(m, dict) for m in value):
+                what = f"a list holding {_short(value)}"
+            else:
+                continue
+            raise NandoctorError(f"data {path!r} row {i} (counting from 0): `{column}` is {what}; it must be {valid}")
+    if kind == "prompt_completion":
+        forms = {isinstance(v, list) for column in ("prompt", "completion") for v in batch[column]}
+        if len(forms) > 1:
+            raise NandoctorError(f"data {path!r}: rows mix plain-text and message-list prompts or completions; use one")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str = "") -> dict:
+    """A batch of rows (columns of lists, as Dataset.map passes them, and their row indices) to the
+    encoded columns."""
     completion_only = enc.labels == "completion_only"
     n = len(next(iter(batch.values())))
+    check_rows(batch, indices, enc.kind, path)
     if enc.kind == "tokens":
         ids_rows = batch["input_ids"]
         given_labels = batch.get("labels") or [None] * n
@@ -124,7 +176,7 @@ def encode_rows(batch: dict, tokenizer, enc: Encoding) -> dict:
             if completion_only
             else [None] * n
         )
-        if enc.kind == "prompt_completion" and special and enc.eos_id is not None:
+        if enc.kind in ("prompt_completion", "alpaca") and special and enc.eos_id is not None:
             # a plain-text completion ends with EOS, as TRL appends it, so that the model learns to stop
             for i, ids in enumerate(ids_rows):
                 if not ids or ids[-1] != enc.eos_id:
@@ -213,10 +265,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("HF_DATASETS_CACHE") or datasets.config.HF_DATASETS_CACHE) / "nandoctor-encoded"
 
 
-def encode(rows, tokenizer, enc: Encoding):
+def encode(rows, tokenizer, enc: Encoding, path: str = ""):
     """The encoded rows (columns above) as a memory-mapped Dataset, computed once per (rows, options,
     tokenizer, this code) and read from the datasets cache afterwards. A chat template that fails on a
-    row, or rows the options cannot label, is a NandoctorError saying what failed."""
+    row, a row missing its text or holding the wrong type, or rows the options cannot label, is a
+    NandoctorError saying what failed; `path` names the data in it."""
     from datasets.fingerprint import Hasher
     from jinja2 import TemplateError
 
@@ -235,7 +288,8 @@ def encode(rows, tokenizer, enc: Encoding):
         return rows.map(
             encode_rows,
             batched=True,
-            fn_kwargs={"tokenizer": tokenizer, "enc": enc},
+            with_indices=True,
+            fn_kwargs={"tokenizer": tokenizer, "enc": enc, "path": path},
             remove_columns=rows.column_names,
             features=_features(enc.kind, rows.column_names),
             cache_file_name=str(root / f"{fingerprint}.arrow"),
@@ -243,4 +297,4 @@ def encode(rows, tokenizer, enc: Encoding):
             load_from_cache_file=True,
         )
     except TemplateError as e:
-        raise NandoctorError(f"the tokenizer's chat template fails on a row: {e}") from None
+        raise NandoctorError(f"the tokenizer's chat template fails on a row of {path!r}: {e}") from None

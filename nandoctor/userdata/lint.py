@@ -24,9 +24,11 @@ from pathlib import Path
 
 import yaml
 
+from ..cells import PACKAGES
 from ..config import Recipe
 from ..errors import NandoctorError
 from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
+from ..optional import hidden
 from .encode import IGNORE
 from .read import open_rows
 from .rows import EncodedRows, encoded_rows, scan_columns
@@ -174,6 +176,8 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
     misaligned = c["misaligned"].astype(bool)
     in_order = np.add.reduceat(c["supervised"], np.arange(0, n, B))  # supervised tokens per batch, in order
     vocab = model_config.vocab_size
+    whole = c["length"] + c["cut"]  # each row's length before truncation
+    p95 = int(np.ceil(np.percentile(whole, 95))) if n else 0
     content, target_counts, beyond, largest = token_counts(encoded, vocab)
     targets = {t: int(target_counts[t]) for t in encoded.encoding.special_ids if t < vocab}
     enc, tok = encoded.encoding, encoded.tokenizer
@@ -192,6 +196,11 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "batches_in_order": len(in_order),
         "batches_without_supervised": int((in_order == 0).sum()),
         "rows_truncated": int((c["cut"] > 0).sum()),
+        "rows_truncated_share": float((c["cut"] > 0).mean()) if n else 0.0,
+        "rows_truncated_percent": round(100 * float((c["cut"] > 0).mean())) if n else 0,
+        "tokens_cut": int(c["cut"].sum()),
+        "length_p95": p95,
+        "suggested_length": -(-p95 // 8) * 8,
         "pad_id": enc.pad_id,
         "pad_token": _token_text(tok, enc.pad_id),
         "content_pad_tokens": int(c["content_pad"].sum()),
@@ -210,7 +219,7 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "rows": n,
         "tokens": int(c["length"].sum()),
         "rows_truncated": facts["rows_truncated"],
-        "tokens_cut": int(c["cut"].sum()),
+        "tokens_cut": facts["tokens_cut"],
         "rows_without_supervised": facts["rows_without_supervised"],
         "histograms": {"length": histogram(c["length"]), "supervised": histogram(c["supervised"])},
         "special_tokens": [
@@ -243,7 +252,10 @@ def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", 
     batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
     # a model the ids do not fit would fail its embedding lookup: the finding says so instead
     fits = facts["ids_beyond_vocab"] == 0
-    measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
+    # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
+    # package: transformers and peft then import none of them, nor print their noise (optional.py)
+    with hidden(PACKAGES if model is None else ()):
+        measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
     facts.update(measured)
     report = {
         "source": encoded.describe(),

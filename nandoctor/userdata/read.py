@@ -7,6 +7,11 @@ rows); a `save_to_disk` directory is mapped as it is."""
 
 from __future__ import annotations
 
+import bz2
+import contextlib
+import gzip
+import json
+import lzma
 import os
 from pathlib import Path
 
@@ -18,11 +23,14 @@ BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "c
 COMPRESSION = (".gz", ".bz2", ".xz", ".zst")
 
 # The kinds of rows nandoctor reads, by the columns that name them (first match wins): already
-# tokenized ids; a chat rendered with the tokenizer's chat template; a prompt and its completion; text.
+# tokenized ids; a chat rendered with the tokenizer's chat template; a prompt and its completion;
+# Alpaca's instruction (+ optional input) and output, read as a prompt and its completion
+# (encode.alpaca_prompt); text.
 ROW_KINDS = {
     "tokens": ("input_ids",),
     "messages": ("messages",),
     "prompt_completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "output"),
     "text": ("text",),
 }
 VALID = (
@@ -54,18 +62,99 @@ def open_rows(path: str | Path):
     path = Path(path).expanduser()
     if not path.exists():
         raise NandoctorError(f"data path {str(path)!r} does not exist; valid: {VALID}")
+    if path.is_file() and path.stat().st_size == 0:
+        raise NandoctorError(f"data {str(path)!r} is an empty file: it has no rows")
     try:
-        if path.is_dir():
-            rows = _from_disk(path)
-        else:
-            cache = os.environ.get("HF_DATASETS_CACHE")  # read now, so that a caller can point it elsewhere
-            builder, name = builder_of(path), f"sha256-{file_digest(path)[:32]}"
-            rows = datasets.load_dataset(builder, name, data_files=str(path), split="train", cache_dir=cache)
-    except (DatasetsError, ArrowException, ValueError, OSError) as e:
-        raise NandoctorError(f"cannot read data {str(path)!r}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        with _quiet_datasets():
+            if path.is_dir():
+                rows = _from_disk(path)
+            else:
+                cache = os.environ.get("HF_DATASETS_CACHE")  # read now, so that a caller can point it elsewhere
+                builder, name = builder_of(path), f"sha256-{file_digest(path)[:32]}"
+                rows = datasets.load_dataset(builder, name, data_files=str(path), split="train", cache_dir=cache)
+    except (DatasetsError, ArrowException, ValueError, OSError, StopIteration) as e:
+        # datasets says only "An error occurred while generating the dataset": find the line and its cause
+        where = None if path.is_dir() else bad_line(path, builder_of(path))
+        raise NandoctorError(f"cannot read data {str(path)!r}: {where or _innermost(e)}") from None
     if len(rows) == 0:
         raise NandoctorError(f"data {str(path)!r} has no rows")
     return rows
+
+
+@contextlib.contextmanager
+def _quiet_datasets():
+    """datasets logs a failed file ("Failed to load JSON from file ...", an error) on stderr before it
+    raises; the one line nandoctor prints says it instead."""
+    from datasets.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _innermost(e: BaseException) -> str:
+    """The first line of the deepest cause in an exception's chain (datasets wraps the parser's error)."""
+    causes = []
+    while e is not None and e not in causes:
+        causes.append(e)
+        e = e.__cause__ or e.__context__
+    for cause in reversed(causes):
+        if str(cause).strip():
+            return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+    return repr(causes[0]) if causes else "unknown error"
+
+
+def _open_binary(path: Path):
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        return gzip.open(path, "rb")
+    if suffix == ".bz2":
+        return bz2.open(path, "rb")
+    if suffix == ".xz":
+        return lzma.open(path, "rb")
+    return open(path, "rb")
+
+
+def bad_line(path: Path, builder: str) -> str | None:
+    """Where a text file stops being readable, as "line N: cause" (not UTF-8, not JSON, a JSON line
+    that is not an object), or None where every line reads (or the format is binary: Parquet, zst)."""
+    if builder not in ("json", "csv", "text") or path.suffix.lower() == ".zst":
+        return None
+    with _open_binary(path) as f:
+        head = f.read(1).lstrip()
+        f.seek(0)
+        if builder == "json" and head == b"[":  # one JSON document (a list of rows), not JSON Lines
+            return _bad_document(f.read())
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return f"line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save it as UTF-8"
+            if builder != "json" or not line.strip():
+                continue
+            try:
+                value = json.loads(line.rstrip("\r\n"))
+            except json.JSONDecodeError as e:
+                return f"line {number} is not JSON ({e.msg}, column {e.colno})"
+            if not isinstance(value, dict):
+                return f"line {number} is a JSON {type(value).__name__}, not an object (one row per line: {{column: value}})"
+    return None
+
+
+def _bad_document(raw: bytes) -> str | None:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        return f"line {line} is not UTF-8 text (byte 0x{raw[e.start]:02x}); save it as UTF-8"
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as e:
+        return f"line {e.lineno} is not JSON ({e.msg}, column {e.colno})"
+    return None
 
 
 def _from_disk(path: Path):

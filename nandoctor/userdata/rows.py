@@ -8,13 +8,14 @@ the batches a probe trains on from them and collates each.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..config import Recipe
 from ..errors import NandoctorError
 from .collate import Collation, collate
 from .encode import IGNORE, Encoding, encode
-from .read import open_rows, row_kind
+from .read import bad_line, builder_of, open_rows, row_kind
 from .select import choose_batches
 from .template import generation_eos_ids, turn_token_ids
 from .tokenizer import config_pad_id, load_tokenizer, pad_token_id, tokenizer_dir
@@ -101,7 +102,11 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
     )
     pad_label = IGNORE if d.labels != "pad_id" or recipe.pad_token.mask_labels else pad
     collation = Collation(padding_side=d.padding_side, packing=d.packing, pad_id=pad, pad_label=pad_label)
-    encoded = encode(rows, tokenizer, encoding)
+    try:
+        encoded = encode(rows, tokenizer, encoding, str(d.path))
+    except UnicodeDecodeError as e:  # text pyarrow kept as it was read decodes only when a row is rendered
+        where = bad_line(Path(d.path).expanduser(), builder_of(Path(d.path)))
+        raise NandoctorError(f"cannot read data {str(d.path)!r}: {where or f'text is not UTF-8 ({e})'}") from None
     return EncodedRows(str(d.path), kind, encoded, encoding, collation, tokenizer, path, why)
 
 
