@@ -11,13 +11,9 @@ from pathlib import Path
 
 from ..cells import SHORT_DTYPES, Cell, compile_of_training_args, precision_of_training_args, reduce_dtype
 from ..config import Recipe
-
-# all_masked_batches: the rules' fact, computed with the data
-from ..data import all_masked_batches, batches  # noqa: F401
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..thresholds import THRESHOLDS
-from ..userdata.tokenizer import has_tokenizer, load_tokenizer  # noqa: F401  (where the doctor found them)
 from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],
