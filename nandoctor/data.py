@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from .config import Recipe
 from .userdata.collate import Collation, batch_figures, collate, join
-from .userdata.tokenizer import config_pad_id
+from .userdata.tokenizer import pad_id as policy_pad_id
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class DataStream:
 
 def pad_id(recipe: Recipe, config) -> int:
     """The synthetic stream's pad id under pad_token.policy."""
-    return config_pad_id(recipe.pad_token.policy, config)
+    return policy_pad_id(recipe.pad_token.policy, config=config, config_pad=False)[0]
 
 
 def synthetic_batches(recipe: Recipe, config, seed: int) -> list[dict]:

@@ -154,17 +154,50 @@ def tokenizer_of(recipe: Recipe) -> str | None:
     return recipe.model.path if has_tokenizer(recipe.model.path) else None
 
 
-def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None) -> dict | None:
-    """The data and setup lint of the recipe's rows (userdata/lint.lint_data: the Data section of the
-    reports, run.json's "data"), read with `tokenizer` or the one tokenizer_of names; None when the
-    recipe trains on the synthetic stream. grid, check and bisect run it before any probe."""
+def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) -> dict | None:
+    """The data and setup lint of the recipe's rows (the Data section of the reports, run.json's
+    "data"): what was read, the scan's histograms and tables (userdata/lint.scan), the batches a probe
+    of this recipe trains on (with their rows), the checks measured on the model (measure/lint.py:
+    `model`, or one built from the recipe, the user's class and `attn`) and the findings, judged by the
+    rules the probes are judged by (verdicts.setup_judged). Read with `tokenizer` or the one tokenizer_of
+    names; None when the recipe trains on the synthetic stream. grid, check and bisect run it before
+    any probe."""
     if recipe.data.source != "file":
         return None
-    from .userdata.lint import lint_data
+    from .analysis.verdicts import setup_judged
+    from .cells import PACKAGES
+    from .data import make_batch
+    from .measure.lint import measure
+    from .optional import hidden
+    from .userdata.lint import findings, scan
+    from .userdata.read import open_rows
+    from .userdata.rows import encoded_rows, user_batches
+    from .userdata.template import assistant_mask_check
 
     if tokenizer is None and tokenizer_of(recipe):
         tokenizer = load_tokenizer(tokenizer_of(recipe))
-    return lint_data(recipe, model_config(recipe), tokenizer, attn)
+    config = model_config(recipe)
+    encoded = encoded_rows(recipe, config, tokenizer)
+    facts, section, content = scan(encoded, recipe, config)
+    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
+    batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
+    # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
+    # package: transformers and peft then import none of them, nor print their noise (optional.py)
+    with hidden(PACKAGES if model is None else ()):
+        measured = measure(recipe, encoded, batches, content, attn, model) if facts["ids_beyond_vocab"] == 0 else {}
+    facts.update(measured, **setup_judged(measured))
+    report = {
+        "source": encoded.describe(),
+        **section,
+        "batches": [b.describe() for b in batches],
+        "measured": measured,
+        "findings": findings(facts),
+    }
+    if encoded.kind == "messages" and encoded.encoding.labels == "completion_only":
+        # whether TRL's assistant_only_loss would label what the probe labels (recommend.completion_code)
+        report["assistant_mask"] = assistant_mask_check(encoded, open_rows(recipe.data.path))
+    return report
 
 
 def lint_lines(data: dict | None) -> list[str]:

@@ -73,21 +73,29 @@ class Thresholds:
     - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
       RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
 
-    The probe's own setup, measured at step 0 (record.setup_checks; the `misconfigured` verdict):
+    The probe's own setup, measured at step 0 (record.setup_checks; the `misconfigured` verdict), and
+    the same figures measured by the data lint (`doctor --data`, every grid, check and bisect) and the
+    training callbacks: one rule each (`packing_leaks`, `accumulation_misweighted`), a figure against a
+    baseline that cannot share the fault, beyond the larger of an absolute bound and 10x a rounding floor
+    measured apart from the figure (measure/numerics.in_fp32: this precision against fp32):
     - packing_leak_abs / packing_leak_factor: a packed segment's logits must be the segment's own, run
-      alone, up to the model's rounding: a packed forward leaks when its largest logit difference
-      exceeds the larger of 1e-4 and 10x what the same packed batch moves them with no mask and no
-      cache (packing_clean_diff, the model's own rounding in its dtype). position_ids alone gave 2e-7
-      on a 2-layer tiny Llama in fp32; the usual 2-D all-ones mask beside them gave 0.77, because
-      transformers builds the per-segment mask only when no mask is passed and no cache exists
-      (huggingface/transformers PR #46634, huggingface/trl#3067).
-    - accumulation_min_cosine: the gradient a step accumulates over its micro-batches must point where
-      the full batch's does: a cosine below 0.99 weights the micro-batches' tokens unequally. By the
-      step's token count (num_items_in_batch) it was 1.000003 on rows of 32, 4, 4 and 4 tokens; averaged
-      per micro-batch, 0.666 (huggingface/transformers PR #34191, #37766). The bound is scaled by the
-      token-normalised cosine of the same step when it is below 1 (accumulation_cosine_tokens: the
-      model's own rounding), since a bf16-pure probe measures its gradients in bf16: by tokens 0.996
-      on the rows above, per micro-batch 0.719.
+      alone, up to the model's rounding: a packed forward leaks when its largest logit difference to the
+      segments run alone exceeds the larger of 1e-4 and 10x packing_floor (the segments alone in the
+      probe's precision against fp32). Measured on a 2-layer tiny Llama: position_ids alone 2e-7 in fp32
+      (floor 0); bf16-pure 0.0039 against a floor of 0.0044, fp16-pure 0.00049 against 0.00054; the usual
+      2-D all-ones mask beside the position_ids 0.77, because transformers builds the per-segment mask only
+      when no mask is passed and no cache exists (huggingface/transformers PR #46634,
+      huggingface/trl#3067); a model that drops position_ids 0.5.
+    - accumulation_error_abs / accumulation_error_factor: the gradient a step accumulates over its
+      micro-batches (each one's loss the model's own, num_items_in_batch passed as the Trainer passes it)
+      must be the full batch's (one backward of all the step's rows): it is misweighted when their
+      relative difference ||accumulated - full|| / ||full|| exceeds the larger of 1e-3 and 10x
+      accumulation_floor (the full batch's gradient in the probe's precision against fp32). Measured on
+      the tiny Llama over rows of 32, 4, 4 and 4 tokens: by tokens 9e-8 in fp32 (floor 0), 0.0043 in
+      bf16-pure (floor 0.0065), 0.00052 in fp16-pure (floor 0.00073); averaged per micro-batch 1.18 in
+      each (cosine 0.587, norm ratio 1.45: huggingface/transformers PR #34191, #37766); a model that
+      ignores num_items_in_batch under the Trainer's token normalisation sums the micro-batches' means:
+      its error is at least steps - 1 (3.0 on four equal rows).
     - expert_dead_fraction / expert_min_load: a mixture of experts' router has collapsed in a layer when
       half of its experts or more get no token of a step, judged only where an even router would give
       each expert 8 assignments or more (tokens x top-k / experts; the chance an expert of an even
@@ -132,7 +140,8 @@ class Thresholds:
     memory_noise: float = 0.05
     packing_leak_abs: float = 1e-4
     packing_leak_factor: float = 10.0
-    accumulation_min_cosine: float = 0.99
+    accumulation_error_abs: float = 1e-3
+    accumulation_error_factor: float = 10.0
     roundtrip_loss_rel: float = 0.01
     roundtrip_logits_rel: float = 0.02
     roundtrip_update_lost: float = 0.1
@@ -143,21 +152,23 @@ class Thresholds:
     expert_share_even_max: float = 0.125
     route_flip_share: float = 0.05
 
-    def packing_leaks(self, max_diff, clean_diff) -> bool:
+    def packing_bound(self, floor=None) -> float:
+        """The largest logit difference a packed forward may show against its segments run alone."""
+        return _bound(self.packing_leak_abs, self.packing_leak_factor, floor)
+
+    def packing_leaks(self, max_diff, floor=None) -> bool:
         """Whether a packed forward's largest logit difference to its segments run alone is a leak
         (False for a figure that is absent or not finite: nothing measured, nothing judged)."""
-        floor = self.packing_leak_factor * clean_diff if _finite(clean_diff) else 0.0
-        return _finite(max_diff) and max_diff > max(self.packing_leak_abs, floor)
+        return _finite(max_diff) and max_diff > self.packing_bound(floor)
 
-    def accumulation_bound(self, by_tokens=None) -> float:
-        """The lowest cosine an accumulated step-0 gradient may have to the full batch's:
-        accumulation_min_cosine times the token-normalised cosine `by_tokens` when that is below 1 (the
-        rounding of the dtype the gradients were measured in)."""
-        return self.accumulation_min_cosine * (min(1.0, by_tokens) if _finite(by_tokens) and by_tokens > 0 else 1.0)
+    def accumulation_bound(self, floor=None) -> float:
+        """The largest relative difference an accumulated step-0 gradient may show to the full batch's."""
+        return _bound(self.accumulation_error_abs, self.accumulation_error_factor, floor)
 
-    def accumulation_misweighted(self, cosine, by_tokens=None) -> bool:
-        """Whether an accumulated step-0 gradient's cosine to the full batch's is below accumulation_bound."""
-        return _finite(cosine) and cosine < self.accumulation_bound(by_tokens)
+    def accumulation_misweighted(self, error, floor=None) -> bool:
+        """Whether an accumulated step-0 gradient's relative difference to the full batch's is beyond
+        accumulation_bound (False for a figure that is absent or not finite)."""
+        return _finite(error) and error > self.accumulation_bound(floor)
 
     def unjudged(self, steps: int) -> list[str]:
         """The verdict rules a probe of `steps` training steps is too short to apply."""
@@ -166,6 +177,12 @@ class Thresholds:
 
 
 THRESHOLDS = Thresholds()
+
+
+def _bound(absolute: float, factor: float, floor) -> float:
+    """max(absolute, factor x floor): a figure's bound above the rounding floor measured beside it (a
+    floor that is absent or not finite raises nothing)."""
+    return max(absolute, factor * floor) if _finite(floor) else absolute
 
 
 def _finite(x) -> bool:

@@ -284,3 +284,48 @@ def save_tied_router_qwen3_moe(path: Path) -> Path:
             gate[:, 0] = 1.0
     model.save_pretrained(path)
     return path
+
+
+# The two mutants the setup checks must catch (STYLE rule 24): modeling code that reads like Llama's
+# and trains, with the loss falling, while the setup is broken.
+DROPS_POSITIONS_CODE = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class DropsPositionsLlamaConfig(LlamaConfig):
+    model_type = "dropspositions-llama"
+
+
+class DropsPositionsLlamaForCausalLM(LlamaForCausalLM):
+    """Ignores position_ids: positions count on across a packed row and, with no mask and no
+    position_ids, transformers builds one causal mask over the whole row: the segments see each other."""
+    config_class = DropsPositionsLlamaConfig
+
+    def forward(self, *args, position_ids=None, **kwargs):
+        return super().forward(*args, **kwargs)
+'''
+
+IGNORES_ITEMS_CODE = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class IgnoresItemsLlamaConfig(LlamaConfig):
+    model_type = "ignoresitems-llama"
+
+
+class IgnoresItemsLlamaForCausalLM(LlamaForCausalLM):
+    """Takes loss kwargs (its **kwargs) but drops num_items_in_batch: each micro-batch's loss is its
+    own mean, and the Trainer, which then does not divide by the accumulation steps, adds them up."""
+    config_class = IgnoresItemsLlamaConfig
+
+    def forward(self, *args, num_items_in_batch=None, **kwargs):
+        return super().forward(*args, **kwargs)
+'''
+
+
+def save_drops_positions_llama(path: Path, **config_extra) -> Path:
+    return save_custom_llama(path, "drops_positions", "DropsPositions", DROPS_POSITIONS_CODE, **config_extra)
+
+
+def save_ignores_items_llama(path: Path, **config_extra) -> Path:
+    return save_custom_llama(path, "ignores_items", "IgnoresItems", IGNORES_ITEMS_CODE, **config_extra)

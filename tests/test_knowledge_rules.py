@@ -9,18 +9,13 @@ from parallel_records import PARALLEL_CASES
 from nandoctor.analysis.verdicts import judged_facts
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, set_field
+from nandoctor.data import all_masked_batches
 from nandoctor.knowledge import evaluate, rules
-from nandoctor.knowledge.facts import (
-    all_masked_batches,
-    env_facts,
-    load_tokenizer,
-    observed_facts,
-    setup_facts,
-    trainer_cell,
-)
+from nandoctor.knowledge.facts import env_facts, observed_facts, setup_facts, trainer_cell
 from nandoctor.models import model_config
 from nandoctor.recipes import recipe_by_name
 from nandoctor.record import ProbeRecord, Step
+from nandoctor.userdata.tokenizer import load_tokenizer
 
 CPU = {"device": "cpu", "gpus": [], "cudnn": None}
 
@@ -234,12 +229,12 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
     ),
     "packed-segments-not-isolated": (
-        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 0.77, "packing_clean_diff": 2e-7})),
-        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 2e-7, "packing_clean_diff": 2e-7})),
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 0.77, "packing_floor": 0.0})),
+        lambda t, p: judged_facts(checked({"packing_max_logit_diff": 2e-7, "packing_floor": 0.0})),
     ),
     "accumulation-not-token-normalised": (
-        lambda t, p: judged_facts(checked({"accumulation_cosine": 0.666})),
-        lambda t, p: judged_facts(checked({"accumulation_cosine": 1.000003})),
+        lambda t, p: judged_facts(checked({"accumulation_error": 1.18, "accumulation_floor": 0.0})),
+        lambda t, p: judged_facts(checked({"accumulation_error": 8.9e-8, "accumulation_floor": 0.0})),
     ),
     "trainable-group-gets-no-gradient": (
         lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),

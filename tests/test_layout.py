@@ -21,6 +21,27 @@ FOUNDATION = {
     "nandoctor.env",
     "nandoctor.digests",
 }
+# The layers, lowest first (docs/architecture.md draws them): a module imports only modules of its own
+# layer and of the layers below. The package root (nandoctor/__init__.py: __version__, and a lazy
+# load_run) stands outside them.
+LAYERS = (
+    ("foundation", FOUNDATION | {"nandoctor.jsonio", "nandoctor.optional"}),
+    ("knowledge", {"nandoctor.knowledge"}),
+    ("userdata", {"nandoctor.userdata"}),
+    (
+        "plan",
+        {"nandoctor.data", "nandoctor.recipes", "nandoctor.capabilities", "nandoctor.plan", "nandoctor.recommend"},
+    ),
+    ("models", {"nandoctor.models"}),
+    ("measure", {"nandoctor.measure"}),
+    ("child", {"nandoctor.child"}),
+    ("run", {"nandoctor.run"}),
+    ("analysis", {"nandoctor.analysis"}),
+    ("around", {"nandoctor.report", "nandoctor.retime", "nandoctor.explain", "nandoctor.doctor"}),
+    ("api", {"nandoctor.api", "nandoctor.integrations"}),
+    ("bisect", {"nandoctor.bisect"}),
+    ("cli", {"nandoctor.cli"}),
+)
 # what each part may never import: later stages, and across the process boundary
 FORBIDDEN = {
     "nandoctor.child": (
@@ -138,6 +159,25 @@ def test_a_part_never_imports_a_later_stage_or_the_other_process(part):
         if within(t, f)
     ]
     assert bad == []
+
+
+def layer_of(name: str) -> int | None:
+    return next((i for i, (_, parts) in enumerate(LAYERS) for p in parts if within(name, p)), None)
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in graph() if m != "nandoctor" and layer_of(m) is None] == []
+
+
+def test_no_module_imports_one_of_a_layer_above_it():
+    above = [
+        f"{m} ({LAYERS[layer_of(m)][0]}) -> {t} ({LAYERS[layer_of(t)][0]})"
+        for m, targets in graph().items()
+        if m != "nandoctor"
+        for t in targets
+        if within(t, "nandoctor") and t != "nandoctor" and layer_of(t) > layer_of(m)
+    ]
+    assert above == []
 
 
 def test_foundation_modules_import_only_each_other():

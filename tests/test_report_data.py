@@ -14,10 +14,8 @@ from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.cli import main
 from nandoctor.config import recipe_from_dict
-from nandoctor.models import model_config
-from nandoctor.recipes import resolve_model
+from nandoctor.doctor import data_lint
 from nandoctor.report.data import data_markdown, histogram_svg
-from nandoctor.userdata.lint import lint_data
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-lr30"
 
@@ -27,7 +25,7 @@ def chat_section(tmp_path) -> dict:
     r = recipe_from_dict(
         {"data": {"path": str(write_jsonl(tmp_path / "chat.jsonl", chat_rows(10))), "tokenizer": str(tok)}}, "r"
     )
-    return json.loads(json.dumps(lint_data(r, model_config(resolve_model(None)))))  # as run.json would hold it
+    return json.loads(json.dumps(data_lint(r)))  # as run.json would hold it
 
 
 def test_a_run_on_the_synthetic_stream_says_so(tmp_path):

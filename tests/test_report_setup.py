@@ -57,7 +57,8 @@ def test_the_data_section_shows_rows_setup_checks_and_starved_groups():
     assert "| fp32/eager/off, fp32/sdpa/off, bf16-amp/sdpa/off | longest | 11, 5, 2, 9 |" in md
     assert "Setup checks each probe measured at step 0, on its own model:" in md
     leak = next(line for line in md.splitlines() if line.startswith("| fp32/eager/off | packing isolation"))
-    assert "max logit difference 0.771 over 4 segments (a 2-D attention mask" in leak and leak.endswith("| leaks    |")
+    assert "max logit difference 0.771 to each of 4 segments run alone (a 2-D attention mask" in leak
+    assert "bound 0.0001 (the segments alone move by 0 against fp32)" in leak and leak.endswith("| leaks    |")
     assert "| fp32/sdpa/off  | packing isolation | max logit difference 2e-07" in md and "| isolated |" in md
     assert "Trainable groups that got no gradient at any step:" in md
     assert (

@@ -59,11 +59,13 @@ def skewed(ckpt, tmp_path_factory):
 
 def test_micro_batch_normalisation_on_lengths_32_4_4_4_skews_step_0s_gradient(ckpt, skewed):
     """Each micro-batch's mean loss over the steps weighs the 3 loss terms of a 4-token row like the 31 of
-    the long one: step 0's gradient leaves the full batch's direction (cosine ~0.6-0.7 on this model)."""
+    the long one: step 0's gradient leaves the full batch's direction (cosine 0.587, relative difference
+    1.18 on this model)."""
     micro = probe(ckpt, {**skewed, "gradient_accumulation_steps": 4, "loss_normalization": "micro_batch"})
     checks = micro.setup_checks
     assert checks["accumulation_targets"] == "31, 3, 3, 3" and checks["loss_normalization"] == "micro_batch"
     assert 0.5 < checks["accumulation_cosine"] < 0.8 and checks["accumulation_norm_ratio"] > 1.2
+    assert checks["accumulation_error"] > 0.5 and checks["accumulation_floor"] == 0.0
 
 
 def test_token_normalisation_accumulates_the_full_batchs_step(ckpt, skewed):
@@ -72,7 +74,7 @@ def test_token_normalisation_accumulates_the_full_batchs_step(ckpt, skewed):
     tokens = probe(ckpt, {**skewed, "gradient_accumulation_steps": 4, "loss_normalization": "tokens"}, steps=2)
     micro = probe(ckpt, {**skewed, "gradient_accumulation_steps": 4, "loss_normalization": "micro_batch"}, steps=2)
     whole = probe(ckpt, {**skewed, "batch_size": 4}, steps=2)
-    assert tokens.setup_checks["accumulation_cosine"] > 0.9999
+    assert tokens.setup_checks["accumulation_error"] < 1e-5
     assert tokens.steps[0].loss == pytest.approx(whole.steps[0].loss, rel=1e-6)
     assert tokens.steps[0].grad_norm == pytest.approx(whole.steps[0].grad_norm, rel=1e-5)
     assert micro.steps[0].grad_norm > 1.2 * whole.steps[0].grad_norm
@@ -177,7 +179,7 @@ def test_packing_with_a_2d_mask_leaks_between_segments_and_position_ids_alone_do
     mask beside the position_ids makes each segment attend to the ones before it (transformers PR
     #46634); position_ids alone and the 4-D block mask keep them apart."""
     leak = probe(ckpt, {**uneven, "data.packing": "position_ids_with_mask"}, steps=2).setup_checks
-    assert leak["packing_segments"] == 4 and leak["packing_max_logit_diff"] > 0.1 and leak["packing_clean_diff"] < 1e-4
+    assert leak["packing_segments"] == 4 and leak["packing_max_logit_diff"] > 0.1 and leak["packing_floor"] == 0.0
     assert "2-D attention mask" in leak["packing_cause"]
     for packing in ("position_ids", "block_mask"):
         kept = probe(ckpt, {**uneven, "data.packing": packing}, steps=2).setup_checks

@@ -105,7 +105,14 @@ def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
         for i, loss in enumerate(values)
     ]
     # the step-0 setup checks and the per-group accounting, every figure pathological too
-    figures = ("packing_max_logit_diff", "packing_clean_diff", "accumulation_cosine", "accumulation_norm_ratio")
+    figures = (
+        "packing_max_logit_diff",
+        "packing_floor",
+        "accumulation_error",
+        "accumulation_floor",
+        "accumulation_cosine",
+        "accumulation_norm_ratio",
+    )
     setup = {name: rng.choice(PATHOLOGICAL + [None]) for name in figures if rng.random() < 0.7}
     return ProbeRecord(
         cell.id,

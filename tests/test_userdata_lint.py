@@ -8,9 +8,8 @@ import pytest
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.config import recipe_from_dict
-from nandoctor.models import model_config
-from nandoctor.recipes import resolve_model
-from nandoctor.userdata.lint import data_rules, histogram, lint_data
+from nandoctor.doctor import data_lint
+from nandoctor.userdata.lint import data_rules, histogram
 
 TESTS = Path(__file__).parent
 
@@ -32,7 +31,7 @@ def test_histogram_bins_hold_every_row():
 
 def lint(tmp_path, rows, **data):
     r = recipe_from_dict({"data": {"path": str(write_jsonl(tmp_path / "rows.jsonl", rows)), **data}}, "r")
-    return lint_data(r, model_config(resolve_model(None)))
+    return data_lint(r)
 
 
 def test_pre_tokenized_rows_that_label_their_padding_are_found(tmp_path):

@@ -75,21 +75,21 @@ def test_a_template_that_moves_the_last_turn_is_an_error(files):
     assert code == 0 and not found
 
 
-def test_packing_with_the_default_use_cache_leaks(files):
-    args = ("--data", files["chat"], "--tokenizer", files["tok"], "--set", "data.packing=position_ids")
-    code, found, _ = doctor(*args, "--model", files["ckpt"])
+def test_packing_is_measured_as_the_trainer_trains_and_a_2d_mask_beside_it_leaks(files):
+    """The checkpoint's config says use_cache=True; the Trainer (and every probe) trains with
+    use_cache=False, and so the lint measures: position_ids alone are isolated, the same rows with a
+    2-D all-ones mask beside them leak, an explicit 4-D mask isolates them."""
+    args = ("--data", files["chat"], "--tokenizer", files["tok"], "--model", files["ckpt"])
+    code, found, report = doctor(*args, "--set", "data.packing=position_ids")
+    assert code == 0 and not found and report["data"]["measured"]["packing_max_logit_diff"] < 1e-5
+    code, found, _ = doctor(*args, "--set", "data.packing=position_ids_with_mask")
     leak = found["packing-leaks-across-segments"]
-    assert (
-        code == 1
-        and "use_cache=True" in leak["figure"]
-        and "https://github.com/huggingface/transformers/pull/46634" in leak["evidence"][0]
-    )
+    assert code == 1 and "a 2-D attention mask is passed beside the position_ids" in leak["figure"]
+    assert "https://github.com/huggingface/transformers/pull/46634" in leak["evidence"][0]
     diff = float(leak["figure"].split("max logit difference ")[1].split(" ")[0])
     assert diff > 0.1  # the issue: 0.68 on its tiny Llama
-    code, found, report = doctor(*args, "--model", files["ckpt_no_cache"])
-    assert code == 0 and not found and report["data"]["measured"]["packing_max_logit_diff"] < 1e-4
-    code, found, _ = doctor(*args[:-1], "data.packing=block_mask", "--model", files["ckpt"])
-    assert code == 0 and not found  # an explicit 4-D mask isolates the segments, cache or not
+    code, found, _ = doctor(*args, "--set", "data.packing=block_mask")
+    assert code == 0 and not found
 
 
 def test_rows_packed_by_the_user_with_a_2d_mask_leak(files):
@@ -177,7 +177,7 @@ def test_ids_beyond_the_vocabulary_are_an_error(tmp_path, files):
     )
 
 
-def test_per_micro_batch_accumulation_on_uneven_rows_is_a_warning(files):
+def test_per_micro_batch_accumulation_on_uneven_rows_is_an_error(files):
     rows = write_jsonl(files["dir"] / "uneven.jsonl", [{"input_ids": list(range(10, 10 + n))} for n in (32, 4, 4, 4)])
     args = (
         "--data",
@@ -190,9 +190,10 @@ def test_per_micro_batch_accumulation_on_uneven_rows_is_a_warning(files):
         "gradient_accumulation_steps=4",
     )
     code, found, _ = doctor(*args, "--set", "loss_normalization=micro_batch")
-    assert code == 0 and "gives a gradient with cosine 0." in found["accumulation-normalised-per-micro-batch"]["figure"]
+    figure = found["accumulation-normalised-per-micro-batch"]["figure"]
+    assert code == 1 and "loss_normalization=micro_batch differs from the full batch's by " in figure, figure
     code, found, _ = doctor(*args, "--set", "loss_normalization=tokens")
-    assert "accumulation-normalised-per-micro-batch" not in found
+    assert code == 0 and "accumulation-normalised-per-micro-batch" not in found
 
 
 def test_reentrant_checkpointing_that_starves_the_lora_weights_is_an_error(files):

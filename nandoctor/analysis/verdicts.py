@@ -157,60 +157,64 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
     return None
 
 
-def setup_judgement(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
-    """The one decision on a probe's (or a live run's) step-0 setup figures, which the `misconfigured`
-    verdict, the knowledge rules' facts, the reports' setup table and the callbacks' lint all read:
-    packing_leaks and accumulation_misweighted, each True, False, or None where it was not measured."""
-    c = checks or {}
-    return {
-        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_clean_diff"))
-        if "packing_max_logit_diff" in c
-        else None,
-        "accumulation_misweighted": t.accumulation_misweighted(
-            c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")
-        )
-        if "accumulation_cosine" in c
-        else None,
-    }
-
-
 def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
-    """The step-0 setup checks (record.setup_checks, or the live lint's figures) that failed
-    (setup_judgement), each as one clause naming the check and its figure; [] when none failed or none
-    was measured."""
+    """The step-0 setup checks (record.setup_checks, or the live lint's figures) that failed, each as one
+    clause naming the check and its figure; [] when none failed or none was measured."""
     c = checks or {}
-    judged = setup_judgement(c, t)
+    judged = setup_judged(c, t)
     out = []
     if judged["packing_leaks"]:
-        clean = _num(c.get("packing_clean_diff"))
-        floor = max(t.packing_leak_abs, t.packing_leak_factor * clean) if math.isfinite(clean) else t.packing_leak_abs
+        floor = c.get("packing_floor")
         out.append(
             f"packing: one packed forward of {c.get('packing_segments', '?')} segments differs from each segment "
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
-            f"beyond {floor:.2g} (with no mask and no cache the same batch gives {_fmt(clean)})"
+            f"beyond {t.packing_bound(floor):.2g}"
+            + (f" (the segments alone move by {_fmt(_num(floor))} against fp32)" if floor is not None else "")
         )
     if judged["accumulation_misweighted"]:
         norm = c.get("loss_normalization") or "?"
-        ratio = c.get("accumulation_norm_ratio") if norm == "micro_batch" else None
-        tokens = c.get("accumulation_cosine_tokens")
         out.append(
             f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
-            f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, has cosine "
-            f"{c['accumulation_cosine']:.3f} to the full batch's"
-            + (f" (norm ratio {_fmt(_num(ratio))})" if ratio is not None else "")
-            + f", below {t.accumulation_bound(tokens):.4g}"
-            + (f"; normalised by the step's tokens it is {_fmt(_num(tokens))}" if norm != "tokens" and tokens else "")
+            f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, differs from "
+            f"the full batch's by {_fmt(c['accumulation_error'])} (relative; cosine "
+            f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
+            f"beyond {t.accumulation_bound(c.get('accumulation_floor')):.2g}"
         )
     return out
 
 
-def setup_passed(checks: dict) -> str:
-    """The figures of setup checks that passed, in a few words."""
+def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
+    """Whether each measured setup check failed: packing_leaks, accumulation_misweighted (None where the
+    check was not measured), and the bound each applied (packing_bound, accumulation_bound). The one rule each, for the probes, the data lint and the callbacks."""
+    c = checks or {}
+    return {
+        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_floor"))
+        if "packing_max_logit_diff" in c
+        else None,
+        "accumulation_misweighted": t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+        if "accumulation_error" in c
+        else None,
+        # the bounds those decisions applied, for the reports to show beside the figures
+        "packing_bound": t.packing_bound(c.get("packing_floor")) if "packing_max_logit_diff" in c else None,
+        "accumulation_bound": t.accumulation_bound(c.get("accumulation_floor")) if "accumulation_error" in c else None,
+    }
+
+
+def setup_passed(checks: dict, t: Thresholds = THRESHOLDS) -> str:
+    """The figures of setup checks that passed, in a few words: what was measured and its bound."""
     said = []
     if "packing_max_logit_diff" in checks:
-        said.append(f"packed segments isolated (max logit difference {_fmt(_num(checks['packing_max_logit_diff']))})")
-    if "accumulation_cosine" in checks:
-        said.append(f"accumulated gradient's cosine to the full batch's {_fmt(_num(checks['accumulation_cosine']))}")
+        said.append(
+            f"packed segments isolated (max logit difference {_fmt(_num(checks['packing_max_logit_diff']))} "
+            f"to each segment alone, bound {t.packing_bound(checks.get('packing_floor')):.2g})"
+        )
+    if "accumulation_error" in checks:
+        said.append(
+            "accumulated gradient is the full batch's (relative difference "
+            f"{_fmt(_num(checks['accumulation_error']))}, "
+            f"bound {t.accumulation_bound(checks.get('accumulation_floor')):.2g}; cosine "
+            f"{_fmt(_num(checks.get('accumulation_cosine')))})"
+        )
     return "; ".join(said) or "nothing measured"
 
 
@@ -338,7 +342,7 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
     no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
     return {
-        **setup_judgement(record.setup_checks, t),
+        **setup_judged(record.setup_checks, t),
         "groups_without_gradient": len(starved_groups(record.steps)),
         "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
     }

@@ -9,7 +9,6 @@ from `restart`, so they train the same thing. docs/training-options.md says what
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,7 @@ from typing import Any
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
 from ..data import DataStream, stream
+from ..measure.accumulation import normalized
 from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
@@ -138,7 +138,9 @@ class Setup:
     # (parallel.shard); `data` and `restart`'s stream apply it, so the replay trains the timed steps' rows
     rows: Callable[[dict], dict] = whole
     stream: DataStream | None = None  # the batches `data` cycles through, and where they came from
-    normalization: str = "micro_batch"  # config.LOSS_NORMALIZATIONS, as `normalized` applies it to this model
+    normalization: str = (
+        "micro_batch"  # config.LOSS_NORMALIZATIONS, as measure.accumulation.normalized applies it to this model
+    )
     world_size: int = 1  # the ranks sharing each micro-batch (train.micro_loss)
 
 
@@ -158,17 +160,6 @@ def first_step(spec: ProbeSpec, s: Setup) -> tuple[list, Any]:
     """The probe's first optimizer step, every row of it, on its device: what one process trains at
     step 0 (the step-0 gradient agreement's reference, the replay's gradient underflow, the setup checks)."""
     return next(_steps(spec, s.stream))
-
-
-def normalized(recipe: Recipe, model) -> str:
-    """loss_normalization as Trainer applies it to this model: by tokens (num_items_in_batch passed to
-    the forward) only when the model takes loss kwargs (its accepts_loss_kwargs, else a **kwargs in its
-    forward, read on the model under the adapter); Trainer normalises any other per micro-batch."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    accepts = getattr(base, "accepts_loss_kwargs", None)
-    if accepts is None:
-        accepts = any(p.kind == p.VAR_KEYWORD for p in inspect.signature(base.forward).parameters.values())
-    return recipe.loss_normalization if accepts else "micro_batch"
 
 
 def _optimizer(spec: ProbeSpec, model):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .. import jsonio
 from ..record import ProbeRecord, ProbeSpec, Step
+from ..userdata.encode import segments
 from .build import Setup, first_step, restart
 from .probe import probe
 from .ranks import Ranks
@@ -54,7 +55,7 @@ def _segments_shard(batch: dict, rank: int, world_size: int) -> dict:
     """This rank's share of one packed row's segments (position_ids restart at 0 for each), with the
     part of its mask that covers them (2-D: those columns; 4-D: that block)."""
     positions = batch["position_ids"][0]
-    starts = sorted({0, *(positions == 0).nonzero().flatten().tolist()})
+    starts = [a for a, _ in segments(positions)]
     bounds = starts + [positions.numel()]
     a, b = bounds[rank * len(starts) // world_size], bounds[(rank + 1) * len(starts) // world_size]
     out = {k: v[:, a:b] for k, v in batch.items() if k != "attention_mask"}

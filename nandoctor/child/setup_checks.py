@@ -1,17 +1,19 @@
 """The probe's own setup, measured at step 0 where a training option can break it without the loss
-saying so, with the data lint's measurements (userdata/measure.py) on the probe's own model,
-attention implementation and collator, before the timed steps:
+saying so, with the measurements of nandoctor/measure/ (the data lint's too) on the probe's own
+model, precision, attention implementation and collator, before the timed steps:
 
-- packed batches (data.packing): packing isolation, the largest logit difference between the first
-  packed micro-batch's forward and each of its segments run alone (`packing_max_logit_diff`), beside
-  the same forward with no mask and no cache (`packing_clean_diff`: what the model's own arithmetic
-  moves a logit by, the floor a leak stands out from);
-- several micro-batches a step (gradient_accumulation_steps > 1): the cosine of step 0's accumulated
-  gradient, as the probe's loss normalisation makes it, to the full batch's token-normalised gradient
-  (`accumulation_cosine`), with both normalisations' figures.
+- packed batches (data.packing): packing isolation (measure/packing.py), the largest logit difference
+  between the first packed micro-batch's forward and each of its segments run alone
+  (`packing_max_logit_diff`), beside the segments alone in the probe's precision against fp32
+  (`packing_floor`: what the model's own rounding moves a logit by, the floor a leak stands out from);
+- several micro-batches a step (gradient_accumulation_steps > 1): step 0's gradient accumulated over
+  its micro-batches through the model's own loss, as the probe trains (train.micro_loss), against the
+  full batch's gradient from one backward of all its rows (`accumulation_error`, beside its
+  `accumulation_floor`; measure/accumulation.py).
 
-Skipped (None) when neither option is on. No dropout, no RNG draw, no weight moves, and the
-gradients are unset afterwards, so the timed steps train as they would without it.
+Skipped (None) when neither option is on. No dropout, no RNG draw, no weight moves (the fp32 floor
+casts the weights up and back bit for bit), and the gradients are unset afterwards, so the timed steps
+train as they would without it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def setup_checks(spec: ProbeSpec, s: Setup) -> dict | None:
     they took; None when none applies. `s` is the setup before any rank wraps its model."""
     import torch
 
-    from ..userdata.measure import accumulation_figures, packing_isolation
+    from ..measure.accumulation import accumulation_figures
+    from ..measure.packing import packing_isolation
 
     recipe = spec.recipe
     packed, micro = recipe.data.packing != "none", recipe.gradient_accumulation_steps
@@ -47,10 +50,7 @@ def setup_checks(spec: ProbeSpec, s: Setup) -> dict | None:
         out.update(packing_isolation(s.model, batches[0]))
     if micro > 1:
         full = Batch(s.stream.joined(group)).to(spec.device, dtype)
-        figures = accumulation_figures(s.model, batches, full, ACCUMULATION_ELEMENTS)
-        figures["accumulation_cosine"] = figures[f"accumulation_cosine_{s.normalization}"]
-        out.update(figures, loss_normalization=s.normalization)
-        s.model.zero_grad(set_to_none=True)
+        out.update(accumulation_figures(s.model, batches, full, s.normalization, ACCUMULATION_ELEMENTS))
     if spec.device == "cuda":
         torch.cuda.reset_peak_memory_stats()  # the checks' transients are not the training's peak
     out["seconds"] = time.perf_counter() - t0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .. import jsonio
+from ..measure.accumulation import micro_loss as trainer_micro_loss
 from ..record import Step
 from .build import Setup
 
@@ -54,15 +55,9 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
 
 
 def micro_loss(model, batch: dict, items, micro_batches: int, s: Setup):
-    """One micro-batch's share of its step's loss, as Trainer computes it (transformers 5.24
-    compute_loss / training_step). By tokens: the summed token loss over the step's loss terms over
-    every rank (`items`, passed to the model as num_items_in_batch), times the ranks (DDP and FSDP
-    average the ranks' gradients, Trainer's average_tokens_across_devices undoes it): the step's
-    gradient is the full batch's. Per micro-batch (also where `items` is None): the micro-batch's mean
-    token loss over the number of micro-batches."""
-    if s.normalization == "tokens" and items is not None:
-        return model(**batch, num_items_in_batch=items).loss * s.world_size
-    return model(**batch).loss / micro_batches
+    """One micro-batch's share of its step's loss, as Trainer computes it (measure/accumulation.py
+    micro_loss, which the accumulation check runs too), under the probe's normalisation and ranks."""
+    return trainer_micro_loss(model, batch, items, micro_batches, s.normalization, s.world_size)
 
 
 def batch_tokens(batch: dict) -> int | None:

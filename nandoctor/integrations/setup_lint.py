@@ -1,6 +1,6 @@
 """The data and setup lint on a live run's own first batches, at train start: the trainer's dataset
 collated by its own collator, measured as `nandoctor doctor --data` measures the user's rows
-(userdata/lint.py, measure.py), with the live model:
+(userdata/lint.py, measure/), with the live model:
 
 - label coverage: rows and batches with no supervised token;
 - the pad token: a pad id that is content and gets label -100, padded positions that carry a label,
@@ -24,11 +24,12 @@ import contextlib
 import itertools
 import random
 
-from ..analysis.verdicts import setup_failures, setup_judgement
-from ..knowledge import OPERATORS, SEVERITIES
-from ..userdata.encode import IGNORE
+from ..analysis.verdicts import setup_failures, setup_judged
+from ..knowledge import SEVERITIES, holds
+from ..measure.packing import packing_isolation
+from ..measure.reach import gradient_reach
+from ..userdata.encode import IGNORE, segments
 from ..userdata.lint import data_rules, finding
-from ..userdata.measure import gradient_reach, packing_isolation
 
 LINT_BATCHES = 2  # the trainer's first batches the lint reads
 
@@ -146,7 +147,7 @@ def batch_figures(batches: list[dict], pad_id: int | None, eos_id: int | None) -
 def packed(batch: dict) -> bool:
     """Rows packed with position_ids: a position 0 after a row's first token."""
     positions = batch.get("position_ids")
-    return positions is not None and bool((positions[:, 1:] == 0).any())
+    return positions is not None and any(len(segments(row)) > 1 for row in positions)
 
 
 def measured_figures(model, batch: dict) -> dict:
@@ -164,9 +165,8 @@ def measured_figures(model, batch: dict) -> dict:
         try:
             if packed(batch):
                 figures = packing_isolation(model, batch)
-                out["packing_leaks"] = bool(setup_judgement(figures)["packing_leaks"])
+                out.update(figures, packing_leaks=setup_judged(figures)["packing_leaks"])
                 out["packing_reason"] = "; ".join(setup_failures(figures))
-                out.update(figures)
             if getattr(model, "is_gradient_checkpointing", False) and "labels" in batch:
                 out.update(gradient_reach(model, batch))
         finally:
@@ -179,8 +179,7 @@ def live_findings(figures: dict) -> list[dict]:
     rules = {r.id: r for r in data_rules()}
     fired = []
     for rule_id, (when, figure) in LIVE_RULES.items():
-        conditions = [(figures.get(name), c if isinstance(c, dict) else {"eq": c}) for name, c in when.items()]
-        if all(OPERATORS[op](fact, value) for fact, ops in conditions for op, value in ops.items()):
+        if holds(when, figures):
             fired.append(finding(rules[rule_id], figure.format(**figures)))
     return sorted(fired, key=lambda f: SEVERITIES.index(f["severity"]))
 

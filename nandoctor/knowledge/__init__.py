@@ -28,6 +28,19 @@ OPERATORS = {
 }
 
 
+def holds(when: dict, facts: dict) -> bool:
+    """Whether every condition of a rule's `when` holds on `facts`: {fact: value} is {fact: {eq: value}},
+    else {fact: {operator: value, ...}} (OPERATORS). An unknown fact (absent or None) fails every
+    comparison and holds only for `eq: null` or an `in` list that contains None. The one rule matcher:
+    the known-issue rules, the data lint's rules and the training callbacks' live rules match here."""
+    for name, condition in when.items():
+        fact = facts.get(name)
+        ops = condition if isinstance(condition, dict) else {"eq": condition}
+        if not all(OPERATORS[op](fact, value) for op, value in ops.items()):
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str
@@ -40,14 +53,7 @@ class Rule:
     verified_by: tuple = ()  # where nandoctor itself reproduces it (its own tests and tables): not evidence
 
     def matches(self, facts: dict) -> bool:
-        """True when every condition of `when` holds; an unknown fact (absent or None) holds only
-        for an `in` list that contains None."""
-        for name, condition in self.when.items():
-            fact = facts.get(name)
-            ops = condition if isinstance(condition, dict) else {"eq": condition}
-            if not all(OPERATORS[op](fact, value) for op, value in ops.items()):
-                return False
-        return True
+        return holds(self.when, facts)
 
 
 @dataclass(frozen=True)

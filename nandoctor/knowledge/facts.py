@@ -18,13 +18,9 @@ from ..cells import (
     weight_dtype,
 )
 from ..config import STORAGE_DTYPES, Recipe
-
-# all_masked_batches: the rules' fact, computed with the data
-from ..data import all_masked_batches, batches  # noqa: F401
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..thresholds import THRESHOLDS
-from ..userdata.tokenizer import has_tokenizer, load_tokenizer  # noqa: F401  (where the doctor found them)
 from .accelerate_config import accelerate_cell, parallel_of_accelerate
 
 # A token string that reads like a control token: T5's <pad>, Llama-2's <unk>, BERT's [PAD],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from ..analysis.verdicts import setup_judgement, starved_groups
+from ..analysis.verdicts import setup_judged, starved_groups
 from ..runmeta import RunMeta
 
 BAR = "#1f77b4"
@@ -122,15 +122,16 @@ def setup_check_rows(outcomes) -> list[dict]:
     out = []
     for o in outcomes:
         c = getattr(o.record, "setup_checks", None) or {}
-        judged = setup_judgement(c)
+        judged = setup_judged(c)
         if judged["packing_leaks"] is not None:
             out.append(
                 {
                     "probe": o.record.probe_id,
                     "check": "packing isolation",
-                    "figure": f"max logit difference {fig(c.get('packing_max_logit_diff'))} over "
-                    f"{fig(c.get('packing_segments'))} segments ({c.get('packing_cause') or 'as collated'}); "
-                    f"{fig(c.get('packing_clean_diff'))} with no mask and no cache",
+                    "figure": f"max logit difference {fig(c.get('packing_max_logit_diff'))} to each of "
+                    f"{fig(c.get('packing_segments'))} segments run alone ({c.get('packing_cause') or 'as collated'}); "
+                    f"bound {fig(judged['packing_bound'], 2)} (the segments alone move "
+                    f"by {fig(c.get('packing_floor'))} against fp32)",
                     "result": "leaks" if judged["packing_leaks"] else "isolated",
                 }
             )
@@ -139,11 +140,11 @@ def setup_check_rows(outcomes) -> list[dict]:
                 {
                     "probe": o.record.probe_id,
                     "check": "accumulation",
-                    "figure": f"cosine {fig(c.get('accumulation_cosine'), 4)} to the full batch's gradient over "
-                    f"{fig(c.get('accumulation_steps'))} micro-batches ({c.get('accumulation_targets', '-')} loss "
-                    f"terms), loss_normalization={c.get('loss_normalization', '-')}; per micro-batch "
-                    f"{fig(c.get('accumulation_cosine_micro_batch'), 4)}, by tokens "
-                    f"{fig(c.get('accumulation_cosine_tokens'), 4)}",
+                    "figure": f"relative difference {fig(c.get('accumulation_error'))} to the full batch's gradient "
+                    f"over {fig(c.get('accumulation_steps'))} micro-batches ({c.get('accumulation_targets', '-')} "
+                    f"loss terms), loss_normalization={c.get('loss_normalization', '-')}; cosine "
+                    f"{fig(c.get('accumulation_cosine'), 4)}, norm ratio {fig(c.get('accumulation_norm_ratio'), 4)}; "
+                    f"bound {fig(judged['accumulation_bound'], 2)}",
                     "result": "misweighted" if judged["accumulation_misweighted"] else "as the full batch",
                 }
             )

@@ -5,16 +5,21 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.run import RunAnalysis
+from ..analysis.verdicts import MISCONFIGURED, setup_passed
 from ..cells import AXES, Cell
 from ..record import ProbeRecord
 from . import bisection, code, common
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
+    """One finished probe: its verdict and reason, and the figures of the step-0 setup checks it passed
+    (what was measured, so that a check that passes is seen to have run)."""
     wall = record.wall_s
     took = f"{wall:6.1f}s" if wall is not None else "      -"
     took = " cached" if record.cached_from else took
-    return f"[{done:>3}/{total or '?'}] {record.probe_id:<32} {verdict.name:<11} {took}  {verdict.reason}"
+    checked = record.setup_checks and verdict.name != MISCONFIGURED
+    setup = f"; setup: {setup_passed(record.setup_checks)}" if checked else ""
+    return f"[{done:>3}/{total or '?'}] {record.probe_id:<32} {verdict.name:<11} {took}  {verdict.reason}{setup}"
 
 
 def _shared_values(cells: list[Cell], every: list[Cell]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .encode import IGNORE
+from .encode import IGNORE, segments
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,7 @@ def _segments(row: dict) -> list[tuple[list, list, list]]:
     positions = [row["position_ids"][i] for i in keep] if row.get("position_ids") is not None else None
     if positions is None:  # an empty row is no segment: packed, it would add a label without a token
         return [(ids, labels, list(range(len(ids))))] if ids else []
-    starts = [i for i, p in enumerate(positions) if p == 0 or i == 0] + [len(ids)]
-    return [(ids[a:b], labels[a:b], positions[a:b]) for a, b in zip(starts, starts[1:]) if b > a]
+    return [(ids[a:b], labels[a:b], positions[a:b]) for a, b in segments(positions)]
 
 
 def _pack(rows: list[dict], c: Collation) -> dict:
@@ -133,8 +132,10 @@ def block_mask(position_ids, dtype=None):
     import torch
 
     dtype = dtype or torch.float32
-    segment = torch.cumsum((position_ids == 0).long(), dim=0)
     n = len(position_ids)
+    segment = torch.zeros(n, dtype=torch.long)
+    for k, (a, b) in enumerate(segments(position_ids)):
+        segment[a:b] = k
     allowed = (segment[:, None] == segment[None, :]) & torch.ones(n, n, dtype=torch.bool).tril()
     return torch.zeros(n, n, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
 

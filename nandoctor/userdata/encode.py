@@ -31,6 +31,16 @@ from ..errors import NandoctorError
 IGNORE = -100  # the label cross-entropy skips (transformers' and torch's ignore_index)
 
 
+def segments(positions) -> list[tuple[int, int]]:
+    """The [start, end) spans of the sequences packed in one row, from its position_ids (a list or a
+    1-D tensor): a sequence starts at the row's first token and wherever the position restarts at 0.
+    The one reading of packed position_ids: the collators, the encoded rows' segment count, a rank's
+    share of a packed row, the packing check and the live lint all split a row here."""
+    positions = positions.tolist() if hasattr(positions, "tolist") else list(positions)
+    starts = [i for i, p in enumerate(positions) if p == 0 or i == 0] + [len(positions)]
+    return [(a, b) for a, b in zip(starts, starts[1:]) if b > a]
+
+
 @dataclass(frozen=True)
 class Encoding:
     """How rows become token ids and labels: the recipe's data options, resolved."""
@@ -218,7 +228,7 @@ def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str 
         if "position_ids" in out:
             out["position_ids"].append(pos)
     out["misaligned"] = [not a for a in aligned]
-    out["segments"] = [max(1, p.count(0)) if p is not None else 1 for p in positions]
+    out["segments"] = [len(segments(p)) or 1 if p is not None else 1 for p in positions]
     return out
 
 

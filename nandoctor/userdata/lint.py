@@ -1,8 +1,9 @@
 """The data and setup lint: every row of the user's data measured, with no training, and the findings
 of rules.yaml that the figures fire, each with its measured sentence, a public reference and a fix.
 
-`lint_data` is what `nandoctor doctor --data` runs. It scans the encoded rows (encode.py) column by
-column from the memory-mapped Arrow file, so its memory stays flat in the file's size:
+`doctor.data_lint` is what `nandoctor doctor --data` (and every grid, check and bisect) runs: `scan`
+reads the encoded rows (encode.py) column by column from the memory-mapped Arrow file, so its memory
+stays flat in the file's size:
 
 - label coverage: supervised tokens per row (a histogram), the rows and in-order batches with none,
   and why (truncation, a chat the completion mask cannot be placed in, nothing to learn to begin with);
@@ -10,10 +11,10 @@ column from the memory-mapped Arrow file, so its memory stays flat in the file's
 - pad token: a pad id that is also content, and padded positions that carry a label;
 - token ids beyond the model's vocabulary;
 
-and, on the user's model class (measure.py), packing isolation, gradient accumulation against the
-full batch, and embedding rows the data uses that were never trained and that nothing trains.
-Checkpointing x adapters (trainable groups that get no gradient) needs the recipe's training options
-(gradient_checkpointing, modules_to_save): it belongs beside the measured checks in measure.py.
+and, measured on the user's model class by nandoctor/measure/lint.py: packing isolation, gradient
+accumulation against the full batch, embedding rows the data uses that were never trained and that
+nothing trains, and the trainable groups one backward leaves without a gradient. `findings` matches
+the rules against the figures and what the judge (analysis/verdicts.setup_judged) makes of them.
 """
 
 from __future__ import annotations
@@ -24,15 +25,10 @@ from pathlib import Path
 
 import yaml
 
-from ..cells import PACKAGES
 from ..config import Recipe
-from ..errors import NandoctorError
-from ..knowledge import OPERATORS, OWN_SOURCES, SEVERITIES
-from ..optional import hidden
+from ..knowledge import OWN_SOURCES, SEVERITIES, holds
 from .encode import IGNORE
-from .read import open_rows
-from .rows import EncodedRows, encoded_rows, scan_columns
-from .template import assistant_mask_check
+from .rows import EncodedRows, scan_columns
 
 HISTOGRAM_BINS = 12
 EXAMPLES = 5  # rows named in a finding's figure
@@ -51,12 +47,7 @@ class DataRule:
     verified_by: tuple = ()
 
     def matches(self, facts: dict) -> bool:
-        """Every condition of `when` holds (knowledge.OPERATORS; a figure that is None fails comparisons)."""
-        for name, condition in self.when.items():
-            ops = condition if isinstance(condition, dict) else {"eq": condition}
-            if not all(OPERATORS[op](facts.get(name), value) for op, value in ops.items()):
-                return False
-        return True
+        return holds(self.when, facts)
 
 
 @functools.cache
@@ -233,38 +224,3 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         ],
     }
     return facts, section, content
-
-
-def lint_data(recipe: Recipe, model_config, tokenizer=None, attn: str = "sdpa", model=None) -> dict:
-    """The data section of the doctor's report for recipe.data.path: what was read, the scan's
-    histograms and tables, the batches a probe of this recipe trains on (with their rows), the
-    measured checks and the findings. model: the model the measured checks run on (default: built by
-    measure.lint_model from the recipe, the user's class and `attn`)."""
-    from ..data import make_batch
-    from . import measure
-    from .rows import user_batches
-
-    if recipe.data.source != "file":
-        raise NandoctorError("the data lint reads the user's rows: pass --data PATH")
-    encoded = encoded_rows(recipe, model_config, tokenizer)
-    facts, section, content = scan(encoded, recipe, model_config)
-    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
-    batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
-    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
-    fits = facts["ids_beyond_vocab"] == 0
-    # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
-    # package: transformers and peft then import none of them, nor print their noise (optional.py)
-    with hidden(PACKAGES if model is None else ()):
-        measured = measure.measure(recipe, encoded, batches, content, attn, model) if fits else {}
-    facts.update(measured)
-    report = {
-        "source": encoded.describe(),
-        **section,
-        "batches": [b.describe() for b in batches],
-        "measured": measured,
-        "findings": findings(facts),
-    }
-    if encoded.kind == "messages" and encoded.encoding.labels == "completion_only":
-        # whether TRL's assistant_only_loss would label what the probe labels (recommend.completion_code)
-        report["assistant_mask"] = assistant_mask_check(encoded, open_rows(recipe.data.path))
-    return report

@@ -18,7 +18,7 @@ from .encode import IGNORE, Encoding, encode
 from .read import bad_line, builder_of, open_rows, row_kind
 from .select import choose_batches
 from .template import generation_eos_ids, turn_token_ids
-from .tokenizer import config_pad_id, load_tokenizer, pad_token_id, tokenizer_dir
+from .tokenizer import load_tokenizer, pad_id, tokenizer_dir
 
 
 @dataclass
@@ -75,17 +75,14 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
     kind = row_kind(rows.column_names, d.path)
     tokenizer, path = resolve_tokenizer(recipe, kind, tokenizer)
     if tokenizer is not None:
-        pad, why = pad_token_id(tokenizer, recipe.pad_token.policy)
+        pad, why = pad_id(recipe.pad_token.policy, tokenizer)
         # bos, eos, pad and the like, the tokens the chat template writes between turns, and the
         # generation config's eos ids: the tokens whose use as content and as a target the lint counts
         turns = turn_token_ids(tokenizer) | generation_eos_ids(recipe.model.path)
         special = tuple(sorted(set(tokenizer.all_special_ids) | turns))
         eos = tokenizer.eos_token_id
     else:
-        own = getattr(model_config, "pad_token_id", None)
-        pad = own if own is not None and recipe.pad_token.policy == "dedicated" else None
-        pad = config_pad_id(recipe.pad_token.policy, model_config) if pad is None else pad
-        why = "the model config's pad_token_id" if own == pad else f"pad_token.policy={recipe.pad_token.policy}"
+        pad, why = pad_id(recipe.pad_token.policy, config=model_config)
         eos = getattr(model_config, "eos_token_id", None)
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
         own = {t for t in (getattr(model_config, "bos_token_id", None), eos, pad) if t is not None}

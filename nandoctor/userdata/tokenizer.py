@@ -50,30 +50,33 @@ def tokenizer_dir(recipe: Recipe) -> str | None:
     return recipe.model.path if has_tokenizer(recipe.model.path) else None
 
 
-def config_pad_id(policy: str, config) -> int:
-    """The pad id under pad_token.policy without a tokenizer (the synthetic stream, pre-tokenized rows):
-    `dedicated` is the last id of the model's vocabulary, which no synthetic row uses."""
+def pad_id(policy: str, tokenizer=None, config=None, config_pad: bool = True) -> tuple[int, str]:
+    """(the id that pads, how it was chosen, in words) under pad_token.policy: the one pad policy, for
+    the user's rows and the synthetic stream alike.
+
+    With a tokenizer: `dedicated` is its own pad token, or its EOS when it has none (as TRL's
+    SFTTrainer falls back); `eos` its EOS; `id0` id 0. Without one (pre-tokenized rows, the synthetic
+    stream), from the model config: `dedicated` is the config's pad_token_id when `config_pad` and it
+    has one, else the last id of the vocabulary (which no synthetic row uses: the synthetic stream
+    passes config_pad=False); `eos` the config's (first) EOS id, vocab_size - 2 when it has none."""
     if policy == "id0":
-        return 0
+        return 0, "id 0 (pad_token.policy=id0)"
+    if tokenizer is not None:
+        eos = tokenizer.eos_token_id
+        if policy == "eos" or tokenizer.pad_token_id is None:
+            if eos is None:
+                raise NandoctorError(
+                    "the tokenizer has neither a pad token nor an EOS token to pad with; "
+                    "add a pad token to it, or set pad_token.policy=id0"
+                )
+            why = "its EOS (pad_token.policy=eos)" if policy == "eos" else "its EOS: the tokenizer has no pad token"
+            return eos, why
+        return tokenizer.pad_token_id, "the tokenizer's pad token"
     if policy == "eos":
         eos = getattr(config, "eos_token_id", None)
         eos = eos[0] if isinstance(eos, (list, tuple)) else eos
-        return eos if eos is not None else config.vocab_size - 2
-    return config.vocab_size - 1
-
-
-def pad_token_id(tokenizer, policy: str) -> tuple[int, str]:
-    """(the id that pads, how it was chosen) under pad_token.policy: `dedicated` is the tokenizer's own
-    pad token, or its EOS when it has none (as TRL's SFTTrainer falls back); `eos` the EOS id; `id0` id 0."""
-    eos = tokenizer.eos_token_id
-    if policy == "id0":
-        return 0, "id 0 (pad_token.policy=id0)"
-    if policy == "eos" or tokenizer.pad_token_id is None:
-        if eos is None:
-            raise NandoctorError(
-                "the tokenizer has neither a pad token nor an EOS token to pad with; "
-                "add a pad token to it, or set pad_token.policy=id0"
-            )
-        why = "its EOS (pad_token.policy=eos)" if policy == "eos" else "its EOS: the tokenizer has no pad token"
-        return eos, why
-    return tokenizer.pad_token_id, "the tokenizer's pad token"
+        return (eos, "pad_token.policy=eos") if eos is not None else (config.vocab_size - 2, "pad_token.policy=eos")
+    own = getattr(config, "pad_token_id", None)
+    if config_pad and own is not None:
+        return own, "the model config's pad_token_id"
+    return config.vocab_size - 1, "pad_token.policy=dedicated"
