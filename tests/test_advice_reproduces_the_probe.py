@@ -13,11 +13,11 @@ from conftest import run_cli, run_main, summary
 from userdata_fixtures import CHAT_TEMPLATE, chat_rows, save_chat_tokenizer, sentence, write_jsonl
 
 from nandoctor.config import recipe_from_dict
+from nandoctor.doctor import data_lint
 from nandoctor.models import model_config
 from nandoctor.recipes import resolve_model
 from nandoctor.recommend import recommendation
 from nandoctor.userdata.encode import IGNORE
-from nandoctor.userdata.lint import lint_data
 from nandoctor.userdata.rows import encoded_rows
 
 # CHAT_TEMPLATE with each assistant turn's content and end-of-turn inside {% generation %} marks, as
@@ -38,7 +38,7 @@ def completion_recipe(tmp_path, template: str):
 
 
 def advice(recipe) -> list[str]:
-    lint = json.loads(json.dumps(lint_data(recipe, model_config(resolve_model(None)))))  # as run.json holds it
+    lint = json.loads(json.dumps(data_lint(recipe)))  # as run.json holds it
     cell = {"dtype": "fp32", "attn": "sdpa", "compile": "off"}
     return recommendation(cell, recipe, recipe, ["--model", "tiny-llama"], lint)["python"]
 

@@ -185,7 +185,8 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
 
 def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
     """Whether each measured setup check failed: packing_leaks, accumulation_misweighted (None where the
-    check was not measured), and the bound each applied (packing_bound, accumulation_bound). The one rule each, for the probes, the data lint and the callbacks."""
+    check was not measured), and the bound each applied (packing_bound, accumulation_bound). The one
+    rule each, for the probes, the data lint and the callbacks."""
     c = checks or {}
     return {
         "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_floor"))
