@@ -271,9 +271,15 @@ def group_no_learning(steps: list[Step], trainable: dict | None = None, adapter:
 
 def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     """Facts for the knowledge rules from what the verdicts judge on the probe's own setup: whether its
-    packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
-    no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
-    return {**setup_judgement(record.setup_checks, t), "groups_without_gradient": len(starved_groups(record.steps))}
+    packing leaked, its accumulation misweighted the micro-batches, how many trainable groups got no
+    gradient, and how many steps trained on a batch with no target (knowledge/rules.yaml: the failure
+    classes' known fix)."""
+    return {
+        **setup_judgement(record.setup_checks, t),
+        "groups_without_gradient": len(starved_groups(record.steps)),
+        # a step that trained on a batch with no target (Step.supervised; the no-target verdict)
+        "all_masked_batches": sum(s.supervised == 0 for s in record.steps) or None,
+    }
 
 
 def _tail(n: int, t: Thresholds) -> int:

@@ -25,6 +25,7 @@ VERDICT_COLORS = {
     "zero-loss": ("#e7b3e6", "#5a1657"),
     "no-learning": ("#d9d2c5", "#4a3f2a"),
     "misconfigured": ("#b9d3f0", "#0f3a66"),
+    "no-target": ("#d6e9e4", "#1f4a40"),
     "nonfinite": ("#f29a9a", "#6d0f0f"),
     "crash": ("#c98bd6", "#3f0a4d"),
     "oom": ("#c98bd6", "#3f0a4d"),
