@@ -399,11 +399,12 @@ def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) ->
     return None
 
 
-def never_stepped(steps: list[Step]) -> Verdict | None:
+def never_stepped(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None:
     """A probe whose GradScaler skipped every one of its steps: its optimizer never stepped, so its curve
     says nothing of training (the scale halves from 65536 and reaches below 1 only after 16 skips,
-    Step.unrecoverable). Judged on a finished probe, not on a live run's first steps."""
-    if not steps or not all(s.skipped and s.scale is not None for s in steps):
+    Step.unrecoverable). Judged on a finished probe of min_probe_steps or more, not on a live run's
+    first steps nor on a `check`'s step 0 (a skip there is the scaler calibrating)."""
+    if len(steps) < t.min_probe_steps or not all(s.skipped and s.scale is not None for s in steps):
         return None
     return Verdict(
         NONFINITE,
@@ -460,7 +461,7 @@ def classify(
     if v.name == NO_TARGET:
         return Verdict(v.name, v.reason + untargeted_rows(record, v.step), v.step)
     if v.name not in (NONFINITE, ZERO_LOSS):
-        return never_stepped(record.steps) or v
+        return never_stepped(record.steps, t) or v
     return v
 
 
@@ -581,7 +582,7 @@ class References:
         else:
             v = classify(primary)
             at = f" at step {v.step}" if v.step is not None else ""
-            why = f"the fp32 reference {primary.probe_id} ended {v.name}{at} ({v.reason.split('; ')[0][:160]})"
+            why = f"the fp32 reference {primary.probe_id} ended {v.name}{at} ({_clause(v.reason)})"
         stand_in = min(filter(_trains, self.candidates.get(key, [])), key=stand_in_order, default=None)
         if stand_in is None:
             return Reference(None, None, why=why, hardware=hardware)
@@ -627,6 +628,12 @@ class References:
         return fidelity(record.steps, self.of(record))
 
 
+def _clause(reason: str, most: int = 160) -> str:
+    """A verdict's reason cut to its first clause and to `most` characters, at a word."""
+    first = reason.split("; ")[0]
+    return first if len(first) <= most else first[:most].rsplit(" ", 1)[0] + " ..."
+
+
 def _trains(record: ProbeRecord) -> bool:
     """A probe whose curve can be a reference: it finished and is stable on its own."""
     return record.status == "ok" and bool(record.steps) and classify(record).name == STABLE
@@ -648,7 +655,8 @@ def check_results(
     if failed:
         return [("probe ran", False, f"{failed.name}: {failed.reason}")]
     s0 = record.steps[0]
-    out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}")]
+    untargeted = " (its batch has no supervised token: a fault of the data)" if s0.supervised == 0 else ""
+    out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}{untargeted}")]
     grad_ok = math.isfinite(s0.grad_norm) or (s0.skipped and s0.scale is not None)
     out.append(
         (
