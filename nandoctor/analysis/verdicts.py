@@ -277,8 +277,8 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     return {
         **setup_judgement(record.setup_checks, t),
         "groups_without_gradient": len(starved_groups(record.steps)),
-        # a step that trained on a batch with no target (Step.supervised; the no-target verdict)
-        "all_masked_batches": sum(s.supervised == 0 for s in record.steps) or None,
+        # steps whose batch had no target and whose loss was 0/0 (or 0.0): the no-target verdict
+        "all_masked_batches": sum(_untargeted(s) for s in record.steps) or None,
     }
 
 
@@ -303,7 +303,7 @@ def numeric_verdict(
     trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
     no gradient (group_no_learning)."""
     for s in steps[since:]:
-        if s.supervised == 0 and (not math.isfinite(s.loss) or s.loss == 0.0):
+        if _untargeted(s):
             return Verdict(NO_TARGET, untargeted(s), s.step)
         what = s.unrecoverable(t.min_scale)
         if what == "loss":
@@ -365,6 +365,11 @@ def numeric_verdict(
                 n - q,
             )
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
+def _untargeted(s: Step) -> bool:
+    """A step whose batch had no supervised token, and whose loss shows it (0/0, or a reported 0.0)."""
+    return s.supervised == 0 and (not math.isfinite(s.loss) or s.loss == 0.0)
 
 
 def untargeted(s: Step) -> str:
