@@ -18,8 +18,11 @@ class Thresholds:
 
     - min_scale: a GradScaler whose scale falls below 1.0 has stopped calibrating: at scale < 1 the
       gradients overflow fp16 even unscaled, so every further step is skipped.
-    - spike_factor / spike_window: a loss above 2x the mean of the previous 10 steps is a spike
-      (the rule of llm-foundry's loss-spike callback, which uses a running window and a multiplier).
+    - spike_factor / spike_window: a loss above 2x the mean of the previous 10 steps that trained the
+      same kind of batch (Step.batch) is a spike (the rule of llm-foundry's loss-spike callback, which
+      uses a running window and a multiplier). Kinds apart, since the user's batches lose differently
+      every time they come round: a probe of 30 steps over 36 memorised rows and 4 short random ones
+      (tests/test_data_faults_e2e.py) saw the short rows at 2.2x the mean of the 10 steps before them.
     - grad_explode_factor: a grad-norm 10x above the largest seen so far is an explosion (Megatron's
       rerun machinery flags values more than 10x the running maximum as unexpectedly large).
     - rise_nats: a run that ends more than 0.5 nats above where it started has diverged.
@@ -35,8 +38,8 @@ class Thresholds:
       timed (analysis/load.py: a quarter of the cores, or another process on a GPU). Measured here: a
       busy loop sharing the probe's core made fp32/eager measure 17% and 25% faster than fp32/sdpa in
       the two interleaved re-timing rounds, where a quiet host measured them 1% and -9% apart.
-    - spike_min_history: a spike needs at least 3 earlier steps to compare with (steps 0-2 of a fresh
-      model fall fast, and a mean of one or two of them is noise).
+    - spike_min_history: a spike needs at least 3 earlier steps of its kind to compare with (steps 0-2
+      of a fresh model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
     - tail_fraction: the end of a curve is its last quarter (at least one step), for rise and drift.
     - min_probe_steps: a grid or bisect probe trains at least 2 steps: step 0's loss and grad-norm come

@@ -70,3 +70,8 @@ def test_a_gradscaler_that_skipped_every_step_never_trained():
     assert numeric_verdict(steps, None).name == STABLE  # a live run's first steps: still calibrating
     calibrated = steps[:3] + [Step(3, 6.8, 1.0, scale=8192.0)]
     assert classify(ProbeRecord("fp16-amp/sdpa/off", record.cell, "ok", steps=calibrated)).name == STABLE
+
+
+def test_a_checks_one_skipped_step_is_the_scaler_calibrating():
+    step0 = [Step(0, 6.9, math.inf, skipped=True, scale=65536.0)]
+    assert classify(ProbeRecord("fp16-amp/sdpa/off", Cell.parse("fp16-amp/sdpa/off"), "ok", steps=step0)).name == STABLE

@@ -4,7 +4,12 @@ and a probe whose fidelity is unknown is never recommended as if it were known."
 
 from __future__ import annotations
 
-from recorded import meta
+import json
+import shutil
+
+import pytest
+from conftest import run_main
+from recorded import FIXTURE, meta
 
 from nandoctor.analysis.run import analyze_records
 from nandoctor.analysis.verdicts import DRIFT, OOM, STABLE, References
@@ -118,3 +123,34 @@ def test_bisects_oracle_without_any_fp32_probe_that_trained_says_nothing_was_jud
     assert run.verdict == STABLE
     (note,) = oracle.references.notes()
     assert note.probe_id is None and "fp32/eager/off ended oom" in note.sentence()
+
+
+@pytest.mark.parametrize("failed", [("fp32/eager/off",), ("fp32/eager/off", "fp32/sdpa/off")])
+def test_nandoctor_report_says_first_which_fp32_probe_judged_drift_or_that_none_did(tmp_path, failed):
+    """A recorded run (fp32 and fp16-pure x eager and sdpa, 3 steps) whose fp32 probes ran out of memory,
+    as an executor's memory limit records it: `nandoctor report` writes every report with the
+    reference it used, or with the sentence that drift was not judged, in its first lines."""
+    run = tmp_path / "run"
+    shutil.copytree(FIXTURE, run)
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    oom = {"type": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "oom": True}
+    for r in records:
+        if r["probe_id"] in failed:
+            r.update(status="error", steps=[], error={**oom, "traceback": ""})
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    proc = run_main("report", run)
+    said = (
+        "Drift was judged against fp32/sdpa/off, standing in for the fp32 reference: the fp32 reference "
+        "fp32/eager/off ended oom"
+        if len(failed) == 1
+        else "Drift was not judged: the fp32 reference fp32/eager/off ended oom"
+    )
+    assert any(line.startswith(said) for line in proc.stdout.splitlines()[:6]), proc.stdout
+    md = (run / "report.md").read_text().splitlines()
+    assert any(line.startswith(f"- {said}") for line in md[:8])
+    html = (run / "report.html").read_text()
+    answer = html.split('id="recommendation">', 1)[1].split("</div>", 1)[0]
+    assert said in answer
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["drift_judged"] is (len(failed) == 1)
+    assert summary["references"][0]["reference"] == ("fp32/sdpa/off" if len(failed) == 1 else None)

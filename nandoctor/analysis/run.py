@@ -201,11 +201,12 @@ PROBE_COLUMNS = {
     "gpu": "the GPUs the scheduler gave the probe there; None without",
     "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
     "seed": "the probe's seed",
-    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, expert-collapse, "
-    "grad-mismatch, crash, oom, timeout, killed or unsupported",
+    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, no-target, "
+    "expert-collapse, grad-mismatch, crash, oom, timeout, killed or unsupported",
     "step": "the failing step (the first step the verdict is about); NA when none",
     "reason": "the verdict's one-line reason",
-    "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%)",
+    "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%); "
+    "NA when no fp32 probe trained stably (drift not judged)",
     "world_size": "the devices (ranks) the probe trained on: 1 for one process",
     "tokens_per_s": "median tokens/s per device over the steady steps (the probe's over its world_size): "
     "what the ranking compares; the re-timed figure when `retimed`",

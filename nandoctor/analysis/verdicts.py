@@ -340,11 +340,14 @@ def group_no_learning(steps: list[Step], trainable: dict | None = None, adapter:
 
 def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     """Facts for the knowledge rules from what the verdicts judge on the probe's own setup: whether its
-    packing leaked, its accumulation misweighted the micro-batches, and how many trainable groups got
-    no gradient (knowledge/rules.yaml: the failure classes' known fix)."""
+    packing leaked, its accumulation misweighted the micro-batches, how many trainable groups got no
+    gradient, and how many steps trained on a batch with no target (knowledge/rules.yaml: the failure
+    classes' known fix)."""
     return {
         **setup_judged(record.setup_checks, t),
         "groups_without_gradient": len(starved_groups(record.steps)),
+        # steps whose batch had no target and whose loss was 0/0 (or 0.0): the no-target verdict
+        "all_masked_batches": sum(_untargeted(s) for s in record.steps) or None,
         "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
     }
 
@@ -370,7 +373,7 @@ def numeric_verdict(
     trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
     no gradient (group_no_learning)."""
     for s in steps[since:]:
-        if s.supervised == 0 and (not math.isfinite(s.loss) or s.loss == 0.0):
+        if _untargeted(s):
             return Verdict(NO_TARGET, untargeted(s), s.step)
         what = s.unrecoverable(t.min_scale)
         if what == "loss":
@@ -434,6 +437,11 @@ def numeric_verdict(
     return Verdict(STABLE, f"{len(steps)} steps finite, loss {losses[0]:.4f} -> {losses[-1]:.4f}")
 
 
+def _untargeted(s: Step) -> bool:
+    """A step whose batch had no supervised token, and whose loss shows it (0/0, or a reported 0.0)."""
+    return s.supervised == 0 and (not math.isfinite(s.loss) or s.loss == 0.0)
+
+
 def untargeted(s: Step) -> str:
     """Why step s has no verdict of its own: its batch had no supervised token."""
     kind = f"{s.batch} " if s.batch else ""
@@ -466,11 +474,12 @@ def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) ->
     return None
 
 
-def never_stepped(steps: list[Step]) -> Verdict | None:
+def never_stepped(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | None:
     """A probe whose GradScaler skipped every one of its steps: its optimizer never stepped, so its curve
     says nothing of training (the scale halves from 65536 and reaches below 1 only after 16 skips,
-    Step.unrecoverable). Judged on a finished probe, not on a live run's first steps."""
-    if not steps or not all(s.skipped and s.scale is not None for s in steps):
+    Step.unrecoverable). Judged on a finished probe of min_probe_steps or more, not on a live run's
+    first steps nor on a `check`'s step 0 (a skip there is the scaler calibrating)."""
+    if len(steps) < t.min_probe_steps or not all(s.skipped and s.scale is not None for s in steps):
         return None
     return Verdict(
         NONFINITE,
@@ -535,7 +544,7 @@ def classify(
         return Verdict(v.name, v.reason + untargeted_rows(record, v.step), v.step)
     if v.name in (NONFINITE, ZERO_LOSS):
         return v
-    stuck = never_stepped(record.steps)
+    stuck = never_stepped(record.steps, t)
     if stuck or v.name == DIVERGED:
         return stuck or v
     flips = route_flips((record.moe or {}).get("step0_choices"), routes)
@@ -663,7 +672,7 @@ class References:
         else:
             v = classify(primary)
             at = f" at step {v.step}" if v.step is not None else ""
-            why = f"the fp32 reference {primary.probe_id} ended {v.name}{at} ({v.reason.split('; ')[0][:160]})"
+            why = f"the fp32 reference {primary.probe_id} ended {v.name}{at} ({_clause(v.reason)})"
         stand_in = min(filter(_trains, self.candidates.get(key, [])), key=stand_in_order, default=None)
         if stand_in is None:
             return Reference(None, None, why=why, hardware=hardware)
@@ -719,6 +728,12 @@ class References:
         return fidelity(record.steps, self.of(record))
 
 
+def _clause(reason: str, most: int = 160) -> str:
+    """A verdict's reason cut to its first clause and to `most` characters, at a word."""
+    first = reason.split("; ")[0]
+    return first if len(first) <= most else first[:most].rsplit(" ", 1)[0] + " ..."
+
+
 def _trains(record: ProbeRecord) -> bool:
     """A probe whose curve can be a reference: it finished and is stable on its own."""
     return record.status == "ok" and bool(record.steps) and classify(record).name == STABLE
@@ -740,7 +755,8 @@ def check_results(
     if failed:
         return [("probe ran", False, f"{failed.name}: {failed.reason}")]
     s0 = record.steps[0]
-    out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}")]
+    untargeted = " (its batch has no supervised token: a fault of the data)" if s0.supervised == 0 else ""
+    out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}{untargeted}")]
     grad_ok = math.isfinite(s0.grad_norm) or (s0.skipped and s0.scale is not None)
     out.append(
         (

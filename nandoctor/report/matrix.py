@@ -26,6 +26,7 @@ VERDICT_COLORS = {
     "no-learning": ("#d9d2c5", "#4a3f2a"),
     "misconfigured": ("#b9d3f0", "#0f3a66"),
     "expert-collapse": ("#a9e0dc", "#0c4a45"),
+    "no-target": ("#d6e9e4", "#1f4a40"),
     "nonfinite": ("#f29a9a", "#6d0f0f"),
     "crash": ("#c98bd6", "#3f0a4d"),
     "oom": ("#c98bd6", "#3f0a4d"),
