@@ -326,8 +326,9 @@ class ProbeRecord:
     # i*k .. i*k+k-1 (mod their number). Records before it: None
     data: dict | None = None
     # The probe's own setup measured at step 0 where an option can break it (child/setup_checks.py):
-    # packing_max_logit_diff / packing_clean_diff for packed batches, accumulation_cosine (and its
-    # parts) for gradient_accumulation_steps > 1, seconds. None when no such option is on
+    # packing_max_logit_diff / packing_floor for packed batches, accumulation_error / accumulation_floor
+    # (with accumulation_cosine, accumulation_norm_ratio, ...) for gradient_accumulation_steps > 1,
+    # seconds (nandoctor/measure/). None when no such option is on
     setup_checks: dict | None = None
     # {group: {"tensors", "elements", "first"}}: what each trainable group of Step.groups holds
     trainable_groups: dict | None = None
