@@ -94,7 +94,9 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class PadTokenConfig:
-    policy: str = "dedicated"  # dedicated: the tokenizer's pad token (userdata/tokenizer.py); eos: the eos id; id0: id 0
+    policy: str = (
+        "dedicated"  # dedicated: the tokenizer's pad token (userdata/tokenizer.py); eos: the eos id; id0: id 0
+    )
     mask_labels: bool = True  # pad positions get label -100
 
 
