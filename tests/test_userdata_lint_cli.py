@@ -71,6 +71,8 @@ def test_a_template_that_moves_the_last_turn_is_an_error(files):
         files["tok"],
         "--set",
         "data.labels=completion_only",
+        "--set",
+        "data.max_length=256",  # whole chats: nothing truncated
     )
     assert code == 0 and not found
 

@@ -23,6 +23,7 @@ import time
 from ..data import Batch
 from ..record import ProbeSpec
 from .build import Setup
+from .train import reset_peak_memory
 
 # The trainable block parameters the accumulation check compares (three flat fp32 copies of their
 # gradient): the first 2**26 numbers, 768 MiB at most, whatever the model's size.
@@ -32,7 +33,6 @@ ACCUMULATION_ELEMENTS = 2**26
 def setup_checks(spec: ProbeSpec, s: Setup) -> dict | None:
     """The figures of the checks this probe's options call for (module docstring), with the seconds
     they took; None when none applies. `s` is the setup before any rank wraps its model."""
-    import torch
 
     from ..measure.accumulation import accumulation_figures
     from ..measure.packing import packing_isolation
@@ -51,7 +51,6 @@ def setup_checks(spec: ProbeSpec, s: Setup) -> dict | None:
     if micro > 1:
         full = Batch(s.stream.joined(group)).to(spec.device, dtype)
         out.update(accumulation_figures(s.model, batches, full, s.normalization, ACCUMULATION_ELEMENTS))
-    if spec.device == "cuda":
-        torch.cuda.reset_peak_memory_stats()  # the checks' transients are not the training's peak
+    reset_peak_memory(spec.device)  # the checks' transients are not the training's peak
     out["seconds"] = time.perf_counter() - t0
     return out

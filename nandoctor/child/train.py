@@ -114,8 +114,36 @@ def step_times(steps: list[Step], compiled: bool, warmup: int = 1) -> tuple[floa
 
 
 def peak_memory(device: str) -> tuple[int, str]:
+    """(bytes, kind): the CUDA allocator's peak, or on a CPU the process's peak resident set since its
+    start or the last reset_peak_memory (Linux's VmHWM; getrusage's ru_maxrss where there is no procfs)."""
     import torch
 
     if device == "cuda":
         return torch.cuda.max_memory_allocated(), "cuda-allocator-peak"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process-peak-rss"
+    try:
+        status = Path("/proc/self/status").read_text()
+        return int(status.split("VmHWM:")[1].split()[0]) * 1024, "process-peak-rss"
+    except (OSError, IndexError, ValueError):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "process-peak-rss"
+
+
+def reset_peak_memory(device: str) -> None:
+    """Start the peak over from what the process holds now, so that what ran before (nandoctor's own
+    step-0 setup checks) is not counted as the training's. On a CPU: freed heap goes back to the system
+    first (glibc's malloc_trim), then Linux resets the high-water mark (/proc/self/clear_refs, "5");
+    without procfs the peak stays the whole process's."""
+    import ctypes
+
+    import torch
+
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass

@@ -65,9 +65,9 @@ def histogram_svg(hist: dict, title: str, width: int = 380, height: int = 150) -
         parts.append(f'<rect {rect} fill="{BAR}"><title>{c}</title></rect>')
         if c:
             parts.append(f'<text x="{x + bar / 2:.1f}" y="{y - 2:.1f}" font-size="9" text-anchor="middle">{c}</text>')
-    for i in (0, len(edges) // 2, len(edges) - 1):
-        x = left + i * bar
-        parts.append(f'<text x="{x:.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{edges[i]}</text>')
+    for i, anchor in ((0, "start"), (len(edges) // 2, "middle"), (len(edges) - 1, "end")):
+        x = left + i * bar  # the outer labels end at the plot's edges, inside the chart (never clipped)
+        parts.append(f'<text x="{x:.1f}" y="{height - 8}" font-size="10" text-anchor="{anchor}">{edges[i]}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -104,6 +104,26 @@ def probe_rows(outcomes) -> list[dict]:
     ]
 
 
+def probe_groups(outcomes) -> list[dict]:
+    """probe_rows grouped: the probes that trained on the same batches, named once, with those batches."""
+    groups: dict[str, list[dict]] = {}
+    for r in probe_rows(outcomes):
+        groups.setdefault(r["probe"], []).append({"kind": r["kind"], "rows": r["rows"]})
+    return [{"probes": probes, "batches": batches} for probes, batches in groups.items()]
+
+
+def trained_as_listed(groups: list[dict], batches: list[dict] | None) -> str | None:
+    """One sentence when every probe trained on the very batches the data section lists (a grid's
+    cells share the seed's rows): the rows need no second table."""
+    if len(groups) != 1 or not batches:
+        return None
+    listed = [{"kind": b["kind"], "rows": ", ".join(map(str, b["rows"]))} for b in batches]
+    if groups[0]["batches"] != listed:
+        return None
+    probes = groups[0]["probes"].split(", ")
+    return f"Every probe ({len(probes)}: {', '.join(probes)}) trained on the batches above, row for row."
+
+
 def fig(x, digits: int = 3) -> str:
     """A measured figure as text, whatever it is: a number to `digits` significant digits, a non-finite
     float as Python writes it (nan, inf), '-' when absent."""
@@ -118,7 +138,7 @@ def fig(x, digits: int = 3) -> str:
 
 def setup_check_rows(outcomes) -> list[dict]:
     """The step-0 setup checks each probe measured on its own model (record.setup_checks), one row per
-    check with its figures and whether it passed (the judge's decision, verdicts.setup_judgement)."""
+    check with its figures and whether it passed (the judge's decision, verdicts.setup_judged)."""
     out = []
     for o in outcomes:
         c = getattr(o.record, "setup_checks", None) or {}
@@ -176,6 +196,14 @@ def finding_lines(findings: list[dict]) -> list[str]:
     return [f"[{f['severity']}] {f['id']}: {f['figure']}" for f in findings if f.get("figure")]
 
 
+def finding_items(findings: list[dict]) -> list[dict]:
+    """Each finding with a figure as its line, its severity and its fix (report.html shows them together)."""
+    return [
+        {"line": line, "severity": f["severity"], "fix": f.get("fix") or "-"}
+        for line, f in zip(finding_lines(findings), [f for f in findings if f.get("figure")])
+    ]
+
+
 def data_text(section: dict) -> list[str]:
     """What `nandoctor doctor --data` prints before its findings."""
     from tabulate import tabulate
@@ -215,7 +243,13 @@ def data_markdown(meta: RunMeta | dict, outcomes, table) -> list[str]:
             table(histogram_rows(section["histograms"]["supervised"], "supervised tokens per row")),
             "",
         ]
-        parts += [f"- {line}" for line in finding_lines(section.get("findings") or [])]
+        parts += [f"- {f['line']} Fix: {f['fix']}" for f in finding_items(section.get("findings") or [])]
+        if section.get("special_tokens"):
+            special = [
+                {"token": t["token"], "id": t["id"], "as content": t["content"], "as a target": t["targets"]}
+                for t in section["special_tokens"]
+            ]
+            parts += ["", "Special tokens:", "", table(special)]
         parts += ["", "Batches the probes train on:", "", table(batch_rows(section["batches"])), ""]
     trained = probe_rows(outcomes)
     if trained:
@@ -232,9 +266,11 @@ def data_markdown(meta: RunMeta | dict, outcomes, table) -> list[str]:
 def data_html(meta: RunMeta, outcomes) -> dict:
     """The template's context for the Data section."""
     section = meta.data
+    groups = probe_groups(outcomes)
     context = {
         "sentence": source_sentence((section or {}).get("source"), meta.recipe),
-        "probes": probe_rows(outcomes),
+        "probe_groups": groups,
+        "trained_as_listed": trained_as_listed(groups, (section or {}).get("batches")),
         "checks": setup_check_rows(outcomes),
         "starved": starved_rows(outcomes),
     }
@@ -246,7 +282,8 @@ def data_html(meta: RunMeta, outcomes) -> dict:
                 histogram_svg(section["histograms"]["length"], "tokens per row"),
                 histogram_svg(section["histograms"]["supervised"], "supervised tokens per row"),
             ],
-            findings=finding_lines(section.get("findings") or []),
+            findings=finding_items(section.get("findings") or []),
+            special=section.get("special_tokens") or [],
             batches=batch_rows(section["batches"]),
         )
     return context

@@ -130,9 +130,12 @@ def render_html(a: RunAnalysis) -> str:
     probed, why = common.model_line(a)
     panels = matrix.matrix_panels(a)
     env = a.meta.env or DeviceFacts.from_dict({})
+    # the box answers first (recommended, fastest, verdicts); how speed decided is folded below it
+    speed = [] if a.meta.kind == "bisect" else timing.speed_lines(a)
     return _env.get_template("report.html.j2").render(
         meta=a.meta,
-        headline=common.headline(a),
+        headline=[line for line in common.headline(a) if line not in speed],
+        speed=speed,
         probed=probed,
         why=why,
         data=data.data_html(a.meta, a.outcomes),

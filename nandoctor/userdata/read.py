@@ -132,7 +132,8 @@ def bad_line(path: Path, builder: str) -> str | None:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                return f"line {number} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); save it as UTF-8"
+                byte = f"byte 0x{raw[e.start]:02x} at column {e.start + 1}"
+                return f"line {number} is not UTF-8 text ({byte}); save it as UTF-8"
             if builder != "json" or not line.strip():
                 continue
             try:
@@ -140,7 +141,8 @@ def bad_line(path: Path, builder: str) -> str | None:
             except json.JSONDecodeError as e:
                 return f"line {number} is not JSON ({e.msg}, column {e.colno})"
             if not isinstance(value, dict):
-                return f"line {number} is a JSON {type(value).__name__}, not an object (one row per line: {{column: value}})"
+                kind = type(value).__name__
+                return f"line {number} is a JSON {kind}, not an object (one row per line: {{column: value}})"
     return None
 
 
