@@ -10,7 +10,12 @@ the measuring process (ru_maxrss), after the imports both share (torch, transfor
 The tokenizer is the tests' fixture tokenizer (tests/userdata_fixtures.py). Every temporary file
 and datasets cache is removed at the end.
 
-Usage: python bench/data_lint.py [ROUNDS] [ROWS ...]   (default: 2 rounds of 50000 and 200000 rows)"""
+--completion-only (issue 34): three-exchange chats, a chat template with {% generation %} marks, the lint
+with data.labels=completion_only, against the map that TRL's assistant-only loss runs
+(`apply_chat_template(..., return_assistant_tokens_mask=True)`). Target: lint <= 1.2x the baseline.
+
+Usage: python bench/data_lint.py [--completion-only] [ROUNDS] [ROWS ...]
+       (default: 2 rounds of 50000 and 200000 rows)"""
 
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 
-def child(mode: str, rows: str, tok: str) -> None:
+def child(mode: str, rows: str, tok: str, completion_only: bool = False) -> None:
     """One measurement, in this process: prints {"wall_s", "peak_rss_bytes"} as JSON."""
     import datasets  # noqa: F401  (imported before the clock, as both modes import it)
     import torch  # noqa: F401
@@ -42,7 +47,8 @@ def child(mode: str, rows: str, tok: str) -> None:
     if mode == "lint":
         from nandoctor.userdata.lint import lint_data
 
-        recipe = recipe_from_dict({"data": {"path": rows, "tokenizer": tok}}, "bench")
+        labels = {"labels": "completion_only"} if completion_only else {}
+        recipe = recipe_from_dict({"data": {"path": rows, "tokenizer": tok, **labels}}, "bench")
         section = lint_data(recipe, model_config(resolve_model(None)))
         assert section["rows"] > 0
     else:
@@ -51,8 +57,9 @@ def child(mode: str, rows: str, tok: str) -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(tok, local_files_only=True)
         ds = load_dataset("json", data_files=rows, split="train", cache_dir=os.environ["HF_DATASETS_CACHE"])
+        masks = {"return_assistant_tokens_mask": True} if completion_only else {}
         ds = ds.map(
-            lambda b: tokenizer.apply_chat_template(b["messages"], tokenize=True, return_dict=True),
+            lambda b: tokenizer.apply_chat_template(b["messages"], tokenize=True, return_dict=True, **masks),
             batched=True,
             remove_columns=ds.column_names,
         )
@@ -62,7 +69,7 @@ def child(mode: str, rows: str, tok: str) -> None:
     print(json.dumps({"wall_s": wall, "peak_rss_bytes": peak}))
 
 
-def measure(mode: str, rows: Path, tok: Path, scratch: Path) -> dict:
+def measure(mode: str, rows: Path, tok: Path, scratch: Path, completion_only: bool = False) -> dict:
     cache = Path(tempfile.mkdtemp(dir=scratch, prefix="hf-datasets-"))
     env = {
         **os.environ,
@@ -71,7 +78,7 @@ def measure(mode: str, rows: Path, tok: Path, scratch: Path) -> dict:
     }
     try:
         out = subprocess.run(
-            [sys.executable, __file__, "--child", mode, str(rows), str(tok)],
+            [sys.executable, __file__, "--child", mode, str(rows), str(tok)] + (["1"] if completion_only else []),
             capture_output=True,
             text=True,
             env=env,
@@ -82,21 +89,22 @@ def measure(mode: str, rows: Path, tok: Path, scratch: Path) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def main(rounds: int, sizes: list[int]) -> None:
+def main(rounds: int, sizes: list[int], completion_only: bool = False) -> None:
     sys.path.insert(0, str(TESTS))
-    from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
+    from userdata_fixtures import CHAT_TEMPLATE, GENERATION_TEMPLATE, chat_rows, save_chat_tokenizer, write_jsonl
 
     scratch = Path(tempfile.mkdtemp(prefix="nandoctor-bench-data-"))
+    template, turns = (GENERATION_TEMPLATE, 3) if completion_only else (CHAT_TEMPLATE, 1)
     try:
-        tok = save_chat_tokenizer(scratch / "tok")
+        tok = save_chat_tokenizer(scratch / "tok", template=template)
         print(f"load average at start: {os.getloadavg()}")
         for n in sizes:
-            rows = write_jsonl(scratch / f"chat-{n}.jsonl", chat_rows(n, seed=n))
+            rows = write_jsonl(scratch / f"chat-{n}.jsonl", chat_rows(n, seed=n, turns=turns))
             walls = {"lint": [], "baseline": []}
             rss = {"lint": [], "baseline": []}
             for r in range(rounds):
                 for mode in ("lint", "baseline") if r % 2 == 0 else ("baseline", "lint"):
-                    got = measure(mode, rows, tok, scratch)
+                    got = measure(mode, rows, tok, scratch, completion_only)
                     walls[mode].append(got["wall_s"])
                     rss[mode].append(got["peak_rss_bytes"])
             ratios = [a / b for a, b in zip(walls["lint"], walls["baseline"])]
@@ -115,7 +123,8 @@ def main(rounds: int, sizes: list[int]) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--child"]:
-        child(*sys.argv[2:5])
+        child(*sys.argv[2:5], completion_only=len(sys.argv) > 5)
     else:
-        args = [int(a) for a in sys.argv[1:]]
-        main(args[0] if args else 2, args[1:] or [50_000, 200_000])
+        only = "--completion-only" in sys.argv
+        args = [int(a) for a in sys.argv[1:] if a != "--completion-only"]
+        main(args[0] if args else 2, args[1:] or [50_000, 200_000], only)

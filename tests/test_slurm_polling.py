@@ -191,3 +191,57 @@ def test_squeues_answer_is_shared_by_every_caller_for_the_floor_interval(cluster
     assert len(calls(cluster, "squeue")) == 1 and "-j 7,8 " in calls(cluster, "squeue")[0]
     clock.sleep(on_slurm.FLOOR_S)
     assert queue.poll() is not None and len(calls(cluster, "squeue")) == 2
+
+
+@pytest.mark.slow  # 20 submissions through submitit and the shims: a minute on a loaded 2-core host
+def test_a_run_submitting_one_job_at_a_time_asks_squeue_at_most_ten_times_a_minute(cluster, tmp_path, monkeypatch):
+    # issue 34: a real 8-cell grid asked squeue 12.7-18.8 times a minute after its first 30 s: each
+    # submission (the re-timing's, one at a time) and each start squeue saw before the job's log.txt
+    # reset the cadence to FLOOR_S, though the files say both
+    from nandoctor.cells import Cell
+    from nandoctor.models import plan_model
+    from nandoctor.plan import PlannedProbe
+    from nandoctor.recipes import resolve_model
+    from nandoctor.run import on_slurm
+    from nandoctor.run.placement import PlacedProbe
+    from nandoctor.run.session import probe_spec
+    from nandoctor.run.task import ProbeTask, probe_dir, write_spec
+
+    run_dir = tmp_path / "run"
+    world = {"placement": None, "running": None, "log at": None, "end at": None}
+
+    def tick(now: float) -> None:  # the node: the canary at once, then each job's log 2 s in, its end 4 s in
+        placement = world["placement"]
+        if placement is not None:
+            for canary in placement.canaries:
+                canary.write_text(json.dumps({"gathered": {"host": "node1"}}))
+        probe = world["running"]
+        if probe is not None and now >= world["log at"]:
+            (probe.folder / "log.txt").write_text("")
+        if probe is not None and now >= world["end at"]:
+            (probe.folder / "placed.json").write_text(json.dumps({"returncode": 0, "wall_s": 4.0, "node": "node1"}))
+            set_states(cluster, {probe.job_id: "COMPLETED|None"})
+
+    clock = FakeClock(tick)
+    monkeypatch.setattr(on_slurm, "time", clock)
+    set_states(cluster, {"100": "RUNNING|None"})
+    placement = world["placement"] = on_slurm.SlurmPlacement(executor_config("slurm", ["queue_wait=600"]), run_dir)
+    placement.facts()
+    recipe, device = resolve_model("tiny-llama"), {"device": "cpu", "cpu_count": 2, "gpus": []}
+    plan = plan_model(recipe, device)
+    start, since = clock.now, None
+    for i in range(20):  # 20 jobs of ~4 s, one after another: the re-timing's way
+        planned = PlannedProbe(f"fp32/eager/off retime{i}", Cell("fp32", "eager", "off"))
+        task = ProbeTask(probe_spec(recipe, planned, plan, device, 2, 1), 60.0)
+        probe = PlacedProbe(task, probe_dir(run_dir, task.probe_id))
+        write_spec(task, probe.folder)
+        placement.submit([probe])
+        set_states(cluster, {probe.job_id: "RUNNING|None"})  # squeue knows it runs before its log.txt is there
+        world.update({"running": probe, "log at": clock.now + 2, "end at": clock.now + 4})
+        while not placement.wait([probe], 1.0):
+            pass
+        if since is None and clock.now - start >= 30:
+            since = (len(calls(cluster, "squeue")), clock.now)
+    minutes = (clock.now - since[1]) / 60
+    assert minutes > 0.5 and (len(calls(cluster, "squeue")) - since[0]) / minutes <= 10
+    placement.close()

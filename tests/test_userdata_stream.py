@@ -14,6 +14,7 @@ from checkpoints import save_llama
 from conftest import run_main
 from userdata_fixtures import (
     CHAT_TEMPLATE,
+    GENERATION_TEMPLATE,
     chat_rows,
     prompt_completion_rows,
     save_chat_tokenizer,
@@ -113,6 +114,37 @@ def test_messages_are_rendered_with_the_chat_template_and_completion_only_trains
     assert tokenizer.decode(ids) == tokenizer.apply_chat_template(rows[0]["messages"], tokenize=False)
     for i in range(4):
         assert supervised_text(tokenizer, first, i) == rows[i]["messages"][1]["content"] + "</s>"
+
+
+def test_a_generation_marked_template_labels_multi_turn_chats_in_one_render_as_prefix_rendering_does(tmp_path, config):
+    # issue 34: each assistant turn rendered its whole prefix again (twice the tokenizing TRL pays with
+    # return_assistant_tokens_mask); a template with {% generation %} marks now says them in one render
+    import transformers
+
+    rows = write_jsonl(tmp_path / "chat.jsonl", chat_rows(12, seed=3, turns=3))
+    plain = save_chat_tokenizer(tmp_path / "plain")
+    marked = save_chat_tokenizer(tmp_path / "marked", template=GENERATION_TEMPLATE)
+    calls = []
+    render = transformers.PreTrainedTokenizerBase.apply_chat_template
+
+    def counted(self, conversation, *args, **kwargs):
+        calls.append(kwargs.get("return_assistant_tokens_mask", False))
+        return render(self, conversation, *args, **kwargs)
+
+    transformers.PreTrainedTokenizerBase.apply_chat_template = counted
+    try:
+        by_prefix = stream(recipe(rows, plain, labels="completion_only", max_length=512), config, 0)
+        prefix_calls, calls[:] = len(calls), []
+        by_marks = stream(recipe(rows, marked, labels="completion_only", max_length=512), config, 0)
+    finally:
+        transformers.PreTrainedTokenizerBase.apply_chat_template = render
+    assert calls == [True] and prefix_calls > 12  # one batched render, where prefixes took one per turn
+    for a, b in zip(by_marks.batches, by_prefix.batches, strict=True):
+        assert all((a.inputs[k] == b.inputs[k]).all() for k in a.inputs)
+    tokenizer = load_tokenizer(marked)
+    chat = chat_rows(12, seed=3, turns=3)[0]["messages"]
+    said = supervised_text(tokenizer, by_marks.batches[0], 0)
+    assert said == "".join(m["content"] + "</s>" for m in chat if m["role"] == "assistant")
 
 
 def test_whole_chats_are_trained_under_attention_mask_labels(tmp_path, tok, config):

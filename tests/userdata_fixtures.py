@@ -19,6 +19,13 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# CHAT_TEMPLATE with the assistant's tokens marked for return_assistant_tokens_mask, as TRL's
+# assistant-only loss needs: the same text, each assistant turn's content and </s> in {% generation %}.
+GENERATION_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}<|assistant|>{% generation %}{{ m['content'] }}</s>"
+    "{% endgeneration %}{% else %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 # A template that renders the last assistant turn otherwise than earlier ones, as Qwen3's does (empty
 # <think></think> in the last turn only): in a chat of several turns, the conversation up to an
 # earlier assistant turn is then not a prefix of the whole.

@@ -9,7 +9,8 @@ A polite client: the run's files say most of what happens (a job's log.txt appea
 placed.json when it ends), read every FILE_POLL_S; squeue, which every user of the cluster shares, is
 asked only for what the files cannot say (a job the scheduler ended, a pending reason), once for all
 of this run's jobs (canaries, probes, cancelled jobs) and at a cadence that backs off (SlurmQueue):
-FLOOR_S after something changed, growing to CEILING_S while nothing does, its answer shared by every
+FLOOR_S after it told what the files could not (a job the scheduler ended), growing to CEILING_S
+otherwise (a submission or a start the files will show is no such news), its answer shared by every
 caller for FLOOR_S. State comes from `squeue --states=all` (which also lists jobs that ended within
 the cluster's MinJobAge), so no accounting database is needed.
 """
@@ -133,9 +134,10 @@ class SlurmQueue:
         self.interval = FLOOR_S
 
     def track(self, job_ids: list[str]) -> None:
-        """Ask about these jobs too, soon: a submission is a change."""
+        """Ask about these jobs too. At the cadence already reached: sbatch said the submission, and the
+        job's log.txt will say its start (issue 34: a grid that submitted one job at a time, its
+        re-timing, asked squeue every FLOOR_S throughout)."""
         self.jobs.update(job_ids)
-        self.interval = FLOOR_S
 
     def forget(self, job_ids: list[str]) -> None:
         """Stop asking about these jobs (an array stays asked about while another of its elements is)."""
@@ -356,7 +358,8 @@ class SlurmPlacement:
                 if state in ACTIVE:
                     probe.waiting = said if state == "PENDING" else ""
                     if state == "RUNNING" and probe.state != "running":
-                        probe.state, probe.started, changed = "running", now, True
+                        # squeue said it first, but its log.txt would have: no reason to ask again soon
+                        probe.state, probe.started = "running", now
                 elif state == "COMPLETED":
                     probe.seen_done = probe.seen_done or now  # its placed.json may lag on a shared filesystem
                 else:

@@ -23,6 +23,7 @@ Columns written per row:
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,24 @@ def _texts(batch: dict, kind: str, tokenizer, completion_only: bool) -> tuple[li
     return texts, spans, aligned, not conversational
 
 
+GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")  # a template's {% generation %} block
+
+
+def generation_marked(tokenizer) -> bool:
+    """Whether the tokenizer's chat template marks the assistant's tokens ({% generation %}), so that one
+    render says which they are (return_assistant_tokens_mask)."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and GENERATION_MARK.search(template) is not None
+
+
+def _marked_chats(tokenizer, chats: list) -> tuple[list, list]:
+    """(token ids, supervised flags) of each chat, from one render and one tokenization of the batch with
+    the template's generation marks, as TRL's assistant-only loss reads them: each assistant turn's
+    prefix is not rendered again (_chat_spans does that for templates without marks)."""
+    out = tokenizer.apply_chat_template(chats, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    return out["input_ids"], [[bool(m) for m in mask] for mask in out["assistant_masks"]]
+
+
 def _supervised_mask(offsets: list, spans: list | None) -> list[bool]:
     """Which tokens begin inside one of the spans (None: every token)."""
     if spans is None:
@@ -175,6 +194,10 @@ def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str 
                 "data.labels=completion_only on pre-tokenized rows needs their `labels` column "
                 "(nandoctor cannot tell the completion from the ids alone)"
             )
+    elif enc.kind == "messages" and completion_only and generation_marked(tokenizer):
+        ids_rows, chosen = _marked_chats(tokenizer, batch["messages"])
+        aligned = [True] * n
+        given_labels = masks = positions = [None] * n
     else:
         texts, spans, aligned, special = _texts(batch, enc.kind, tokenizer, completion_only)
         encoded = tokenizer(
