@@ -312,9 +312,7 @@ def router_code(moe: dict | None, recipe: Recipe) -> list[str]:
     return lines
 
 
-def recommendation(
-    config: dict, recipe: Recipe, base: Recipe, model_flags: list[str], moe: dict | None = None
-) -> dict:
+def recommendation(config: dict, recipe: Recipe, base: Recipe, model_flags: list[str], moe: dict | None = None) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`;
     `moe`: the probe record's routing figures, for a mixture of experts)."""
     cell = Cell.of(config)

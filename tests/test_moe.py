@@ -4,8 +4,8 @@ what is known about their load-balancing loss and router collapse is said with i
 import dataclasses
 
 import pytest
-
 from checkpoints import save_collapsed_qwen3_moe, save_tied_router_qwen3_moe
+
 from nandoctor.analysis.verdicts import EXPERT_COLLAPSE, classify, route_flips
 from nandoctor.cells import Cell
 from nandoctor.config import set_field
