@@ -81,6 +81,11 @@ class Thresholds:
       on a 2-layer tiny Llama in fp32; the usual 2-D all-ones mask beside them gave 0.77, because
       transformers builds the per-segment mask only when no mask is passed and no cache exists
       (huggingface/transformers PR #46634, huggingface/trl#3067).
+      The same two numbers find the layer that mixes segments when even the forward with no mask and no
+      cache does (leaking_layer): its output past the first segment against its first segment's, which no
+      segment precedes. Measured on the probe-scale twins packed by position_ids: Qwen3-Next's
+      linear-attention torch fallback (huggingface/transformers#46333) 0.115 at the logits, gpt-oss's eager
+      sink attention 0.95, where both forwards agreed with each other and the old floor hid them.
     - accumulation_min_cosine: the gradient a step accumulates over its micro-batches must point where
       the full batch's does: a cosine below 0.99 weights the micro-batches' tokens unequally. By the
       step's token count (num_items_in_batch) it was 1.000003 on rows of 32, 4, 4 and 4 tokens; averaged
@@ -144,6 +149,21 @@ class Thresholds:
         (False for a figure that is absent or not finite: nothing measured, nothing judged)."""
         floor = self.packing_leak_factor * clean_diff if _finite(clean_diff) else 0.0
         return _finite(max_diff) and max_diff > max(self.packing_leak_abs, floor)
+
+    def leaking_layer(self, layers, max_diff) -> dict | None:
+        """Where a packed forward that differs from its segments run alone (max_diff, as collated, beyond
+        packing_leak_abs) mixes them though no mask and no cache is passed: the first layer of that
+        forward (measure.packing_isolation's packing_layers) whose later segments differ beyond the
+        larger of packing_leak_abs and packing_leak_factor times its first segment's difference (the
+        model's own rounding: no segment precedes the first). None when the collated forward keeps the
+        segments apart (a 4-D block mask), or every layer does."""
+        if not (_finite(max_diff) and max_diff > self.packing_leak_abs):
+            return None
+        for layer in layers or []:
+            first, later = layer.get("first_segment"), layer.get("later_segments")
+            if _finite(later) and later > max(self.packing_leak_abs, self.packing_leak_factor * (first or 0.0)):
+                return layer
+        return None
 
     def accumulation_bound(self, by_tokens=None) -> float:
         """The lowest cosine an accumulated step-0 gradient may have to the full batch's:

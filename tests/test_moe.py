@@ -217,3 +217,24 @@ def test_bisect_takes_moe_aux_loss_and_router_dtype_as_factors_and_names_the_one
     assert result.status == "bisected", result.message
     assert [c.factors for c in result.culprits] == [["moe.router_dtype"]]
     assert result.recommended == {**bad, "moe.router_dtype": "fp32"}
+
+
+@pytest.mark.slow
+def test_packing_check_names_the_layer_where_a_hybrid_or_sink_model_leaks():
+    """Packed by position_ids, Qwen3-Next's linear-attention torch fallback and gpt-oss's eager attention
+    with sinks mix the segments even with no mask and no cache, where the old floor (that same forward)
+    hid it; the check names the first such layer and its kind. gpt-oss with a 4-D block mask, and a
+    Qwen3-MoE by position_ids, keep the segments apart: nothing to say."""
+    from nandoctor.analysis.verdicts import setup_failures
+
+    def packed(name, packing="position_ids"):
+        recipe = set_field(set_field(quick(recipe_by_name(name)), "data.packing", packing), "seq_len", 32)
+        _, record = probe_in_process(recipe, steps=1)
+        return record.setup_checks
+
+    hybrid = setup_failures(packed("qwen3-next-80b-a3b"))
+    assert len(hybrid) == 1 and "still mix, first at layer 0 (linear_attention)" in hybrid[0]
+    sinks = setup_failures(packed("gpt-oss-20b"))
+    assert len(sinks) == 1 and "first at layer 0 (sliding_attention)" in sinks[0]
+    assert setup_failures(packed("gpt-oss-20b", "block_mask")) == []
+    assert setup_failures(packed("qwen3-30b-a3b")) == []

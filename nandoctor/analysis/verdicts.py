@@ -165,6 +165,14 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
             f"beyond {floor:.2g} (with no mask and no cache the same batch gives {_fmt(clean)})"
         )
+    leak = t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff"))
+    if leak:
+        out.append(
+            f"packing: with no mask and no cache the packed segments still mix, first at layer {leak['layer']} "
+            f"({leak['kind']}): its output past the first segment differs from the segments run alone by "
+            f"{_fmt(leak['later_segments'])}, on the first segment by {_fmt(leak['first_segment'])}; that layer's "
+            "implementation ignores the segment boundaries"
+        )
     if t.accumulation_misweighted(c.get("accumulation_cosine"), c.get("accumulation_cosine_tokens")):
         norm = c.get("loss_normalization") or "?"
         ratio = c.get("accumulation_norm_ratio") if norm == "micro_batch" else None
@@ -325,6 +333,9 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
         else None,
         "groups_without_gradient": len(starved_groups(record.steps)),
         "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
+        "packing_layer_leaks": (t.leaking_layer(c["packing_layers"], c.get("packing_max_logit_diff")) or {}).get("kind")
+        if c.get("packing_layers")
+        else None,
     }
 
 

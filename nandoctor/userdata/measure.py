@@ -92,7 +92,8 @@ def _segments(position_ids) -> list[tuple[int, int]]:
 
 def packing_isolation(model, inputs: dict) -> dict:
     """Max |logit| difference between one packed row (row 0 of `inputs`, as collated) and each of its
-    segments run alone; and the same with attention_mask=None and use_cache=False."""
+    segments run alone; and the same with attention_mask=None and use_cache=False, with where that one
+    mixes the segments (`packing_layers`: the hidden-state differences of each layer, _layer_diffs)."""
     import torch
 
     ids, positions = inputs["input_ids"][:1], inputs["position_ids"][:1]
@@ -107,9 +108,14 @@ def packing_isolation(model, inputs: dict) -> dict:
         given["attention_mask"] = mask[:1]
     with torch.no_grad(), without_dropout(model):
         packed = model(**given).logits[0][keep]
-        clean = model(input_ids=ids[:, keep], position_ids=positions[:, keep], use_cache=False).logits[0]
+        clean_out = model(
+            input_ids=ids[:, keep], position_ids=positions[:, keep], use_cache=False, output_hidden_states=True
+        )
+        clean = clean_out.logits[0]
         flat = ids[0][keep]
-        alone = torch.cat([model(input_ids=flat[a:b][None]).logits[0] for a, b in spans])
+        alone_out = [model(input_ids=flat[a:b][None], output_hidden_states=True) for a, b in spans]
+        alone = torch.cat([o.logits[0] for o in alone_out])
+        layers = _layer_diffs(model, clean_out.hidden_states, [o.hidden_states for o in alone_out], spans)
     if mask is not None and mask.dim() == 2:
         cause = "a 2-D attention mask is passed beside the position_ids"
     elif getattr(model.config, "use_cache", False):
@@ -122,7 +128,35 @@ def packing_isolation(model, inputs: dict) -> dict:
         "packing_clean_diff": float((clean - alone).abs().max()),
         "packing_cause": cause,
         "packing_use_cache": bool(getattr(model.config, "use_cache", False)),
+        "packing_layers": layers,
     }
+
+
+def _layer_diffs(model, clean: tuple, alone: list[tuple], spans: list[tuple[int, int]]) -> list[dict] | None:
+    """Per decoder layer of the packed row run with no mask and no cache: its kind (config.layer_types:
+    linear_attention, sliding_attention, ...) and its output's largest difference to the segments run
+    alone, on the first segment (which no other segment precedes in a causal model: the model's own
+    rounding) and on the later ones (rounding, or a layer that mixes the segments, such as a
+    linear-attention fallback that ignores position_ids, huggingface/transformers#46333). None without
+    hidden states or with one segment."""
+    if not clean or len(spans) < 2:
+        return None
+    kinds = list(getattr(model.config, "layer_types", None) or [])
+    first = spans[0][1] - spans[0][0]
+    out = []
+    for i in range(1, len(clean)):
+        import torch
+
+        diff = (clean[i][0] - torch.cat([h[i][0] for h in alone])).abs().float()
+        out.append(
+            {
+                "layer": i - 1,
+                "kind": kinds[i - 1] if i - 1 < len(kinds) else "attention",
+                "first_segment": float(diff[:first].max()),
+                "later_segments": float(diff[first:].max()),
+            }
+        )
+    return out
 
 
 def packed_inputs(encoded: EncodedRows, batches: list) -> dict | None:
