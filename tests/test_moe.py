@@ -238,3 +238,24 @@ def test_packing_check_names_the_layer_where_a_hybrid_or_sink_model_leaks():
     assert len(sinks) == 1 and "first at layer 0 (sliding_attention)" in sinks[0]
     assert setup_failures(packed("gpt-oss-20b", "block_mask")) == []
     assert setup_failures(packed("qwen3-30b-a3b")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output_router_logits", [False, True])
+def test_a_trainer_run_of_a_moe_without_its_load_balancing_loss_is_told_so(tmp_path, output_router_logits):
+    """The Trainer callback judges the user's own model config: a Qwen3-MoE as transformers builds it
+    (output_router_logits=False) gets moe-load-balancing-off at train start; with it on, it does not."""
+    import torch
+    from training_runs import hf_trainer
+    from transformers import AutoModelForCausalLM
+
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    path = save_collapsed_qwen3_moe(tmp_path / "moe", output_router_logits=output_router_logits)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.config.use_cache = False
+    callback = NandoctorCallback()
+    hf_trainer(model, tmp_path / "out", [callback], max_steps=2).train()
+    fired = {f["id"] for f in callback.watch.findings}
+    assert ("moe-load-balancing-off" in fired) is not output_router_logits
