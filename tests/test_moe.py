@@ -259,3 +259,38 @@ def test_a_trainer_run_of_a_moe_without_its_load_balancing_loss_is_told_so(tmp_p
     hf_trainer(model, tmp_path / "out", [callback], max_steps=2).train()
     fired = {f["id"] for f in callback.watch.findings}
     assert ("moe-load-balancing-off" in fired) is not output_router_logits
+
+
+@pytest.mark.slow
+def test_bisect_names_moe_router_dtype_for_a_router_that_collapses_in_bf16(cli, tmp_path):
+    """ViperEkura/AstrAI#57 end to end: near-tied router logits, bf16 autocast. With the router in the
+    compute dtype every token goes to the same two experts (expert-collapse); with moe.router_dtype=fp32
+    the bf16 cell is stable. Between that baseline and a target that also changes the attention, bisect
+    names moe.router_dtype alone."""
+    import json
+
+    path = save_tied_router_qwen3_moe(tmp_path / "tied")
+    out = tmp_path / "bisect"
+    proc = cli(
+        "bisect",
+        "--model",
+        path,
+        "--good",
+        "dtype=bf16-amp,moe.router_dtype=fp32",
+        "--bad",
+        "moe.router_dtype=compute,attn=sdpa",
+        "--steps",
+        "8",
+        "--reruns",
+        "0",
+        "--set=optimizer.lr=1e-4",
+        "--set=forensics_steps=0",
+        "--out",
+        out,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "bisect.json").read_text())
+    assert result["status"] == "bisected" and [c["factors"] for c in result["culprits"]] == [["moe.router_dtype"]]
+    verdicts = {step["outcome"]: step["verdicts"] for step in result["path"]}
+    assert verdicts["fail"] == ["expert-collapse"] and verdicts["pass"] == ["stable"]
+    assert result["recommended"]["moe.router_dtype"] == "fp32" and result["recommended"]["attn"] == "sdpa"
