@@ -106,7 +106,9 @@ class Thresholds:
     - route_flip_share: a drift whose step-0 token -> expert choices differ from the fp32 reference's
       in more than 5% of (token, slot) pairs is named as caused by the routing: the same weights and
       batch choose other experts in this precision (a bf16 softmax before top-k flips near-ties,
-      ViperEkura/AstrAI#57); bf16-amp flipped 0-3% on qwen3-30b-a3b's probe-scale twin here.
+      ViperEkura/AstrAI#57). bf16-amp flipped 0.4% on qwen3-30b-a3b's probe-scale twin here (head_dim 32,
+      64 tokens), and 74% on a router built with near-tied logits (tests/checkpoints.py
+      save_tied_router_qwen3_moe), which then sent every token to the same two experts.
     """
 
     min_scale: float = 1.0
