@@ -99,6 +99,11 @@ class Thresholds:
       each (cosine 0.587, norm ratio 1.45: huggingface/transformers PR #34191, #37766); a model that
       ignores num_items_in_batch under the Trainer's token normalisation sums the micro-batches' means:
       its error is at least steps - 1 (3.0 on four equal rows).
+      Where the packed forward leaks, the same two numbers find the first layer that mixes the segments
+      (leaking_layer): its output past the first segment against its first segment's, which no segment
+      precedes. Measured on the probe-scale twins packed by position_ids: Qwen3-Next's linear-attention
+      torch fallback (huggingface/transformers#46333) 0.115 at the logits, gpt-oss's eager sink attention
+      0.95.
     - expert_dead_fraction / expert_min_load: a mixture of experts' router has collapsed in a layer when
       half of its experts or more get no token of a step, judged only where an even router would give
       each expert 8 assignments or more (tokens x top-k / experts; the chance an expert of an even
@@ -112,7 +117,9 @@ class Thresholds:
     - route_flip_share: a drift whose step-0 token -> expert choices differ from the fp32 reference's
       in more than 5% of (token, slot) pairs is named as caused by the routing: the same weights and
       batch choose other experts in this precision (a bf16 softmax before top-k flips near-ties,
-      ViperEkura/AstrAI#57); bf16-amp flipped 0-3% on qwen3-30b-a3b's probe-scale twin here.
+      ViperEkura/AstrAI#57). bf16-amp flipped 0.4% on qwen3-30b-a3b's probe-scale twin here (head_dim 32,
+      64 tokens), and 74% on a router built with near-tied logits (tests/checkpoints.py
+      save_tied_router_qwen3_moe), which then sent every token to the same two experts.
     """
 
     min_scale: float = 1.0
@@ -167,6 +174,20 @@ class Thresholds:
     def accumulation_bound(self, floor=None) -> float:
         """The largest relative difference an accumulated step-0 gradient may show to the full batch's."""
         return _bound(self.accumulation_error_abs, self.accumulation_error_factor, floor)
+
+    def leaking_layer(self, layers, max_diff) -> dict | None:
+        """Where a packed forward that differs from its segments run alone (max_diff, as collated, beyond
+        packing_leak_abs) mixes them: the first layer of that forward (measure.packing_isolation's
+        packing_layers) whose later segments differ beyond the larger of packing_leak_abs and
+        packing_leak_factor times its first segment's difference (the model's own rounding: no segment
+        precedes the first). None when the collated forward keeps the segments apart, or no layer shows it."""
+        if not (_finite(max_diff) and max_diff > self.packing_leak_abs):
+            return None
+        for layer in layers or []:
+            first, later = layer.get("first_segment"), layer.get("later_segments")
+            if _finite(later) and later > max(self.packing_leak_abs, self.packing_leak_factor * (first or 0.0)):
+                return layer
+        return None
 
     def accumulation_misweighted(self, error, floor=None) -> bool:
         """Whether an accumulated step-0 gradient's relative difference to the full batch's is beyond

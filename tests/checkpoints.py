@@ -253,10 +253,11 @@ def save_collapsed_qwen3_moe(path: Path, output_router_logits: bool = False) -> 
 
 def save_tied_router_qwen3_moe(path: Path) -> Path:
     """A tiny Qwen3-MoE (8 experts, top-2) whose routers see near-ties: every token embedding carries 20
-    in dimension 0 (about 8 after each RMSNorm), which every router row reads with weight 1.0, so every
-    logit is ~8, plus differences of ~1e-3 between experts (the rest of the router's weights, N(0, 1e-3)).
-    fp32 ranks the experts by those differences; bf16 (a spacing of 1/16 at 8) rounds them into one
-    tie, and top-k picks by position."""
+    in dimension 0 (about 7.4 after each RMSNorm, the others N(0, 1)), which every router row reads with
+    weight 1.0, so every logit is ~7.4, plus token-dependent differences of ~3e-3 between experts (the
+    rest of the router's weights, N(0, 1e-3)). fp32 ranks the experts by those differences and spreads
+    the tokens; bf16 (a spacing of 1/32 there) rounds them into one tie, and top-k picks by position:
+    the same two experts for every token."""
     import torch
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
@@ -277,6 +278,7 @@ def save_tied_router_qwen3_moe(path: Path) -> Path:
     )
     model = Qwen3MoeForCausalLM(config)
     with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0, 1.0)
         model.model.embed_tokens.weight[:, 0] = 20.0
         for layer in model.model.layers:
             gate = layer.mlp.gate.weight

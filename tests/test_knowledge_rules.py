@@ -107,6 +107,11 @@ def routing_record(no_token: int, rows: int = 256):
     return ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 7.0, 1.0)], moe=moe)
 
 
+def layer(kind: str, later: float) -> dict:
+    """One layer of measure.packing_isolation's packing_layers: rounding on the first segment, `later` past it."""
+    return {"layer": 0, "kind": kind, "first_segment": 2e-7, "later_segments": later}
+
+
 MOE_CASES = {
     "moe-load-balancing-off": (
         lambda t, p: routed("qwen3-30b-a3b"),
@@ -131,6 +136,22 @@ MOE_CASES = {
     "moe-fp32-router-for-low-precision": (
         lambda t, p: routed("mixtral-8x7b", cell="bf16-amp/sdpa/off"),
         lambda t, p: routed("mixtral-8x7b", cell="bf16-amp/sdpa/off", moe__router_dtype="fp32"),
+    ),
+    "packing-linear-attention-fallback-leaks": (
+        lambda t, p: judged_facts(
+            checked({"packing_layers": [layer("linear_attention", 0.115)], "packing_max_logit_diff": 0.115})
+        ),
+        lambda t, p: judged_facts(
+            checked({"packing_layers": [layer("linear_attention", 2e-7)], "packing_max_logit_diff": 2e-7})
+        ),
+    ),
+    "packing-attention-layer-ignores-position-ids": (
+        lambda t, p: judged_facts(
+            checked({"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 0.95})
+        ),
+        lambda t, p: judged_facts(
+            checked({"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 3e-7})
+        ),
     ),
     "gemma3-token-type-ids": (
         lambda t, p: facts(model_type=moe_config("gemma3").model_type),

@@ -217,3 +217,80 @@ def test_bisect_takes_moe_aux_loss_and_router_dtype_as_factors_and_names_the_one
     assert result.status == "bisected", result.message
     assert [c.factors for c in result.culprits] == [["moe.router_dtype"]]
     assert result.recommended == {**bad, "moe.router_dtype": "fp32"}
+
+
+@pytest.mark.slow
+def test_packing_check_names_the_layer_where_a_hybrid_or_sink_model_leaks():
+    """Packed by position_ids, Qwen3-Next's linear-attention torch fallback and gpt-oss's eager attention
+    with sinks mix the segments even with no mask and no cache; the check names the first layer that
+    mixes them and its kind. gpt-oss with a 4-D block mask, and a
+    Qwen3-MoE by position_ids, keep the segments apart: nothing to say."""
+    from nandoctor.analysis.verdicts import setup_failures
+
+    def packed(name, packing="position_ids"):
+        recipe = set_field(set_field(quick(recipe_by_name(name)), "data.packing", packing), "seq_len", 32)
+        _, record = probe_in_process(recipe, steps=1)
+        return record.setup_checks
+
+    hybrid = setup_failures(packed("qwen3-next-80b-a3b"))
+    assert len(hybrid) == 1 and "first mix at layer 0 (linear_attention)" in hybrid[0]
+    sinks = setup_failures(packed("gpt-oss-20b"))
+    assert len(sinks) == 1 and "first mix at layer 0 (sliding_attention)" in sinks[0]
+    assert setup_failures(packed("gpt-oss-20b", "block_mask")) == []
+    assert setup_failures(packed("qwen3-30b-a3b")) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("output_router_logits", [False, True])
+def test_a_trainer_run_of_a_moe_without_its_load_balancing_loss_is_told_so(tmp_path, output_router_logits):
+    """The Trainer callback judges the user's own model config: a Qwen3-MoE as transformers builds it
+    (output_router_logits=False) gets moe-load-balancing-off at train start; with it on, it does not."""
+    import torch
+    from training_runs import hf_trainer
+    from transformers import AutoModelForCausalLM
+
+    from nandoctor.integrations.transformers import NandoctorCallback
+
+    path = save_collapsed_qwen3_moe(tmp_path / "moe", output_router_logits=output_router_logits)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    model.config.use_cache = False
+    callback = NandoctorCallback()
+    hf_trainer(model, tmp_path / "out", [callback], max_steps=2).train()
+    fired = {f["id"] for f in callback.watch.findings}
+    assert ("moe-load-balancing-off" in fired) is not output_router_logits
+
+
+@pytest.mark.slow
+def test_bisect_names_moe_router_dtype_for_a_router_that_collapses_in_bf16(cli, tmp_path):
+    """ViperEkura/AstrAI#57 end to end: near-tied router logits, bf16 autocast. With the router in the
+    compute dtype every token goes to the same two experts (expert-collapse); with moe.router_dtype=fp32
+    the bf16 cell is stable. Between that baseline and a target that also changes the attention, bisect
+    names moe.router_dtype alone."""
+    import json
+
+    path = save_tied_router_qwen3_moe(tmp_path / "tied")
+    out = tmp_path / "bisect"
+    proc = cli(
+        "bisect",
+        "--model",
+        path,
+        "--good",
+        "dtype=bf16-amp,moe.router_dtype=fp32",
+        "--bad",
+        "moe.router_dtype=compute,attn=sdpa",
+        "--steps",
+        "8",
+        "--reruns",
+        "0",
+        "--set=optimizer.lr=1e-4",
+        "--set=forensics_steps=0",
+        "--out",
+        out,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((out / "bisect.json").read_text())
+    assert result["status"] == "bisected" and [c["factors"] for c in result["culprits"]] == [["moe.router_dtype"]]
+    verdicts = {step["outcome"]: step["verdicts"] for step in result["path"]}
+    assert verdicts["fail"] == ["expert-collapse"] and verdicts["pass"] == ["stable"]
+    assert result["recommended"]["moe.router_dtype"] == "fp32" and result["recommended"]["attn"] == "sdpa"

@@ -170,6 +170,7 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
             f"beyond {t.packing_bound(floor):.2g}"
             + (f" (the segments alone move by {_fmt(_num(floor))} against fp32)" if floor is not None else "")
+            + _leaking_layer_clause(t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff")))
         )
     if judged["accumulation_misweighted"]:
         norm = c.get("loss_normalization") or "?"
@@ -181,6 +182,18 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"beyond {t.accumulation_bound(c.get('accumulation_floor')):.2g}"
         )
     return out
+
+
+def _leaking_layer_clause(leak: dict | None) -> str:
+    """'; the segments first mix at layer N (kind) ...' for the first layer of a packed forward that mixes
+    its segments (Thresholds.leaking_layer), '' when none was found."""
+    if not leak:
+        return ""
+    return (
+        f"; the segments first mix at layer {leak['layer']} ({leak['kind']}): its output past the first segment "
+        f"differs from the segments run alone by {_fmt(leak['later_segments'])}, on the first segment by "
+        f"{_fmt(leak['first_segment'])}"
+    )
 
 
 def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
@@ -343,12 +356,20 @@ def judged_facts(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> dict:
     packing leaked, its accumulation misweighted the micro-batches, how many trainable groups got no
     gradient, and how many steps trained on a batch with no target (knowledge/rules.yaml: the failure
     classes' known fix)."""
+    c, judged = record.setup_checks or {}, setup_judged(record.setup_checks, t)
+    # the kind of the first layer that mixes segments packed by position_ids alone (a 2-D mask beside them
+    # is its own cause, with its own rule)
+    alone = str(c.get("packing_cause", "")).startswith("position_ids alone")
+    leak = (
+        t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff")) if judged["packing_leaks"] else None
+    )
     return {
-        **setup_judged(record.setup_checks, t),
+        **judged,
         "groups_without_gradient": len(starved_groups(record.steps)),
         # steps whose batch had no target and whose loss was 0/0 (or 0.0): the no-target verdict
         "all_masked_batches": sum(_untargeted(s) for s in record.steps) or None,
         "experts_collapsed": bool(collapsed_layers(record.moe, t)) if record.moe else None,
+        "packing_layer_leaks": leak["kind"] if leak and alone else None,
     }
 
 

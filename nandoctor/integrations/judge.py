@@ -19,7 +19,8 @@ from ..child.instruments import ModuleWatch
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
-from ..knowledge.facts import env_facts, setup_facts
+from ..knowledge.facts import env_facts, router_setup_facts, setup_facts
+from ..models import router_facts
 from ..record import ProbeRecord, Step
 from ..thresholds import THRESHOLDS
 from .live import LiveRun
@@ -88,7 +89,13 @@ class Judge:
         findings = [
             finding(r, [run.cell.id])
             for r in evaluate(
-                {**env_facts(device), **setup_facts(run.recipe, run.cell, run.model.config, run.trainer_args)}
+                {
+                    **env_facts(device),
+                    **setup_facts(run.recipe, run.cell, run.model.config, run.trainer_args),
+                    # a mixture of experts: its load-balancing loss as the user's model config has it
+                    **router_setup_facts(router_facts(run.model.config, run.recipe)),
+                    "model_type": getattr(run.model.config, "model_type", None),
+                }
             )
             if r.id not in run.moot_rules
         ]
