@@ -19,6 +19,7 @@ AXIS_NOUNS = {
     "compile": "compile mode",
     "optimizer": "optimizer",
     "parallel": "parallel setup",
+    "quant": "base quantization",
     "hardware": "kind of hardware",
 }
 CELL_AXES = (*AXES, "hardware")  # what tells cells apart: the grid axes and the hardware they ran on

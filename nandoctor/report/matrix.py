@@ -107,14 +107,19 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
         "fastest": False,
     }
     panels = []
-    for hw, comp, opt, par in (
-        (h, c, o, p) for h in kinds for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]
+    for hw, comp, opt, par, quant in (
+        (h, c, o, p, q)
+        for h in kinds
+        for c in values["compile"]
+        for o in values["optimizer"]
+        for p in values["parallel"]
+        for q in values["quant"]
     ):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
-                cell = Cell(dtype, attn, comp, opt, par, hw)
+                cell = Cell(dtype, attn, comp, opt, par, hw, quant)
                 row.append(
                     _cell(a, by_cell[cell], recommended, fastest)
                     if cell in by_cell
@@ -129,6 +134,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
             + f"compile={comp}"
             + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
             + (f", parallel={par}" if len(values["parallel"]) > 1 else "")
+            + (f", quant={quant}" if len(values["quant"]) > 1 else "")
         )
         panels.append(
             {
@@ -136,6 +142,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
                 "compile": comp,
                 "optimizer": opt,
                 "parallel": par,
+                "quant": quant,
                 "caption": caption,
                 "columns": values["attn"],
                 "rows": rows,
