@@ -1,4 +1,4 @@
-"""Quantized bases end to end through the CLI (issue 36): a grid over quant=none,nf4 records each base's
+"""Quantized bases end to end through the CLI (issue 36): a grid over quant=nf4 records each base's
 settings and bytes, fp16 compute overflows a large-activation model's 4-bit base where bf16 does not and
 bisect names the compute dtype, and `check --roundtrip` fails the merge into a 4-bit base and passes a
 LoRA over a 16-bit base with tied embeddings trained through modules_to_save."""
@@ -99,13 +99,12 @@ def test_roundtrip_finds_the_merge_into_a_4_bit_base(tmp_path):
     assert "merge rounding" in line and "of its update lost" in line
 
 
-@pytest.mark.parametrize(
-    "tied, extra",
-    [(False, ()), (True, ("--set", "adapter.modules_to_save=lm_head,embed_tokens"))],
-    ids=["lora-16-bit", "tied-head-and-embeddings"],
-)
-def test_roundtrip_passes_lora_over_a_16_bit_base(tmp_path, tied, extra):
-    ckpt = save_llama(tmp_path / "ckpt", tie_word_embeddings=tied)
+def test_roundtrip_passes_lora_over_a_16_bit_base_with_tied_embeddings_trained(tmp_path):
+    """LoRA over a 16-bit base with tied embeddings, both lm_head and embed_tokens in modules_to_save
+    (each alone, and no modules_to_save on an untied model, measured the same by hand: live, merged
+    and reloaded losses equal, docs/quantization.md)."""
+    ckpt = save_llama(tmp_path / "ckpt", tie_word_embeddings=True)
+    extra = ("--set", "adapter.modules_to_save=lm_head,embed_tokens")
     proc = run_cli(
         "check", "--model", ckpt, *ISSUE, *extra, "--dtype", "fp32", "--roundtrip", "--out", tmp_path / "run"
     )
