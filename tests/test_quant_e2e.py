@@ -38,6 +38,7 @@ def quant_grid(large_mlp_checkpoint, tmp_path_factory):
         "compile=off",
         "--steps",
         "4",
+        "--roundtrip",
         "--out",
         out,
     )
@@ -65,6 +66,17 @@ def test_fp16_compute_overflows_the_4_bit_base_where_bf16_compute_trains(quant_g
     v = verdicts(quant_grid)
     assert v["fp16-amp/sdpa/off/nf4"] == "nonfinite"
     assert v["bf16-amp/sdpa/off/nf4"] == "stable"
+
+
+def test_grid_roundtrip_merges_saves_and_reloads_the_recommended_cell(quant_grid):
+    """The recommended nf4 cell trained again, its adapter merged into the 4-bit base: 4 steps at lr 1e-3
+    move the weights less than a 4-bit step, so the merge loses the update and the report says so."""
+    rt = json.loads((quant_grid / "roundtrip.json").read_text())
+    recommended = json.loads((quant_grid / "summary.json").read_text())
+    assert rt["probe_id"].endswith("/nf4") and rt["probe_id"] in json.dumps(recommended)
+    assert set(rt["roundtrip"]["loss"]) == {"live", "merged", "reloaded"}
+    report = (quant_grid / "report.md").read_text()
+    assert f"Round trip of {rt['probe_id']}: FAIL" in report and "merge rounding" in report
 
 
 def test_bisect_names_the_compute_dtype_of_a_4_bit_base(large_mlp_checkpoint, tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED
+from ..analysis.verdicts import HARNESS_FAILURES, NONFINITE, UNSUPPORTED, roundtrip_result
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
 from ..record import ModelPlan
@@ -270,6 +270,11 @@ def headline(a: RunAnalysis) -> list[str]:
         lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
+    if a.roundtrip is not None:  # grid --roundtrip: the recommended cell merged, saved and reloaded
+        rt = a.roundtrip
+        trained = rt.get("status") == "ok" and not rt.get("first_nonfinite")
+        _, passed, detail = roundtrip_result(rt.get("roundtrip"), trained)
+        lines.append(f"Round trip of {rt['probe_id']}: {'ok' if passed else 'FAIL'}, {detail}")
     counts = {}
     for o in a.outcomes:
         counts[o.verdict.name] = counts.get(o.verdict.name, 0) + 1
