@@ -3,6 +3,7 @@ compare a run with a baseline."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from .run.cache import ProbeCache
 from .run.fingerprint import environment_key
 from .run.rundir import kept_device
 from .run.session import Session
-from .run.store import RUN_FILE, ResultsStore
+from .run.store import ROUNDTRIP_FILE, RUN_FILE, ResultsStore
 from .runmeta import RunMeta
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
@@ -174,10 +175,12 @@ def run_grid(
     cache: ProbeCache | None = None,
     baseline=None,
     executor: ExecutorConfig | None = None,
+    roundtrip: bool = False,
 ) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written).
     baseline: a run directory to compare with (analysis.comparison, diff.* reports, exit code);
-    executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster)."""
+    executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster);
+    roundtrip: the recommended cell is trained once more and merged, saved and reloaded (roundtrip.json)."""
     if baseline is not None:
         baseline_analysis(baseline)
     executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(axes or {})})
@@ -212,7 +215,27 @@ def run_grid(
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
 
         retime_leaders(session, recipe, (listener or Listener()).retiming)
+        if roundtrip:
+            roundtrip_recommended(session, recipe)
     return render_run(session.dir, baseline)
+
+
+def roundtrip_recommended(session: Session, recipe: Recipe) -> None:
+    """The grid's recommended cell trained again with the grid's steps, then merged, saved and reloaded
+    (child/roundtrip.py), its figures in roundtrip.json; the analysis judges them. No forensics replay: the
+    round trip runs on the model the timed steps left. Nothing when no cell is recommended."""
+    from .analysis.run import analyze
+
+    best = analyze(session.dir).recommended
+    if best is None:
+        return
+    cell = best.record.cell
+    session.roundtrip = True
+    own = dataclasses.replace(recipe, forensics_steps=0)
+    record = session.time_only(own, [PlannedProbe(f"{cell.id} roundtrip", cell)], session.steps)[0]
+    session.roundtrip = False
+    figures = {"probe_id": cell.id, "status": record.status, "first_nonfinite": record.first_nonfinite}
+    session.store.write_json(ROUNDTRIP_FILE, {**figures, "roundtrip": record.roundtrip})
 
 
 def _path(baseline) -> str | None:

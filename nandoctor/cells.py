@@ -487,8 +487,8 @@ class Cell:
     compile: str = "off"
     optimizer: str = DEFAULT_OPTIMIZER
     parallel: str = "none"
-    quant: str = "none"
     hardware: str = ""
+    quant: str = "none"  # after hardware: cells written positionally keep their meaning
 
     @property
     def id(self) -> str:

@@ -31,6 +31,7 @@ def test_target_is_the_baseline_plus_the_bad_values_typed_like_the_recipe():
         "compile": "off",
         "optimizer": "adamw",
         "parallel": "none",
+        "quant": "none",
         "optimizer.eps": 1e-8,
         "grad_clip": 1.0,
     }

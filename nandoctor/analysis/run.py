@@ -11,7 +11,7 @@ import pandas as pd
 from ..knowledge import evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
-from ..run.store import BISECT_FILE, RETIME_FILE, ResultsStore
+from ..run.store import BISECT_FILE, RETIME_FILE, ROUNDTRIP_FILE, ResultsStore
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary
@@ -69,6 +69,7 @@ class RunAnalysis:
     expected: int = 0  # probes planned; more than len(outcomes) when the run was interrupted
     findings: list[dict] = field(default_factory=list)  # known issues: planned (run.json) and observed in probes
     bisection: dict | None = None  # bisect.json of a `bisect` run: path, culprits, recommendation
+    roundtrip: dict | None = None  # roundtrip.json of a `grid --roundtrip`: the recommended cell's round trip
     comparison: object | None = None  # a diff.RunDiff: this run against the --baseline run (diff imports this module)
     timing: dict | None = None  # retime.json: the leading cells re-timed back to back, interleaved
     load: dict | None = None  # analysis.load.load_summary: how busy the host was while probes were timed
@@ -436,6 +437,7 @@ def analyze(run_dir) -> RunAnalysis:
     meta = RunMeta.from_dict({**store.meta(), "run_dir": str(run_dir)})
     analysis = analyze_records(meta, store.records(), store.read_json(RETIME_FILE))
     analysis.bisection = store.read_json(BISECT_FILE)
+    analysis.roundtrip = store.read_json(ROUNDTRIP_FILE)
     return analysis
 
 

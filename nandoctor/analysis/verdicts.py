@@ -909,11 +909,15 @@ def _tensor_list(rows: list[dict], most: int = 3) -> str:
 
 def roundtrip_check(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> tuple[str, bool, str]:
     """`check --roundtrip`'s check: the saved model is the model that was trained."""
+    return roundtrip_result(record.roundtrip, record.status == "ok" and not record.first_nonfinite, t)
+
+
+def roundtrip_result(rt: dict | None, trained: bool, t: Thresholds = THRESHOLDS) -> tuple[str, bool, str]:
+    """(check, passed, detail) of a round trip's figures (child/roundtrip.py); `trained`: whether its probe
+    trained to the end (a round trip runs only then)."""
     name = "the saved model is the model that was trained"
-    rt = record.roundtrip
     if not rt:
-        why = "the probe did not train to the end" if record.status != "ok" or record.first_nonfinite else "no figures"
-        return name, False, f"no round trip: {why}"
+        return name, False, f"no round trip: {'no figures' if trained else 'the probe did not train to the end'}"
     differs = roundtrip_differs(rt, t)
     if rt.get("error"):
         return name, False, differs[0]

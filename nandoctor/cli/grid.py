@@ -40,6 +40,12 @@ def register(sub) -> None:
         help="choose an axis' values: dtype, attn, compile, optimizer or parallel (repeatable); "
         "opt-in values such as dtype=fp8-rowwise, optimizer=ao-adamw8bit or parallel=fsdp2 are probed only when named",
     )
+    p.add_argument(
+        "--roundtrip",
+        action="store_true",
+        help="after the grid, train the recommended cell once more, merge its adapter, save and load it back, "
+        "and compare live, merged and reloaded loss and logits (docs/quantization.md)",
+    )
     add_jobs_arg(p)
     p.add_argument(
         "--resume",
@@ -119,6 +125,7 @@ def probe_grid(args, hear, cache, executor):
         cache=cache,
         baseline=args.baseline,
         executor=executor,
+        roundtrip=args.roundtrip,
     )
 
 

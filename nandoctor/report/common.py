@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, UNSUPPORTED
+from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, UNSUPPORTED, roundtrip_result
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
 from ..record import ModelPlan
@@ -19,6 +19,7 @@ AXIS_NOUNS = {
     "compile": "compile mode",
     "optimizer": "optimizer",
     "parallel": "parallel setup",
+    "quant": "base quantization",
     "hardware": "kind of hardware",
 }
 CELL_AXES = (*AXES, "hardware")  # what tells cells apart: the grid axes and the hardware they ran on
@@ -284,6 +285,11 @@ def headline(a: RunAnalysis) -> list[str]:
         lines += timing.speed_lines(a)
     else:
         lines.append("No stable configuration was found.")
+    if a.roundtrip is not None:  # grid --roundtrip: the recommended cell merged, saved and reloaded
+        rt = a.roundtrip
+        trained = rt.get("status") == "ok" and not rt.get("first_nonfinite")
+        _, passed, detail = roundtrip_result(rt.get("roundtrip"), trained)
+        lines.append(f"Round trip of {rt['probe_id']}: {'ok' if passed else 'FAIL'}, {detail}")
     untargeted = [o for o in a.outcomes if o.verdict.name == NO_TARGET]
     if untargeted and a.meta.kind != "bisect":
         lines.append(

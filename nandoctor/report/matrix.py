@@ -109,14 +109,19 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
         "fastest": False,
     }
     panels = []
-    for hw, comp, opt, par in (
-        (h, c, o, p) for h in kinds for c in values["compile"] for o in values["optimizer"] for p in values["parallel"]
+    for hw, comp, opt, par, quant in (
+        (h, c, o, p, q)
+        for h in kinds
+        for c in values["compile"]
+        for o in values["optimizer"]
+        for p in values["parallel"]
+        for q in values["quant"]
     ):
         rows = []
         for dtype in values["dtype"]:
             row = []
             for attn in values["attn"]:
-                cell = Cell(dtype, attn, comp, opt, par, hw)
+                cell = Cell(dtype, attn, comp, opt, par, hw, quant)
                 row.append(
                     _cell(a, by_cell[cell], recommended, fastest)
                     if cell in by_cell
@@ -131,6 +136,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
             + f"compile={comp}"
             + (f", optimizer={opt}" if len(values["optimizer"]) > 1 else "")
             + (f", parallel={par}" if len(values["parallel"]) > 1 else "")
+            + (f", quant={quant}" if len(values["quant"]) > 1 else "")
         )
         panels.append(
             {
@@ -138,6 +144,7 @@ def matrix_panels(a: RunAnalysis) -> list[dict]:
                 "compile": comp,
                 "optimizer": opt,
                 "parallel": par,
+                "quant": quant,
                 "caption": caption,
                 "columns": values["attn"],
                 "rows": rows,

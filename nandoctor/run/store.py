@@ -13,6 +13,7 @@ from ..record import ProbeRecord
 RUN_FILE = "run.json"
 RESULTS_FILE = "results.jsonl"
 BISECT_FILE = "bisect.json"  # the bisection path, culprits and recommendation of a `bisect` run
+ROUNDTRIP_FILE = "roundtrip.json"  # grid --roundtrip: the recommended cell merged, saved and reloaded (api.py)
 RETIME_FILE = "retime.json"  # a grid's leading cells re-timed back to back, interleaved (nandoctor/retime.py)
 
 
