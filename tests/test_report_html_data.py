@@ -15,13 +15,11 @@ from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 from nandoctor.analysis.run import analyze_records
 from nandoctor.cli import main
 from nandoctor.config import recipe_from_dict
-from nandoctor.models import model_config
-from nandoctor.recipes import resolve_model
+from nandoctor.doctor import data_lint
 from nandoctor.report import timing
 from nandoctor.report.data import data_html, histogram_svg, probe_groups, trained_as_listed
 from nandoctor.report.html import render_html
 from nandoctor.runmeta import RunMeta
-from nandoctor.userdata.lint import lint_data
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-lr30"
 
@@ -30,9 +28,7 @@ def report_with_rows(tmp_path) -> tuple[str, dict]:
     """report.html of a recorded run whose run.json holds the lint of 10 chats cut at 16 tokens."""
     tok = save_chat_tokenizer(tmp_path / "tok")
     data = {"path": str(write_jsonl(tmp_path / "chat.jsonl", chat_rows(10))), "tokenizer": str(tok), "max_length": 16}
-    section = json.loads(
-        json.dumps(lint_data(recipe_from_dict({"data": data}, "r"), model_config(resolve_model(None))))
-    )
+    section = json.loads(json.dumps(data_lint(recipe_from_dict({"data": data}, "r"))))
     run = tmp_path / "run"
     shutil.copytree(OLD_RUN, run)
     meta = json.loads((run / "run.json").read_text())
