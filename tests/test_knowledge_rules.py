@@ -107,6 +107,10 @@ def routing_record(no_token: int, rows: int = 256):
     return ProbeRecord("fp32/sdpa/off", Cell("fp32"), steps=[Step(0, 7.0, 1.0)], moe=moe)
 
 
+# packed by position_ids alone, nothing else passed, the segments alone exact against fp32 (packing_floor)
+BY_POSITIONS = {"packing_cause": "position_ids alone, as collated", "packing_floor": 0.0, "packing_segments": 2}
+
+
 def layer(kind: str, later: float) -> dict:
     """One layer of measure.packing_isolation's packing_layers: rounding on the first segment, `later` past it."""
     return {"layer": 0, "kind": kind, "first_segment": 2e-7, "later_segments": later}
@@ -139,18 +143,26 @@ MOE_CASES = {
     ),
     "packing-linear-attention-fallback-leaks": (
         lambda t, p: judged_facts(
-            checked({"packing_layers": [layer("linear_attention", 0.115)], "packing_max_logit_diff": 0.115})
+            checked(
+                {"packing_layers": [layer("linear_attention", 0.115)], "packing_max_logit_diff": 0.115, **BY_POSITIONS}
+            )
         ),
         lambda t, p: judged_facts(
-            checked({"packing_layers": [layer("linear_attention", 2e-7)], "packing_max_logit_diff": 2e-7})
+            checked(
+                {"packing_layers": [layer("linear_attention", 2e-7)], "packing_max_logit_diff": 2e-7, **BY_POSITIONS}
+            )
         ),
     ),
     "packing-attention-layer-ignores-position-ids": (
         lambda t, p: judged_facts(
-            checked({"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 0.95})
+            checked(
+                {"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 0.95, **BY_POSITIONS}
+            )
         ),
         lambda t, p: judged_facts(
-            checked({"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 3e-7})
+            checked(
+                {"packing_layers": [layer("sliding_attention", 0.95)], "packing_max_logit_diff": 3e-7, **BY_POSITIONS}
+            )
         ),
     ),
     "gemma3-token-type-ids": (
