@@ -36,6 +36,9 @@ def test_a_grid_lints_first_stores_the_lint_and_its_probes_show_the_leak(files):
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # no stable configuration
     lines = [line for line in proc.stderr.splitlines() if line.startswith(LEAK_LINE)]
     assert len(lines) == 1 and "max logit difference" in lines[0]
+    assert [
+        line for line in proc.stderr.splitlines() if not line.startswith("nandoctor:")
+    ] == []  # no third-party lines
     meta = json.loads((out / "run.json").read_text())
     assert [f["id"] for f in meta["data"]["findings"]] == ["packing-leaks-across-segments"]
     assert meta["data"]["source"]["rows"] == 12
@@ -52,5 +55,8 @@ def test_a_check_lints_first_and_fails_the_setup_check(files):
     proc = run_cli("check", *common(files), "--dtype", "fp32", "--attn", "sdpa", "--out", out)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert any(line.startswith(LEAK_LINE) for line in proc.stderr.splitlines())
+    assert [
+        line for line in proc.stderr.splitlines() if not line.startswith("nandoctor:")
+    ] == []  # no third-party lines
     assert "FAIL the setup passes its step-0 checks: packing: one packed forward" in proc.stdout
     assert json.loads((out / "run.json").read_text())["data"]["findings"][0]["severity"] == "error"
