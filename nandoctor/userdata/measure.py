@@ -139,14 +139,14 @@ def _layer_diffs(model, clean: tuple, alone: list[tuple], spans: list[tuple[int,
     rounding) and on the later ones (rounding, or a layer that mixes the segments, such as a
     linear-attention fallback that ignores position_ids, huggingface/transformers#46333). None without
     hidden states or with one segment."""
+    import torch
+
     if not clean or len(spans) < 2:
         return None
     kinds = list(getattr(model.config, "layer_types", None) or [])
     first = spans[0][1] - spans[0][0]
     out = []
     for i in range(1, len(clean)):
-        import torch
-
         diff = (clean[i][0] - torch.cat([h[i][0] for h in alone])).abs().float()
         out.append(
             {
