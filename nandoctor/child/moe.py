@@ -51,8 +51,11 @@ class RouterWatch:
         self.choices: list[list[list[int]]] = [[] for _ in self.modules]
         self.dtype: str | None = None
         self.aux: dict[int, float] = {}
-        self.handles = [m.register_forward_hook(self._hook(i)) for i, (_, m) in enumerate(self.modules)]
-        self.handles.append(base.register_forward_hook(self._model_hook))
+        # outside torch.compile's tracing: the hooks read self.step and sync, which a traced hook would
+        # guard on (a recompile per step) or break the graph for
+        hooks = [torch.compiler.disable(self._hook(i)) for i in range(len(self.modules))]
+        self.handles = [m.register_forward_hook(h) for (_, m), h in zip(self.modules, hooks)]
+        self.handles.append(base.register_forward_hook(torch.compiler.disable(self._model_hook)))
 
     def _blank(self) -> dict:
         return {"tokens": [0] * self.experts, "entropy_sum": 0.0, "rows": 0}
