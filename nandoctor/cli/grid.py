@@ -37,8 +37,9 @@ def register(sub) -> None:
         action="append",
         default=[],
         metavar="NAME=V1,V2",
-        help="choose an axis' values: dtype, attn, compile, optimizer or parallel (repeatable); "
-        "opt-in values such as dtype=fp8-rowwise, optimizer=ao-adamw8bit or parallel=fsdp2 are probed only when named",
+        help="choose an axis' values: dtype, attn, compile, optimizer, parallel or quant (repeatable); "
+        "opt-in values such as dtype=fp8-rowwise, optimizer=ao-adamw8bit, parallel=fsdp2 or quant=nf4 are probed "
+        "only when named",
     )
     p.add_argument(
         "--roundtrip",
