@@ -64,8 +64,18 @@ def test_opt_in_values_are_never_the_default_target():
         "cudnn": 90100,
         "flash_sdpa": True,
         "packages": {"torchao": {"importable": True, "version": "0.18.0"}},
+        "torch": "2.14.0",
     }
     assert fastest_cell(h100).id == "bf16-pure/sdpa:flash/inductor/adamw-fused"
+
+
+def test_the_default_target_is_never_a_cell_its_probe_would_refuse():
+    # On the H200 (torch 2.11) `bisect --model llama-3.1-8b` took bf16-pure/sdpa:flash/inductor as its target,
+    # which the planner refuses (flash gets a materialised mask under torch.compile before torch 2.14): the
+    # bisection ended "could not test the target" (docs/gpu/2026-11-27-h200.md)
+    h200 = {"device": "cuda", "gpus": [{"capability": "9.0", "memory_bytes": 141 << 30}], "cudnn": 91002}
+    h200.update(flash_sdpa=True, torch="2.11.0+cu130")
+    assert fastest_cell(h200).id == "bf16-pure/sdpa:flash/off/adamw-fused"
 
 
 def test_an_optimizer_this_device_cannot_run_is_one_clear_error():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import re
 
-from ..capabilities import cell_support
+from ..capabilities import cell_support, input_support
 from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
 from ..config import Recipe, dotted_fields, get_field, set_field
 from ..device import DeviceFacts
@@ -81,12 +81,14 @@ def precision_ladder(good: dict, bad: dict, device: DeviceFacts | dict) -> dict[
 
 
 def fastest_cell(device: DeviceFacts | dict) -> Cell:
-    """The first cell of FASTEST_FIRST the device supports; the reference cell where it supports none."""
+    """The first cell of FASTEST_FIRST the device supports, and whose pinned SDPA kernel takes what
+    transformers gives it on unpadded rows (input_support: flash under torch.compile before torch 2.14
+    gets a materialised mask); the reference cell where it supports none."""
     device = DeviceFacts.of(device)
     order = FASTEST_FIRST["cuda" if device.device == "cuda" else "cpu"]
     for values in itertools.product(*(order[axis] for axis in AXES)):
         cell = Cell(**dict(zip(AXES, values)))
-        if cell_support(cell, device) is None:
+        if cell_support(cell, device) is None and input_support(cell, {}, False, device) is None:
             return cell
     return REFERENCE_CELL
 
