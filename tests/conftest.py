@@ -63,9 +63,10 @@ def datasets_cache(tmp_path_factory):
     return os.environ["HF_DATASETS_CACHE"]
 
 
-def run_cli(*args, cwd=None, env=None, timeout=900):
+def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
-    over this process's environment (None: removed from it)."""
+    over this process's environment (None: removed from it). all_cores: on every core of the host, not
+    the one this xdist worker keeps to (a test of how nandoctor sizes its jobs to the host)."""
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
     return subprocess.run(
@@ -75,6 +76,7 @@ def run_cli(*args, cwd=None, env=None, timeout=900):
         cwd=cwd,
         env=full_env,
         timeout=timeout,
+        preexec_fn=unpinned if all_cores else None,
     )
 
 

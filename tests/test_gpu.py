@@ -31,6 +31,7 @@ def cuda_run(tmp_path_factory):
         "4",
         "--out",
         out,
+        all_cores=True,  # packed by the host's cores, not the one core an xdist worker keeps to
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
