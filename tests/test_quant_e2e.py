@@ -9,7 +9,7 @@ import json
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_cli, verdicts
+from conftest import run_cli, run_main, verdicts
 
 pytestmark = pytest.mark.slow
 LORA = ("--set", "adapter.type=lora")
@@ -37,7 +37,7 @@ def quant_grid(large_mlp_checkpoint, tmp_path_factory):
         "--axis",
         "compile=off",
         "--steps",
-        "4",
+        "2",
         "--roundtrip",
         "--out",
         out,
@@ -79,27 +79,44 @@ def test_grid_roundtrip_merges_saves_and_reloads_the_recommended_cell(quant_grid
     assert f"Round trip of {rt['probe_id']}: FAIL" in report and "merge rounding" in report
 
 
-def test_bisect_names_the_compute_dtype_of_a_4_bit_base(large_mlp_checkpoint, tmp_path):
-    out = tmp_path / "bisect"
-    proc = run_cli(
-        "bisect",
-        "--model",
-        large_mlp_checkpoint,
-        *LORA,
-        "--good",
-        "dtype=bf16-amp,quant=nf4",
-        "--bad",
-        "dtype=fp16-amp,quant=nf4",
-        "--reruns",
-        "0",
-        "--steps",
-        "2",
-        "--out",
-        out,
+class RecordedSession:
+    """The grid's probe records served to bisect's real oracle in place of new probe processes: the
+    bisection asks for probes by id, and every one it asks for must be one the grid ran."""
+
+    def __init__(self, run_dir):
+        from nandoctor.env import collect_summary
+        from nandoctor.run.store import ResultsStore
+
+        self.device = collect_summary()
+        self.records = {r.probe_id: r for r in ResultsStore(run_dir).records()}
+        self.asked = []
+
+    def run(self, recipe, probes):
+        self.asked += [p.probe_id for p in probes]
+        return [self.records[p.probe_id] for p in probes]
+
+
+def test_bisect_names_the_compute_dtype_of_a_4_bit_base(quant_grid, large_mlp_checkpoint):
+    """`nandoctor bisect --good dtype=bf16-amp,attn=sdpa,quant=nf4 --bad dtype=fp16-amp,attn=sdpa,quant=nf4`
+    as run_bisect runs it (its parsing of the flags, its oracle with the fp32 reference it asks for
+    before trusting a stable verdict, the engine) over the grid's records of those very probes: a
+    bisect through the CLI would train the same three probes again, minutes on a loaded 2-core CPU."""
+    from nandoctor.bisect.engine import Bisection
+    from nandoctor.bisect.factors import WORKLOAD, parse_configurations, precision_ladder
+    from nandoctor.bisect.oracle import ProbeOracle
+    from nandoctor.config import Recipe, set_field
+
+    recipe = set_field(set_field(Recipe(), "adapter.type", "lora"), "model.path", str(large_mlp_checkpoint))
+    session = RecordedSession(quant_grid)
+    good, bad = parse_configurations(
+        recipe, session.device, "dtype=bf16-amp,attn=sdpa,quant=nf4", "dtype=fp16-amp,attn=sdpa,quant=nf4", []
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "bisect.json").read_text())
-    assert [c["factors"] for c in result["culprits"]] == [["dtype"]]
+    ladders = precision_ladder(good, bad, session.device)
+    result = Bisection(good, bad, ProbeOracle(session, recipe), 0, 0, 1, None, ladders, WORKLOAD).run()
+    assert result.status == "bisected", result.message
+    assert [c.factors for c in result.culprits] == [["dtype"]]
+    assert result.factors == {"dtype": ["bf16-amp", "fp16-amp"]}
+    assert set(session.asked) == {"fp16-amp/sdpa/off/nf4", "bf16-amp/sdpa/off/nf4", "fp32/eager/off/nf4"}
 
 
 def test_roundtrip_finds_the_merge_into_a_4_bit_base(tmp_path):
@@ -114,10 +131,11 @@ def test_roundtrip_finds_the_merge_into_a_4_bit_base(tmp_path):
 def test_roundtrip_passes_lora_over_a_16_bit_base_with_tied_embeddings_trained(tmp_path):
     """LoRA over a 16-bit base with tied embeddings, both lm_head and embed_tokens in modules_to_save
     (each alone, and no modules_to_save on an untied model, measured the same by hand: live, merged
-    and reloaded losses equal, docs/quantization.md)."""
+    and reloaded losses equal, docs/quantization.md). Through `nandoctor.cli.main` in this process (the
+    probe still trains in its own): the nf4 case above is the round trip's fresh-interpreter CLI run."""
     ckpt = save_llama(tmp_path / "ckpt", tie_word_embeddings=True)
     extra = ("--set", "adapter.modules_to_save=lm_head,embed_tokens")
-    proc = run_cli(
+    proc = run_main(
         "check", "--model", ckpt, *ISSUE, *extra, "--dtype", "fp32", "--roundtrip", "--out", tmp_path / "run"
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
