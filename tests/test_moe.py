@@ -135,7 +135,11 @@ def _records(run_dir):
 def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(cli, tmp_path):
     """The issue's grid, on a smaller vocabulary and head_dim: the report shows the expert load per router
     layer, and says that the load-balancing loss is off, with its fix; switched on, the finding is gone
-    and the aux loss is recorded at every step."""
+    and the aux loss is recorded at every step. The first grid runs as a user's `nandoctor` process; the
+    second goes through the same `cli.main` in this process (run_main: its probes still run in a real
+    worker), which spares a second interpreter's `import transformers`."""
+    from conftest import run_main
+
     grid = ["grid", "--model", "qwen3-30b-a3b", "--steps", "8", "--axis", "attn=sdpa", "--axis", "compile=off"]
     off = cli(*grid, "--axis", "dtype=fp32,bf16-amp", *QUICK_FLAGS, "--out", tmp_path / "off")
     assert off.returncode == 0, off.stderr[-2000:]
@@ -150,7 +154,7 @@ def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(cli,
         assert len(record["moe"]["layers"]) == 2 and not record["moe"]["aux_loss_in_loss"]
         assert all(s["aux_loss"] is None for s in record["steps"])
 
-    on = cli(*grid, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
+    on = run_main(*grid, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
     assert on.returncode == 0, on.stderr[-2000:]
     assert "moe-load-balancing-off" not in _findings(tmp_path / "on")
     for record in _records(tmp_path / "on"):
@@ -256,7 +260,7 @@ def test_a_trainer_run_of_a_moe_without_its_load_balancing_loss_is_told_so(tmp_p
     model = AutoModelForCausalLM.from_pretrained(path)
     model.config.use_cache = False
     callback = NandoctorCallback()
-    hf_trainer(model, tmp_path / "out", [callback], max_steps=2).train()
+    hf_trainer(model, tmp_path / "out", [callback], max_steps=1).train()
     fired = {f["id"] for f in callback.watch.findings}
     assert ("moe-load-balancing-off" in fired) is not output_router_logits
 
@@ -280,7 +284,7 @@ def test_bisect_names_moe_router_dtype_for_a_router_that_collapses_in_bf16(cli, 
         "--bad",
         "moe.router_dtype=compute,attn=sdpa",
         "--steps",
-        "8",
+        "4",
         "--reruns",
         "0",
         "--set=optimizer.lr=1e-4",
