@@ -9,7 +9,7 @@ import json
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_cli
+from conftest import run_main
 from userdata_fixtures import prompt_completion_rows, save_chat_tokenizer, sentence, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -23,7 +23,7 @@ def files(tmp_path_factory):
 
 
 def grid(out, *args):
-    proc = run_cli("grid", *map(str, args), "--out", out)
+    proc = run_main("grid", *map(str, args), "--out", out)
     summary = json.loads((out / "summary.json").read_text())
     return proc, {p["probe_id"]: p for p in summary["probes"]}, summary
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from checkpoints import save_drops_positions_llama, save_ignores_items_llama, save_llama
-from conftest import run_cli
+from conftest import run_main
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 pytestmark = pytest.mark.slow  # probes and the doctor through the CLI
@@ -36,14 +36,14 @@ def files(tmp_path_factory):
 
 
 def doctor(*args):
-    proc = run_cli("doctor", *args, *ONE_CELL, "--json")
+    proc = run_main("doctor", *args, *ONE_CELL, "--json")
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     report = json.loads(proc.stdout)
     return proc.returncode, {f["id"]: f for f in report["findings"]}, report["data"]["measured"]
 
 
 def check(out, *args):
-    proc = run_cli("check", "--dtype", "fp32", "--attn", "sdpa", *args, "--out", out)
+    proc = run_main("check", "--dtype", "fp32", "--attn", "sdpa", *args, "--out", out)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.returncode, proc.stdout + proc.stderr[-3000:]
 
@@ -56,7 +56,7 @@ def test_the_readme_packing_example_is_isolated_in_doctor_and_grid(files):
     assert code == 0 and "packing-leaks-across-segments" not in found, found
     assert measured["packing_max_logit_diff"] < 1e-5 and measured["packing_floor"] == 0.0
     out = files["dir"] / "readme-grid"
-    proc = run_cli(
+    proc = run_main(
         "grid", "--model", files["ckpt"], "--data", files["chat"], *PACKED, *ONE_CELL, "--steps", "2",
         "--set", "retime_rounds=0", "--out", out,
     )  # fmt: skip
