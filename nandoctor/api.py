@@ -27,6 +27,7 @@ from .run.rundir import kept_device
 from .run.session import Session
 from .run.store import ROUNDTRIP_FILE, RUN_FILE, ResultsStore
 from .runmeta import RunMeta
+from .userdata.rows import readable_rows
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
     from .analysis.diff import RunDiff
@@ -78,6 +79,9 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
     directory at once and about the model plan once it is made."""
     listener = listener or Listener()
     judge = Progress(listener.probe)
+    if recipe.data.source == "file" and not session_args.get("resume"):
+        # unreadable rows are the user's error, said at once: before the session starts its first worker
+        readable_rows(recipe)
     session = Session(
         kind,
         recipe,

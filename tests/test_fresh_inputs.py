@@ -72,7 +72,8 @@ def test_resume_reruns_a_probe_whose_checkpoint_template_changed(tmp_path, cli):
     assert first.returncode == 0, first.stdout + first.stderr
     recorded = fingerprints(out)
 
-    same = cli("grid", "--resume", out)
+    # nothing changed: nothing to rerun; in this process, and --cold starts no worker for no probe
+    same = run_main("grid", "--resume", out, "--cold")
     assert same.returncode == 0 and "rerunning" not in same.stdout, same.stdout + same.stderr
 
     template = ckpt / "chat_template.jinja"

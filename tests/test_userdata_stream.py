@@ -385,9 +385,14 @@ def test_ordinary_bad_rows_are_one_line_naming_the_row_and_exit_2(tmp_path, tok,
     bad_rows(tmp_path, tok, "doctor", case)
 
 
-@pytest.mark.slow  # a grid starts its workers before it lints
 @pytest.mark.parametrize("case", ["row-without-messages", "malformed-line"])
-def test_a_grid_on_bad_rows_stops_before_any_probe_with_the_same_line(tmp_path, tok, case):
+def test_a_grid_on_bad_rows_stops_before_it_starts_a_worker_with_the_same_line(tmp_path, tok, case, monkeypatch):
+    import nandoctor.api
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a session (and its first warm worker) was started before the rows were read")
+
+    monkeypatch.setattr(nandoctor.api, "Session", no_session)
     bad_rows(tmp_path, tok, "grid", case)
 
 

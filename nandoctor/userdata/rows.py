@@ -14,7 +14,7 @@ from typing import Any
 from ..config import Recipe
 from ..errors import NandoctorError
 from .collate import Collation, collate
-from .encode import IGNORE, Encoding, encode
+from .encode import IGNORE, Encoding, check_rows, encode
 from .read import bad_line, builder_of, open_rows, row_kind
 from .select import choose_batches
 from .template import generation_eos_ids, turn_token_ids
@@ -66,6 +66,20 @@ def resolve_tokenizer(recipe: Recipe, kind: str, tokenizer=None):
             "(data.tokenizer, a local directory; nothing is downloaded), or give pre-tokenized input_ids"
         )
     return None, None
+
+
+def readable_rows(recipe: Recipe) -> None:
+    """A NandoctorError when the recipe's data.path cannot be read or one of its rows lacks a value of its
+    kind: the error encoded_rows would raise, found without a tokenizer or a model, so that a run says it
+    before it starts any worker."""
+    d = recipe.data
+    rows = open_rows(d.path)
+    kind = row_kind(rows.column_names, d.path)
+    start = 0
+    for batch in rows.iter(batch_size=1000):
+        size = len(next(iter(batch.values())))
+        check_rows(batch, range(start, start + size), kind, str(d.path))
+        start += size
 
 
 def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
