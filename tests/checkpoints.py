@@ -216,31 +216,28 @@ def save_crashing_llama(path: Path) -> Path:
     return save_custom_llama(path, "crashing_llama", "Crashing", CRASHING_CODE)
 
 
+def tiny_qwen3_moe(**overrides):
+    """A random-init Qwen3-MoE of 8 experts, top-2, 2 layers of 64, seeded, as transformers 5.24 builds it
+    (output_router_logits=False unless an override says otherwise)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    shape = dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2)
+    heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    experts = dict(num_experts=8, num_experts_per_tok=2)
+    rest = dict(vocab_size=1024, max_position_embeddings=256, tie_word_embeddings=False)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, **heads, **experts, **rest, **overrides))
+
+
 def save_collapsed_qwen3_moe(path: Path, output_router_logits: bool = False) -> Path:
     """A tiny Qwen3-MoE (8 experts, top-2) whose routers send every token to experts 0 and 1: every
     token embedding carries a large constant in dimension 0, which survives each RMSNorm, and each
     router's weight reads that dimension with +5 for experts 0 and 1 and -5 for the others (logit gaps of
     ~80). Saved as transformers 5.24 makes it (output_router_logits=False unless asked)."""
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        vocab_size=1024,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-        output_router_logits=output_router_logits,
-    )
-    model = Qwen3MoeForCausalLM(config)
+    model = tiny_qwen3_moe(output_router_logits=output_router_logits)
     with torch.no_grad():
         model.model.embed_tokens.weight[:, 0] = 20.0
         for layer in model.model.layers:
@@ -259,24 +256,8 @@ def save_tied_router_qwen3_moe(path: Path) -> Path:
     the tokens; bf16 (a spacing of 1/32 there) rounds them into one tie, and top-k picks by position:
     the same two experts for every token."""
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    torch.manual_seed(0)
-    config = Qwen3MoeConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        vocab_size=1024,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    model = Qwen3MoeForCausalLM(config)
+    model = tiny_qwen3_moe()
     with torch.no_grad():
         model.model.embed_tokens.weight.normal_(0, 1.0)
         model.model.embed_tokens.weight[:, 0] = 20.0
