@@ -26,6 +26,7 @@ def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
         "compile": "off",
         "optimizer": "adamw",
         "parallel": "none",
+        "quant": "none",
     }
     assert "Culprit (single factor): dtype=fp16-pure -> nonfinite" in proc.stdout
     rec = b["recommendation"]
