@@ -110,7 +110,9 @@ def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeO
         ]
         if len(worth) > 1:
             chosen = [first]
-            chosen += [o for o in [fastest, *worth] if all(o is not c for c in chosen)]
+            for o in [fastest, *worth]:
+                if all(o is not c for c in chosen):
+                    chosen.append(o)
             picked.append(chosen)
     estimate = rounds * sum(round_cost(o) for kind in picked for o in kind[:2])
     if not picked or estimate > budget_s:
