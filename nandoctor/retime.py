@@ -5,7 +5,8 @@ on every cell alike. The grid's own probes ran minutes apart, each under whateve
 
 Which cells (`choose`): of analysis.run.speed_decides (the recommended one's fidelity bucket, at most
 RETIME_MOST_CELLS, always with the one the tie order puts first), those the grid's own probes cannot
-already tell from the fastest of them with the loaded margin (ranking.compare_speed, loaded=True): a
+already tell from the fastest of them with the loaded margin (ranking.compare_speed, at least
+Thresholds.loaded_speed_margin, wider when the grid's probes measured more load: load.unpaired_margin): a
 cell slower than that beyond any load's swing needs no rounds. Then the budget: the re-timing may take
 RETIME_SHARE of the grid's summed training time (its probes' train_s), so that it costs the same share
 of a tiny grid as of a large one and grows with a loaded host's slower grid. Each cell's round is
@@ -97,6 +98,7 @@ def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeO
     those the fastest beats beyond the loaded margin on the grid's own probes; then cut from the end to
     the budget. ([], estimate) when fewer than two cells of a kind fit: nothing to re-time."""
     leaders = speed_decides(grid, RETIME_MOST_CELLS)
+    margin = max(THRESHOLDS.loaded_speed_margin, grid.speed_margin)
     picked: list[list[ProbeOutcome]] = []
     for hardware in dict.fromkeys(o.record.cell.hardware for o in leaders):
         kind = [o for o in leaders if o.record.cell.hardware == hardware]
@@ -106,7 +108,7 @@ def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeO
             for o in kind
             if o is fastest
             or o is first
-            or not compare_speed(grid_speed(fastest), grid_speed(o), THRESHOLDS, loaded=True).faster
+            or not compare_speed(grid_speed(fastest), grid_speed(o), THRESHOLDS, None, margin).faster
         ]
         if len(worth) > 1:
             chosen = [first]

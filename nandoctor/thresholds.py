@@ -34,9 +34,10 @@ class Thresholds:
     - speed_margin: inside a bucket, a probe is faster only by more than 5% of the other's median
       tokens/s, and beyond both spreads (analysis/ranking.py): a few percent is what one idle core more
       or less makes, not a reason to prefer a less plain configuration.
-    - loaded_speed_margin: the same, 25%, when other processes loaded the host while the probes were
-      timed (analysis/load.py: a quarter of the cores, or another process on a GPU). Measured here: a
-      busy loop sharing the probe's core made fp32/eager measure 17% and 25% faster than fp32/sdpa in
+    - loaded_speed_margin: the same, at least 25%, when other processes loaded the host while the probes
+      were timed (analysis/load.py: a quarter of the cores, or another process on a GPU); wider when the
+      measured load could swing two equal probes further (load.unpaired_margin: k busy cores of n, k / n).
+      Measured here: a busy loop sharing the probe's core made fp32/eager measure 17% and 25% faster than fp32/sdpa in
       the two interleaved re-timing rounds, where a quiet host measured them 1% and -9% apart.
     - spike_min_history: a spike needs at least 3 earlier steps of its kind to compare with (steps 0-2
       of a fresh model fall fast, and a mean of one or two of them is noise).

@@ -1,7 +1,7 @@
 """Words that are true (issue 28, item 7, the report side): report.md names the speed margin it applied
-(25% on a loaded host, not the quiet 5%), a bisection's ranked table agrees with its recommendation or
-says why it differs, load_run's columns are the documented ones, and `--jobs` says what its default
-does. Pure: recorded figures and the fixture run; no probe process."""
+(on a loaded host the wider margin its load calls for, not the quiet 5%), a bisection's ranked table
+agrees with its recommendation or says why it differs, load_run's columns are the documented ones, and
+`--jobs` says what its default does. Pure: recorded figures and the fixture run; no probe process."""
 
 import re
 from pathlib import Path
@@ -32,9 +32,10 @@ def test_report_md_names_the_loaded_margin_it_applied_not_the_quiet_one():
             probe("fp32/sdpa/off", [1000] + [1250] * 7, host=busy(1.0)),
         ],
     )
-    assert loaded.load["significant"] and loaded.recommended.probe_id == "fp32/sdpa/off"  # 15%: under the 25%
+    # 15%: under the 50% that a core of two kept busy could make of two equal probes
+    assert loaded.load["significant"] and loaded.recommended.probe_id == "fp32/sdpa/off"
     order = ranked_section(render_markdown(loaded)).splitlines()[2]
-    assert "higher by more than 25% (the host was loaded while probes were timed; 5% on a quiet host)" in order
+    assert "higher by more than 50% (the host was loaded while probes were timed; 5% on a quiet host)" in order
     assert "faster by more than 5%" not in order.replace("faster by more than 5% at the one-sided", "")
     quiet = analyze_records(meta(), [probe("fp32/eager/off", [1000] + [1436] * 7)])
     assert "higher by more than 5% and beyond both" in ranked_section(render_markdown(quiet))

@@ -46,7 +46,8 @@ def test_a_two_rank_probe_is_ranked_on_its_tokens_per_s_per_device():
     assert any(
         line.startswith("Tokens/s are per device: a parallel probe's tokens/s over its world size") for line in lines
     )
-    tie = next(line for line in lines if line.startswith("As fast as"))
+    # +12% with overlapping spreads: left open by the measurements, not shown equal
+    tie = next(line for line in lines if line.startswith("Not told apart from"))
     assert (
         "bf16-amp/sdpa/off/ddp against fp32/eager/off: 1,612 against 1,436 tokens/s per device (+12%), "
         "but their interquartile ranges overlap" in tie
@@ -58,8 +59,9 @@ def test_on_a_loaded_host_the_per_device_gain_within_the_loaded_margin_is_said_a
         meta(), [probe("fp32/eager/off", EAGER, host=busy(1.0)), probe("bf16-amp/sdpa/off/ddp", DDP, host=busy(1.0))]
     )
     assert a.recommended.probe_id == "fp32/eager/off"  # the 2-rank probe's 3,225 counted two devices' work
-    tie = next(line for line in timing.speed_lines(a) if line.startswith("As fast as"))
-    assert "(+12%), within the 25% margin applied on a loaded host" in tie
+    tie = next(line for line in timing.speed_lines(a) if line.startswith("Not told apart from"))
+    # other processes kept 1 of 2 cores busy: two equal probes could differ by 50%
+    assert "(+12%), within the 50% margin applied on a loaded host" in tie
 
 
 def test_a_tie_from_the_round_to_round_swing_says_so_with_its_figures():
@@ -77,7 +79,7 @@ def test_a_tie_from_the_round_to_round_swing_says_so_with_its_figures():
     assert a.recommended.probe_id == "fp32/sdpa/off" and [o.probe_id for o in a.speed_ties] == ["fp32/eager/off"]
     eager, sdpa = (next(o for o in a.ranking if o.probe_id == p) for p in ("fp32/eager/off", "fp32/sdpa/off"))
     assert eager.throughput.q1 > sdpa.throughput.q3  # the spreads do not overlap
-    tie = next(line for line in timing.speed_lines(a) if line.startswith("As fast as"))
+    tie = next(line for line in timing.speed_lines(a) if line.startswith("Not told apart from"))
     assert "within their measured spread" not in tie
     assert "fp32/eager/off against fp32/sdpa/off: 1.43x over 2 interleaved rounds (per round 1.24x, 1.65x; " in tie
     assert "95% bounds" in tie and "unresolved, neither faster by more than the 5% margin at the lower bound" in tie

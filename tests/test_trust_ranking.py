@@ -243,7 +243,35 @@ def test_on_a_loaded_host_only_a_gain_above_the_loaded_margin_counts_so_both_run
     assert loaded.load["significant"] and not quiet.load["significant"]
     assert quiet.recommended.probe_id == loaded.recommended.probe_id == "fp32/sdpa/off"
     assert [o.probe_id for o in loaded.speed_ties] == ["fp32/eager/off"]  # 17% and 25% faster per round: under 25%
-    assert "faster on its grid probe only by more than 25% (not 5%)" in timing.speed_lines(loaded)[-1]
+    # other processes kept up to 1.27 cores of 1 busy: two equal grid probes could differ by 127%
+    assert "faster on its grid probe only by more than 127% (not 5%: 25% at least" in timing.speed_lines(loaded)[-1]
+
+
+def test_grid_probes_timed_beside_more_load_than_the_25_percent_floor_tie_within_what_that_load_could_swing():
+    # test_trust_ranking_e2e's two runs in a CI run (2026-11-27), not re-timed (over budget): pinned to one
+    # core beside the other xdist worker's load, sdpa measured 36% faster; beside two busy loops too, eager
+    # measured 39% faster, and with the flat 25% margin the two runs recommended different cells.
+    def busy_core(other):
+        return recorded.busy(other, cpu_count=1)
+
+    first = analyze_records(
+        META,
+        [
+            probe("fp32/eager/off", [1946] * 4, host=busy_core(1.02)),
+            probe("fp32/sdpa/off", [2647] * 4, host=busy_core(1.02)),
+        ],
+    )
+    loaded = analyze_records(
+        META,
+        [
+            probe("fp32/eager/off", [1168] * 4, host=busy_core(1.5)),
+            probe("fp32/sdpa/off", [843] * 4, host=busy_core(1.5)),
+        ],
+    )
+    assert (first.speed_margin, loaded.speed_margin) == (1.02, 1.5)
+    assert first.recommended.probe_id == loaded.recommended.probe_id == "fp32/sdpa/off"
+    for a in (first, loaded):
+        assert timing.speed_lines(a)[-2].startswith("Not told apart from fp32/eager/off by what was measured")
 
 
 def test_on_a_loaded_host_a_gain_well_above_the_loaded_margin_still_wins():

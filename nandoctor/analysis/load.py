@@ -3,9 +3,11 @@ own timed steps (env.host_load) and from the re-timing rounds. Pure: reads recor
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from ..record import ProbeRecord
+from ..thresholds import THRESHOLDS, Thresholds
 
 # Other processes keeping a quarter of the cores busy take about that share of a probe's CPU time
 # when its threads use every core (threads_per_probe), enough to move tokens/s well beyond the
@@ -46,3 +48,18 @@ def load_summary(records: list[ProbeRecord], timing: dict | None = None) -> dict
         "retiming_other_cpu_cores": statistics.median(retime_cores) if retime_cores else None,
         "significant": bool(loaded),
     }
+
+
+def unpaired_margin(load: dict | None, t: Thresholds = THRESHOLDS) -> float:
+    """The relative gain one grid probe must show over another, timed at another moment, to count as
+    faster (ranking.compare_speed). On a quiet host: Thresholds.speed_margin. On a loaded one
+    (load_summary's `significant`), what the measured load could make of two equal cells, at least
+    Thresholds.loaded_speed_margin: a probe sized for the n cores it may use, sharing them with other
+    processes that keep k cores busy, gets about n / (n + k) of its CPU time, so one probe timed beside
+    the most load any probe measured (k = other_cpu_cores_max) and another timed alone differ by up to k / n.
+    Re-timing rounds run back to back and are compared on their paired ratios, not with this margin."""
+    if not (load and load.get("significant")):
+        return t.speed_margin
+    cores, count = load.get("other_cpu_cores_max"), load.get("cpu_count") or 1
+    swing = math.ceil(100 * cores / count) / 100 if isinstance(cores, (int, float)) and math.isfinite(cores) else 0.0
+    return max(t.speed_margin, t.loaded_speed_margin, swing)

@@ -10,7 +10,8 @@ The order, best first:
    lower bound of that ratio (Student's t over the rounds' log ratios, `ratio_interval`) is above
    1 + Thresholds.speed_margin, so the swing between rounds that a busy host makes is measured, not
    guessed. Any other pair is compared on its grid probes: faster only when the median is above the
-   other's by more than the margin (Thresholds.loaded_speed_margin on a loaded host) AND the lower
+   other's by more than the margin (on a loaded host, the wider margin load.unpaired_margin derives
+   from the load each probe measured) AND the lower
    quartile is above the other's upper quartile. Starting from the fastest probe left, every probe
    not clearly slower than it forms one speed class;
 4. inside a speed class, a fixed order of adoption (`adoption_key`): compile off before compiled
@@ -171,17 +172,18 @@ def compare_speed(
     b: tuple[float, float, float],
     t: Thresholds = THRESHOLDS,
     ratios: list[float] | None = None,
-    loaded: bool = False,
+    margin: float | None = None,
 ) -> SpeedComparison:
     """Whether speed a = (median, q1, q3) beats b beyond their measured noise (see the module docstring).
     ratios: a's tokens/s over b's in each interleaved re-timing round both ran (paired_ratios); with two
     or more, they alone decide, with Thresholds.speed_margin: a must be faster than b by more than the
     margin at the one-sided 95% lower bound of their mean ratio. Otherwise the medians must differ by more
-    than the margin (the loaded margin when `loaded`) and the interquartile ranges must not overlap."""
+    than `margin` (Thresholds.speed_margin when None; on a loaded host the caller passes
+    load.unpaired_margin) and the interquartile ranges must not overlap."""
     interval = ratio_interval(ratios)
     if interval is not None:
         return SpeedComparison(interval.low > 1 + t.speed_margin, ROUNDS, t.speed_margin, a, b, interval)
-    margin = max(t.speed_margin, t.loaded_speed_margin) if loaded else t.speed_margin
+    margin = t.speed_margin if margin is None else max(t.speed_margin, margin)
     if not a[0] > b[0] * (1 + margin):
         return SpeedComparison(False, MARGIN, margin, a, b)
     return SpeedComparison(a[1] > b[2], SPREAD, margin, a, b)
@@ -192,10 +194,10 @@ def clearly_faster(
     b: tuple[float, float, float],
     t: Thresholds = THRESHOLDS,
     ratios: list[float] | None = None,
-    loaded: bool = False,
+    margin: float | None = None,
 ) -> bool:
     """compare_speed(...).faster."""
-    return compare_speed(a, b, t, ratios, loaded).faster
+    return compare_speed(a, b, t, ratios, margin).faster
 
 
 def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) -> list[float] | None:
@@ -236,15 +238,15 @@ def rank(
     table: pd.DataFrame,
     t: Thresholds = THRESHOLDS,
     rounds: dict[str, dict[int, float]] | None = None,
-    loaded: bool = False,
+    margin: float | None = None,
 ) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
     fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
     tokens_per_s (per device), peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags,
     retimed (the re-timed rows of a bucket rank ahead of the others) and the cell's dtype / attn /
     compile / optimizer (the tie order). rounds: the re-timed probes' median tokens/s per interleaved
-    round (round_medians), compared round by round; loaded: the host was loaded while the grid's probes
-    were timed (compare_speed)."""
+    round (round_medians), compared round by round; margin: the one grid probes are compared with
+    (compare_speed; None: the quiet Thresholds.speed_margin)."""
     rows = {i: table.loc[i] for i in table.index}
     flags = table["flags"].fillna("").astype(bool) if "flags" in table else pd.Series(False, index=table.index)
     retimed = table["retimed"].fillna(False).astype(bool) if "retimed" in table else pd.Series(False, index=table.index)
@@ -266,7 +268,7 @@ def rank(
                     i
                     for i in left[1:]
                     if not clearly_faster(
-                        lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))), loaded
+                        lead, _speed(rows[i]), t, paired_ratios(rounds, lead_id, str(rows[i].get("probe_id"))), margin
                     )
                 ]
                 tied.sort(key=lambda i: tie_key(rows[i]))

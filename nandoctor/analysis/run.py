@@ -14,7 +14,7 @@ from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ROUNDTRIP_FILE, ResultsStore
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
-from .load import load_summary
+from .load import load_summary, unpaired_margin
 from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
 from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts
@@ -87,8 +87,14 @@ class RunAnalysis:
     @property
     def loaded(self) -> bool:
         """Other processes loaded the host while probes were timed (load_summary): the grid's own figures
-        are compared with Thresholds.loaded_speed_margin."""
+        are compared with the wider speed_margin."""
         return bool(self.load and self.load.get("significant"))
+
+    @property
+    def speed_margin(self) -> float:
+        """The relative gain one grid probe must show over another to count as faster: the quiet
+        Thresholds.speed_margin, or on a loaded host what the measured load could swing (load.unpaired_margin)."""
+        return unpaired_margin(self.load)
 
     @property
     def recommended(self) -> ProbeOutcome | None:
@@ -154,7 +160,7 @@ class RunAnalysis:
         both = a.retimed and b.retimed
         measured = speed if both else grid_speed
         ratios = paired_ratios(self.rounds, a.probe_id, b.probe_id) if both else None
-        return compare_speed(measured(a), measured(b), THRESHOLDS, ratios, self.loaded)
+        return compare_speed(measured(a), measured(b), THRESHOLDS, ratios, self.speed_margin)
 
     def tie_reasons_on(self, hardware: str) -> list[tuple[ProbeOutcome, ProbeOutcome, SpeedComparison]]:
         """Why the recommendation on this kind of hardware ties with its speed_ties_on: (the fastest of
@@ -298,16 +304,16 @@ def rank_per_hardware(
     hardware: list[str],
     rounds: dict[str, dict[int, float]] | None = None,
     t: Thresholds = THRESHOLDS,
-    loaded: bool = False,
+    margin: float | None = None,
 ) -> pd.DataFrame:
     """ranking.rank within each kind of hardware (a probe's speed and fidelity compare only with those
     measured on the same kind), the kinds in the order they first appear; hardware: one per table row
     of the whole probe table, by position."""
     kinds = list(dict.fromkeys(hardware[i] for i in table.index))
     return (
-        pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds, loaded) for h in kinds])
+        pd.concat([rank(table.loc[[i for i in table.index if hardware[i] == h]], t, rounds, margin) for h in kinds])
         if len(kinds) > 1
-        else rank(table, t, rounds, loaded)
+        else rank(table, t, rounds, margin)
     )
 
 
@@ -356,7 +362,11 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
         references=references.notes() if meta.kind != "check" else [],  # a check judges no drift
     )
     ranked = rank_per_hardware(
-        table.iloc[rankable(outcomes)], [o.record.cell.hardware for o in outcomes], rounds, THRESHOLDS, analysis.loaded
+        table.iloc[rankable(outcomes)],
+        [o.record.cell.hardware for o in outcomes],
+        rounds,
+        THRESHOLDS,
+        analysis.speed_margin,
     )
     for i, speed_class in zip(ranked.index, ranked["speed_class"]):
         outcomes[i].speed_class = int(speed_class)

@@ -62,8 +62,7 @@ def order_sentence(a: RunAnalysis) -> str:
     """How the ranking orders, with the speed margin this run's grid figures were compared with."""
     quiet = _pct(THRESHOLDS.speed_margin)
     margin = (
-        f"{_pct(max(THRESHOLDS.speed_margin, THRESHOLDS.loaded_speed_margin))} (the host was loaded while probes "
-        f"were timed; {quiet} on a quiet host)"
+        f"{_pct(a.speed_margin)} (the host was loaded while probes were timed; {quiet} on a quiet host)"
         if a.loaded
         else quiet
     )
@@ -105,8 +104,10 @@ def load_line(a: RunAnalysis) -> str | None:
     return (
         "The host was loaded while probes were timed: "
         + "; ".join(parts)
-        + f". Tokens/s are noisier for it: one configuration counts as faster on its grid probe only by more than "
-        f"{_pct(THRESHOLDS.loaded_speed_margin)} (not {_pct(THRESHOLDS.speed_margin)}) and beyond their measured "
+        + ". Tokens/s are noisier for it: one configuration counts as faster on its grid probe only by more than "
+        f"{_pct(a.speed_margin)} (not {_pct(THRESHOLDS.speed_margin)}: "
+        f"{_pct(THRESHOLDS.loaded_speed_margin)} at least, or as much as the other processes' share of the "
+        "cores, which two equal probes timed with and without them can differ by) and beyond their measured "
         "spread; re-timed ones are compared round by round, where the rounds' own swing is the noise."
     )
 
@@ -154,6 +155,14 @@ def interval_text(c: SpeedComparison) -> str:
         f"{i.ratio:.2f}x over {len(i.ratios)} interleaved rounds (per round {per_round}; 95% bounds "
         f"{i.low:.2f}x-{i.high:.2f}x)"
     )
+
+
+def as_fast(c: SpeedComparison) -> bool:
+    """Whether a tie is one of equal speeds, not one the measurements leave open: re-timing rounds whose
+    upper bound is within the margin, or grid medians within the quiet margin."""
+    if c.rule == ROUNDS:
+        return c.interval.high <= 1 + c.margin
+    return c.rule == MARGIN and c.gain <= 1 + THRESHOLDS.speed_margin
 
 
 def tie_reason(lead: ProbeOutcome, other: ProbeOutcome, c: SpeedComparison, loaded: bool) -> str:
@@ -246,10 +255,15 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     for hardware in a.hardware or [""]:
         ties = a.speed_ties_on(hardware)
         if ties:
-            lead = f"On {hardware}, as fast as" if hardware else "As fast as"
-            reasons = "; ".join(tie_reason(*r, a.loaded) for r in a.tie_reasons_on(hardware))
+            why = a.tie_reasons_on(hardware)
+            reasons = "; ".join(tie_reason(*r, a.loaded) for r in why)
+            if all(as_fast(c) for *_, c in why):
+                lead, noise = "as fast as", "within their measured noise"
+            else:
+                lead, noise = "not told apart from", "by what was measured"
+            lead = f"On {hardware}, {lead}" if hardware else lead[0].upper() + lead[1:]
             lines.append(
-                f"{lead} {', '.join(o.probe_id for o in ties)} within their measured noise: "
+                f"{lead} {', '.join(o.probe_id for o in ties)} {noise}: "
                 f"{a.recommended_on(hardware).probe_id} comes first in the fixed tie order "
                 f"(the plainest, most robust configuration). Why each is a tie: {reasons}."
             )
