@@ -33,6 +33,8 @@ STALE_FILES = ("result.json", "steps.jsonl", BUILT_FILE)  # what a rerun of a pr
 # The pid of the process that starts a probe process (`python -m nandoctor.child`): a cold slot's
 # runner, or run/placed.py inside an executor's job or task; the probe dies with it (child/__main__.py).
 PARENT_ENV = "NANDOCTOR_PARENT_PID"
+# the Unix socket of a zygote that forks warm workers already imported (child/zygote.py, run/zygote.py)
+ZYGOTE_ENV = "NANDOCTOR_ZYGOTE"
 
 
 def _as_float(value: int) -> float:

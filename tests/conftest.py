@@ -63,6 +63,61 @@ def datasets_cache(tmp_path_factory):
     return os.environ["HF_DATASETS_CACHE"]
 
 
+# Test modules about how a run starts, ends and kills its processes: their runs spawn their warm
+# workers as a user's run does, never from the session's zygote.
+SPAWNED_WORKERS = {
+    "test_warm_workers",
+    "test_sigterm",
+    "test_process_ends",
+    "test_probe_lifetime",
+    "test_own_processes",
+    "test_busy_host",
+    "test_fixed_cost",
+    "test_plan_in_worker",
+    "test_zygote",
+}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def zygote(datasets_cache, tmp_path_factory):
+    """One zygote per pytest process (child/zygote.py): the warm worker of each nandoctor run a test
+    starts is forked from it, already imported, instead of paying `import torch, transformers` and
+    the modeling code again (8-10 s on a 2-core CI host). It serves only runs whose environment is this
+    session's; any other run spawns its own worker. Until it has imported (about as long as one worker),
+    runs spawn their own. Yields the socket path."""
+    from nandoctor.record import ZYGOTE_ENV
+    from nandoctor.run.slots import probe_env
+
+    path = tmp_path_factory.mktemp("zygote") / "socket"
+    env = {k: v for k, v in probe_env().items() if k != "GITHUB_STEP_SUMMARY"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nandoctor.child.zygote", str(path)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.environ[ZYGOTE_ENV] = str(path)
+    yield path
+    os.environ.pop(ZYGOTE_ENV, None)
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _spawned_workers(request):
+    """The modules of SPAWNED_WORKERS run without the zygote."""
+    from nandoctor.record import ZYGOTE_ENV
+
+    if request.module.__name__.rpartition(".")[2] not in SPAWNED_WORKERS:
+        yield
+        return
+    saved = os.environ.pop(ZYGOTE_ENV, None)
+    yield
+    if saved is not None:
+        os.environ[ZYGOTE_ENV] = saved
+
+
 def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
     over this process's environment (None: removed from it). all_cores: on every core of the host, not

@@ -126,7 +126,12 @@ def main(argv: list[str]) -> int:
     die_with_parent()
     if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
         return 1  # its parent died while it started: nobody would ever send it a probe
-    commands_fd, messages_fd = int(argv[0]), int(argv[1])
+    return serve(int(argv[0]), int(argv[1]))
+
+
+def serve(commands_fd: int, messages_fd: int) -> int:
+    """Import, say Ready, then fork a child per Fork command until the command pipe closes (the run is
+    over or gone). A worker that a zygote forked (zygote.py) starts here, its imports already done."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the runner's to handle: it closes the workers
     os.environ["OPENBLAS_NUM_THREADS"] = "1"  # read when OpenBLAS loads (in preload): no pool to fork over
     messages = os.fdopen(messages_fd, "w", buffering=1)

@@ -32,6 +32,7 @@ from ..device import DeviceFacts
 from ..env import OPENMP_WAIT_ENV, RUN_DIR_ENV, VISIBLE_DEVICES_ENV
 from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
+from .zygote import ZygoteWorker, fork_worker
 
 # What one more probe costs a GPU beyond its model's training memory: its own CUDA context (each probe
 # is its own process) and the allocator's slack.
@@ -190,7 +191,7 @@ class WarmSlot:
         self.ready = False
         self.pid: int | None = None  # the running probe's pid
         self.generation = 0
-        self.worker: subprocess.Popen | None = None
+        self.worker: subprocess.Popen | ZygoteWorker | None = None
         self.commands = None  # the pipe the worker reads its commands from
         self.preloads: list[Preload] = []  # the preload commands every worker of this slot is sent
         self.threads: int | None = None  # the worker's threads when it last reported (ready, or at a fork)
@@ -208,11 +209,13 @@ class WarmSlot:
         messages, messages_out = os.pipe()
         # the worker is in the runner's process group (Ctrl-C reaches it); each probe gets its own
         try:
-            self.worker = subprocess.Popen(
+            env = probe_env(run=self.run)  # its forks inherit it
+            # forked, already imported, by a zygote when one is named and agrees (run/zygote.py)
+            self.worker = fork_worker(commands_in, messages_out, env) or subprocess.Popen(
                 [*WORKER_COMMAND, str(commands_in), str(messages_out)],
                 stdin=subprocess.DEVNULL,
                 stdout=2,  # what its imports print goes where its errors go, never into the run's own output
-                env=probe_env(run=self.run),  # its forks inherit it
+                env=env,
                 pass_fds=(commands_in, messages_out),
             )
         finally:
@@ -225,7 +228,7 @@ class WarmSlot:
         for command in self.preloads:
             self._send(command)
 
-    def _read(self, worker: subprocess.Popen, messages, generation: int) -> None:
+    def _read(self, worker: subprocess.Popen | ZygoteWorker, messages, generation: int) -> None:
         with messages:
             for line in messages:
                 message = read_message(line)
