@@ -10,6 +10,7 @@ split their sums by thread count, so its last digits depend on the load at the t
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -64,6 +65,15 @@ class ProbeCache:
         if not cacheable(record):
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a") as f:
-            f.write(jsonio.dumps({**record.to_dict(), "run_dir": str(run_dir)}) + "\n")
+        line = (jsonio.dumps({**record.to_dict(), "run_dir": str(run_dir)}) + "\n").encode()
+        # runs that share the cache append at once: a record is one locked write, never interleaved
+        # with another run's (a long record takes several write calls of a buffered file)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            view = memoryview(line)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         self._records()[record.fingerprint] = (record, str(run_dir))
