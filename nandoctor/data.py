@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from .config import Recipe
-from .userdata.collate import Collation, batch_figures, collate, join
+from .userdata.collate import Collation, batch_figures, block_mask, collate, join
 from .userdata.tokenizer import pad_id as policy_pad_id
 
 
@@ -30,21 +30,35 @@ class Batch:
     and / or position_ids as the collator builds them). rows: the data set's row indices it holds
     (empty for the synthetic stream). kind: first, longest, most_padded, fewest_supervised (select.py)
     or synthetic. supervised: its loss terms, labels other than -100 after the causal shift; the sum
-    over a step's micro-batches is transformers' num_items_in_batch."""
+    over a step's micro-batches is transformers' num_items_in_batch.
 
-    inputs: dict
+    Under block_mask packing the dense [1, 1, T, T] mask is not kept: 4 bytes per token pair, 1 GiB for
+    a packed row of 8 x 2048 tokens, for every batch a probe cycles through. `tensors` holds the rest,
+    and `inputs` / `to` build the mask from the position_ids when they are asked for it."""
+
+    tensors: dict
     rows: tuple = ()
     kind: str = "synthetic"
     tokens: int = 0
     padded: int = 0
     supervised: int = 0
+    packing: str = "none"
+
+    @property
+    def inputs(self) -> dict:
+        return self._with_mask(None)
+
+    def _with_mask(self, dtype) -> dict:
+        if self.packing != "block_mask" or "attention_mask" in self.tensors:
+            return dict(self.tensors)
+        return {**self.tensors, "attention_mask": block_mask(self.tensors["position_ids"][0], dtype)}
 
     def to(self, device, float_dtype=None) -> dict:
         """The inputs on `device`; a floating mask (block_mask packing) in `float_dtype` when given,
         since SDPA wants its additive mask in the query's dtype."""
         return {
             k: v.to(device, float_dtype) if float_dtype is not None and v.is_floating_point() else v.to(device)
-            for k, v in self.inputs.items()
+            for k, v in self._with_mask(float_dtype).items()
         }
 
     def describe(self) -> dict:
@@ -57,8 +71,12 @@ class Batch:
         }
 
 
-def make_batch(inputs: dict, rows: tuple = (), kind: str = "synthetic") -> Batch:
-    return Batch(inputs, tuple(rows), kind, **batch_figures(inputs))
+def make_batch(inputs: dict, rows: tuple = (), kind: str = "synthetic", packing: str = "none") -> Batch:
+    """A Batch of collated inputs; under block_mask packing its 4-D mask is dropped (Batch builds it again)."""
+    figures = batch_figures(inputs)
+    if packing == "block_mask":
+        inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
+    return Batch(inputs, tuple(rows), kind, **figures, packing=packing)
 
 
 @dataclass
@@ -91,7 +109,7 @@ class DataStream:
     def joined(self, batches: list) -> dict:
         """The model inputs of one batch holding every row of `batches` (a step's micro-batches), collated
         as the stream collates: the full batch an accumulated step stands for."""
-        return join([b.inputs for b in batches], self.collation)
+        return join([b.tensors for b in batches], self.collation)
 
     def describe(self) -> dict:
         return {**self.source, "batches": [b.describe() for b in self.batches]}
@@ -154,14 +172,16 @@ def stream(recipe: Recipe, model_config, seed: int, tokenizer=None) -> DataStrea
 
         encoded = encoded_rows(recipe, model_config, tokenizer)
         chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, seed)
-        batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+        packing = encoded.collation.packing
+        batches = [make_batch(t, rows, kind, packing) for kind, rows, t in chosen]
         return DataStream(batches, encoded.describe(), encoded.collation)
     fixed = synthetic_batches(recipe, model_config, seed)
     collation = synthetic_collation(recipe, pad_id(recipe, model_config))
     if recipe.data.packing != "none":
         fixed = [_repacked(b, collation) for b in fixed]
     source = {"source": "synthetic", "batches_cycled": recipe.data.batches, "pad_fraction": recipe.data.pad_fraction}
-    return DataStream([make_batch(b) for b in fixed], {**source, "packing": recipe.data.packing}, collation)
+    batches = [make_batch(b, packing=recipe.data.packing) for b in fixed]
+    return DataStream(batches, {**source, "packing": recipe.data.packing}, collation)
 
 
 def batches(recipe: Recipe, config, seed: int):

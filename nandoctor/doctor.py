@@ -180,7 +180,7 @@ def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) ->
     encoded = encoded_rows(recipe, config, tokenizer)
     facts, section, content = scan(encoded, recipe, config)
     chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
-    batches = [make_batch(t, rows, kind) for kind, rows, t in chosen]
+    batches = [make_batch(t, rows, kind, encoded.collation.packing) for kind, rows, t in chosen]
     # a model the ids do not fit would fail its embedding lookup: the finding says so instead
     # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
     # package: transformers and peft then import none of them, nor print their noise (optional.py)

@@ -33,10 +33,11 @@ class Collation:
     pad_label: int  # IGNORE, or the pad id itself when pad labels are kept (pad_token.mask_labels=false)
 
 
-def collate(rows: list[dict], c: Collation) -> dict:
+def collate(rows: list[dict], c: Collation, dense_mask: bool = True) -> dict:
     """One batch of torch tensors from rows: input_ids and labels, and attention_mask and / or
-    position_ids as the packing needs them."""
-    return _pad(rows, c) if c.packing == "none" else _pack(rows, c)
+    position_ids as the packing needs them. dense_mask=False leaves out block_mask packing's [1, 1, T, T]
+    mask (data.Batch builds it when its inputs are taken)."""
+    return _pad(rows, c) if c.packing == "none" else _pack(rows, c, dense_mask)
 
 
 def _pad(rows: list[dict], c: Collation) -> dict:
@@ -72,7 +73,7 @@ def _segments(row: dict) -> list[tuple[list, list, list]]:
     return [(ids[a:b], labels[a:b], positions[a:b]) for a, b in segments(positions)]
 
 
-def _pack(rows: list[dict], c: Collation) -> dict:
+def _pack(rows: list[dict], c: Collation, dense_mask: bool = True) -> dict:
     import torch
 
     ids, labels, positions = [], [], []
@@ -86,7 +87,7 @@ def _pack(rows: list[dict], c: Collation) -> dict:
         "labels": torch.tensor([labels]),
         "position_ids": torch.tensor([positions]),
     }
-    return _packed_mask(batch, c)
+    return _packed_mask(batch, c) if dense_mask or c.packing != "block_mask" else batch
 
 
 def _packed_mask(batch: dict, c: Collation) -> dict:

@@ -137,8 +137,9 @@ def scan_columns(encoded: EncodedRows, names: tuple) -> dict:
 
 
 def user_batches(encoded: EncodedRows, batch_size: int, first: int, seed: int) -> list[tuple[str, tuple, dict]]:
-    """[(kind, row indices, tensors)] of the batches a probe trains on (select.py)."""
+    """[(kind, row indices, tensors)] of the batches a probe trains on (select.py); without block_mask
+    packing's dense mask (data.make_batch keeps it out; data.Batch builds it when asked)."""
     columns = scan_columns(encoded, ("length", "supervised"))
     packed = encoded.collation.packing != "none"
     chosen = choose_batches(columns["length"], columns["supervised"], batch_size, first, seed, packed)
-    return [(kind, rows, collate(row_dicts(encoded, rows), encoded.collation)) for kind, rows in chosen]
+    return [(kind, rows, collate(row_dicts(encoded, rows), encoded.collation, False)) for kind, rows in chosen]
