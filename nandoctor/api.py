@@ -209,6 +209,7 @@ def run_grid(
             runnable,
             setup={"recipe": recipe.name, "cells": [c.id for c in runnable]},
             known=session.model_facts,
+            lint=session.data_lint,
         )
         session.start(
             len(probes),
@@ -330,6 +331,7 @@ def run_check(
             [] if probe.unsupported else [cell],
             setup={"recipe": recipe.name, "cells": [cell.id]},
             known=session.model_facts,
+            lint=session.data_lint,
         )
         session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline), "data": session.data_lint})
         record = session.run(recipe, [probe])[0]

@@ -28,11 +28,12 @@ def planned_findings(
     trainer_args: dict | None = None,
     tokenizer=None,
     known: dict | None = None,
+    lint: dict | None = None,
 ) -> list[dict]:
     """Every rule that fires on some planned cell, once, with the cells it fires on. known: the
-    recipe's models.config_facts when already gathered."""
+    recipe's models.config_facts when already gathered; lint: the data lint of the recipe's rows."""
     known = known or config_facts(recipe)
-    recipe_facts = {**env_facts(env), "all_masked_batches": known["all_masked_batches"]}
+    recipe_facts = {**env_facts(env), "all_masked_batches": masked_batches(recipe, known, lint)}
     fired: dict[str, tuple] = {}
     for cell in cells:
         eager = dataclasses.replace(cell, compile="off") in cells
@@ -48,6 +49,19 @@ def planned_findings(
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
     ordered = sorted(fired.values(), key=lambda pair: SEVERITIES.index(pair[0].severity))
     return [{**finding(rule, ids), "scope": finding_scope(ids, cells)} for rule, ids in ordered]
+
+
+def masked_batches(recipe: Recipe, known: dict, lint: dict | None) -> int | None:
+    """How many of the batches a probe cycles through have no loss term: config_facts' count for the
+    synthetic stream; for the user's rows the data lint's, on the batches it chose (the ones a probe trains
+    on), else counted here on the whole stream."""
+    if known.get("all_masked_batches") is not None or recipe.data.source != "file":
+        return known.get("all_masked_batches")
+    if lint and lint.get("batches") is not None:
+        return sum(b.get("supervised") == 0 for b in lint["batches"])
+    from .data import all_masked_batches
+
+    return all_masked_batches(recipe, model_config(recipe))
 
 
 def finding_scope(fired_on: list[str], cells: list[Cell]) -> str:
@@ -66,14 +80,16 @@ def doctor_section(
     tokenizer=None,
     setup: dict | None = None,
     known: dict | None = None,
+    lint: dict | None = None,
 ) -> dict:
     """Capabilities and findings: for the environment alone, or for a recipe's planned cells (known:
-    the recipe's models.config_facts, when a Session's planning already gathered them)."""
+    the recipe's models.config_facts, when a Session's planning already gathered them; lint: the data
+    lint of the recipe's rows)."""
     env = DeviceFacts.of(env)
     if recipe is None:
         findings = [finding(rule) for rule in evaluate(env_facts(env))]
     else:
-        findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer, known)
+        findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer, known, lint)
     return {
         "capabilities": gpu_capabilities(env),
         "sdpa_backends": sdpa_backends(env),
@@ -137,7 +153,7 @@ def run_doctor(
         }
     data = data_lint(recipe, attn, tokenizer)
     setup["data"] = recipe.data.path
-    section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup, known)
+    section = doctor_section(env, recipe, cells, trainer_args, tokenizer, setup, known, data)
     return {
         "environment": env.to_dict(),
         **section,

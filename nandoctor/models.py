@@ -225,7 +225,9 @@ def config_facts(recipe: Recipe) -> dict:
 
     config = model_config(recipe)
     return {
-        "all_masked_batches": all_masked_batches(recipe, config),
+        # the user's rows: the data lint counts them on the batches it chose (doctor.masked_batches), so that
+        # planning never reads a whole file (a large one took the planning child past its time limit)
+        "all_masked_batches": None if recipe.data.source == "file" else all_masked_batches(recipe, config),
         "attn_softcapping": getattr(config, "attn_logit_softcapping", None),
         "tied_embeddings": getattr(config, "tie_word_embeddings", None),
         "router": router_facts(config, recipe),

@@ -366,3 +366,16 @@ def test_peft_autocast_adapter_dtype_decides_the_dtype_the_adapter_trains_in():
     assert "fp16-weights-with-grad-scaler" not in fired("fp16-amp/sdpa/off", model__dtype_on_load="fp16")[1]
     dtype, ids = fired("fp16-amp/sdpa/off", model__dtype_on_load="bf16", adapter__modules_to_save="[lm_head]")
     assert dtype == "bf16" and "bf16-weights-with-fp16-grad-scaler" in ids and "peft-adapters-not-fp32" not in ids
+
+
+def test_planning_reads_no_rows_and_the_doctor_counts_masked_batches_on_the_lints_batches(tmp_path):
+    # issue 34: the planning child encoded the whole file for this count (within its 300 s limit)
+    from nandoctor.doctor import run_doctor
+    from nandoctor.models import config_facts
+
+    masked = masked_file_recipe(tmp_path)
+    assert config_facts(masked)["all_masked_batches"] is None
+    report = run_doctor(set_field(masked, "data.batches", 2), axes={"dtype": ["fp32"], "attn": ["eager"]})
+    supervised = [b["supervised"] for b in report["data"]["batches"]]  # the first 2, then the worst ones
+    assert len(supervised) >= 2 and set(supervised) == {0}
+    assert "batch-with-all-labels-masked" in {f["id"] for f in report["findings"]}
