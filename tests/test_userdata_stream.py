@@ -385,7 +385,7 @@ def test_ordinary_bad_rows_are_one_line_naming_the_row_and_exit_2(tmp_path, tok,
     bad_rows(tmp_path, tok, "doctor", case)
 
 
-@pytest.mark.parametrize("case", ["row-without-messages", "malformed-line"])
+@pytest.mark.parametrize("case", ["row-without-messages", "malformed-line", "latin-1"])
 def test_a_grid_on_bad_rows_stops_before_it_starts_a_worker_with_the_same_line(tmp_path, tok, case, monkeypatch):
     import nandoctor.api
 

@@ -76,10 +76,19 @@ def readable_rows(recipe: Recipe) -> None:
     rows = open_rows(d.path)
     kind = row_kind(rows.column_names, d.path)
     start = 0
-    for batch in rows.iter(batch_size=1000):
-        size = len(next(iter(batch.values())))
-        check_rows(batch, range(start, start + size), kind, str(d.path))
-        start += size
+    try:
+        for batch in rows.iter(batch_size=1000):
+            size = len(next(iter(batch.values())))
+            check_rows(batch, range(start, start + size), kind, str(d.path))
+            start += size
+    except UnicodeDecodeError as e:  # text pyarrow kept as it was read decodes only now
+        raise not_utf8(d.path, e) from None
+
+
+def not_utf8(path, error: UnicodeDecodeError) -> NandoctorError:
+    """The one line for a file whose text pyarrow read without decoding it: the line that is not UTF-8."""
+    where = bad_line(Path(path).expanduser(), builder_of(Path(path)))
+    return NandoctorError(f"cannot read data {str(path)!r}: {where or f'text is not UTF-8 ({error})'}")
 
 
 def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
@@ -116,8 +125,7 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
     try:
         encoded = encode(rows, tokenizer, encoding, str(d.path))
     except UnicodeDecodeError as e:  # text pyarrow kept as it was read decodes only when a row is rendered
-        where = bad_line(Path(d.path).expanduser(), builder_of(Path(d.path)))
-        raise NandoctorError(f"cannot read data {str(d.path)!r}: {where or f'text is not UTF-8 ({e})'}") from None
+        raise not_utf8(d.path, e) from None
     return EncodedRows(str(d.path), kind, encoded, encoding, collation, tokenizer, path, why)
 
 
