@@ -271,3 +271,25 @@ def test_a_second_ctrl_c_during_rays_graceful_cancel_still_kills_the_tasks():
     with pytest.raises(KeyboardInterrupt):
         placement.cancel(probes, wait_s=30.0)
     assert asked == [False, False, True, True]
+
+
+def test_a_ray_node_without_the_runs_input_files_is_named_with_the_files_and_what_to_do(tmp_path):
+    # issue 34: Ray tasks read data.path, data.tokenizer and a local model.path on their node; a node
+    # without them failed each probe on its own. The facts task checks them (on_ray.task_facts).
+    from nandoctor.config import set_field
+    from nandoctor.recipes import recipe_by_name
+    from nandoctor.run.placed import inputs_not_on_node, missing_inputs
+    from nandoctor.run.session import input_files
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "the cat"}\n')
+    recipe = set_field(set_field(recipe_by_name("tiny-llama"), "data.source", "file"), "data.path", str(rows))
+    recipe = set_field(recipe, "data.tokenizer", str(tmp_path / "tok"))  # not here: not checked there either
+    inputs = input_files(recipe)
+    assert inputs == {"data.path": str(rows)} and missing_inputs(inputs) == {}
+    rows.unlink()  # what a node without the file sees
+    line = inputs_not_on_node(missing_inputs(inputs), "gpu-07", "ray", " on node_type 'a100'")
+    assert line == (
+        f"--executor ray: data.path {str(rows)!r} not found on node gpu-07 on node_type 'a100'; its probes read the "
+        "run's inputs at the same path there: put them on a filesystem every node mounts, or copy them to that path"
+    )

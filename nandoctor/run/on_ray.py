@@ -23,7 +23,7 @@ from pathlib import Path
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..executors import ExecutorConfig
-from .placed import node_facts, run_carried
+from .placed import inputs_not_on_node, missing_inputs, node_facts, run_carried
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
 
 # How much of a node_type resource one probe asks for: any node that has the resource at all can take
@@ -54,16 +54,20 @@ def task_size(executor: ExecutorConfig, ranks: int) -> dict:
     return {"num_cpus": cpus, "num_gpus": gpus}
 
 
-def task_facts():
+def task_facts(inputs: dict[str, str] | None = None):
     """The task that gathers a kind of hardware's device facts: yields its node's name as it starts,
-    then placed.node_facts with, in `gathered`, the Ray node it ran on and the resources Ray gave it
-    (its node_type share among them)."""
+    then placed.node_facts with, in `gathered`, the Ray node it ran on, the resources Ray gave it (its
+    node_type share among them) and the run's input files (inputs) this node lacks."""
     import ray
 
     yield socket.gethostname()
     facts = node_facts()
     context = ray.get_runtime_context()
-    facts["gathered"].update(ray_node=context.get_node_id(), resources=context.get_assigned_resources())
+    facts["gathered"].update(
+        ray_node=context.get_node_id(),
+        resources=context.get_assigned_resources(),
+        missing_inputs=missing_inputs(inputs or {}),
+    )
     yield facts
 
 
@@ -91,7 +95,10 @@ class RayPlacement:
     batches = False  # one task per probe, `parallel` in flight
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
 
-    def __init__(self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, **_):
+    def __init__(
+        self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, inputs: dict | None = None, **_
+    ):
+        self.inputs = inputs or {}  # the run's input files (config.PATH_FIELDS): each node must have them
         address = executor.option("address")
         if address is None:
             # a Ray of our own, for this run: every server and every connection on 127.0.0.1 (by default
@@ -165,7 +172,7 @@ class RayPlacement:
                 name="nandoctor-facts",
                 resources=self._resources(kind),
                 **{**task_size(self.executor, 1), "num_cpus": 1},
-            ).remote()
+            ).remote(self.inputs)
             started, _ = self.ray.wait([task], timeout=wait)  # its first item: it started (queue_wait bounds only that)
             if not started:
                 self.ray.cancel(task, force=True)
@@ -181,6 +188,11 @@ class RayPlacement:
                 raise NandoctorError(
                     f"--executor ray: the task that gathers the device facts{where} failed: {said(e)}"
                 ) from None
+            gathered = self.gathered[kind].get("gathered", {})
+            if gathered.get("missing_inputs"):
+                raise NandoctorError(
+                    inputs_not_on_node(gathered["missing_inputs"], gathered.get("host", "?"), "ray", where)
+                )
         return self.gathered
 
     def fit(self, device: DeviceFacts, probe_bytes: int) -> None:

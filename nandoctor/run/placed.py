@@ -63,6 +63,20 @@ def node_facts() -> dict:
     return collect_doctor().gathered_at(where).to_dict()
 
 
+def missing_inputs(inputs: dict[str, str]) -> dict[str, str]:
+    """The run's input files (recipe field -> path: config.PATH_FIELDS) that this node does not have."""
+    return {key: path for key, path in inputs.items() if not os.path.exists(path)}
+
+
+def inputs_not_on_node(missing: dict[str, str], host: str, executor: str, where: str = "") -> str:
+    """The one line that stops a run whose inputs a node lacks, with what to do."""
+    named = ", ".join(f"{key} {path!r}" for key, path in missing.items())
+    return (
+        f"--executor {executor}: {named} not found on node {host}{where}; its probes read the run's inputs at "
+        "the same path there: put them on a filesystem every node mounts, or copy them to that path"
+    )
+
+
 def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = math.inf):
     """Run the probe whose spec.json is in `folder` within its budget, as a probe of `run` (the run's
     directory, RUN_DIR_ENV). A generator: it yields {"step": its last step} every step_every_s while the

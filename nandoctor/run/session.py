@@ -6,6 +6,7 @@ is rundir.py, the heartbeat heartbeat.py, the loop scheduler.py, where probes ru
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from .. import jsonio
 from ..capabilities import data_masked, input_support, parallel_support, quant_support
 from ..cells import weight_dtype
-from ..config import STORAGE_DTYPES, Recipe, recipe_to_dict
+from ..config import PATH_FIELDS, STORAGE_DTYPES, Recipe, get_field, recipe_to_dict
 from ..device import DeviceFacts
 from ..env import collect_doctor
 from ..errors import NandoctorError
@@ -37,6 +38,17 @@ from .task import SPEC_FILE, ProbeTask, probe_dir
 
 # Where each executor places probes: a placement class per --executor kind (run/placement.py's protocol).
 PLACEMENTS = {"local": LocalPlacement, "slurm": SlurmPlacement, "ray": RayPlacement}
+
+
+def input_files(recipe: Recipe) -> dict[str, str]:
+    """The local files the recipe's probes open (config.PATH_FIELDS that name one here): a placement
+    whose nodes do not share this filesystem checks that each node has them (on_ray.task_facts)."""
+    out = {}
+    for key in PATH_FIELDS:
+        value = get_field(recipe, key)
+        if value and os.path.exists(value):
+            out[key] = str(value)
+    return out
 
 
 def probe_spec(
@@ -133,7 +145,7 @@ class Session:
         # the placement starts its first warm worker (or a scheduler's start-up jobs) now, while this
         # process gathers the device facts and plans the model (prepare)
         self.placement: Placement = PLACEMENTS[self.executor.kind](
-            self.executor, self.dir, jobs=jobs, warm=warm, kept=self.kept
+            self.executor, self.dir, jobs=jobs, warm=warm, kept=self.kept, inputs=input_files(recipe)
         )
         heartbeat = Heartbeat(on_alive) if on_alive else None
         self.scheduler = Scheduler(self.placement, self.store, self.executor.option("retries"), heartbeat, on_queue)
