@@ -9,15 +9,12 @@ from pathlib import Path
 import pytest
 from clusters import (
     EQUAL_GRID,
-    EQUAL_VERDICTS,
     MISBEHAVING_CELLS,
     MISBEHAVING_VERDICTS,
     LocalRay,
     another_checkouts_probe,
     assert_like_local,
     interrupt_when_running,
-    local_run,
-    losses,
     misbehaving_checkpoint,
     probe_processes,
     ray_skip_reason,
@@ -48,14 +45,20 @@ def foreign_probe():
 
 @pytest.fixture(scope="module")
 def interrupted(local_ray, foreign_probe, tmp_path_factory):
+    """The small grid on both kinds of node the local Ray declares (custom resources node_small,
+    node_big), interrupted by Ctrl-C once a probe runs, then resumed on Ray."""
     out = tmp_path_factory.mktemp("ray-equal") / "run"
     code, printed = interrupt_when_running(
-        ["--out", out, *EQUAL_GRID, *on_ray(local_ray)], local_ray.env, local_ray.proc.pid, out
+        ["--out", out, *EQUAL_GRID, *on_ray(local_ray), "--axis", "node_type=node_small,node_big"],
+        local_ray.env,
+        local_ray.proc.pid,
+        out,
     )
     children_after = probe_processes(local_ray.proc.pid)  # at once: the run waits for its cancelled tasks to end
     free_after = local_ray.free_cpus()
+    gathered = (out / "hardware.json").read_text()
     resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
-    return out, code, printed, free_after, children_after, resumed
+    return out, code, printed, free_after, children_after, resumed, gathered
 
 
 CANCEL_A_RUNNING_PROBE = """
@@ -137,16 +140,17 @@ def test_the_local_ray_listens_on_loopback_only(local_ray):
 
 
 def test_ctrl_c_cancels_every_task_and_prints_the_resume_command(interrupted):
-    out, code, printed, free_after, children_after, _ = interrupted
+    out, code, printed, free_after, children_after, *_ = interrupted
     assert code == 130, printed
     assert f"nandoctor grid --resume {out}" in printed
     assert free_after == 2.0 and children_after == []  # every task gone: the cluster's CPUs are free
 
 
 def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
-    out, _, _, _, _, resumed = interrupted
+    out, *_, resumed, gathered = interrupted
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
-    assert_like_local(out, "ray")
+    assert_like_local(out, "ray", ("node_small", "node_big"))
+    assert (out / "hardware.json").read_text() == gathered  # the first run's facts, not gathered again
 
 
 @pytest.fixture(scope="module")
@@ -178,34 +182,9 @@ def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
     assert 8 <= hung["wall_s"] < 3600 and hung["timed_out_in"] == "steps"
 
 
-@pytest.fixture(scope="module")
-def two_node_types(local_ray, tmp_path_factory):
-    """The small grid on both kinds of node the local Ray declares (custom resources node_small, node_big)."""
-    out = tmp_path_factory.mktemp("ray-node-types") / "run"
-    proc = run_cli(
-        "grid",
-        *EQUAL_GRID,
-        *on_ray(local_ray),
-        "--axis",
-        "node_type=node_small,node_big",
-        "--out",
-        out,
-        env=local_ray.env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
-
-
-def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_recommendation(two_node_types):
-    out = two_node_types
-    local = records(local_run())
-    assert verdicts(out) == {
-        f"{cell}@{kind}": v for cell, v in EQUAL_VERDICTS.items() for kind in ("node_small", "node_big")
-    }
-    for probe_id, record in records(out).items():
-        cell, _, kind = probe_id.partition("@")
-        assert record["cell"]["hardware"] == kind and record["launch"] == "ray" and record["node"]
-        assert losses(record) == losses(local[cell])
+def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_recommendation(interrupted):
+    out = interrupted[0]
+    assert_like_local(out, "ray", ("node_small", "node_big"))
     assert summary(out)["recommended_by_hardware"] == {
         "node_small": "fp32/eager/off@node_small",
         "node_big": "fp32/eager/off@node_big",
@@ -213,8 +192,8 @@ def test_each_cell_runs_on_each_node_type_with_the_local_losses_and_its_own_reco
     assert "node_type=node_big (ran on " in (out / "report.md").read_text()
 
 
-def test_each_node_types_cells_are_planned_with_facts_a_task_there_gathered(two_node_types):
-    out = two_node_types
+def test_each_node_types_cells_are_planned_with_facts_a_task_there_gathered(interrupted):
+    out = interrupted[0]
     facts = json.loads((out / "hardware.json").read_text())
     assert set(facts) == {"node_small", "node_big"}
     node = records(out)["fp32/eager/off@node_big"]["node"]

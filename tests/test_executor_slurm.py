@@ -11,18 +11,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from clusters import (
     EQUAL_GRID,
-    EQUAL_VERDICTS,
     MISBEHAVING_CELLS,
     MISBEHAVING_VERDICTS,
     active_slurm_jobs,
     assert_like_local,
     interrupt_when_running,
-    local_run,
-    losses,
     misbehaving_checkpoint,
     own_slurm,
     probe_processes,
@@ -49,41 +47,144 @@ def results(run_dir: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
+def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
+    """{job id: the partition SLURM ran it in}, from squeue (ended jobs stay listed for MinJobAge)."""
+    out = subprocess.run(
+        [
+            "squeue",
+            "-h",
+            "-r",
+            "--states=all",
+            "-j",
+            ",".join(sorted({j.split("_")[0] for j in job_ids})),
+            "-o",
+            "%i %P",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+    )
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
+def job_states(env: dict) -> dict[str, str]:
+    """{job id: state} of every job SLURM still lists, ended ones included (MinJobAge)."""
+    out = subprocess.run(
+        ["squeue", "-h", "--states=all", "-o", "%i %T"], capture_output=True, text=True, env={**os.environ, **env}
+    )
+    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
+
+
 @pytest.fixture(scope="module")
 def terminated(slurm_env, tmp_path_factory):
-    """The small grid on SLURM, sent SIGTERM once a probe runs, then resumed on SLURM."""
-    out = tmp_path_factory.mktemp("slurm-sigterm") / "run"
+    """The small grid on both partitions of the test cluster (--axis partition=main,spare), sent SIGTERM
+    once a probe runs, then resumed on SLURM with a `squeue` first on PATH that counts its calls before it
+    runs the real one."""
+    base = tmp_path_factory.mktemp("slurm-sigterm")
+    out, shim, calls = base / "run", base / "bin", base / "squeue.calls"
     # ours: this run's directory, whose probe processes run here (the cluster's one node is this machine)
-    code, printed = interrupt_when_running(["--out", out, *EQUAL_GRID, *SLURM], slurm_env, out, out, sig=signal.SIGTERM)
+    code, printed = interrupt_when_running(
+        ["--out", out, *EQUAL_GRID, *SLURM, "--axis", "partition=main,spare"], slurm_env, out, out, sig=signal.SIGTERM
+    )
     queued = active_slurm_jobs(slurm_env)  # this module's own cluster: every job on it is this test's
     children = probe_processes(out)
     kept = results(out)
     gathered = (out / "hardware.json").read_text()
-    resumed = run_cli("grid", "--resume", out, *SLURM, env=slurm_env)
-    return out, code, printed, queued, children, kept, resumed, gathered
+    shim.mkdir()
+    (shim / "squeue").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("squeue")} "$@"\n')
+    (shim / "squeue").chmod(0o755)
+    env = {**slurm_env, "PATH": f"{shim}{os.pathsep}{slurm_env.get('PATH', os.environ['PATH'])}"}
+    start = time.monotonic()
+    resumed = run_cli("grid", "--resume", out, *SLURM, env=env)
+    took = time.monotonic() - start
+    asked = calls.read_text().splitlines() if calls.exists() else []
+    partitions = job_partitions(slurm_env, [r["job_id"] for r in records(out).values()])
+    return SimpleNamespace(
+        out=out,
+        code=code,
+        printed=printed,
+        queued=queued,
+        children=children,
+        kept=kept,
+        gathered=gathered,
+        resumed=resumed,
+        asked=asked,
+        took=took,
+        partitions=partitions,
+    )
 
 
 def test_sigterm_cancels_every_job_ends_every_probe_and_prints_the_resume_command(terminated):
-    out, code, printed, queued, children, *_ = terminated
-    assert code == 143, printed
-    assert f"continue with `nandoctor grid --resume {out}`" in printed
-    assert "job" in printed and "queue:" in printed  # the queue line named the array
-    assert queued == [] and children == []
+    t = terminated
+    assert t.code == 143, t.printed
+    assert f"continue with `nandoctor grid --resume {t.out}`" in t.printed
+    assert "job" in t.printed and "queue:" in t.printed  # the queue line named the array
+    assert t.queued == [] and t.children == []
 
 
 def test_resume_after_sigterm_keeps_what_was_recorded_and_finishes_like_local(terminated):
-    out, _, _, _, _, kept, resumed, _ = terminated
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr  # a numerical failure is a finding, not an error
-    assert results(out)[: len(kept)] == kept
-    assert_like_local(out, "slurm")
+    t = terminated
+    assert t.resumed.returncode == 0, t.resumed.stdout + t.resumed.stderr  # a numerical failure is a finding
+    assert results(t.out)[: len(t.kept)] == t.kept
+    assert_like_local(t.out, "slurm", ("main", "spare"))
 
 
 def test_resume_plans_with_the_device_facts_the_first_run_gathered_on_the_cluster(terminated):
-    out, *_, gathered = terminated
-    assert (out / "hardware.json").read_text() == gathered  # not gathered again
-    facts = json.loads(gathered)[""]  # no hardware axis: one kind, the executor's partition
-    assert facts["gathered"]["partition"] == "main" and facts["device"] == "cpu"
-    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == json.loads(gathered)
+    t = terminated
+    assert (t.out / "hardware.json").read_text() == t.gathered  # not gathered again
+    facts = json.loads(t.gathered)
+    assert {kind: f["gathered"]["partition"] for kind, f in facts.items()} == {"main": "main", "spare": "spare"}
+    assert all(f["device"] == "cpu" for f in facts.values())
+    assert json.loads((t.out / "run.json").read_text())["env_by_hardware"] == facts
+
+
+def test_a_grid_asks_squeue_once_for_all_its_jobs_and_rarely(terminated):
+    t = terminated
+    assert len(t.asked) <= 3 + t.took / 5, (len(t.asked), t.took)  # e3579fe: every 0.2-0.25 s, 221 calls a minute
+    assert all(" -j " in call for call in t.asked)
+
+
+def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses(terminated):
+    t = terminated
+    assert_like_local(t.out, "slurm", ("main", "spare"))
+    for probe_id, record in records(t.out).items():
+        assert t.partitions[record["job_id"]] == probe_id.partition("@")[2]  # squeue agrees
+
+
+def test_the_report_has_a_panel_and_a_recommendation_per_partition(terminated):
+    out, stdout = terminated.out, terminated.resumed.stdout
+    s = summary(out)
+    assert s["recommended_by_hardware"] == {"main": "fp32/eager/off@main", "spare": "fp32/eager/off@spare"}
+    node = records(out)["fp32/eager/off@main"]["node"]
+    report = (out / "report.md").read_text()
+    for partition in ("main", "spare"):
+        assert f"partition={partition} (ran on {node}), compile=off:" in report
+        assert f"**Recommended on {partition}: fp32/eager/off@{partition} (fidelity 0.000%" in report
+        assert f"Recommended on {partition}: fp32/eager/off@{partition}" in stdout
+        assert (
+            f"<caption>partition={partition} (ran on {node}), compile=off</caption>"
+            in (out / "report.html").read_text()
+        )
+
+
+def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm_env, terminated):
+    out = terminated.out
+    facts = json.loads((out / "hardware.json").read_text())
+    assert set(facts) == {"main", "spare"}
+    jobs = {kind: f["gathered"]["job"] for kind, f in facts.items()}
+    assert len(set(jobs.values())) == 2  # one job per partition, each run in it (squeue agrees)
+    assert job_partitions(slurm_env, list(jobs.values())) == {j: k for k, j in jobs.items()}
+    node = records(out)["fp32/eager/off@main"]["node"]
+    for kind, f in facts.items():
+        where = f["gathered"]
+        assert where["partition"] == kind and where["host"] == node and where["pid"] != os.getpid()
+        assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read on the node
+        row = (
+            f"CPU, {len(ALL_CORES)} cores, {fmt_bytes(f['ram_bytes'])} RAM; "
+            f"read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
+        )
+        assert re.search(rf"\| planned on {kind} +\| {re.escape(row)} +\|", (out / "report.md").read_text())
+    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
 
 
 @pytest.fixture(scope="module")
@@ -155,105 +256,6 @@ def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
         "nandoctor: error: --executor slurm: sbatch refused the first job: "
         "sbatch: error: Batch job submission failed: Invalid partition name specified"
     ]
-
-
-def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
-    """{job id: the partition SLURM ran it in}, from squeue (ended jobs stay listed for MinJobAge)."""
-    out = subprocess.run(
-        [
-            "squeue",
-            "-h",
-            "-r",
-            "--states=all",
-            "-j",
-            ",".join(sorted({j.split("_")[0] for j in job_ids})),
-            "-o",
-            "%i %P",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **env},
-    )
-    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
-
-
-def job_states(env: dict) -> dict[str, str]:
-    """{job id: state} of every job SLURM still lists, ended ones included (MinJobAge)."""
-    out = subprocess.run(
-        ["squeue", "-h", "--states=all", "-o", "%i %T"], capture_output=True, text=True, env={**os.environ, **env}
-    )
-    return dict(line.split() for line in out.stdout.splitlines() if line.strip())
-
-
-@pytest.fixture(scope="module")
-def two_partitions(slurm_env, tmp_path_factory):
-    """The small grid on both partitions of the test cluster (--axis partition=main,spare), with a
-    `squeue` first on PATH that counts its calls before it runs the real one."""
-    base = tmp_path_factory.mktemp("slurm-partitions")
-    out, shim, calls = base / "run", base / "bin", base / "squeue.calls"
-    shim.mkdir()
-    (shim / "squeue").write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {shutil.which("squeue")} "$@"\n')
-    (shim / "squeue").chmod(0o755)
-    env = {**slurm_env, "PATH": f"{shim}{os.pathsep}{slurm_env.get('PATH', os.environ['PATH'])}"}
-    start = time.monotonic()
-    proc = run_cli("grid", *EQUAL_GRID, *SLURM, "--axis", "partition=main,spare", "--out", out, env=env)
-    took = time.monotonic() - start
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    asked = calls.read_text().splitlines() if calls.exists() else []
-    return out, proc, job_partitions(slurm_env, [r["job_id"] for r in records(out).values()]), asked, took
-
-
-def test_a_grid_asks_squeue_once_for_all_its_jobs_and_rarely(two_partitions):
-    *_, asked, took = two_partitions
-    assert len(asked) <= 3 + took / 5, (len(asked), took)  # e3579fe: every 0.2-0.25 s, 221 calls a minute
-    assert all(" -j " in call for call in asked)
-
-
-def test_each_cell_runs_on_each_partition_as_its_own_probe_with_the_local_losses(two_partitions):
-    out, _, partitions, _, _ = two_partitions
-    local = records(local_run())
-    expected = {f"{cell}@{p}": v for cell, v in EQUAL_VERDICTS.items() for p in ("main", "spare")}
-    assert verdicts(out) == expected
-    for probe_id, record in records(out).items():
-        cell, _, partition = probe_id.partition("@")
-        assert record["cell"]["hardware"] == partition and partitions[record["job_id"]] == partition
-        assert record["node"] and losses(record) == losses(local[cell])  # measured on the node it ran on
-
-
-def test_the_report_has_a_panel_and_a_recommendation_per_partition(two_partitions):
-    out, proc, *_ = two_partitions
-    s = summary(out)
-    assert s["recommended_by_hardware"] == {"main": "fp32/eager/off@main", "spare": "fp32/eager/off@spare"}
-    node = records(out)["fp32/eager/off@main"]["node"]
-    report = (out / "report.md").read_text()
-    for partition in ("main", "spare"):
-        assert f"partition={partition} (ran on {node}), compile=off:" in report
-        assert f"**Recommended on {partition}: fp32/eager/off@{partition} (fidelity 0.000%" in report
-        assert f"Recommended on {partition}: fp32/eager/off@{partition}" in proc.stdout
-        assert (
-            f"<caption>partition={partition} (ran on {node}), compile=off</caption>"
-            in (out / "report.html").read_text()
-        )
-
-
-def test_each_partitions_cells_are_planned_with_facts_a_job_there_gathered(slurm_env, two_partitions):
-    out, *_ = two_partitions
-    facts = json.loads((out / "hardware.json").read_text())
-    assert set(facts) == {"main", "spare"}
-    jobs = {kind: f["gathered"]["job"] for kind, f in facts.items()}
-    assert len(set(jobs.values())) == 2  # one job per partition, each run in it (squeue agrees)
-    assert job_partitions(slurm_env, list(jobs.values())) == {j: k for k, j in jobs.items()}
-    node = records(out)["fp32/eager/off@main"]["node"]
-    for kind, f in facts.items():
-        where = f["gathered"]
-        assert where["partition"] == kind and where["host"] == node and where["pid"] != os.getpid()
-        assert f["device"] == "cpu" and f["torch"]  # env.collect_doctor, read on the node
-        row = (
-            f"CPU, {len(ALL_CORES)} cores, {fmt_bytes(f['ram_bytes'])} RAM; "
-            f"read by job {where['job']} (partition {kind}) on {node}, pid {where['pid']}"
-        )
-        assert re.search(rf"\| planned on {kind} +\| {re.escape(row)} +\|", (out / "report.md").read_text())
-    assert json.loads((out / "run.json").read_text())["env_by_hardware"] == facts
 
 
 def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):

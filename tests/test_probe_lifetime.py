@@ -122,3 +122,38 @@ def test_a_placed_probe_streams_its_last_step_while_it_runs(tmp_path, monkeypatc
     streamed = [item["step"]["step"] for item in items if "step" in item]
     assert streamed and streamed == sorted(set(streamed)) and streamed[-1] <= 39  # while it ran, in order
     assert items[-1]["placed"]["returncode"] == 0 and items[-1]["files"]["result.json"]
+
+
+@pytest.mark.slow  # a real probe process
+def test_a_cancel_that_lands_as_its_probe_starts_still_ends_the_probe(tmp_path, monkeypatch):
+    """A Ray task cancelled without force gets a KeyboardInterrupt at its next bytecode
+    (`_thread.interrupt_main`). One that came the moment the placed probe's process existed, before the
+    wrapper held its pid, left the probe training after its task had ended (the Ray cancel test, under
+    load, once found a probe left). Here the cancel lands inside the probe's Popen, after its fork."""
+    import _thread
+    import threading
+
+    from nandoctor.run import placed
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("interrupt_main interrupts the main thread; this test runs in another")
+    long_probe(tmp_path, steps=100_000)
+    started, real_popen = [], subprocess.Popen
+
+    def popen_then_cancelled(*args, **kwargs):
+        proc = real_popen(*args, **kwargs)
+        started.append(proc.pid)
+        _thread.interrupt_main()
+        return proc
+
+    monkeypatch.setattr(placed.subprocess, "Popen", popen_then_cancelled)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            list(placed.watch_probe(tmp_path, 300.0, str(tmp_path)))
+        assert started and not alive(started[0])
+    finally:
+        for pid in started:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

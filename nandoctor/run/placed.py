@@ -10,11 +10,14 @@ child's imports once.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +80,26 @@ def inputs_not_on_node(missing: dict[str, str], host: str, executor: str, where:
     )
 
 
+@contextlib.contextmanager
+def interrupts_held():
+    """A KeyboardInterrupt (a Ray task cancelled without force: `_thread.interrupt_main`; a Ctrl-C) held
+    back while the block runs and raised when it ends. Around a probe's start: one raised inside Popen,
+    after the fork, or before the watch below began, would lose the probe's pid, and the probe would
+    train on, unwatched, after its task had ended. Only the main thread receives it, and only there can
+    its handler be set."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield  # None: a handler set outside Python, which this could not put back
+        return
+    held = []
+    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
+
+
 def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = math.inf):
     """Run the probe whose spec.json is in `folder` within its budget, as a probe of `run` (the run's
     directory, RUN_DIR_ENV). A generator: it yields {"step": its last step} every step_every_s while the
@@ -85,18 +108,19 @@ def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = 
     gpus = node_gpus()
     for stale in (*STALE_FILES, OUTCOME_FILE):
         (folder / stale).unlink(missing_ok=True)
-    with open(folder / "log.txt", "wb") as out:
-        proc = subprocess.Popen(
-            child_command(folder / SPEC_FILE, folder / "result.json"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=probe_env(gpus, run),
-            start_new_session=True,
-        )
-    budget = Budget(ProbeTask(spec, timeout_s), folder)
-    said, said_at = None, time.monotonic()
+    proc = None
     try:
+        with open(folder / "log.txt", "wb") as out, interrupts_held():
+            proc = subprocess.Popen(
+                child_command(folder / SPEC_FILE, folder / "result.json"),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=probe_env(gpus, run),
+                start_new_session=True,
+            )
+        budget = Budget(ProbeTask(spec, timeout_s), folder)
+        said, said_at = None, time.monotonic()
         while True:
             try:
                 returncode = proc.wait(timeout=max(0.01, min(WATCH_S, budget.left_s())))
@@ -110,11 +134,12 @@ def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = 
                     said = step
                     yield {"step": step}
     finally:
-        kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
-        try:
-            proc.wait(timeout=REAP_S)  # reaped before the task ends: a cancel that waits sees it gone
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            pass
+        if proc is not None:
+            kill_group(proc.pid)  # the job is ending (or being cancelled): nothing of the probe outlives it
+            try:
+                proc.wait(timeout=REAP_S)  # reaped before the task ends: a cancel that waits sees it gone
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
     outcome = Outcome(
         returncode,
         budget.timed_out,
