@@ -179,8 +179,8 @@ def cli():
 
 
 # Test modules that must run in one process, one after another: those sharing a session run of runs.py
-# (made once per process), and the executor tests, which share one SLURM node and the local reference
-# runs of clusters.py. Every other module is its own group. Under pytest-xdist (`-n 2 --dist loadgroup`,
+# (made once per process). Every other module is its own group; the two executor modules (each starts its
+# own SLURM node or Ray, and makes clusters.local_run once per process) are the longest, and start first. Under pytest-xdist (`-n 2 --dist loadgroup`,
 # the README's test command) a group never splits across workers, so module- and session-scoped runs
 # are still made once.
 SHARED_RUNS = {
@@ -191,8 +191,6 @@ SHARED_RUNS = {
     "test_busy_host": "large-mlp",  # reads fp32_check with the two above
     "test_bisect_e2e": "fp16-pure-bisect",
     "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
-    "test_executor_slurm": "clusters",
-    "test_executor_ray": "clusters",
 }
 
 
@@ -203,7 +201,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(module, module)))
-    slow = {group: n for n, group in enumerate(("clusters", "large-mlp", "fp16-pure-bisect", "test_warm_workers"))}
+    slow = {
+        group: n
+        for n, group in enumerate(
+            ("test_executor_slurm", "test_executor_ray", "large-mlp", "fp16-pure-bisect", "test_warm_workers")
+        )
+    }
     items.sort(key=lambda item: slow.get(item.get_closest_marker("xdist_group").args[0], len(slow)))
     _skip_gpu_tests(items)
 
