@@ -179,10 +179,10 @@ def cli():
 
 
 # Test modules that must run in one process, one after another: those sharing a session run of runs.py
-# (made once per process). Every other module is its own group; the two executor modules (each starts its
-# own SLURM node or Ray, and makes clusters.local_run once per process) are the longest, and start first. Under pytest-xdist (`-n 2 --dist loadgroup`,
-# the README's test command) a group never splits across workers, so module- and session-scoped runs
-# are still made once.
+# (made once per process). Every other module is its own group; the two executor modules (each starts
+# its own SLURM node or Ray, and makes clusters.local_run once per process) are the longest, and start
+# first. Under pytest-xdist (`-n 2 --dist loadgroup`, the README's test command) a group never splits
+# across workers, so module- and session-scoped runs are still made once.
 SHARED_RUNS = {
     "test_forensics": "large-mlp",
     "test_robustness": "large-mlp",
