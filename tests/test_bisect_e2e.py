@@ -13,6 +13,18 @@ def bisection(run_dir):
     return json.loads((run_dir / "bisect.json").read_text())
 
 
+@pytest.fixture(scope="module")
+def default_bisect(tmp_path_factory):
+    """`nandoctor bisect` with no --bad on tiny-llama, 3 steps, no reruns: its target, the fastest cell
+    this CPU supports, trains stably. Read by the two tests below; returns (run directory, CompletedProcess)."""
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("default-bisect") / "run"
+    proc = run_cli("bisect", "--steps", "3", "--reruns", "0", "--out", out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # 0: the fp32 target trains stably, nothing to bisect
+    return out, proc
+
+
 @pytest.mark.slow
 def test_fp16_pure_alone_is_the_culprit_and_sdpa_is_kept(fp16_pure_bisect):
     out, proc = fp16_pure_bisect
@@ -71,17 +83,6 @@ def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
     rec = b["recommended"]
     assert (rec["dtype"], rec["optimizer.lr"]) in {("fp32", 2e-05), ("bf16-pure", 0.001)}
     assert "interaction of 2 factors" in (out / "report.md").read_text()
-
-
-@pytest.mark.slow
-def test_stable_target_ends_with_nothing_to_bisect(tmp_path, cli):
-    out = tmp_path / "stable"
-    proc = cli("bisect", "--bad", "attn=sdpa", "--steps", "3", "--reruns", "0", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "nothing to bisect" in proc.stdout
-    b = bisection(out)
-    assert b["status"] == "nothing-to-bisect" and b["culprits"] == []
-    assert {p["probe_id"] for p in summary(out)["probes"]} == {"fp32/sdpa/off", "fp32/eager/off"}
 
 
 @pytest.mark.slow
@@ -154,11 +155,20 @@ def test_a_target_that_only_times_out_is_unresolved_exit_2_and_blames_nothing(tm
 
 
 @pytest.mark.slow
-def test_the_default_cpu_bisect_on_tiny_llama_targets_a_fast_cell_and_finishes(tmp_path, cli):
-    out = tmp_path / "default"
-    proc = cli("bisect", "--steps", "3", "--reruns", "0", "--out", out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # 0: the fp32 target trains stably, nothing to bisect
+def test_stable_target_ends_with_nothing_to_bisect(default_bisect):
+    out, proc = default_bisect
+    assert "nothing to bisect" in proc.stdout
+    b = bisection(out)
+    assert b["status"] == "nothing-to-bisect" and b["culprits"] == []
+    target = "/".join(b["bad"][axis] for axis in ("dtype", "attn", "compile"))
+    assert {p["probe_id"] for p in summary(out)["probes"]} == {target, "fp32/eager/off"}  # the target, the baseline
+
+
+@pytest.mark.slow
+def test_the_default_cpu_bisect_on_tiny_llama_targets_a_fast_cell_and_finishes(default_bisect):
+    out, _ = default_bisect
     b = bisection(out)
     assert b["status"] == "nothing-to-bisect"
     assert b["bad"]["dtype"] == "fp32" and b["bad"]["compile"] == "off"  # no bf16 or inductor on a CPU by default
+    assert b["bad"]["attn"].startswith("sdpa")  # fused attention: the fastest the CPU has, not the eager baseline
     assert not any("timeout" in step["verdicts"] for step in b["path"])

@@ -258,9 +258,9 @@ def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culpri
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) >= 3, "the bisection must need more probes than it keeps for this test to mean anything"
 
-    # as if it had been stopped after its first two probes
-    kept = lines[:2]
-    (out / "results.jsonl").write_text("\n".join(kept) + "\n" + lines[2][:40])  # and a line cut off mid-write
+    # as if it had been stopped just before its last probe was recorded: every probe but one is reused
+    kept = lines[:-1]
+    (out / "results.jsonl").write_text("\n".join(kept) + "\n" + lines[-1][:40])  # and a line cut off mid-write
     (out / "bisect.json").unlink()
     # a resume is sized for the host it runs on; --jobs 2 gives it the width the bisection ran with, whose
     # batches of trials decide the order of its path
@@ -268,9 +268,9 @@ def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culpri
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
     after = (out / "results.jsonl").read_text().splitlines()
-    assert after[:2] == kept
-    ran = [json.loads(line)["probe_id"] for line in after[2:]]
-    assert sorted(ran) == sorted(json.loads(line)["probe_id"] for line in lines[2:])
+    assert after[: len(kept)] == kept
+    ran = [json.loads(line)["probe_id"] for line in after[len(kept) :]]
+    assert ran == [json.loads(lines[-1])["probe_id"]]
     finished_lines = [line for line in resumed.stdout.splitlines() if "probe finished" in line]
     assert len(finished_lines) == len(ran)
     assert not any(line.endswith(": " + json.loads(k)["probe_id"]) for line in finished_lines for k in kept)
