@@ -79,7 +79,10 @@ def _preload(model_type: str | None, adapter: bool) -> None:
         try:
             importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         except ImportError:
-            pass  # custom code (trust_remote_code) or an unknown type: the child imports it itself
+            # custom code (trust_remote_code) or an unknown type: each child imports the model's own module,
+            # but what every modeling module imports (modeling_utils, and with it torch._dynamo and
+            # torch.distributed.tensor: most of 9 s on a 2-core CPU) is imported once, here
+            importlib.import_module("transformers.modeling_utils")
 
 
 def run_child(fork: Fork, protocol: tuple[int, ...], worker: int) -> None:
