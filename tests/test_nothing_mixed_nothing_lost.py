@@ -226,15 +226,19 @@ def test_check_on_a_checkpoint_without_weights_says_so_loudly(tmp_path, cli):
 @pytest.mark.slow
 def test_ctrl_c_points_to_resume_and_resume_finishes_the_run(tmp_path, cli):
     out = tmp_path / "run"
+    # 60 steps (seconds of training): the interrupt lands while the probe trains, not after a 2-step run
+    # (a second, once its warm worker comes from the zygote) has already ended
+    long_grid = [*TINY_GRID[:4], "--steps", "60", *TINY_GRID[6:]]
     grid = subprocess.Popen(
-        [sys.executable, "-m", "nandoctor", "grid", *TINY_GRID, "--out", str(out)],
+        [sys.executable, "-m", "nandoctor", "grid", *long_grid, "--out", str(out)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )
     deadline = time.monotonic() + 300
-    while not (out / "probes").exists() and grid.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)  # the first probe has been launched: the run is under way
+    steps = out / "probes" / "fp32__eager__off" / "steps.jsonl"
+    while not steps.exists() and grid.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the probe trains: the run is under way
     grid.send_signal(signal.SIGINT)
     _, stderr = grid.communicate(timeout=120)
     assert grid.returncode == 130
