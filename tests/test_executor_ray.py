@@ -303,7 +303,7 @@ import sys
 from nandoctor.cli import main
 from nandoctor.run import on_ray
 
-def task_facts():
+def task_facts(inputs=None):
     import socket
     yield socket.gethostname()
     raise RuntimeError("NVML: driver/library version mismatch")
