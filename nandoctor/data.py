@@ -72,11 +72,8 @@ class Batch:
 
 
 def make_batch(inputs: dict, rows: tuple = (), kind: str = "synthetic", packing: str = "none") -> Batch:
-    """A Batch of collated inputs; under block_mask packing its 4-D mask is dropped (Batch builds it again)."""
-    figures = batch_figures(inputs)
-    if packing == "block_mask":
-        inputs = {k: v for k, v in inputs.items() if k != "attention_mask"}
-    return Batch(inputs, tuple(rows), kind, **figures, packing=packing)
+    """A Batch of collated inputs (under block_mask packing, collated without the dense mask: Batch builds it)."""
+    return Batch(inputs, tuple(rows), kind, **batch_figures(inputs), packing=packing)
 
 
 @dataclass
@@ -160,7 +157,7 @@ def _repacked(batch: dict, c: Collation) -> dict:
         {"input_ids": ids[m.bool()].tolist(), "labels": y[m.bool()].tolist()}
         for ids, m, y in zip(batch["input_ids"], batch["attention_mask"], batch["labels"])
     ]
-    return collate(rows, c)
+    return collate(rows, c, dense_mask=False)  # Batch builds block_mask's mask when it is asked for
 
 
 def stream(recipe: Recipe, model_config, seed: int, tokenizer=None) -> DataStream:

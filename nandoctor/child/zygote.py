@@ -60,7 +60,6 @@ def _become_worker(request: dict, fds: list[int], listener: socket.socket, conn:
     try:
         listener.close()
         conn.close()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         commands_fd, messages_fd, stderr_fd = fds
         try:
             os.setpgid(0, request["pgid"])  # Ctrl-C of the run's group reaches it, as a spawned worker's
@@ -138,7 +137,8 @@ def _answer(conn: socket.socket, own: dict, listener: socket.socket, children: C
     try:
         request = json.loads(data.decode())
         env = request["env"]
-        differ = sorted(k for k in comparable(env).keys() | own.keys() if comparable(env).get(k) != own.get(k))
+        theirs = comparable(env)
+        differ = sorted(k for k in theirs.keys() | own.keys() if theirs.get(k) != own.get(k))
         if len(fds) != 3 or differ or not str(env.get(PARENT_ENV, "")).isdigit():
             conn.sendall(f"no {' '.join(differ)}\n".encode())
             conn.close()

@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import threading
 
 from ..record import ZYGOTE_ENV
@@ -50,8 +51,6 @@ class ZygoteWorker:
     def wait(self, timeout: float | None = None) -> int:
         code = self._read(timeout)
         if code is None:
-            import subprocess
-
             raise subprocess.TimeoutExpired("zygote worker", timeout)
         return code
 
