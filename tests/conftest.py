@@ -118,10 +118,20 @@ def _spawned_workers(request):
         os.environ[ZYGOTE_ENV] = saved
 
 
-def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False):
+def one_core() -> None:
+    """preexec_fn for a run whose probes must train with one thread whatever the load and whether or
+    not pytest-xdist pins this process: it keeps to the lowest core it may use, so that nandoctor plans
+    one thread per probe (threads never exceed the plan), as a user gets with OMP_NUM_THREADS=1, while
+    its environment stays the session's and its warm worker comes from the zygote."""
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
+def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core=False):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
     over this process's environment (None: removed from it). all_cores: on every core of the host, not
-    the one this xdist worker keeps to (a test of how nandoctor sizes its jobs to the host)."""
+    the one this xdist worker keeps to (a test of how nandoctor sizes its jobs to the host). single_core:
+    on one core (one_core), for runs whose losses are compared bit for bit."""
     full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
     return subprocess.run(
@@ -131,7 +141,7 @@ def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False):
         cwd=cwd,
         env=full_env,
         timeout=timeout,
-        preexec_fn=unpinned if all_cores else None,
+        preexec_fn=unpinned if all_cores else one_core if single_core else None,
     )
 
 

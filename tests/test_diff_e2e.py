@@ -14,9 +14,6 @@ pytestmark = pytest.mark.slow
 # no re-timing: nothing here is about the speed ranking, and each round would train the cells again
 GRID = ("grid", "--axis", "dtype=fp32,bf16-pure", "--axis", "attn=sdpa", "--steps", "8", "--set", "retime_rounds=0")
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-before-issue-9"
-# One thread per probe, as a user pins it for curves that must repeat bit for bit across loads: unpinned,
-# a probe trains on the cores the other test worker leaves free, and 1 vs 2 threads moves a loss's last digits
-PINNED = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +21,21 @@ def runs(tmp_path_factory):
     from conftest import run_cli
 
     root = tmp_path_factory.mktemp("baseline")
-    procs = {"a": run_cli(*GRID, "--out", root / "a", env=PINNED)}
+    # One core, so one thread per probe, for curves that repeat bit for bit across loads: on more cores a
+    # probe trains on those other processes leave free, and 1 vs 2 threads moves a loss's last digits
+    procs = {"a": run_cli(*GRID, "--out", root / "a", single_core=True)}
     assert procs["a"].returncode == 0, procs["a"].stdout + procs["a"].stderr
-    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a", env=PINNED)
+    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a", single_core=True)
     # at lr 2e-5 a bf16 weight's update is below half its unit in the last place: it rounds away
     procs["c"] = run_cli(
-        *GRID, "--set", "optimizer.lr=2e-5", "--out", root / "c", "--baseline", root / "a" / "summary.json", env=PINNED
+        *GRID,
+        "--set",
+        "optimizer.lr=2e-5",
+        "--out",
+        root / "c",
+        "--baseline",
+        root / "a" / "summary.json",
+        single_core=True,
     )
     return root, procs
 

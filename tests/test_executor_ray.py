@@ -122,7 +122,12 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, f
         env={
             **os.environ,
             **local_ray.env,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])),
+            # this checkout's nandoctor and the tests' helpers, whatever checkout is installed
+            "PYTHONPATH": os.pathsep.join(
+                filter(
+                    None, [str(Path(__file__).parent.parent), str(Path(__file__).parent), os.environ.get("PYTHONPATH")]
+                )
+            ),
         },
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -108,20 +108,20 @@ def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli)
 
 @pytest.mark.slow
 def test_cache_reruns_a_probe_whose_data_file_was_edited(tmp_path, cli):
-    # one thread: a probe that gave up threads to the other test worker's load is never cached
-    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    # one core, so one thread: a probe that gave up threads to the other test worker's load is never cached
+    env = {"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
     rows = tmp_path / "rows.jsonl"  # pre-tokenized rows: tiny-llama has no tokenizer to read text with
     rows.write_text("".join(json.dumps({"input_ids": [10 + (i + r) % 80 for i in range(40)]}) + "\n" for r in range(8)))
     one = (
         *("--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3", "--cache"),
         *("--set", "data.source=file", "--set", f"data.path={rows}", "--set", "retime_rounds=0"),
     )
-    first = cli("grid", *one, "--out", tmp_path / "first", env=env)
+    first = cli("grid", *one, "--out", tmp_path / "first", env=env, single_core=True)
     assert first.returncode == 0 and "cache: 0 probe(s) reused" in first.stdout, first.stdout + first.stderr
-    again = cli("grid", *one, "--out", tmp_path / "again", env=env)
+    again = cli("grid", *one, "--out", tmp_path / "again", env=env, single_core=True)
     assert "cache: 1 probe(s) reused" in again.stdout, again.stdout + again.stderr
 
     rows.write_text(rows.read_text().replace("[10, ", "[11, ", 1))  # same size
-    edited = cli("grid", *one, "--out", tmp_path / "edited", env=env)
+    edited = cli("grid", *one, "--out", tmp_path / "edited", env=env, single_core=True)
     assert edited.returncode == 0, edited.stdout + edited.stderr
     assert "cache: 0 probe(s) reused" in edited.stdout

@@ -90,6 +90,18 @@ def test_a_run_whose_environment_differs_spawns_its_own_worker(zygote_socket, tm
 
 
 @pytest.mark.slow
+def test_a_run_with_its_own_cache_directory_gets_a_zygote_forked_worker(zygote_socket, tmp_path):
+    # NANDOCTOR_CACHE_DIR, and the inductor cache the run puts in it, are read after the import
+    zygote, path = zygote_socket
+    env = {ZYGOTE_ENV: str(path), "NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    run = start((*GRID, "--steps", "2", "--cache", "--out", tmp_path / "run"), env)
+    worker = wait_for(lambda: next(iter(workers_of(zygote)), None))
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, out[-2000:] + err[-2000:]
+    assert [r["worker_pid"] for r in records(tmp_path / "run")] == [worker.pid]
+
+
+@pytest.mark.slow
 def test_a_killed_run_leaves_no_zygote_forked_worker_and_no_probe(zygote_socket, tmp_path):
     zygote, path = zygote_socket
     run = start((*GRID, "--steps", "100000", "--out", tmp_path / "run"), {ZYGOTE_ENV: str(path)})

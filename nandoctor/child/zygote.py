@@ -39,6 +39,10 @@ ZYGOTE_PER_RUN = frozenset(
         RUN_DIR_ENV,
         ZYGOTE_ENV,
         "PYTEST_CURRENT_TEST",
+        # the run's cache (run/cache.py), read when a probe is looked up, and the inductor cache in it
+        # (slots.inductor_cache_env), which torch reads when it first compiles (cache_dir_utils.cache_dir)
+        "NANDOCTOR_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR",
         "GITHUB_STEP_SUMMARY",
         "PWD",
         "OLDPWD",
