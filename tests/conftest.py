@@ -201,6 +201,9 @@ SHARED_RUNS = {
     "test_busy_host": "large-mlp",  # reads fp32_check with the two above
     "test_bisect_e2e": "fp16-pure-bisect",
     "test_nothing_mixed_nothing_lost": "fp16-pure-bisect",
+    "test_integrations_ddp": "watch-fits",  # tests/watch_fits.py's one torchrun launch
+    "test_integrations_fsdp2": "watch-fits",
+    "test_integrations_trainer_ddp": "watch-fits",
 }
 
 
@@ -214,7 +217,14 @@ def pytest_collection_modifyitems(config, items):
     slow = {
         group: n
         for n, group in enumerate(
-            ("test_executor_slurm", "test_executor_ray", "large-mlp", "fp16-pure-bisect", "test_warm_workers")
+            (
+                "test_executor_slurm",
+                "test_executor_ray",
+                "large-mlp",
+                "fp16-pure-bisect",
+                "watch-fits",
+                "test_warm_workers",
+            )
         )
     }
     items.sort(key=lambda item: slow.get(item.get_closest_marker("xdist_group").args[0], len(slow)))

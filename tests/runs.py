@@ -69,3 +69,12 @@ def fp16_pure_bisect(tmp_path_factory):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc
+
+
+@pytest.fixture(scope="session")
+def watch_fits(tmp_path_factory):
+    """The watched 2-rank fits of tests/watch_fits.py (Lightning DDP and FSDP2, the transformers Trainer
+    under DDP), all in one torchrun launch: {fit name: Fit}."""
+    from watch_fits import launch
+
+    return launch(tmp_path_factory.mktemp("watch-fits"))
