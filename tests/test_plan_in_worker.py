@@ -99,3 +99,33 @@ def test_the_cli_process_of_a_check_never_imports_torch_or_transformers(tmp_path
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["model_plan"]["source"] == "architecture-twin" and meta["model_plan"]["params"] == 1787008
     assert meta["env"]["torch"] and meta["doctor"]["setup"]["cells"] == ["bf16-amp/sdpa/off"]
+
+
+@pytest.mark.slow
+def test_the_cli_process_of_a_grid_on_the_users_rows_leaves_their_lint_to_the_worker(tmp_path):
+    """The data lint reads, tokenizes and measures the rows on a model: the planning child does it, and
+    its report is the one this process makes of the same rows."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"input_ids": [10 + (i * r) % 90 for i in range(30)]}) + "\n" for r in range(8)))
+    data = ["--set", "data.source=file", "--set", f"data.path={rows}"]
+    script = textwrap.dedent("""
+        import json, sys
+        from nandoctor.cli import main
+        code = main(["grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
+                     "--set", "retime_rounds=0", *sys.argv[2:], "--out", sys.argv[1]])
+        print(json.dumps({"exit": code, "imported": sorted({"torch", "transformers", "peft"} & set(sys.modules))}))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "run"), *data], capture_output=True, text=True, timeout=600
+    )
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    # (datasets is: readable_rows says at once which line of the file is unreadable, before any worker)
+    assert seen == {"exit": 0, "imported": []}, proc.stdout + proc.stderr
+    from nandoctor import jsonio
+    from nandoctor.config import recipe_from_dict
+    from nandoctor.doctor import data_lint
+
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    recipe = recipe_from_dict({k: v for k, v in meta["recipe"].items() if k != "name"}, meta["recipe"]["name"])
+    assert meta["data"]["measured"] and meta["data"]["batches"]
+    assert meta["data"] == json.loads(jsonio.dumps(data_lint(recipe), default=str))

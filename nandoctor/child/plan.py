@@ -10,7 +10,11 @@ no warm worker (--cold, an executor) or when this child does not answer.
 Request (JSON file): {"device": facts or null (gather them), "recipes": [recipe dicts], "steps": n}.
 Result (JSON file): {"device": facts, "plans": [plan dicts], "facts": the first recipe's
 models.config_facts}, or {"error": message} for the user's own error (a model config that does not
-load, a bad adapter), which the parent raises as its own. The worker, and so this child, sees the GPUs
+load, a bad adapter), which the parent raises as its own.
+
+The data lint of the user's rows (doctor.data_lint: reading, tokenizing and measuring them on a model)
+runs here too, as a request of its own once the run is planned: {"lint": recipe dict} gives
+{"data": the lint's report} or {"error": message}. The worker, and so this child, sees the GPUs
 the parent was given: a worker is not pinned to a GPU (each probe it forks sets its own).
 """
 
@@ -24,18 +28,33 @@ from ..device import DeviceFacts
 from ..errors import NandoctorError
 
 
+def _recipe(data: dict):
+    return recipe_from_dict({k: v for k, v in data.items() if k != "name"}, data["name"])
+
+
 def answer(request: dict) -> dict:
+    if "lint" in request:
+        return lint_answer(request["lint"])
     from ..env import collect_doctor
     from ..models import config_facts, plan_model
 
     device = DeviceFacts.from_dict(request["device"]) if request["device"] else collect_doctor()
-    recipes = [recipe_from_dict({k: v for k, v in r.items() if k != "name"}, r["name"]) for r in request["recipes"]]
+    recipes = [_recipe(r) for r in request["recipes"]]
     try:
         plans = [plan_model(recipe, device, request["steps"]) for recipe in recipes]
         facts = config_facts(recipes[0])
     except NandoctorError as e:
         return {"error": str(e)}
     return {"device": device.to_dict(), "plans": [p.to_dict() for p in plans], "facts": facts}
+
+
+def lint_answer(recipe: dict) -> dict:
+    from ..doctor import data_lint
+
+    try:
+        return {"data": data_lint(_recipe(recipe))}
+    except NandoctorError as e:
+        return {"error": str(e)}
 
 
 def main(request_path: str, result_path: str) -> int:

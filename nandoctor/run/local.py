@@ -34,6 +34,8 @@ from .task import Budget, last_step, read_result
 
 WAIT_SLICE_S = 0.5  # the longest the placement waits on its events between budget checks
 PLAN_TIMEOUT_S = 300.0  # a worker's import and the planning child together; past it the parent plans itself
+# ... and with the data lint, which reads, tokenizes and measures every row of the user's file
+LINT_TIMEOUT_S = 3600.0
 # A warm worker's import of torch and transformers, however loaded the host: past it the worker is
 # replaced, and the probe waiting on it counts as lost to the infrastructure (placed again, `retries`).
 READY_TIMEOUT_S = 600.0
@@ -318,10 +320,12 @@ class LocalPlacement:
         for slot in self.slots:
             slot.preload(model_type, adapter)
 
-    def plan(self, request: dict, timeout_s: float = PLAN_TIMEOUT_S) -> dict | None:
-        """Have the first warm worker fork a child that plans the run (child/plan.py) once it has
-        imported torch and transformers; returns that child's answer, or None when there is no warm
-        worker or it gave none (then the caller plans itself). Events of the other slots wait their turn."""
+    def plan(self, request: dict, timeout_s: float | None = None) -> dict | None:
+        """Have the first warm worker fork a child that plans the run, or lints its data (child/plan.py),
+        once it has imported torch and transformers; returns that child's answer, or None when there is
+        no warm worker or it gave none (then the caller does it itself). timeout_s: PLAN_TIMEOUT_S, or
+        LINT_TIMEOUT_S for the lint. Events of the other slots wait their turn."""
+        timeout_s = timeout_s or (LINT_TIMEOUT_S if "lint" in request else PLAN_TIMEOUT_S)
         slot = self.slots[0]
         if slot.kind != "warm" or 0 in self.held:
             return None

@@ -213,6 +213,21 @@ class Session:
             self.placement.preload(self.plans[key].model_type, recipe.adapter.type != "none")
         return self.plans[key]
 
+    def lint(self) -> dict | None:
+        """The data lint of the recipe's rows (doctor.data_lint; None for the synthetic stream), made by
+        the placement's planning child where it has one, so that this process imports neither torch nor
+        the datasets and tokenizer code for it; else here. The user's own error is raised here."""
+        if self.recipe.data.source != "file":
+            return None
+        answer = self.placement.plan({"lint": recipe_to_dict(self.recipe)})
+        if not answer:
+            from ..doctor import data_lint
+
+            return data_lint(self.recipe)
+        if "error" in answer:
+            raise NandoctorError(answer["error"])
+        return answer["data"]
+
     def _worker_plans(
         self, recipes: list[Recipe], device: DeviceFacts | None
     ) -> tuple[DeviceFacts, list[ModelPlan], dict] | None:
