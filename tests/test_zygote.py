@@ -1,7 +1,8 @@
 """A zygote (child/zygote.py) forks a run's warm worker already imported: the probes it forks train
-exactly as a spawned worker's do, a run whose environment differs gets a spawned worker, and a run
-killed outright leaves neither its zygote-forked worker nor its probe behind. Real CLI runs beside a
-real zygote (this module runs without the session's: conftest.SPAWNED_WORKERS)."""
+exactly as a spawned worker's do, a run whose environment differs gets a spawned worker (its own SLURM or
+Ray client settings aside), and a run killed outright leaves neither its zygote-forked worker nor its
+probe behind. Real CLI runs beside a real zygote (this module runs without the session's:
+conftest.SPAWNED_WORKERS)."""
 
 import json
 import os
@@ -84,6 +85,19 @@ def test_a_run_whose_environment_differs_spawns_its_own_worker(zygote_socket, tm
     run = start((*GRID, "--steps", "2", "--out", tmp_path / "run"), {ZYGOTE_ENV: str(path), "OMP_NUM_THREADS": "1"})
     worker = wait_for(lambda: next(iter(psutil.Process(run.pid).children()), None))
     assert workers_of(zygote) == []
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, out[-2000:] + err[-2000:]
+    assert [r["worker_pid"] for r in records(tmp_path / "run")] == [worker.pid]
+
+
+@pytest.mark.slow
+def test_a_run_with_its_own_slurm_or_ray_client_settings_is_served_by_the_zygote(zygote_socket, tmp_path):
+    # what the cluster tests set for their own SLURM and Ray (clusters.py): read by the run's cluster
+    # client, never by what a worker imports (child/zygote.py CLUSTER_CLIENT_PREFIXES)
+    zygote, path = zygote_socket
+    clients = {"SLURM_CONF": str(tmp_path / "slurm.conf"), "RAY_AUTH_MODE": "disabled"}
+    run = start((*GRID, "--steps", "2", "--out", tmp_path / "run"), {ZYGOTE_ENV: str(path), **clients})
+    worker = wait_for(lambda: next(iter(workers_of(zygote)), None))
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
     assert [r["worker_pid"] for r in records(tmp_path / "run")] == [worker.pid]
