@@ -458,7 +458,7 @@ def _summary() -> dict:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),  # not its TorchVersion: unpickling one (a Ray task's facts) imports torch
         "transformers": get_version("transformers"),
         "peft": get_version("peft"),
         "cuda": torch.version.cuda,

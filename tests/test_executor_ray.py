@@ -5,6 +5,7 @@ leaves no task running and --resume finishes the run."""
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from clusters import (
@@ -19,6 +20,7 @@ from clusters import (
     probe_processes,
     ray_skip_reason,
     records,
+    run_cli_noting_imports,
 )
 from conftest import run_cli, summary, verdicts
 
@@ -160,8 +162,9 @@ def test_resume_on_ray_finishes_with_the_local_verdicts_and_losses(interrupted):
 
 @pytest.fixture(scope="module")
 def misbehaving(local_ray, tmp_path_factory):
+    """The misbehaving grid's run directory, and what its CLI process imported of torch and transformers."""
     out = tmp_path_factory.mktemp("ray-misbehaving") / "run"
-    proc = run_cli(
+    proc, imported = run_cli_noting_imports(
         "grid",
         "--model",
         misbehaving_checkpoint(),
@@ -172,18 +175,25 @@ def misbehaving(local_ray, tmp_path_factory):
         env=local_ray.env,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    return out
+    return SimpleNamespace(out=out, imported=imported)
+
+
+def test_the_cli_process_of_a_ray_grid_never_imports_torch_or_transformers(misbehaving):
+    assert misbehaving.imported == []  # planned, custom modeling code and all, on a warm worker of this machine
+    plan = json.loads((misbehaving.out / "run.json").read_text())["model_plan"]
+    assert plan["model_type"] == "misbehaving-llama" and plan["params"] > 0
 
 
 def test_a_segfault_a_hang_and_an_oom_get_the_local_verdicts(misbehaving):
-    assert verdicts(misbehaving) == MISBEHAVING_VERDICTS  # what each cell's misbehaviour gives locally (clusters.py)
-    crashed = records(misbehaving)["fp32/eager/off"]
+    out = misbehaving.out
+    assert verdicts(out) == MISBEHAVING_VERDICTS  # what each cell's misbehaviour gives locally (clusters.py)
+    crashed = records(out)["fp32/eager/off"]
     assert crashed["signal"] == "SIGSEGV" and "Segmentation fault" in crashed["log_tail"]  # carried back from the node
-    reasons = {p["probe_id"]: p["reason"] for p in summary(misbehaving)["probes"]}
+    reasons = {p["probe_id"]: p["reason"] for p in summary(out)["probes"]}
     assert "can't allocate memory" in reasons["fp32/sdpa:flash/off"]
     # killed 8 s after its build (timeout_s), before its sleep of 3600 s could end on its own (not a latency
     # bound: a loaded host); the budget ran out in its steps, and it says so
-    hung = records(misbehaving)["fp32/sdpa:math/off"]
+    hung = records(out)["fp32/sdpa:math/off"]
     assert 8 <= hung["wall_s"] < 3600 and hung["timed_out_in"] == "steps"
 
 

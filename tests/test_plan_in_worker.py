@@ -17,7 +17,7 @@ from nandoctor.env import collect_doctor
 from nandoctor.errors import NandoctorError
 from nandoctor.models import config_facts, model_type_hint, plan_model
 from nandoctor.recipes import recipe_by_name
-from nandoctor.run.local import plan_request
+from nandoctor.run.planner import plan_request
 from nandoctor.run.session import Session
 
 TINY = recipe_by_name("tiny-llama")

@@ -126,7 +126,11 @@ def test_a_grid_on_slurm_asks_squeue_once_for_all_its_jobs_and_backs_off_to_one_
     clock = FakeClock(tick)
     monkeypatch.setattr(on_slurm, "time", clock)
     set_states(cluster, {"100": "RUNNING|None"})
-    placement = world["placement"] = on_slurm.SlurmPlacement(executor_config("slurm", ["queue_wait=600"]), run_dir)
+    placement = world["placement"] = on_slurm.SlurmPlacement(
+        executor_config("slurm", ["queue_wait=600"]),
+        run_dir,
+        warm=False,  # it plans nothing: no planner worker
+    )
     # the node writes the canary's file 5 s in; the canary is still RUNNING then, as far as squeue knows
     assert placement.facts() == {"": {"gathered": {"host": "node1"}}}
     assert len(calls(cluster, "squeue")) <= 5 / on_slurm.FLOOR_S + 1
@@ -225,7 +229,9 @@ def test_a_run_submitting_one_job_at_a_time_asks_squeue_at_most_ten_times_a_minu
     clock = FakeClock(tick)
     monkeypatch.setattr(on_slurm, "time", clock)
     set_states(cluster, {"100": "RUNNING|None"})
-    placement = world["placement"] = on_slurm.SlurmPlacement(executor_config("slurm", ["queue_wait=600"]), run_dir)
+    placement = world["placement"] = on_slurm.SlurmPlacement(
+        executor_config("slurm", ["queue_wait=600"]), run_dir, warm=False
+    )
     placement.facts()
     recipe, device = resolve_model("tiny-llama"), {"device": "cpu", "cpu_count": 2, "gpus": []}
     plan = plan_model(recipe, device)

@@ -1,7 +1,8 @@
 """A zygote (child/zygote.py) forks a run's warm worker already imported: the probes it forks train
-exactly as a spawned worker's do, a run whose environment differs gets a spawned worker, and a run
-killed outright leaves neither its zygote-forked worker nor its probe behind. Real CLI runs beside a
-real zygote (this module runs without the session's: conftest.SPAWNED_WORKERS)."""
+exactly as a spawned worker's do, a run whose environment differs gets a spawned worker (its own SLURM or
+Ray client settings aside), and a run killed outright leaves neither its zygote-forked worker nor its
+probe behind. Real CLI runs beside a real zygote (this module runs without the session's:
+conftest.SPAWNED_WORKERS)."""
 
 import json
 import os
@@ -90,10 +91,13 @@ def test_a_run_whose_environment_differs_spawns_its_own_worker(zygote_socket, tm
 
 
 @pytest.mark.slow
-def test_a_run_with_its_own_cache_directory_gets_a_zygote_forked_worker(zygote_socket, tmp_path):
-    # NANDOCTOR_CACHE_DIR, and the inductor cache the run puts in it, are read after the import
+def test_a_run_with_its_own_cache_and_cluster_client_settings_is_served_by_the_zygote(zygote_socket, tmp_path):
+    # NANDOCTOR_CACHE_DIR, and the inductor cache the run puts in it, are read after the import; what the
+    # cluster tests set for their own SLURM and Ray (clusters.py) is read by the run's cluster client,
+    # never by what a worker imports (child/zygote.py ZYGOTE_PER_RUN, CLUSTER_CLIENT_PREFIXES)
     zygote, path = zygote_socket
-    env = {ZYGOTE_ENV: str(path), "NANDOCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    clients = {"SLURM_CONF": str(tmp_path / "slurm.conf"), "RAY_AUTH_MODE": "disabled"}
+    env = {ZYGOTE_ENV: str(path), "NANDOCTOR_CACHE_DIR": str(tmp_path / "cache"), **clients}
     run = start((*GRID, "--steps", "2", "--cache", "--out", tmp_path / "run"), env)
     worker = wait_for(lambda: next(iter(workers_of(zygote)), None))
     out, err = run.communicate(timeout=300)

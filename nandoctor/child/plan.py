@@ -1,13 +1,15 @@
-"""The run's planning, done where torch and transformers are already imported: a child forked by the
-first warm worker (worker.py) gathers the device facts and plans the models, so that the parent never
-imports torch, transformers or modeling code for it (issue 20). The parent's critical path is then the
-worker's one import, not two imports in turn competing for the same cores.
+"""The run's planning, done where torch and transformers are already imported: a child forked by a warm
+worker (worker.py; a local run's first, or the planner of a cluster run, run/planner.py) gathers the
+device facts and plans the models, so that the parent never imports torch, transformers or modeling code
+for it (issue 20). The parent's critical path is then the worker's one import, not two imports in turn
+competing for the same cores.
 
 The same functions run as in the parent (env.collect_doctor, models.plan_model, models.config_facts):
 the facts and plans are the same data, only computed elsewhere. The parent plans itself when there is
-no warm worker (--cold, an executor) or when this child does not answer.
+no warm worker (--cold) or when this child does not answer.
 
-Request (JSON file): {"device": facts or null (gather them), "recipes": [recipe dicts], "steps": n}.
+Request (JSON file): {"device": facts or null (gather them; a cluster run's start-up jobs gathered them
+on the cluster), "recipes": [recipe dicts], "steps": n}.
 Result (JSON file): {"device": facts, "plans": [plan dicts], "facts": the first recipe's
 models.config_facts}, or {"error": message} for the user's own error (a model config that does not
 load, a bad adapter), which the parent raises as its own.

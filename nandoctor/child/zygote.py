@@ -7,14 +7,15 @@ the caller).
 A request carries the run's worker environment, working directory, CPU affinity and process group, and
 three descriptors (SCM_RIGHTS): the worker's command pipe, its message pipe, and where its stderr goes.
 The zygote forks only when that environment equals its own apart from ZYGOTE_PER_RUN (the variables
-each run sets for itself): every other variable may have been read at import (libgomp reads
-GOMP_SPINCOUNT and OMP_* when it loads, huggingface_hub its HF_* constants), so a run with another one
-gets a fresh worker, as without a zygote. The forked worker joins the run's process group when it can,
-takes its affinity and environment, and then serves the run exactly as a spawned worker does
-(worker.serve). The zygote answers `pid N`, and `exit N` on the same connection when that worker
-ends, so the run can wait for it as for a child of its own. The worker is the zygote's child, not the
-run's, so the parent-death signal cannot tie it to the run: the zygote watches the run's process and
-kills its worker when it ends (its probe dies with the worker, as run_child ties it).
+each run sets for itself) and CLUSTER_CLIENT_PREFIXES (its SLURM or Ray client's settings): every other
+variable may have been read at import (libgomp reads GOMP_SPINCOUNT and OMP_* when it loads,
+huggingface_hub its HF_* constants), so a run with another one gets a fresh worker, as without a zygote.
+The forked worker joins the run's process group when it can, takes its affinity and environment, and
+then serves the run exactly as a spawned worker does (worker.serve). The zygote answers `pid N`, and
+`exit N` on the same connection when that worker ends, so the run can wait for it as for a child of its
+own. The worker is the zygote's child, not the run's, so the parent-death signal cannot tie it to the
+run: the zygote watches the run's process and kills its worker when it ends (its probe dies with the
+worker, as run_child ties it).
 """
 
 from __future__ import annotations
@@ -50,12 +51,18 @@ ZYGOTE_PER_RUN = frozenset(
         "SHLVL",
     }
 )
+# ... and the settings of a run's cluster client (SLURM_CONF: which cluster sbatch and squeue ask;
+# RAY_ADDRESS, RAY_AUTH_MODE, ...), read by submitit's commands and by ray in the run's own process. A
+# worker imports neither submitit nor ray, and no Python module it imports names a SLURM_ or RAY_ variable
+# (torch 2.13, transformers 5.24); what reads one at run time sees the run's own value, since a forked
+# worker takes the run's environment.
+CLUSTER_CLIENT_PREFIXES = ("SLURM_", "RAY_")
 MAX_REQUEST = 1 << 20
 
 
 def comparable(env: dict) -> dict:
     """An environment less the variables each run may set for itself."""
-    return {k: v for k, v in env.items() if k not in ZYGOTE_PER_RUN}
+    return {k: v for k, v in env.items() if k not in ZYGOTE_PER_RUN and not k.startswith(CLUSTER_CLIENT_PREFIXES)}
 
 
 def _become_worker(request: dict, fds: list[int], listener: socket.socket, conn: socket.socket) -> None:

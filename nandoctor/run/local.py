@@ -17,25 +17,20 @@ from __future__ import annotations
 import math
 import os
 import queue
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
-from .. import jsonio
 from ..device import DeviceFacts, GpuFacts
 from ..env import VISIBLE_DEVICES_ENV, get_cpu_count, get_gpu_count_guess, parse_visible_devices
 from ..errors import NandoctorError
 from ..executors import ExecutorConfig
 from ..record import Exited, Ready, Started
 from .placement import EXITED, Ending, Outcome, PlacedProbe
+from .planner import plan_with
 from .slots import ColdSlot, Died, WarmSlot, gpu_fit, most_jobs, packed_jobs
-from .task import Budget, last_step, read_result
+from .task import Budget, last_step
 
 WAIT_SLICE_S = 0.5  # the longest the placement waits on its events between budget checks
-PLAN_TIMEOUT_S = 300.0  # a worker's import and the planning child together; past it the parent plans itself
-# ... and with the data lint, which reads, tokenizes and measures every row of the user's file
-LINT_TIMEOUT_S = 3600.0
 # A warm worker's import of torch and transformers, however loaded the host: past it the worker is
 # replaced, and the probe waiting on it counts as lost to the infrastructure (placed again, `retries`).
 READY_TIMEOUT_S = 600.0
@@ -47,13 +42,6 @@ def visible_gpus(count: int, given: str | None) -> list[str]:
     0..count-1 when it is unset; at most `count` (the GPUs the device facts list)."""
     entries = parse_visible_devices(given)
     return [str(i) for i in range(count)] if entries is None else entries[:count]
-
-
-def plan_request(device: DeviceFacts | dict | None, recipes: list[dict], steps: int) -> dict:
-    """What a warm worker's planning child reads (child/plan.py), as JSON data: the device facts (None:
-    gather them), the recipes (as dicts) to plan, and the steps --scale auto weighs."""
-    device = DeviceFacts.of(device)
-    return {"device": device.to_dict() if device else None, "recipes": recipes, "steps": steps}
 
 
 def threads_per_probe(jobs: int, cpu_count: int) -> int:
@@ -321,51 +309,13 @@ class LocalPlacement:
             slot.preload(model_type, adapter)
 
     def plan(self, request: dict, timeout_s: float | None = None) -> dict | None:
-        """Have the first warm worker fork a child that plans the run, or lints its data (child/plan.py),
-        once it has imported torch and transformers; returns that child's answer, or None when there is
-        no warm worker or it gave none (then the caller does it itself). timeout_s: PLAN_TIMEOUT_S, or
-        LINT_TIMEOUT_S for the lint. Events of the other slots wait their turn."""
-        timeout_s = timeout_s or (LINT_TIMEOUT_S if "lint" in request else PLAN_TIMEOUT_S)
+        """Have the first warm worker plan the run, or lint its data (planner.plan_with), once it has
+        imported torch and transformers; None when there is no warm worker or it gave no answer (then
+        the caller does it itself). Events of the other slots wait their turn."""
         slot = self.slots[0]
         if slot.kind != "warm" or 0 in self.held:
             return None
-        folder = Path(tempfile.mkdtemp(prefix="nandoctor-plan-"))
-        request_path, result_path = folder / "request.json", folder / "result.json"
-        request_path.write_text(jsonio.dumps(request, default=str))
-        others, launched, killed, deadline = [], False, False, time.monotonic() + timeout_s
-        try:
-            while True:
-                if not killed and time.monotonic() > deadline:
-                    if not launched:
-                        return None
-                    killed = True  # then wait for its exit, so that the probes' events do not hear of it
-                    slot.kill_probe()
-                if slot.ready and not launched:
-                    slot.launch(request_path, result_path, folder / "log.txt", {}, kind="plan")
-                    launched = True
-                try:
-                    event = self.events.get(timeout=WAIT_SLICE_S)
-                except queue.Empty:
-                    continue
-                index, generation, message = event
-                if index != slot.index or generation != slot.generation:
-                    others.append(event)
-                elif isinstance(message, Ready):
-                    slot.ready, slot.threads = True, message.threads
-                elif isinstance(message, Started):
-                    slot.pid = message.pid
-                    if killed:
-                        slot.kill_probe()
-                elif isinstance(message, Exited):
-                    slot.pid = None
-                    return None if killed else read_result(result_path) or None
-                elif isinstance(message, Died):
-                    others.append(event)  # the probes' wait reports a worker that could not import, or replaces it
-                    return None
-        finally:
-            for event in others:
-                self.events.put(event)
-            shutil.rmtree(folder, ignore_errors=True)
+        return plan_with(slot, self.events, request, timeout_s)
 
     def close(self) -> None:
         for slot in self.slots:

@@ -10,7 +10,8 @@ worker three times). Ray's `get(timeout=...)` leaves a hung task running, so the
 cancels with force=True. Without an `address` a local Ray is started on the loopback address only.
 
 Before the first probe, one task per kind of hardware gathers that kind's device facts (task_facts),
-which the run plans its cells with.
+which the run plans its cells with: on a warm worker of this machine (planner.Planner), started with the
+placement, so that its import overlaps Ray's start and those tasks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..errors import NandoctorError
 from ..executors import ExecutorConfig
 from .placed import inputs_not_on_node, missing_inputs, node_facts, run_carried
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
+from .planner import Planner
 
 # How much of a node_type resource one probe asks for: any node that has the resource at all can take
 # it, and the probe's CPUs and GPUs decide how many fit there (a cluster declares node_type_a100: 1 or
@@ -96,7 +98,13 @@ class RayPlacement:
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
 
     def __init__(
-        self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, inputs: dict | None = None, **_
+        self,
+        executor: ExecutorConfig,
+        run_dir: Path,
+        kept: dict | None = None,
+        inputs: dict | None = None,
+        warm: bool = True,
+        **_,
     ):
         self.inputs = inputs or {}  # the run's input files (config.PATH_FIELDS): each node must have them
         address = executor.option("address")
@@ -110,6 +118,26 @@ class RayPlacement:
             raise missing_extra("ray", "ray") from None
         self.ray = ray
         self.started_ray = False
+        # the run plans on a warm worker of this machine, which imports while Ray starts and its facts
+        # tasks run (a resumed run has its plan: its worker starts only if a recipe variant needs one)
+        self.planner = Planner(run_dir, warm, start=not kept)
+        try:
+            self._connect(executor, address)
+        except BaseException:
+            self.close()
+            raise
+        self.resources = parse_resources(executor.option("resources"))
+        self.executor = executor
+        self.queue_wait = executor.option("queue_wait")
+        self.remote = ray.remote(run_announced)
+        self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
+        self.gather, self.gathered = not kept, dict(kept or {})
+        self.run = str(Path(run_dir).resolve())  # what its probes carry as RUN_DIR_ENV, on whatever node
+
+    def _connect(self, executor: ExecutorConfig, address: str | None) -> None:
+        """Join the Ray at `address` (or start one of our own), and size `capacity` to it; a hardware
+        kind no node offers is the user's error."""
+        ray = self.ray
         if not ray.is_initialized():
             if address is None:
                 ray.init(
@@ -132,7 +160,6 @@ class RayPlacement:
         self.capacity = max(1, min(int(min(fits)), executor.option("parallel")))
         missing = [name for name in executor.hardware if have.get(name, 0) <= 0]
         if missing:
-            self.close()
             known = sorted(
                 k
                 for k in have
@@ -143,13 +170,6 @@ class RayPlacement:
                 f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                 f"its custom resources: {', '.join(known) or 'none'}"
             )
-        self.resources = parse_resources(executor.option("resources"))
-        self.executor = executor
-        self.queue_wait = executor.option("queue_wait")
-        self.remote = ray.remote(run_announced)
-        self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
-        self.gather, self.gathered = not kept, dict(kept or {})
-        self.run = str(Path(run_dir).resolve())  # what its probes carry as RUN_DIR_ENV, on whatever node
 
     def _resources(self, kind: str) -> dict:
         """The custom resources a task on this kind of hardware asks for (a share of its node_type)."""
@@ -208,10 +228,10 @@ class RayPlacement:
         return job_device(self.executor, device, ranks)
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        pass  # each placed probe is a fresh process: nothing is imported ahead
+        self.planner.preload(model_type, adapter)  # each placed probe is a fresh process: only the planner preloads
 
     def plan(self, request: dict) -> dict | None:
-        return None  # planned in the parent, with the facts the start-up tasks gathered
+        return self.planner.plan(request)  # with the facts the start-up tasks gathered, in the request
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         self.facts()
@@ -296,6 +316,7 @@ class RayPlacement:
         return [ref for completed, ref in ended.items() if completed not in done]
 
     def close(self) -> None:
+        self.planner.close()
         if self.started_ray:
             self.ray.shutdown()
             self.started_ray = False

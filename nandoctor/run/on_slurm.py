@@ -3,7 +3,8 @@ bisection round's candidates) go out as one job array, throttled to the `paralle
 
 The nodes write into the run directory, so it must be on a filesystem they share: a canary job checks
 that at start, one per partition the probes go to, with one core and a probe's GPUs; it also gathers
-that partition's device facts (placed.node_facts), which the run plans its cells with.
+that partition's device facts (placed.node_facts), which the run plans its cells with: on a warm worker of
+this machine (planner.Planner), started with the placement, so that its import overlaps the canaries.
 
 A polite client: the run's files say most of what happens (a job's log.txt appears when it starts, its
 placed.json when it ends), read every FILE_POLL_S; squeue, which every user of the cluster shares, is
@@ -32,6 +33,7 @@ from ..errors import NandoctorError
 from ..executors import ExecutorConfig
 from .placed import node_facts, run_placed
 from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
+from .planner import Planner
 from .store import write_atomic
 from .task import OUTCOME_FILE, last_step
 
@@ -186,7 +188,7 @@ class SlurmPlacement:
     batches = True  # all pending probes of a submission go out as one array
     grace_s = 120.0  # beyond the probe's budget before the parent cancels a job (the node enforces it first)
 
-    def __init__(self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, **_):
+    def __init__(self, executor: ExecutorConfig, run_dir: Path, kept: dict | None = None, warm: bool = True, **_):
         try:
             import submitit
         except ImportError:
@@ -196,16 +198,23 @@ class SlurmPlacement:
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
         self.queue_wait = executor.option("queue_wait")
         self.queue = SlurmQueue()
-        self.executor = self._executor(submitit, executor, PARAMETERS)
-        # one canary per partition the probes go to (the hardware axis, else the executor's partition),
-        # with that partition and account, one core and a probe's GPUs (the device facts it gathers are
-        # what a probe there sees; its cores are the executor's option, not a fact): sbatch refuses a
-        # partition it does not know at once, and each canary checks the shared filesystem
         self.canaries = {}  # canary file -> (hardware kind, its job)
-        canary = self._executor(submitit, executor, CANARY_PARAMETERS)
-        canary.update_parameters(time=CANARY_MINUTES, **{**job_size(executor, 1), "cpus_per_task": 1})
-        for partition in executor.hardware or (None,):
-            self._submit_canary(canary, partition)
+        # the run plans on a warm worker of this machine, which imports while the canaries run (a resumed
+        # run has its plan: its worker starts only if a recipe variant needs one)
+        self.planner = Planner(self.run_dir, warm, start=not kept)
+        try:
+            self.executor = self._executor(submitit, executor, PARAMETERS)
+            # one canary per partition the probes go to (the hardware axis, else the executor's partition),
+            # with that partition and account, one core and a probe's GPUs (the device facts it gathers are
+            # what a probe there sees; its cores are the executor's option, not a fact): sbatch refuses a
+            # partition it does not know at once, and each canary checks the shared filesystem
+            canary = self._executor(submitit, executor, CANARY_PARAMETERS)
+            canary.update_parameters(time=CANARY_MINUTES, **{**job_size(executor, 1), "cpus_per_task": 1})
+            for partition in executor.hardware or (None,):
+                self._submit_canary(canary, partition)
+        except BaseException:
+            self.close()
+            raise
 
     def _executor(self, submitit, executor: ExecutorConfig, names: dict):
         slurm = submitit.SlurmExecutor(folder=self.run_dir / "slurm" / "%j")
@@ -226,7 +235,6 @@ class SlurmPlacement:
                 return
             except Exception as e:  # submitit raises a bare Exception when sbatch fails
                 why = str(e).strip().splitlines()[-1]
-        self.close()
         first = f"a job on partition {partition!r} (--axis partition)" if partition else "the first job"
         raise NandoctorError(f"--executor slurm: sbatch refused {first}: {why[:300]}")
 
@@ -302,10 +310,10 @@ class SlurmPlacement:
         return job_device(self.options, device, ranks)
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        pass  # each placed probe is a fresh process: nothing is imported ahead
+        self.planner.preload(model_type, adapter)  # each placed probe is a fresh process: only the planner preloads
 
     def plan(self, request: dict) -> dict | None:
-        return None  # planned in the parent, with the facts the canaries gathered
+        return self.planner.plan(request)  # with the facts the canaries gathered, in the request
 
     def submit(self, probes: list[PlacedProbe]) -> None:
         self.facts()  # the shared filesystem is checked before any probe goes out
@@ -383,6 +391,7 @@ class SlurmPlacement:
         self.queue.forget(jobs)
 
     def close(self) -> None:
+        self.planner.close()
         if self.canaries:
             # a canary still queued or running when the run ends early (a refused partition, Ctrl-C):
             # cancelled, and waited for past COMPLETING so that nothing of this run is left in the queue

@@ -139,11 +139,11 @@ class Placement(Protocol):
         """End these probes (kill, scancel, ray.cancel) and wait up to wait_s for them to be gone."""
 
     def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        """What the run's probes will import (a warm worker imports it ahead); nothing elsewhere."""
+        """What the run's probes, and its planning, will import (a warm worker imports it ahead)."""
 
     def plan(self, request: dict) -> dict | None:
-        """Plan the run where torch is already imported (child/plan.py in a warm worker's fork), or None:
-        the caller plans itself."""
+        """Plan the run where torch is already imported (child/plan.py in the fork of a warm worker of this
+        machine: planner.py), or None: the caller plans itself."""
 
     def threads(self, device: DeviceFacts, ranks: int) -> int:
         """The CPU threads of a probe of `ranks` ranks: the cores its job asks for, or this host's share."""

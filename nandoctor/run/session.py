@@ -27,10 +27,11 @@ from ..thresholds import refuse_short_probes
 from .cache import ProbeCache
 from .fingerprint import probe_fingerprint
 from .heartbeat import Heartbeat
-from .local import LocalPlacement, plan_request, threads_per_probe
+from .local import LocalPlacement, threads_per_probe
 from .on_ray import RayPlacement
 from .on_slurm import SlurmPlacement
 from .placement import Placement
+from .planner import plan_request
 from .rundir import FACTS_FILE, RunInterrupted, new_run_dir, planning_device
 from .scheduler import Scheduler
 from .store import RUN_FILE, ResultsStore, write_atomic
@@ -91,14 +92,15 @@ class Session:
     """A run directory being filled. A context manager: leaving it ends every probe still running (and
     cancels its job) and closes the placement.
 
-    warm=False starts a cold Python process per probe; cache (a ProbeCache) reuses records with an
-    identical fingerprint and keeps the new ones; replay_failed_only runs the forensics replay only for
-    a probe that hit a non-finite step (a quick check); plan reuses a model plan and resume=True continues
-    the run directory `out` (see resume()); otherwise `out` must not hold a run yet.
-    on_record(record) is called for every record as it is kept; on_alive(probe_id, elapsed_s, step)
-    every HEARTBEAT_S while a probe runs; on_stale(probe_ids) when a resumed run's records are rerun
-    because their inputs changed. Constructing one picks the run directory and opens the
-    placement (this machine's first warm worker, or a scheduler's start-up jobs start at once);
+    warm=False starts a cold Python process per probe, and no warm worker to plan on (this process
+    plans); cache (a ProbeCache) reuses records with an identical fingerprint and keeps the new ones;
+    replay_failed_only runs the forensics replay only for a probe that hit a non-finite step (a quick
+    check); plan reuses a model plan and resume=True continues the run directory `out` (see resume());
+    otherwise `out` must not hold a run yet. on_record(record) is called for every record as it is kept;
+    on_alive(probe_id, elapsed_s, step) every HEARTBEAT_S while a probe runs; on_stale(probe_ids) when a
+    resumed run's records are rerun because their inputs changed. Constructing one picks the run
+    directory and opens the placement (this machine's first warm worker, or a scheduler's start-up jobs
+    and the warm worker that plans start at once);
     prepare() then gathers the device facts (`device`, unless given) and plans the model (`plan`,
     unless given); `warnings` says what the user should know about the model plan. Ctrl-C (or SIGTERM)
     inside the `with` block leaves as RunInterrupted once run.json exists.
@@ -162,9 +164,11 @@ class Session:
     def prepare(self) -> None:
         """Gather the device facts (unless given) and plan the model. A placement whose start-up jobs
         gather each kind of hardware's facts on the cluster gives them (kept in the run directory, so
-        that --resume plans with the same facts without asking again); with a warm local worker, its
-        forked child gathers them and plans (child/plan.py), so that this process imports neither torch
-        nor transformers; otherwise this process does. Until this returns, only `dir` is known."""
+        that --resume plans with the same facts without asking again). A warm worker of this machine
+        plans, in a forked child (child/plan.py, run/planner.py): a local placement's first slot, or a
+        cluster placement's own planner, given the facts its start-up jobs gathered; so this process
+        imports neither torch nor transformers. Without one (--cold) or without its answer, this
+        process plans. Until this returns, only `dir` is known."""
         try:
             hint, adapter = model_type_hint(self.recipe), self.recipe.adapter.type != "none"
             if hint or adapter:
