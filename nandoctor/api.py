@@ -15,7 +15,7 @@ from .capabilities import cell_support
 from .cells import Cell
 from .config import Recipe, recipe_from_dict
 from .device import DeviceFacts
-from .doctor import doctor_section, lint_lines
+from .doctor import doctor_section, judge_lint, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
 from .executors import ExecutorConfig, with_hardware
@@ -99,7 +99,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         session.prepare()
         # the user's rows are linted before any probe (stored in run.json's "data"); a run goes on either
         # way, and its probes show the consequences
-        session.data_lint = None if session_args.get("resume") else session.lint()
+        session.data_lint = None if session_args.get("resume") else judge_lint(session.lint())
         session.warnings += lint_lines(session.data_lint)
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)

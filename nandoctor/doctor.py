@@ -18,7 +18,7 @@ from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
 from .knowledge.facts import env_facts, read_trainer_args, router_setup_facts, setup_facts, trainer_cell
 from .models import config_facts, model_config
 from .plan import plan_grid
-from .userdata.tokenizer import has_tokenizer, load_tokenizer
+from .userdata.tokenizer import load_tokenizer, tokenizer_of
 
 
 def planned_findings(
@@ -162,57 +162,31 @@ def run_doctor(
     }
 
 
-def tokenizer_of(recipe: Recipe) -> str | None:
-    """The tokenizer directory the user's rows are read with: data.tokenizer, else the local checkpoint's
-    own when it has one; None for none (pre-tokenized rows only)."""
-    if recipe.data.tokenizer:
-        return recipe.data.tokenizer
-    return recipe.model.path if has_tokenizer(recipe.model.path) else None
-
-
 def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) -> dict | None:
     """The data and setup lint of the recipe's rows (the Data section of the reports, run.json's
-    "data"): what was read, the scan's histograms and tables (userdata/lint.scan), the batches a probe
-    of this recipe trains on (with their rows), the checks measured on the model (measure/lint.py:
-    `model`, or one built from the recipe, the user's class and `attn`) and the findings, judged by the
-    rules the probes are judged by (verdicts.setup_judged). Read with `tokenizer` or the one tokenizer_of
-    names; None when the recipe trains on the synthetic stream. grid, check and bisect run it before
-    any probe."""
-    if recipe.data.source != "file":
+    "data"), measured here (measure/lint.lint_rows) and judged (judge_lint); None when the recipe trains
+    on the synthetic stream. `nandoctor doctor --data` runs it; grid, check and bisect measure in their
+    warm worker's planning child (Session.lint) and judge here."""
+    from .measure.lint import lint_rows
+
+    return judge_lint(lint_rows(recipe, attn, tokenizer, model))
+
+
+def judge_lint(measured: dict | None) -> dict | None:
+    """The data lint's report from what lint_rows measured: the measured checks judged by the rules the
+    probes are judged by (verdicts.setup_judged), and the findings (userdata/rules.yaml) that fire on
+    every figure."""
+    if measured is None:
         return None
     from .analysis.verdicts import setup_judged
-    from .cells import PACKAGES
-    from .data import make_batch
-    from .measure.lint import measure
-    from .optional import hidden
-    from .userdata.lint import findings, scan
-    from .userdata.read import open_rows
-    from .userdata.rows import encoded_rows, user_batches
-    from .userdata.template import assistant_mask_check
+    from .userdata.lint import findings
 
-    if tokenizer is None and tokenizer_of(recipe):
-        tokenizer = load_tokenizer(tokenizer_of(recipe))
-    config = model_config(recipe)
-    encoded = encoded_rows(recipe, config, tokenizer)
-    facts, section, content = scan(encoded, recipe, config)
-    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
-    batches = [make_batch(t, rows, kind, encoded.collation.packing) for kind, rows, t in chosen]
-    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
-    # the lint builds its own model in nandoctor's process, which trains no cell that needs an optional
-    # package: transformers and peft then import none of them, nor print their noise (optional.py)
-    with hidden(PACKAGES if model is None else ()):
-        measured = measure(recipe, encoded, batches, content, attn, model) if facts["ids_beyond_vocab"] == 0 else {}
-    facts.update(measured, **setup_judged(measured))
-    report = {
-        "source": encoded.describe(),
-        **section,
-        "batches": [b.describe() for b in batches],
-        "measured": measured,
-        "findings": findings(facts),
-    }
-    if encoded.kind == "messages" and encoded.encoding.labels == "completion_only":
-        # whether TRL's assistant_only_loss would label what the probe labels (recommend.completion_code)
-        report["assistant_mask"] = assistant_mask_check(encoded, open_rows(recipe.data.path))
+    facts = {**measured["facts"], **measured["report"]["measured"]}
+    facts.update(setup_judged(measured["report"]["measured"]))
+    report = {k: v for k, v in measured["report"].items() if k != "assistant_mask"}
+    report["findings"] = findings(facts)
+    if "assistant_mask" in measured["report"]:
+        report["assistant_mask"] = measured["report"]["assistant_mask"]
     return report
 
 

@@ -14,10 +14,11 @@ Result (JSON file): {"device": facts, "plans": [plan dicts], "facts": the first 
 models.config_facts}, or {"error": message} for the user's own error (a model config that does not
 load, a bad adapter), which the parent raises as its own.
 
-The data lint of the user's rows (doctor.data_lint: reading, tokenizing and measuring them on a model)
-runs here too, as a request of its own once the run is planned: {"lint": recipe dict} gives
-{"data": the lint's report} or {"error": message}. The worker, and so this child, sees the GPUs
-the parent was given: a worker is not pinned to a GPU (each probe it forks sets its own).
+The data lint of the user's rows is measured here too (measure/lint.lint_rows: reading, tokenizing and
+measuring them on a model), as a request of its own once the run is planned: {"lint": recipe dict}
+gives {"data": what it measured} or {"error": message}; the parent judges it (doctor.judge_lint).
+The worker, and so this child, sees the GPUs the parent was given: a worker is not pinned to a GPU
+(each probe it forks sets its own).
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def answer(request: dict) -> dict:
 
 
 def lint_answer(recipe: dict) -> dict:
-    from ..doctor import data_lint
+    from ..measure.lint import lint_rows
 
     try:
-        return {"data": data_lint(_recipe(recipe))}
+        return {"data": lint_rows(_recipe(recipe))}
     except NandoctorError as e:
         return {"error": str(e)}
 

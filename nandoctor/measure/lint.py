@@ -130,3 +130,45 @@ def _adapter_text(recipe: Recipe) -> str:
         return "full fine-tune"
     saved = f", modules_to_save {', '.join(a.modules_to_save)}" if a.modules_to_save else ""
     return f"{a.type} on {', '.join(a.target_modules)}{saved}"
+
+
+def lint_rows(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) -> dict | None:
+    """What the data lint measures on the recipe's rows, unjudged (doctor.judge_lint judges it), as
+    JSON data: {"facts": the scan's figures (userdata/lint.scan), "report": what was read, the scan's
+    histograms and tables, the batches a probe of this recipe trains on (with their rows), the checks
+    measured on the model (`model`, or one built from the recipe, the user's class and `attn`) and,
+    for completion-only chats, whether TRL's assistant_only_loss labels what the probe labels}. Read
+    with `tokenizer` or the one tokenizer_of names; None when the recipe trains on the synthetic stream."""
+    if recipe.data.source != "file":
+        return None
+    from ..cells import PACKAGES
+    from ..data import make_batch
+    from ..models import model_config
+    from ..optional import hidden
+    from ..userdata.lint import scan
+    from ..userdata.read import open_rows
+    from ..userdata.rows import encoded_rows, user_batches
+    from ..userdata.template import assistant_mask_check
+    from ..userdata.tokenizer import load_tokenizer, tokenizer_of
+
+    if tokenizer is None and tokenizer_of(recipe):
+        tokenizer = load_tokenizer(tokenizer_of(recipe))
+    config = model_config(recipe)
+    encoded = encoded_rows(recipe, config, tokenizer)
+    facts, section, content = scan(encoded, recipe, config)
+    chosen = user_batches(encoded, recipe.batch_size, recipe.data.batches, recipe.seed)
+    batches = [make_batch(t, rows, kind, encoded.collation.packing) for kind, rows, t in chosen]
+    # a model the ids do not fit would fail its embedding lookup: the finding says so instead
+    # the lint builds its own model, in a process that trains no cell that needs an optional package:
+    # transformers and peft then import none of them, nor print their noise (optional.py)
+    with hidden(PACKAGES if model is None else ()):
+        measured = measure(recipe, encoded, batches, content, attn, model) if facts["ids_beyond_vocab"] == 0 else {}
+    report = {
+        "source": encoded.describe(),
+        **section,
+        "batches": [b.describe() for b in batches],
+        "measured": measured,
+    }
+    if encoded.kind == "messages" and encoded.encoding.labels == "completion_only":
+        report["assistant_mask"] = assistant_mask_check(encoded, open_rows(recipe.data.path))
+    return {"facts": facts, "report": report}

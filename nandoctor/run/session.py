@@ -154,7 +154,9 @@ class Session:
         self.plan = plan
         # models.config_facts of the recipe, when the worker's planning gathered them
         self.model_facts: dict | None = None
-        self.data_lint: dict | None = None  # the data lint of the recipe's rows (api.open_session); None: synthetic
+        self.data_lint: dict | None = (
+            None  # the data lint of the recipe's rows (api.open_session judges lint()); None: synthetic
+        )
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.on_stale = on_stale or (lambda probe_ids: None)
@@ -218,16 +220,17 @@ class Session:
         return self.plans[key]
 
     def lint(self) -> dict | None:
-        """The data lint of the recipe's rows (doctor.data_lint; None for the synthetic stream), made by
-        the placement's planning child where it has one, so that this process imports neither torch nor
-        the datasets and tokenizer code for it; else here. The user's own error is raised here."""
+        """What the data lint measures on the recipe's rows (measure/lint.lint_rows, unjudged; None for
+        the synthetic stream), measured by the placement's planning child where it has one, so that this
+        process imports neither torch nor the datasets and tokenizer code for it; else here. The user's
+        own error is raised here."""
         if self.recipe.data.source != "file":
             return None
         answer = self.placement.plan({"lint": recipe_to_dict(self.recipe)})
         if not answer:
-            from ..doctor import data_lint
+            from ..measure.lint import lint_rows
 
-            return data_lint(self.recipe)
+            return lint_rows(self.recipe)
         if "error" in answer:
             raise NandoctorError(answer["error"])
         return answer["data"]

@@ -26,6 +26,14 @@ def has_tokenizer(path: str | Path | None) -> bool:
     return bool(path) and any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
+def tokenizer_of(recipe) -> str | None:
+    """The tokenizer directory a recipe's rows are read with: data.tokenizer, else the local checkpoint's
+    own when it has one; None for none (pre-tokenized rows only)."""
+    if recipe.data.tokenizer:
+        return recipe.data.tokenizer
+    return recipe.model.path if has_tokenizer(recipe.model.path) else None
+
+
 def load_tokenizer(path: str | Path):
     """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
     from transformers import AutoTokenizer
