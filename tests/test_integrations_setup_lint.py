@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from training_runs import QUIET_TRAINING_ARGS, tiny_llama
+from training_runs import QUIET_LIGHTNING, QUIET_TRAINING_ARGS, tiny_llama
 
 from nandoctor.integrations.judge import CheckFailed
 from nandoctor.integrations.watch import Watch
@@ -109,10 +109,7 @@ def test_a_lightning_fit_on_a_packing_loader_with_a_2d_mask_is_warned_with_the_f
         max_steps=2,
         accelerator="cpu",
         devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_LIGHTNING,
         callbacks=[callback],
         default_root_dir=str(tmp_path),
     )

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 from checkpoints import save_dead_llama
-from training_runs import hf_trainer, lightning_fit, tiny_llama
+from training_runs import QUIET_LIGHTNING, hf_trainer, lightning_fit, tiny_llama
 
 from nandoctor.integrations.watch import CheckFailed
 
@@ -124,10 +124,7 @@ def test_a_module_the_watch_cannot_read_trains_to_the_end_with_one_line(tmp_path
     trainer = L.Trainer(
         max_steps=5,
         accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_LIGHTNING,
         callbacks=[NandoctorCallback()],
         default_root_dir=str(tmp_path),
     )

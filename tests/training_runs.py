@@ -7,6 +7,8 @@ from pathlib import Path
 import torch
 from checkpoints import TINY
 
+# A Lightning Trainer that writes and prints nothing of its own: what every test fit passes
+QUIET_LIGHTNING = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 QUIET_TRAINING_ARGS = dict(
     report_to=[],
     save_strategy="no",
@@ -96,10 +98,7 @@ def lightning_fit(
         plugins=list(plugins),
         accelerator="cpu",
         devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_LIGHTNING,
         callbacks=list(callbacks),
         default_root_dir=str(out),
     )

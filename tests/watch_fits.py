@@ -84,7 +84,7 @@ def lightning_fit(out: Path, lr: float, steps: int, sharded: bool = False, off_r
     import torch
     from lightning.pytorch.strategies import ModelParallelStrategy
     from torch.distributed.fsdp import fully_shard
-    from training_runs import MotifRows, tiny_llama
+    from training_runs import QUIET_LIGHTNING, MotifRows, tiny_llama
 
     from nandoctor.integrations.lightning import NandoctorCallback
 
@@ -115,10 +115,7 @@ def lightning_fit(out: Path, lr: float, steps: int, sharded: bool = False, off_r
         accelerator="cpu",
         devices=2,
         strategy=ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if sharded else "ddp",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+        **QUIET_LIGHTNING,
         callbacks=[callback],
         default_root_dir=str(out),
     )
