@@ -1,5 +1,5 @@
 """Cost of the data lint against what fine-tuning code pays to tokenize the same rows, measured in one
-run: a chat JSONL of N rows (written here) scanned by `nandoctor.userdata.lint.lint_data` (read
+run: a chat JSONL of N rows (written here) linted by `nandoctor.doctor.data_lint` (read
 through datasets, rendered with the chat template, tokenized, labelled, every row measured, batches
 chosen and collated, the measured checks on a random-init twin), against `datasets.load_dataset` +
 `Dataset.map(batched=True)` rendering and tokenizing the rows with `apply_chat_template`.
@@ -40,16 +40,14 @@ def child(mode: str, rows: str, tok: str, completion_only: bool = False) -> None
     import transformers  # noqa: F401
 
     from nandoctor.config import recipe_from_dict
-    from nandoctor.models import model_config
-    from nandoctor.recipes import resolve_model
 
     t0 = time.perf_counter()
     if mode == "lint":
-        from nandoctor.userdata.lint import lint_data
+        from nandoctor.doctor import data_lint
 
         labels = {"labels": "completion_only"} if completion_only else {}
-        recipe = recipe_from_dict({"data": {"path": rows, "tokenizer": tok, **labels}}, "bench")
-        section = lint_data(recipe, model_config(resolve_model(None)))
+        recipe = recipe_from_dict({"data": {"source": "file", "path": rows, "tokenizer": tok, **labels}}, "bench")
+        section = data_lint(recipe)
         assert section["rows"] > 0
     else:
         from datasets import load_dataset
