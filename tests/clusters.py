@@ -104,30 +104,6 @@ MISBEHAVING_VERDICTS = {
 }
 
 
-# `nandoctor ARGS` as its own process, saying last on stdout which of torch and transformers that process
-# imported: a cluster run plans on a warm worker of this machine (run/planner.py), as a local one does.
-NOTING_IMPORTS = """
-import json, sys
-from nandoctor.cli import main
-code = main(sys.argv[1:])
-print(json.dumps({"imported": sorted({"torch", "transformers"} & set(sys.modules))}))
-sys.exit(code)
-"""
-
-
-def run_cli_noting_imports(*args, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """conftest.run_cli through NOTING_IMPORTS: the finished run, and the heavy modules its process imported."""
-    proc = subprocess.run(
-        [sys.executable, "-c", NOTING_IMPORTS, *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={k: v for k, v in {**os.environ, **env}.items() if k != "GITHUB_STEP_SUMMARY"},
-        timeout=900,
-    )
-    said = proc.stdout.strip().splitlines()
-    return proc, json.loads(said[-1])["imported"] if said and said[-1].startswith("{") else None
-
-
 def slurm_skip_reason() -> str | None:
     if not (shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged")):
         return "SLURM is not installed (apt-get install slurm-wlm munge)"

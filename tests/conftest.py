@@ -145,6 +145,30 @@ def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core
     )
 
 
+# `nandoctor ARGS` as its own process, saying last on stdout which heavy modules that process imported:
+# the run's planning and data lint happen in a warm worker of this machine (run/planner.py), never in it.
+NOTING_IMPORTS = """
+import json, sys
+from nandoctor.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"imported": sorted({"torch", "transformers", "peft"} & set(sys.modules))}))
+sys.exit(code)
+"""
+
+
+def run_cli_noting_imports(*args, env: dict | None = None) -> tuple[subprocess.CompletedProcess, list[str] | None]:
+    """run_cli through NOTING_IMPORTS: the finished run, and the heavy modules its process imported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", NOTING_IMPORTS, *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={k: v for k, v in {**os.environ, **(env or {})}.items() if k != "GITHUB_STEP_SUMMARY"},
+        timeout=900,
+    )
+    said = proc.stdout.strip().splitlines()
+    return proc, json.loads(said[-1])["imported"] if said and said[-1].startswith("{") else None
+
+
 def run_main(*args, env=None):
     """`nandoctor ...` through `nandoctor.cli.main` in this process, stdout and stderr captured; returns a
     CompletedProcess like run_cli. For commands that end before any probe is spawned (refusals, usage

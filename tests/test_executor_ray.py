@@ -20,9 +20,8 @@ from clusters import (
     probe_processes,
     ray_skip_reason,
     records,
-    run_cli_noting_imports,
 )
-from conftest import run_cli, summary, verdicts
+from conftest import run_cli, run_cli_noting_imports, summary, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_skip_reason() is not None, reason=str(ray_skip_reason()))]
 

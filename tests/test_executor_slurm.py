@@ -25,10 +25,9 @@ from clusters import (
     own_slurm,
     probe_processes,
     records,
-    run_cli_noting_imports,
     slurm_skip_reason,
 )
-from conftest import ALL_CORES, run_cli, summary, verdicts
+from conftest import ALL_CORES, run_cli, run_cli_noting_imports, summary, verdicts
 
 from nandoctor.report.common import fmt_bytes
 

@@ -5,11 +5,9 @@ config that does not load is still the user's one-line error. Timings live in be
 
 import dataclasses
 import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
+from conftest import run_cli_noting_imports
 
 from nandoctor.child.plan import answer
 from nandoctor.config import recipe_to_dict
@@ -85,17 +83,8 @@ def test_a_warm_session_gets_its_plan_from_the_worker_and_the_users_error_unchan
 
 @pytest.mark.slow
 def test_the_cli_process_of_a_check_never_imports_torch_or_transformers(tmp_path):
-    script = textwrap.dedent("""
-        import json, sys
-        from nandoctor.cli import main
-        code = main(["check", "--model", "tiny-llama", "--out", sys.argv[1]])
-        print(json.dumps({"exit": code, "imported": sorted({"torch", "transformers", "peft"} & set(sys.modules))}))
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, timeout=600
-    )
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert seen == {"exit": 0, "imported": []}, proc.stdout + proc.stderr
+    proc, imported = run_cli_noting_imports("check", "--model", "tiny-llama", "--out", tmp_path / "run")
+    assert proc.returncode == 0 and imported == [], proc.stdout + proc.stderr
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["model_plan"]["source"] == "architecture-twin" and meta["model_plan"]["params"] == 1787008
     assert meta["env"]["torch"] and meta["doctor"]["setup"]["cells"] == ["bf16-amp/sdpa/off"]
@@ -108,19 +97,10 @@ def test_the_cli_process_of_a_grid_on_the_users_rows_leaves_their_lint_to_the_wo
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"input_ids": [10 + (i * r) % 90 for i in range(30)]}) + "\n" for r in range(8)))
     data = ["--set", "data.source=file", "--set", f"data.path={rows}"]
-    script = textwrap.dedent("""
-        import json, sys
-        from nandoctor.cli import main
-        code = main(["grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2",
-                     "--set", "retime_rounds=0", *sys.argv[2:], "--out", sys.argv[1]])
-        print(json.dumps({"exit": code, "imported": sorted({"torch", "transformers", "peft"} & set(sys.modules))}))
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "run"), *data], capture_output=True, text=True, timeout=600
-    )
-    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    grid = ("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2")
+    proc, imported = run_cli_noting_imports(*grid, "--set", "retime_rounds=0", *data, "--out", tmp_path / "run")
     # (datasets is: readable_rows says at once which line of the file is unreadable, before any worker)
-    assert seen == {"exit": 0, "imported": []}, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and imported == [], proc.stdout + proc.stderr
     from nandoctor import jsonio
     from nandoctor.config import recipe_from_dict
     from nandoctor.doctor import data_lint

@@ -151,8 +151,8 @@ def lint_rows(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) ->
     from ..userdata.template import assistant_mask_check
     from ..userdata.tokenizer import load_tokenizer, tokenizer_of
 
-    if tokenizer is None and tokenizer_of(recipe):
-        tokenizer = load_tokenizer(tokenizer_of(recipe))
+    if tokenizer is None and (path := tokenizer_of(recipe)):
+        tokenizer = load_tokenizer(path)
     config = model_config(recipe)
     encoded = encoded_rows(recipe, config, tokenizer)
     facts, section, content = scan(encoded, recipe, config)

@@ -154,9 +154,8 @@ class Session:
         self.plan = plan
         # models.config_facts of the recipe, when the worker's planning gathered them
         self.model_facts: dict | None = None
-        self.data_lint: dict | None = (
-            None  # the data lint of the recipe's rows (api.open_session judges lint()); None: synthetic
-        )
+        # the data lint of the recipe's rows (api.open_session judges what lint() measured); None: synthetic
+        self.data_lint: dict | None = None
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.on_stale = on_stale or (lambda probe_ids: None)
