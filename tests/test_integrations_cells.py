@@ -43,6 +43,23 @@ def test_every_dtype_reads_back_from_its_lightning_arguments(dtype):
     assert cell_from_lightning(args["precision"], "eager", args.get("float32_matmul_precision")) == Cell(dtype, "eager")
 
 
+def test_a_32_true_run_reads_tf32_set_through_torchs_per_backend_api():
+    """torch's per-backend setting (torch.backends.cuda.matmul.fp32_precision) tells tf32 from fp32, as
+    the legacy one does; the legacy reader raises in such a process (torch >= 2.9)."""
+    from nandoctor.measure.numerics import fp32_precision_knobs
+
+    if not fp32_precision_knobs(torch):
+        pytest.skip(f"torch {torch.__version__} has only the legacy precision API")
+    saved = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        assert cell_from_lightning("32-true", "eager") == Cell("tf32", "eager")
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+        assert cell_from_lightning("32-true", "eager") == Cell("fp32", "eager")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = saved
+
+
 def test_lightning_strings_of_the_pure_and_mixed_cells():
     assert [lightning_arguments(Cell(d))["precision"] for d in ("bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")] == [
         "bf16-mixed",

@@ -15,7 +15,7 @@ from nandoctor.config import recipe_from_dict
 from nandoctor.data import stream
 from nandoctor.measure.accumulation import accumulation_figures, normalized
 from nandoctor.measure.lint import lint_model, packed_inputs
-from nandoctor.measure.numerics import in_fp32
+from nandoctor.measure.numerics import cuda_matmul_precision, fp32_precision_knobs, in_fp32, set_tf32
 from nandoctor.measure.packing import packing_isolation
 from nandoctor.models import model_config
 from nandoctor.userdata.rows import encoded_rows
@@ -168,5 +168,31 @@ def test_in_fp32_restores_weights_buffers_and_matmul_precision(ckpts):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with in_fp32(model):
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        assert torch.get_float32_matmul_precision() == "highest"
+        assert cuda_matmul_precision() == "highest"
     assert all(torch.equal(before[k], v) and before[k].dtype == v.dtype for k, v in model.state_dict().items())
+
+
+@pytest.fixture
+def precision_settings():
+    """This process's fp32 precision settings, put back after the test."""
+    saved = [(k, k.fp32_precision) for k in fp32_precision_knobs(torch)]
+    yield
+    for knob, value in saved:
+        knob.fp32_precision = value
+
+
+def test_tf32_set_through_the_new_api_is_read_set_and_restored_without_the_legacy_reader(precision_settings):
+    """A process that set TF32 through torch's per-backend API (as a user, Lightning or an earlier probe
+    may): torch's legacy get_float32_matmul_precision() raises there on a mix of the two APIs; nandoctor
+    reads and sets the per-backend settings only."""
+    if not fp32_precision_knobs(torch):
+        pytest.skip(f"torch {torch.__version__} has only the legacy precision API")
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    assert cuda_matmul_precision() == "high"
+    with in_fp32(torch.nn.Linear(2, 2).bfloat16()):
+        assert {k.fp32_precision for k in fp32_precision_knobs(torch)} == {"ieee"}
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    set_tf32(False)
+    assert cuda_matmul_precision() == "highest" and torch.backends.cudnn.conv.fp32_precision == "ieee"
+    set_tf32(True)
+    assert cuda_matmul_precision() == "high" and torch.backends.cudnn.conv.fp32_precision == "tf32"

@@ -18,6 +18,7 @@ from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe
 from ..data import DataStream, stream
 from ..measure.accumulation import normalized
+from ..measure.numerics import set_tf32
 from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import build_optimizer, eager_reason, step_eagerly
@@ -82,8 +83,7 @@ def precision(cell: Cell, device: str):
 
     p = cell.precision
     if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = p.tf32
-        torch.backends.cudnn.allow_tf32 = p.tf32
+        set_tf32(p.tf32)
     scaler = torch.amp.GradScaler(device, enabled=p.scaler)
     if p.autocast:
         dtype = getattr(torch, p.autocast)

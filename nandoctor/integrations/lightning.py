@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import Callback
 from ..cells import ALIASES, PRECISIONS, Cell
 from ..device import DeviceFacts
 from ..errors import NandoctorError
+from ..measure.numerics import cuda_matmul_precision
 from .live import LiveRun, local, recipe_of, special_ids
 from .watch import Watch, guarded
 
@@ -33,7 +34,7 @@ def cell_from_lightning(precision: str, attn: str = "sdpa", matmul_precision: st
         raise NandoctorError(
             f"Lightning precision {precision!r} has no nandoctor cell; valid: {', '.join(sorted(ALIASES['dtype']))}"
         )
-    if (matmul_precision or torch.get_float32_matmul_precision()) != "highest":
+    if (matmul_precision or cuda_matmul_precision()) != "highest":
         dtype = next((p.name for p in PRECISIONS.values() if p.lightning == precision and p.tf32), dtype)
     return Cell(dtype, attn)
 

@@ -27,6 +27,76 @@ def without_dropout(model):
             setattr(module, name, value)
 
 
+def fp32_precision_knobs(torch) -> list:
+    """The per-backend fp32 precision settings of torch >= 2.9 (`torch.backends.<backend>.<op>.fp32_precision`:
+    "ieee", "tf32" or "none" to follow the global one), or [] on an older torch, which has only the
+    legacy API (`allow_tf32`, `set_float32_matmul_precision`). Where the new API exists nandoctor reads
+    and sets only it: from torch 2.9 to at least 2.11, `get_float32_matmul_precision()` raises once a
+    process has set precision through both APIs (the user's code, Lightning or an earlier probe)."""
+    backends = torch.backends
+    if not hasattr(getattr(backends.cuda, "matmul", None), "fp32_precision"):
+        return []
+    ops = (("cuda", "matmul"), ("cudnn", "conv"), ("cudnn", "rnn"), ("mkldnn", "matmul"), ("mkldnn", "conv"))
+    found = (getattr(getattr(backends, b, None), op, None) for b, op in ops)
+    return [knob for knob in found if hasattr(knob, "fp32_precision")]
+
+
+def cuda_matmul_precision() -> str:
+    """How float32 matmuls run on CUDA in this process, in Lightning's and
+    `set_float32_matmul_precision`'s words: "highest" (IEEE fp32), "high" (TF32) or "medium" (bf16).
+    Read without raising on any torch (fp32_precision_knobs)."""
+    import torch
+
+    if fp32_precision_knobs(torch):
+        mode = torch.backends.cuda.matmul.fp32_precision
+        if mode == "none":
+            mode = getattr(torch.backends, "fp32_precision", "ieee")
+        return {"tf32": "high", "bf16": "medium"}.get(mode, "highest")
+    return torch.get_float32_matmul_precision()
+
+
+def set_tf32(on: bool) -> None:
+    """TF32 tensor-core matmuls and convolutions on CUDA on or off (a probe's cell decides)."""
+    import torch
+
+    knobs = fp32_precision_knobs(torch)
+    if knobs:
+        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+
+
+@contextlib.contextmanager
+def _full_fp32_precision():
+    """Every fp32 matmul and convolution at IEEE precision (no TF32, no bf16) for the duration; each
+    setting restored afterwards, through the API it was read with."""
+    import torch
+
+    knobs = fp32_precision_knobs(torch)
+    if knobs:
+        saved = [(knob, knob.fp32_precision) for knob in knobs]
+        for knob in knobs:
+            knob.fp32_precision = "ieee"
+    else:
+        saved = [
+            (torch, torch.get_float32_matmul_precision()),
+            (torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32),
+            (torch.backends.cudnn, torch.backends.cudnn.allow_tf32),
+        ]
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        for owner, value in saved:
+            if owner is torch:
+                torch.set_float32_matmul_precision(value)
+            elif knobs:
+                owner.fp32_precision = value
+            else:
+                owner.allow_tf32 = value
+
+
 @contextlib.contextmanager
 def in_fp32(model):
     """The model in true fp32 for the duration: every floating parameter and buffer of another dtype
@@ -39,24 +109,16 @@ def in_fp32(model):
 
     tensors = itertools.chain(model.parameters(), model.buffers())
     saved = [(t, t.dtype) for t in tensors if t.is_floating_point() and t.dtype != torch.float32]
-    matmul, cuda_tf32, cudnn_tf32 = (
-        torch.get_float32_matmul_precision(),
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-    )
     for t, _ in saved:
         t.data = t.data.float()
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     try:
-        yield model
+        with _full_fp32_precision():
+            yield model
     finally:
         for p in model.parameters():
             p.grad = None
         for t, dtype in saved:
             t.data = t.data.to(dtype)
-        torch.set_float32_matmul_precision(matmul)
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = cuda_tf32, cudnn_tf32
 
 
 def relative_error(got, want) -> float | None:
