@@ -345,6 +345,14 @@ class ProbeRecord:
     # step 0 and the last step, and step 0's token -> expert choices. None for a dense model
     moe: dict | None = None
 
+    def __post_init__(self):
+        # as in Step: a time given as an int too large for a float is +-inf (pandas and the renderers
+        # take floats; some pandas versions raise on a column mixing floats with such an int)
+        for name in ("timeout_s", "wall_s", "load_s", "build_s", "train_s", "compile_s", "steady_step_s"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, _as_float(value))
+
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["cell"] = self.cell.to_dict()

@@ -143,6 +143,19 @@ def records(draw, cells=CELLS):
     return out
 
 
+def test_a_time_beyond_a_floats_range_is_inf_in_the_probe_table():
+    """The int a hand-written or corrupted record can hold where a time belongs is +-inf from the
+    record on, so the table's time column is all floats (a pandas that infers a column mixing floats
+    with such an int raises OverflowError)."""
+    recs = [
+        ProbeRecord(c.id, c, "ok", steps=[Step(0, 2.0, 1.0, tokens=256)], recipe={"name": "tiny-llama"}, wall_s=w)
+        for c, w in zip(CELLS, (None, 1e300, 10**400))
+    ]
+    assert recs[2].wall_s == math.inf
+    walls = analyze_records(meta(len(recs)), recs).table["wall_s"].tolist()
+    assert walls[1:] == [1e300, math.inf] and all(isinstance(w, float) for w in walls[1:])
+
+
 @given(records())
 def test_every_renderer_returns_text_for_any_series(recs):
     a = analyze_records(meta(len(recs)), recs)
