@@ -1,4 +1,5 @@
 import contextlib
+import functools
 import io
 import json
 import os
@@ -127,12 +128,24 @@ def one_core() -> None:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
 
-def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core=False):
+@functools.cache
+def cuda_hidden() -> dict:
+    """The variables that hide this host's GPUs from a nandoctor run (CUDA_VISIBLE_DEVICES=""), as a user
+    runs it on the CPU of a GPU host; none on a host without CUDA, where such a run keeps the session's
+    zygote (which serves only runs whose environment matches its own)."""
+    import torch
+
+    return {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
+
+
+def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core=False, on_cpu=False):
     """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
     over this process's environment (None: removed from it). all_cores: on every core of the host, not
     the one this xdist worker keeps to (a test of how nandoctor sizes its jobs to the host). single_core:
-    on one core (one_core), for runs whose losses are compared bit for bit."""
-    full_env = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    on one core (one_core), for runs whose losses are compared bit for bit. on_cpu: on the CPU of any
+    host (cuda_hidden), for a test of what a CPU does: its default grid, gloo ranks, its threads."""
+    env = {**(cuda_hidden() if on_cpu else {}), **(env or {})}
+    full_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
     full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
     return subprocess.run(
         [sys.executable, "-m", "nandoctor", *map(str, args)],

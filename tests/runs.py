@@ -65,8 +65,9 @@ def fp16_pure_bisect(tmp_path_factory):
     AdamW eps (0 in fp16) is the single culprit. Returns (run directory, CompletedProcess)."""
     out = tmp_path_factory.mktemp("fp16-pure-bisect") / "run"
     proc = run_cli(
-        "bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "3", "--reruns", "0", "--jobs", "2", "--out", out
-    )
+        "bisect", "--bad", "attn=sdpa,dtype=fp16-pure", "--steps", "3", "--reruns", "0", "--jobs", "2", "--out", out,
+        on_cpu=True,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, proc
 

@@ -20,7 +20,7 @@ def default_bisect(tmp_path_factory):
     from conftest import run_cli
 
     out = tmp_path_factory.mktemp("default-bisect") / "run"
-    proc = run_cli("bisect", "--steps", "3", "--reruns", "0", "--out", out)
+    proc = run_cli("bisect", "--steps", "3", "--reruns", "0", "--out", out, on_cpu=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr  # 0: the fp32 target trains stably, nothing to bisect
     return out, proc
 
@@ -70,6 +70,7 @@ def test_bf16_pure_with_a_small_lr_comes_out_as_an_interaction(tmp_path, cli):
         "forensics_steps=0",
         "--out",
         out,
+        on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = bisection(out)

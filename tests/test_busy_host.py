@@ -229,7 +229,8 @@ def test_a_warm_probe_records_its_threads_and_the_short_spin(fp32_check):
     spec = json.loads((out / "probes" / "fp32__eager__off" / "spec.json").read_text())
     used = record["cpu_threads"]
     assert used["planned"] == spec["threads"] and 1 <= used["torch"] <= spec["threads"]
-    assert used["other_cpu_cores"] is not None
+    # measured where the probe trains on the CPU: on a GPU the cores other processes use do not slow it
+    assert (used["other_cpu_cores"] is not None) == (record["env"]["device"] == "cpu")
     if not any(os.environ.get(name) for name in WAIT_SETTINGS):
         assert (used["GOMP_SPINCOUNT"], used["OMP_WAIT_POLICY"]) == ("10000", None)
 

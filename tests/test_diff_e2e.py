@@ -23,9 +23,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("baseline")
     # One core, so one thread per probe, for curves that repeat bit for bit across loads: on more cores a
     # probe trains on those other processes leave free, and 1 vs 2 threads moves a loss's last digits
-    procs = {"a": run_cli(*GRID, "--out", root / "a", single_core=True)}
+    procs = {"a": run_cli(*GRID, "--out", root / "a", single_core=True, on_cpu=True)}
     assert procs["a"].returncode == 0, procs["a"].stdout + procs["a"].stderr
-    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a", single_core=True)
+    procs["b"] = run_cli(*GRID, "--out", root / "b", "--baseline", root / "a", single_core=True, on_cpu=True)
     # at lr 2e-5 a bf16 weight's update is below half its unit in the last place: it rounds away
     procs["c"] = run_cli(
         *GRID,
@@ -36,6 +36,7 @@ def runs(tmp_path_factory):
         "--baseline",
         root / "a" / "summary.json",
         single_core=True,
+        on_cpu=True,
     )
     return root, procs
 
@@ -80,10 +81,11 @@ def test_a_learning_rate_bf16_pure_cannot_train_at_regresses_it_and_fails_its_ju
 def test_check_baseline_fails_when_step0_loss_moves_and_passes_on_a_rerun(runs, cli, tmp_path):
     root, _ = runs
     check = ("check", "--dtype", "fp32", "--attn", "sdpa", "--baseline", root / "a")
-    moved = cli(*check, "--set", "seed=1", "--out", tmp_path / "moved")  # another init and batch: a real step-0 change
+    # another init and batch: a real step-0 change; on the baseline's device
+    moved = cli(*check, "--set", "seed=1", "--out", tmp_path / "moved", on_cpu=True)
     assert moved.returncode == 1, moved.stdout + moved.stderr
     assert "FAIL step-0 loss matches the baseline" in moved.stdout
-    rerun = cli(*check, "--out", tmp_path / "rerun")
+    rerun = cli(*check, "--out", tmp_path / "rerun", on_cpu=True)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert "ok   step-0 loss matches the baseline" in rerun.stdout
 

@@ -77,6 +77,8 @@ def precision(tmp_path_factory):
         "dtype=fp16-pure,bf16-pure,bf16-amp,fp16-amp",
         "--axis",
         "attn=eager",
+        "--axis",
+        "compile=off",
         "--set",
         "optimizer.lr=2e-5",
         "--set",

@@ -16,21 +16,26 @@ def tiny_llama(**overrides):
     return AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **{**TINY, **overrides}))
 
 
-def cpu_fp8_matmul_refusal() -> str | None:
-    """Why this CPU cannot multiply fp8 matrices (torch._scaled_mm, which torchao's float8 linears
-    call), or None. oneDNN builds that matmul only from AVX512-FP16 on (Sapphire Rapids and later):
-    with ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 it raises "could not create a primitive descriptor".
-    The planner never spawns an fp8 cell on a CPU; these tests run the probe's code in process."""
+def cpu_fp8_matmul_refusal(dtype: str = "fp8-tensorwise") -> str | None:
+    """Why this CPU cannot multiply fp8 matrices as the dtype's torchao recipe does (torch._scaled_mm,
+    which torchao's float8 linears call: one scale per tensor, or per row and column for fp8-rowwise),
+    or None. oneDNN builds that matmul only from AVX512-FP16 on (Sapphire Rapids and later): with
+    ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 it raises "could not create a primitive descriptor"; torch 2.11's
+    CPU kernel takes per-tensor scales only. The planner never spawns an fp8 cell on a CPU; these tests
+    run the probe's code in process."""
     a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    rowwise = dtype == "fp8-rowwise"
+    scale_a, scale_b = (torch.ones(16, 1), torch.ones(1, 16)) if rowwise else (torch.tensor(1.0), torch.tensor(1.0))
     try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.tensor(1.0), scale_b=torch.tensor(1.0), out_dtype=torch.bfloat16)
+        torch._scaled_mm(a, a.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
     except RuntimeError as e:
-        return f"this CPU cannot run an fp8 matmul (torch._scaled_mm: {str(e).splitlines()[0][:80]})"
+        scaling = "row-wise scales" if rowwise else "per-tensor scales"
+        return f"this CPU cannot run an fp8 matmul with {scaling} (torch._scaled_mm: {str(e).splitlines()[0][:80]})"
     return None
 
 
-def skip_without_fp8_matmul():
-    refusal = cpu_fp8_matmul_refusal()
+def skip_without_fp8_matmul(dtype: str = "fp8-tensorwise"):
+    refusal = cpu_fp8_matmul_refusal(dtype)
     if refusal:
         pytest.skip(refusal)
 
@@ -112,7 +117,7 @@ def test_delayed_scaling_max_algo_remembers_a_spike_for_its_history_length_most_
 @pytest.mark.parametrize("dtype", ["fp8-tensorwise", "fp8-rowwise"])
 def test_fp8_watch_records_each_fp8_linear_on_a_real_step(dtype):
     pytest.importorskip("torchao")
-    skip_without_fp8_matmul()
+    skip_without_fp8_matmul(dtype)
     model = tiny_llama()
     forward, left_out = prepare_fp8(model, PRECISIONS[dtype].fp8)
     watch = Fp8Watch(model, PRECISIONS[dtype].fp8)
@@ -158,7 +163,7 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     """The planner never spawns fp8 on a CPU, but torchao's float8 casts run there: the probe's own
     code (setup, training loop, memory split, forensics replay with the fp8 watch) runs end to end."""
     pytest.importorskip("torchao")
-    skip_without_fp8_matmul()
+    skip_without_fp8_matmul(dtype)
     from nandoctor.cells import Cell
     from nandoctor.child.probe import run_probe
     from nandoctor.child.ranks import ONE_PROCESS

@@ -34,6 +34,7 @@ def run(tmp_path_factory):
         "retime_rounds=0",
         "--out",
         out,
+        on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}

@@ -40,9 +40,9 @@ def probe_in_process(recipe, cell=Cell("fp32", "eager", "off"), steps=4):
     from nandoctor.child.probe import run_probe
     from nandoctor.child.ranks import ONE_PROCESS
 
-    env = collect_summary()
+    cpu = {**collect_summary().to_dict(), "device": "cpu", "gpus": []}  # planned for the CPU it trains on
     recipe = dataclasses.replace(recipe, forensics_steps=0)
-    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, env), steps, recipe.seed, "cpu", 1)
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, cpu), steps, recipe.seed, "cpu", 1)
     record = ProbeRecord(spec.probe_id, spec.cell)
     run_probe(spec, record, ONE_PROCESS, None)
     return spec, record

@@ -20,7 +20,10 @@ from nandoctor.recipes import recipe_by_name, resolve_model
 from nandoctor.recommend import checkpoint_name
 from nandoctor.run.session import Heartbeat
 
-TINY_GRID = ("--axis", "dtype=fp32", "--axis", "attn=eager", "--steps", "2", "--set", "forensics_steps=0")
+TINY_GRID = (
+    "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off",
+    "--steps", "2", "--set", "forensics_steps=0",
+)  # fmt: skip
 CPU = {"device": "cpu", "gpus": [], "cpu_count": 2, "ram_bytes": 8 * 2**30}
 
 
@@ -228,7 +231,7 @@ def test_ctrl_c_points_to_resume_and_resume_finishes_the_run(tmp_path, cli):
     out = tmp_path / "run"
     # 60 steps (seconds of training): the interrupt lands while the probe trains, not after a 2-step run
     # (a second, once its warm worker comes from the zygote) has already ended
-    long_grid = [*TINY_GRID[:4], "--steps", "60", *TINY_GRID[6:]]
+    long_grid = [*TINY_GRID[:6], "--steps", "60", *TINY_GRID[8:]]
     grid = subprocess.Popen(
         [sys.executable, "-m", "nandoctor", "grid", *long_grid, "--out", str(out)],
         stdout=subprocess.DEVNULL,
@@ -268,7 +271,7 @@ def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culpri
     (out / "bisect.json").unlink()
     # a resume is sized for the host it runs on; --jobs 2 gives it the width the bisection ran with, whose
     # batches of trials decide the order of its path
-    resumed = cli("bisect", "--resume", out, "--jobs", "2")
+    resumed = cli("bisect", "--resume", out, "--jobs", "2", on_cpu=True)  # where the shared bisection ran
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
     after = (out / "results.jsonl").read_text().splitlines()

@@ -93,6 +93,7 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
         "grad_reduce=sum",
         "--out",
         out,
+        on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: grid found a configuration
     records, probes = _records(out), {p["probe_id"]: p for p in summary(out)["probes"]}

@@ -69,6 +69,7 @@ def grid(tmp_path_factory):
         "retime_rounds=0",
         "--out",
         out,
+        on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
@@ -145,6 +146,7 @@ def test_a_reduction_that_sums_is_caught_by_the_gradient_agreement(tmp_path):
         "forensics_steps=0",
         "--out",
         tmp_path / "run",
+        on_cpu=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert (
@@ -195,6 +197,7 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
         "forensics_steps=0",
         "--out",
         out,
+        on_cpu=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     recs, got = records(out), probes(out)

@@ -37,7 +37,7 @@ def test_the_planning_child_answers_what_the_parent_would_plan():
 
 
 def test_a_given_device_is_planned_for_as_given():
-    no_room = {"ram_bytes": 1 << 20, "ram_available_bytes": 1 << 20}  # probe scale
+    no_room = {"device": "cpu", "gpus": [], "ram_bytes": 1 << 20, "ram_available_bytes": 1 << 20}  # probe scale
     device = {**collect_doctor().to_dict(), **no_room}
     got = answer(
         plan_request(

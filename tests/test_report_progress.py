@@ -94,6 +94,7 @@ def test_a_grid_on_this_cpu_prints_its_unsupported_cells_as_one_line(tmp_path):
         "retime_rounds=0",
         "--out",
         tmp_path / "run",
+        on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     progress = [line for line in proc.stdout.splitlines() if line.startswith("[")]

@@ -25,6 +25,8 @@ def faulty_run(tmp_path_factory):
         "dtype=fp32,bf16-pure",
         "--axis",
         "attn=eager,sdpa",
+        "--axis",
+        "compile=off",
         "--set",
         "timeout_s=6",
         "--steps",

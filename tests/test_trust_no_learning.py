@@ -86,6 +86,8 @@ def dead_grid(dead_checkpoint, tmp_path_factory):
         "dtype=fp32",
         "--axis",
         "attn=sdpa",
+        "--axis",
+        "compile=off",
         "--steps",
         "4",
         "--set",

@@ -10,6 +10,7 @@ from conftest import summary
 
 from nandoctor.analysis.verdicts import UNSUPPORTED, classify
 from nandoctor.cells import Cell
+from nandoctor.config import recipe_from_dict
 from nandoctor.doctor import exit_code, run_doctor
 from nandoctor.errors import NandoctorError
 from nandoctor.knowledge import rules
@@ -34,20 +35,22 @@ H100 = {
     "train_flops": None,
     "gpus": [{"index": 0, "name": "H100", "capability": "9.0", "memory_bytes": 80 * 2**30}],
 }
-TINY_GEMMA2 = {
+# GPT-Neo's class refuses SDPA in every transformers this suite runs on (5.17 to 5.24); Gemma2's took it
+# up to 5.17 and refuses it in 5.24
+TINY_GPT_NEO = {
     "model": {
         "arch": {
-            "model_type": "gemma2",
+            "model_type": "gpt_neo",
             "hidden_size": 64,
             "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
+            "num_layers": 2,
+            "num_heads": 4,
             "vocab_size": 256,
-            "attn_logit_softcapping": 50.0,
-            "final_logit_softcapping": 30.0,
-            "sliding_window": 32,
+            "max_position_embeddings": 64,
+            "attention_types": [[["global", "local"], 1]],
+            "window_size": 16,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
         }
     },
     "batch_size": 2,
@@ -56,17 +59,21 @@ TINY_GEMMA2 = {
 }
 
 
-def test_gemma2_plan_predicts_that_its_class_refuses_sdpa():
-    plan = plan_model(recipe_by_name("gemma-2-2b"), CPU_24G)
-    assert set(plan.refuses) == {"sdpa"}  # flash_attention_2 is supported by the class (softcapping and all)
-    assert "Gemma2ForCausalLM._supports_sdpa = False" in plan.refuses["sdpa"]
+def test_the_plan_predicts_that_a_class_refuses_sdpa_as_the_installed_transformers_says():
+    from transformers import Gemma2ForCausalLM
+
+    plan = plan_model(recipe_from_dict(TINY_GPT_NEO, "tiny-gpt-neo"), CPU_24G)
+    assert set(plan.refuses) == {"sdpa"}  # the class takes eager and flash_attention_2
+    assert "GPTNeoForCausalLM._supports_sdpa = False" in plan.refuses["sdpa"]
+    gemma2 = plan_model(recipe_by_name("gemma-2-2b"), CPU_24G).refuses
+    assert ("sdpa" in gemma2) == (Gemma2ForCausalLM._supports_sdpa is False)
     assert plan_model(resolve_model(None), CPU_24G).refuses == {}  # llama takes every implementation
 
 
 def test_a_refusal_raised_at_run_time_is_unsupported_not_a_crash():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    arch = dict(TINY_GEMMA2["model"]["arch"])
+    arch = dict(TINY_GPT_NEO["model"]["arch"])
     config = AutoConfig.for_model(arch.pop("model_type"), **arch)
     with pytest.raises(ValueError) as raised:  # what the probe's build meets, raised by transformers itself
         AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
@@ -78,15 +85,18 @@ def test_a_refusal_raised_at_run_time_is_unsupported_not_a_crash():
     )
     verdict = classify(record)
     assert verdict.name == UNSUPPORTED
-    assert verdict.reason.startswith("ValueError: Gemma2ForCausalLM does not support an attention implementation")
+    assert verdict.reason.startswith("ValueError: GPTNeoForCausalLM does not support an attention implementation")
 
 
 @pytest.mark.slow
-def test_grid_plans_the_sdpa_cell_of_a_gemma2_unsupported_and_never_spawns_it(tmp_path, cli):
-    recipe = tmp_path / "tiny-gemma2.yaml"
-    recipe.write_text(json.dumps(TINY_GEMMA2))  # JSON is YAML
+def test_grid_plans_the_sdpa_cell_of_a_class_that_refuses_it_unsupported_and_never_spawns_it(tmp_path, cli):
+    recipe = tmp_path / "tiny-gpt-neo.yaml"
+    recipe.write_text(json.dumps(TINY_GPT_NEO))  # JSON is YAML
     out = tmp_path / "run"
-    proc = cli("grid", "--recipe", recipe, "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--out", out)
+    proc = cli(
+        "grid", "--recipe", recipe, "--axis", "dtype=fp32", "--axis", "attn=eager,sdpa", "--axis", "compile=off",
+        "--out", out,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     probes = {p["probe_id"]: p for p in summary(out)["probes"]}
     assert probes["fp32/eager/off"]["verdict"] == "stable"
