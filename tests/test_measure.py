@@ -5,6 +5,9 @@ rounding floor from the segments alone in fp32, and gradient accumulation throug
 backward. The mutants are modeling code a checkpoint can carry (tests/checkpoints.py): a Llama that
 drops position_ids, and one that drops num_items_in_batch."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from checkpoints import save_drops_positions_llama, save_ignores_items_llama, save_llama
@@ -15,7 +18,7 @@ from nandoctor.config import recipe_from_dict
 from nandoctor.data import stream
 from nandoctor.measure.accumulation import accumulation_figures, normalized
 from nandoctor.measure.lint import lint_model, packed_inputs
-from nandoctor.measure.numerics import cuda_matmul_precision, fp32_precision_knobs, in_fp32, set_tf32
+from nandoctor.measure.numerics import cuda_matmul_precision, fp32_precision_knobs, in_fp32
 from nandoctor.measure.packing import packing_isolation
 from nandoctor.models import model_config
 from nandoctor.userdata.rows import encoded_rows
@@ -181,7 +184,7 @@ def precision_settings():
         knob.fp32_precision = value
 
 
-def test_tf32_set_through_the_new_api_is_read_set_and_restored_without_the_legacy_reader(precision_settings):
+def test_tf32_set_through_the_new_api_is_read_and_restored_without_the_legacy_reader(precision_settings):
     """A process that set TF32 through torch's per-backend API (as a user, Lightning or an earlier probe
     may): torch's legacy get_float32_matmul_precision() raises there on a mix of the two APIs; nandoctor
     reads and sets the per-backend settings only."""
@@ -192,7 +195,15 @@ def test_tf32_set_through_the_new_api_is_read_set_and_restored_without_the_legac
     with in_fp32(torch.nn.Linear(2, 2).bfloat16()):
         assert {k.fp32_precision for k in fp32_precision_knobs(torch)} == {"ieee"}
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    set_tf32(False)
-    assert cuda_matmul_precision() == "highest" and torch.backends.cudnn.conv.fp32_precision == "ieee"
-    set_tf32(True)
-    assert cuda_matmul_precision() == "high" and torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+def test_a_probes_tf32_switch_keeps_torchs_legacy_reader_working():
+    """The probe's TF32 switch (set_tf32), then what inductor's cache key reads
+    (torch.get_float32_matmul_precision) and what nandoctor reads: in a fresh process, as a probe's."""
+    code = (
+        "import torch; from nandoctor.measure.numerics import cuda_matmul_precision, set_tf32\n"
+        "for on in (True, False):\n"
+        "    set_tf32(on); print(torch.get_float32_matmul_precision(), cuda_matmul_precision())"
+    )
+    said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert said[-4:] == ["high", "high", "highest", "highest"]

@@ -31,8 +31,8 @@ def fp32_precision_knobs(torch) -> list:
     """The per-backend fp32 precision settings of torch >= 2.9 (`torch.backends.<backend>.<op>.fp32_precision`:
     "ieee", "tf32" or "none" to follow the global one), or [] on an older torch, which has only the
     legacy API (`allow_tf32`, `set_float32_matmul_precision`). Where the new API exists nandoctor reads
-    and sets only it: from torch 2.9 to at least 2.11, `get_float32_matmul_precision()` raises once a
-    process has set precision through both APIs (the user's code, Lightning or an earlier probe)."""
+    it, never the legacy reader: from torch 2.9 to at least 2.13, `get_float32_matmul_precision()` raises
+    once a process has set precision through both APIs (the user's code, Lightning or an earlier probe)."""
     backends = torch.backends
     if not hasattr(getattr(backends.cuda, "matmul", None), "fp32_precision"):
         return []
@@ -56,14 +56,13 @@ def cuda_matmul_precision() -> str:
 
 
 def set_tf32(on: bool) -> None:
-    """TF32 tensor-core matmuls and convolutions on CUDA on or off (a probe's cell decides)."""
+    """TF32 tensor-core matmuls and convolutions on CUDA on or off (a probe's cell decides), through the
+    legacy switches: torch keeps its per-backend settings in step with them, and its legacy reader
+    (which inductor's cache key still calls) stays consistent. Setting the per-backend CUDA matmul
+    setting to "tf32" instead makes that reader raise (torch 2.13)."""
     import torch
 
-    knobs = fp32_precision_knobs(torch)
-    if knobs:
-        torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "tf32" if on else "ieee"
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
 
 
 @contextlib.contextmanager
