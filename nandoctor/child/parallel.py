@@ -29,6 +29,7 @@ from ..userdata.encode import segments
 from .build import Setup, first_step, restart
 from .probe import probe
 from .ranks import Ranks
+from .reduction_watch import fsdp_param_groups
 from .train import micro_loss
 
 
@@ -169,7 +170,7 @@ def reduce_dtypes(wrapped, spec: ProbeSpec) -> list[str]:
     used = set()
     for module in wrapped.modules():
         if isinstance(module, FSDPModule):
-            for group in getattr(module._get_fsdp_state(), "_fsdp_param_groups", []):
+            for group in fsdp_param_groups(module._get_fsdp_state()):
                 # FSDPParam clamps reduce_dtype to None when it equals param_dtype: it then reduces in that
                 used |= {_short(p.reduce_dtype or p.param_dtype or p.orig_dtype) for p in group.fsdp_params}
     return sorted(used)

@@ -107,6 +107,17 @@ class ObservedScaler:
         return getattr(self.scaler, name)
 
 
+def fsdp_param_groups(state) -> list:
+    """An FSDP2 module state's parameter groups: a list in newer torch (`_fsdp_param_groups`); one group
+    or None in the torch versions before it (`_fsdp_param_group`). Reading only the list found no group
+    there: the record got no reduce dtype and the replay watched the sharded parameters."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return groups
+
+
 def differentiated(wrapped, inner) -> list[tuple]:
     """(name, tensor) of what autograd differentiates on this rank: FSDP2's unsharded parameters (they
     exist once the first all-gather has run), or the module's own parameters under DDP."""
@@ -115,7 +126,7 @@ def differentiated(wrapped, inner) -> list[tuple]:
     out = []
     for module in inner.modules():
         if isinstance(module, FSDPModule):
-            for group in getattr(module._get_fsdp_state(), "_fsdp_param_groups", []):
+            for group in fsdp_param_groups(module._get_fsdp_state()):
                 out += [(p._param_fqn, p._unsharded_param) for p in group.fsdp_params if p.sharded_param.requires_grad]
     if out:
         return out
