@@ -44,6 +44,16 @@ def _as_float(value: int) -> float:
         return math.inf if value > 0 else -math.inf
 
 
+def _ints_as_floats(obj, names: tuple[str, ...]) -> None:
+    """Each named figure of obj given as a Python int as a float from here on, an int too large for a
+    float as +-inf (a user's loss computed in ints, a hand-written record), so that every later stage
+    does float arithmetic on it without overflowing (and pandas gets floats)."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, int) and not isinstance(value, bool):
+            setattr(obj, name, _as_float(value))
+
+
 def _known(cls, data: dict) -> dict:
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in data.items() if k in names}
@@ -156,12 +166,7 @@ class Step:
     aux_loss: float | None = None
 
     def __post_init__(self):
-        # A Python int too large for a float (a user's loss computed in ints, a hand-written record) is
-        # +-inf from here on, so that every later stage does float arithmetic on it without overflowing.
-        for name in ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, name, _as_float(value))
+        _ints_as_floats(self, ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"))
 
     def unrecoverable(self, min_scale: float = THRESHOLDS.min_scale) -> str | None:
         """What made this step unrecoverable ('loss', 'grad' or 'scale'), or None. A GradScaler skip
@@ -346,12 +351,7 @@ class ProbeRecord:
     moe: dict | None = None
 
     def __post_init__(self):
-        # as in Step: a time given as an int too large for a float is +-inf (pandas and the renderers
-        # take floats; some pandas versions raise on a column mixing floats with such an int)
-        for name in ("timeout_s", "wall_s", "load_s", "build_s", "train_s", "compile_s", "steady_step_s"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, name, _as_float(value))
+        _ints_as_floats(self, ("timeout_s", "wall_s", "load_s", "build_s", "train_s", "compile_s", "steady_step_s"))
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

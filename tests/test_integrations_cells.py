@@ -48,7 +48,7 @@ def test_a_32_true_run_reads_tf32_set_through_torchs_per_backend_api():
     the legacy one does; the legacy reader raises in such a process (torch >= 2.9)."""
     from nandoctor.measure.numerics import fp32_precision_knobs
 
-    if not fp32_precision_knobs(torch):
+    if not fp32_precision_knobs():
         pytest.skip(f"torch {torch.__version__} has only the legacy precision API")
     saved = torch.backends.cuda.matmul.fp32_precision
     try:

@@ -178,7 +178,7 @@ def test_in_fp32_restores_weights_buffers_and_matmul_precision(ckpts):
 @pytest.fixture
 def precision_settings():
     """This process's fp32 precision settings, put back after the test."""
-    saved = [(k, k.fp32_precision) for k in fp32_precision_knobs(torch)]
+    saved = [(k, k.fp32_precision) for k in fp32_precision_knobs()]
     yield
     for knob, value in saved:
         knob.fp32_precision = value
@@ -188,12 +188,12 @@ def test_tf32_set_through_the_new_api_is_read_and_restored_without_the_legacy_re
     """A process that set TF32 through torch's per-backend API (as a user, Lightning or an earlier probe
     may): torch's legacy get_float32_matmul_precision() raises there on a mix of the two APIs; nandoctor
     reads and sets the per-backend settings only."""
-    if not fp32_precision_knobs(torch):
+    if not fp32_precision_knobs():
         pytest.skip(f"torch {torch.__version__} has only the legacy precision API")
     torch.backends.cuda.matmul.fp32_precision = "tf32"
     assert cuda_matmul_precision() == "high"
     with in_fp32(torch.nn.Linear(2, 2).bfloat16()):
-        assert {k.fp32_precision for k in fp32_precision_knobs(torch)} == {"ieee"}
+        assert {k.fp32_precision for k in fp32_precision_knobs()} == {"ieee"}
     assert torch.backends.cuda.matmul.fp32_precision == "tf32"
 
 

@@ -27,12 +27,14 @@ def without_dropout(model):
             setattr(module, name, value)
 
 
-def fp32_precision_knobs(torch) -> list:
+def fp32_precision_knobs() -> list:
     """The per-backend fp32 precision settings of torch >= 2.9 (`torch.backends.<backend>.<op>.fp32_precision`:
     "ieee", "tf32" or "none" to follow the global one), or [] on an older torch, which has only the
     legacy API (`allow_tf32`, `set_float32_matmul_precision`). Where the new API exists nandoctor reads
     it, never the legacy reader: from torch 2.9 to at least 2.13, `get_float32_matmul_precision()` raises
     once a process has set precision through both APIs (the user's code, Lightning or an earlier probe)."""
+    import torch
+
     backends = torch.backends
     if not hasattr(getattr(backends.cuda, "matmul", None), "fp32_precision"):
         return []
@@ -47,7 +49,7 @@ def cuda_matmul_precision() -> str:
     Read without raising on any torch (fp32_precision_knobs)."""
     import torch
 
-    if fp32_precision_knobs(torch):
+    if fp32_precision_knobs():
         mode = torch.backends.cuda.matmul.fp32_precision
         if mode == "none":
             mode = getattr(torch.backends, "fp32_precision", "ieee")
@@ -71,29 +73,23 @@ def _full_fp32_precision():
     setting restored afterwards, through the API it was read with."""
     import torch
 
-    knobs = fp32_precision_knobs(torch)
+    knobs = fp32_precision_knobs()
     if knobs:
-        saved = [(knob, knob.fp32_precision) for knob in knobs]
-        for knob in knobs:
-            knob.fp32_precision = "ieee"
+        saved, legacy = [(knob, "fp32_precision", knob.fp32_precision) for knob in knobs], None
     else:
-        saved = [
-            (torch, torch.get_float32_matmul_precision()),
-            (torch.backends.cuda.matmul, torch.backends.cuda.matmul.allow_tf32),
-            (torch.backends.cudnn, torch.backends.cudnn.allow_tf32),
-        ]
+        backends = torch.backends
+        saved = [(m, "allow_tf32", m.allow_tf32) for m in (backends.cuda.matmul, backends.cudnn)]
+        legacy = torch.get_float32_matmul_precision()
         torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    for owner, name, _ in saved:
+        setattr(owner, name, "ieee" if knobs else False)
     try:
         yield
     finally:
-        for owner, value in saved:
-            if owner is torch:
-                torch.set_float32_matmul_precision(value)
-            elif knobs:
-                owner.fp32_precision = value
-            else:
-                owner.allow_tf32 = value
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+        if legacy is not None:
+            torch.set_float32_matmul_precision(legacy)
 
 
 @contextlib.contextmanager
