@@ -13,14 +13,14 @@ import contextlib
 import sys
 
 # What transformers imports while its modeling code loads although no probe uses it: scipy.optimize
-# (0.1-0.3 s of import on a 2-core CPU), for its object-detection losses only
+# (0.7-0.9 s of CPU on a 2-core CPU, torch already imported), for its object-detection losses only
 # (transformers.loss.loss_for_object_detection), and, where scikit-learn is installed, sklearn.metrics for
 # assisted generation's candidate lengths (transformers.generation.candidate_generator); scikit-learn
 # imports scipy and numpy's OpenBLAS, whose thread pool the warm worker would then hold when it forks.
-# Hidden only in the warm worker's preload, whose first import of transformers happens inside the block:
-# transformers caches is_scipy_available() and is_sklearn_available(), and a process that asked them
-# before (a cold probe, a test process) would then fail to import those modules. A module that imports
-# either itself later still gets it.
+# Hidden only in worker.preload, which a warm worker and a cold probe (child/__main__.py) run before
+# anything else imports transformers: transformers caches is_scipy_available() and is_sklearn_available(),
+# and a process that asked them before (a test process, the planner) would then fail to import those
+# modules. A module that imports either itself later still gets it.
 UNUSED_BY_PROBES = ("scipy", "sklearn")
 
 

@@ -27,7 +27,8 @@ from .errors import NandoctorError
 BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
-class CoreLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it (as knowledge.SafeLoader)
+class CoreLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     """yaml.SafeLoader with YAML 1.2 core booleans and exponent floats."""
 
 

@@ -3,6 +3,7 @@ the heavy imports, the optional packages stay unimported (and silent) when no ce
 `check` replays nothing when it passes. Timings themselves live in bench/, not here."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -143,3 +144,35 @@ def test_the_warm_workers_import_leaves_out_scipy_and_sklearn_which_no_probe_use
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out.splitlines()[-1] == "[]"
+
+
+# a cold probe (`python -m nandoctor.child SPEC RESULT`, as the SLURM and Ray executors and --cold start it),
+# saying at its exit which of scipy and sklearn it had imported
+COLD_PROBE = textwrap.dedent("""
+    import atexit, runpy, sys
+    atexit.register(lambda: print(sorted({"scipy", "sklearn"} & set(sys.modules))))
+    sys.argv = ["nandoctor.child", *sys.argv[1:]]
+    runpy.run_module("nandoctor.child", run_name="__main__", alter_sys=True)
+""")
+
+
+@pytest.mark.slow
+def test_a_cold_probe_imports_what_a_warm_worker_does_and_leaves_out_scipy_and_sklearn(tmp_path):
+    from nandoctor import jsonio
+    from nandoctor.cells import Cell
+    from nandoctor.models import plan_model
+    from nandoctor.recipes import recipe_by_name
+    from nandoctor.record import ProbeSpec
+
+    recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 1, 0, "cpu", 1)
+    (tmp_path / "spec.json").write_text(jsonio.dumps(spec.to_dict()))
+    proc = subprocess.run(
+        [sys.executable, "-c", COLD_PROBE, tmp_path / "spec.json", tmp_path / "result.json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "ok"  # it trained
+    assert proc.stdout.splitlines()[-1] == "[]"

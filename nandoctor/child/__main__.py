@@ -11,6 +11,16 @@ die_with_parent()
 if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
     sys.exit(1)  # it died while this process started: nobody waits for this probe's result
 
+from .worker import preload  # noqa: E402
+
+# What a warm worker imports before its first fork, hiding what it hides (worker.preload): a cold probe
+# then trains on the same imports as a warm one, and skips scipy's second of import on a 2-core CPU. An
+# import that fails here fails again inside the probe, which records it as a warm probe's would be.
+try:
+    preload()
+except Exception:
+    pass
+
 from .entry import main  # noqa: E402
 
 sys.exit(main(sys.argv[1:]))

@@ -51,7 +51,7 @@ def preload(model_type: str | None = None, adapter: bool = False) -> None:
     running no torch op. The optional packages are not among them: a child whose cell needs one
     imports it (optional.py). Where an installed package that this import pulls in needs a hidden one
     (transformers 5.17 imports scikit-learn, which imports scipy, when it is installed), the preload
-    imports again hiding less, then nothing: hiding saves a tenth of a second, never a worker."""
+    imports again hiding less, then nothing: hiding saves under a second, never a worker."""
     for hiding in ([*PACKAGES, *UNUSED_BY_PROBES], [*PACKAGES], []):
         try:
             with hidden(hiding):

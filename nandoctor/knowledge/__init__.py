@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
+# libyaml's parser where PyYAML was built with it: the same documents, parsed 5-10x faster than in Python
+SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 SEVERITIES = ("error", "warning", "advice")
 OWN_SOURCES = ("tests/", "nandoctor/", "bench/")  # the project's own files verify a rule; they are not its evidence
 OPERATORS = {
@@ -69,7 +71,7 @@ class Signature:
 
 
 def _load(name: str) -> list[dict]:
-    return yaml.safe_load((HERE / name).read_text())
+    return yaml.load((HERE / name).read_text(), Loader=SafeLoader)
 
 
 @functools.cache

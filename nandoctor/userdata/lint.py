@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from ..config import Recipe
-from ..knowledge import OWN_SOURCES, SEVERITIES, holds
+from ..knowledge import OWN_SOURCES, SEVERITIES, SafeLoader, holds
 from .encode import IGNORE
 from .rows import EncodedRows, scan_columns
 
@@ -53,7 +53,7 @@ class DataRule:
 @functools.cache
 def data_rules() -> tuple[DataRule, ...]:
     out = []
-    for entry in yaml.safe_load((Path(__file__).parent / "rules.yaml").read_text()):
+    for entry in yaml.load((Path(__file__).parent / "rules.yaml").read_text(), Loader=SafeLoader):
         rule = DataRule(
             **{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())}
         )
