@@ -30,6 +30,30 @@ def terminate(signum, frame) -> None:
     raise Terminated()
 
 
+REDELIVER_S = 0.05
+
+
+def redelivering(hook):
+    """sys.unraisablehook while main() handles SIGTERM. Python cannot raise where the signal may land (a
+    weakref callback, a __del__, a GC callback: inside an import, say): it prints the Terminated as
+    "Exception ignored" and the run goes on as if no SIGTERM had come. Such a Terminated is sent again;
+    anything else goes to `hook`."""
+
+    def on_unraisable(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, Terminated):
+            hook(unraisable)
+            return
+        signal.signal(signal.SIGTERM, terminate)
+        # to the main thread (a sleep or a wait there is cut short, as by the first), REDELIVER_S later: by
+        # then it has left the callback, and this hook (a signal that came sooner would be lost again here)
+        main = threading.main_thread().ident
+        redeliver = threading.Timer(REDELIVER_S, signal.pthread_kill, (main, signal.SIGTERM))
+        redeliver.daemon = True
+        redeliver.start()
+
+    return on_unraisable
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit code 2 (main adds the prefix)."""
 
@@ -55,11 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     ours = threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     if ours:
         signal.signal(signal.SIGTERM, terminate)
+        unraisable, sys.unraisablehook = sys.unraisablehook, redelivering(sys.unraisablehook)
     try:
         return run(argv)
     finally:
         if ours:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            sys.unraisablehook = unraisable
 
 
 def run(argv: list[str] | None) -> int:
