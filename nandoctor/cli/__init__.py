@@ -34,20 +34,23 @@ REDELIVER_S = 0.05
 
 
 def redelivering(hook):
-    """sys.unraisablehook while main() handles SIGTERM. Python cannot raise where the signal may land (a
-    weakref callback, a __del__, a GC callback: inside an import, say): it prints the Terminated as
-    "Exception ignored" and the run goes on as if no SIGTERM had come. Such a Terminated is sent again;
-    anything else goes to `hook`."""
+    """sys.unraisablehook while main() handles SIGTERM. Python cannot raise where a signal may land (a
+    weakref callback, a __del__, a GC callback: inside an import, say): it prints the Terminated, or
+    Ctrl-C's KeyboardInterrupt, as "Exception ignored" and the run goes on as if no signal had come.
+    Such a signal is sent again; anything else goes to `hook`."""
 
     def on_unraisable(unraisable) -> None:
-        if not isinstance(unraisable.exc_value, Terminated):
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
             hook(unraisable)
             return
-        signal.signal(signal.SIGTERM, terminate)
+        signum = signal.SIGINT
+        if isinstance(unraisable.exc_value, Terminated):
+            signum = signal.SIGTERM
+            signal.signal(signum, terminate)
         # to the main thread (a sleep or a wait there is cut short, as by the first), REDELIVER_S later: by
         # then it has left the callback, and this hook (a signal that came sooner would be lost again here)
         main = threading.main_thread().ident
-        redeliver = threading.Timer(REDELIVER_S, signal.pthread_kill, (main, signal.SIGTERM))
+        redeliver = threading.Timer(REDELIVER_S, signal.pthread_kill, (main, signum))
         redeliver.daemon = True
         redeliver.start()
 
