@@ -3,6 +3,7 @@ import functools
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,13 @@ def _one_core_per_worker() -> None:
 
 
 _one_core_per_worker()
+
+# A suite started in the background of a non-interactive shell (`nohup ... &` in a script) inherits SIGINT
+# ignored, the shell's rule for such jobs, and so would every process it starts: each Ctrl-C test would
+# find its nandoctor run deaf to the interrupt. Its processes get Ctrl-C as a user's terminal gives it (a
+# handler is reset to the default across exec, where an ignored signal stays ignored).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 pytest_plugins = ("runs",)  # the shared session runs (tests/runs.py)
 
