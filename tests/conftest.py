@@ -1,11 +1,13 @@
 import contextlib
 import functools
-import io
+import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,19 @@ def zygote(datasets_cache, tmp_path_factory):
     proc.wait()
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """os.environ as it was before each test, afterwards. What a test sets, or a framework it imports or
+    trains in this process (lightning's import sets PYTORCH_NVML_BASED_CUDA_CHECK), would otherwise reach
+    every later run of this worker, and the zygote forks only for runs whose environment is the session's:
+    every nandoctor run after it would spawn and import its own worker."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _spawned_workers(request):
     """The modules of SPAWNED_WORKERS run without the zygote."""
@@ -125,6 +140,14 @@ def _spawned_workers(request):
     yield
     if saved is not None:
         os.environ[ZYGOTE_ENV] = saved
+
+
+def needs(*packages: str):
+    """A skip mark for tests that need these installed packages (the `test` extra), read without importing
+    them: pytest.importorskip at module level would import torchao and bitsandbytes (4 s of CPU on a
+    2-core CI host) in every xdist worker while it collects, whichever worker runs the tests."""
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (pip install -e '.[test]')")
 
 
 def one_core() -> None:
@@ -146,15 +169,25 @@ def cuda_hidden() -> dict:
     return {"CUDA_VISIBLE_DEVICES": ""} if torch.cuda.is_available() else {}
 
 
-def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core=False, on_cpu=False):
-    """Run `python -m nandoctor ...` as a user would; returns the CompletedProcess. env: variables set
-    over this process's environment (None: removed from it). all_cores: on every core of the host, not
-    the one this xdist worker keeps to (a test of how nandoctor sizes its jobs to the host). single_core:
-    on one core (one_core), for runs whose losses are compared bit for bit. on_cpu: on the CPU of any
-    host (cuda_hidden), for a test of what a CPU does: its default grid, gloo ranks, its threads."""
+def run_cli(*args, cwd=None, env=None, timeout=900, all_cores=False, single_core=False, on_cpu=False, process=False):
+    """`nandoctor ...` as a user runs it; returns a CompletedProcess. env: variables set over this process's
+    environment (None: removed from it). all_cores: on every core of the host, not the one this xdist
+    worker keeps to (a test of how nandoctor sizes its jobs to the host). single_core: on one core
+    (one_core), for runs whose losses are compared bit for bit. on_cpu: on the CPU of any host
+    (cuda_hidden), for a test of what a CPU does: its default grid, gloo ranks, its threads.
+
+    The run goes through `cli.main` in this process (run_main: its workers and probes are real processes,
+    and what they print is captured with the CLI's own lines), saving the 2-5 s of CPU a fresh interpreter
+    spends on imports, unless it needs a process of its own: process=True (a test of what that process
+    imports or prints before nandoctor's own output, or of a signal sent to it), a cwd, other cores than
+    this process has, or GPUs to hide from a host whose CUDA this process may have started."""
     env = {**(cuda_hidden() if on_cpu else {}), **(env or {})}
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    own = process or cwd is not None or all_cores or (single_core and len(cores) != 1) or (on_cpu and cuda_hidden())
+    if not own:
+        return run_main(*args, env=env)
     full_env = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
-    full_env.pop("GITHUB_STEP_SUMMARY", None) if not (env and "GITHUB_STEP_SUMMARY" in env) else None
+    full_env.pop("GITHUB_STEP_SUMMARY", None) if "GITHUB_STEP_SUMMARY" not in env else None
     return subprocess.run(
         [sys.executable, "-m", "nandoctor", *map(str, args)],
         capture_output=True,
@@ -191,20 +224,72 @@ def run_cli_noting_imports(*args, env: dict | None = None) -> tuple[subprocess.C
 
 
 def run_main(*args, env=None):
-    """`nandoctor ...` through `nandoctor.cli.main` in this process, stdout and stderr captured; returns a
-    CompletedProcess like run_cli. For commands that end before any probe is spawned (refusals, usage
-    errors, doctor): a fresh interpreter costs seconds of `import torch` each, this costs milliseconds.
-    Spawning commands and exit codes as the shell sees them stay with run_cli."""
+    """`nandoctor ...` through `nandoctor.cli.main` in this process; returns a CompletedProcess like
+    run_cli's. stdout and stderr are captured at the descriptors, so what the run's workers and probes
+    print lands there too, as from a process of its own; Python's warnings are shown as a fresh
+    interpreter shows them (its default filters, each shown again), not collected by pytest. What only
+    a fresh interpreter shows (what imports print, an import's first warning) and exit codes as the shell
+    sees them stay with run_cli(process=True)."""
     from nandoctor.cli import main
 
-    stdout, stderr = io.StringIO(), io.StringIO()
     with (
         _environ({"GITHUB_STEP_SUMMARY": None, **(env or {})}),
-        contextlib.redirect_stdout(stdout),
-        contextlib.redirect_stderr(stderr),
+        _captured_descriptors() as (stdout, stderr),
+        _fresh_warnings(),
     ):
-        code = main([str(a) for a in args])
-    return subprocess.CompletedProcess(["nandoctor", *map(str, args)], code, stdout.getvalue(), stderr.getvalue())
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # --help, --version
+            code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    return subprocess.CompletedProcess(["nandoctor", *map(str, args)], code, stdout.read(), stderr.read())
+
+
+class _Captured:
+    def __init__(self):
+        self.file = tempfile.TemporaryFile()
+
+    def read(self) -> str:
+        with self.file:
+            self.file.seek(0)
+            return self.file.read().decode(errors="replace")
+
+
+@contextlib.contextmanager
+def _captured_descriptors():
+    """Descriptors 1 and 2 (and sys.stdout, sys.stderr over them) into two files for the block; yields
+    their readers."""
+    out, err = _Captured(), _Captured()
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    streams = sys.stdout, sys.stderr
+    try:
+        os.dup2(out.file.fileno(), 1)
+        os.dup2(err.file.fileno(), 2)
+        sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
+        yield out, err
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        sys.stdout, sys.stderr = streams
+        os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+        os.close(saved[0]), os.close(saved[1])
+
+
+@contextlib.contextmanager
+def _fresh_warnings():
+    """The warning filters of a fresh `python` (no -W, no PYTHONWARNINGS), every warning shown again, to
+    sys.stderr at the time; restored afterwards."""
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.filterwarnings("default", category=DeprecationWarning, module="__main__")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.filterwarnings("ignore", category=category, append=True)
+        warnings.showwarning = _show_warning
+        yield
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
 @contextlib.contextmanager
@@ -218,6 +303,24 @@ def _environ(changes: dict):
     finally:
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def run_warm(spec, run_dir: Path, env: dict | None = None):
+    """The record of one probe of `spec`, forked by a warm worker in `run_dir` as a grid's probe is (the
+    session's zygote's worker where this run's environment is the session's): for a test of what a probe
+    records, not of how its process starts (a cold one pays seconds of imports first)."""
+    from nandoctor.executors import ExecutorConfig
+    from nandoctor.run.local import LocalPlacement
+    from nandoctor.run.scheduler import Scheduler
+    from nandoctor.run.store import ResultsStore
+    from nandoctor.run.task import ProbeTask
+
+    with (
+        _environ(env or {}),
+        Scheduler(LocalPlacement(ExecutorConfig(), run_dir, jobs=1), ResultsStore(run_dir), retries=0) as runner,
+    ):
+        (record,) = runner.run([ProbeTask(spec, spec.recipe.timeout_s)])
+    return record
 
 
 def summary(run_dir: Path) -> dict:
@@ -249,7 +352,37 @@ SHARED_RUNS = {
     "test_integrations_ddp": "watch-fits",  # tests/watch_fits.py's one torchrun launch
     "test_integrations_fsdp2": "watch-fits",
     "test_integrations_trainer_ddp": "watch-fits",
+    # the modules that train under Lightning or the transformers Trainer in this process: one worker imports
+    # lightning and peft (seconds each) for all of them; their collection imports neither (training_runs.lazy)
+    "test_integrations_cells": "frameworks",
+    "test_integrations_grad_scaler": "frameworks",
+    "test_integrations_lightning": "frameworks",
+    "test_integrations_transformers": "frameworks",
+    "test_integrations_setup_lint": "frameworks",
+    "test_trust_callbacks": "frameworks",
 }
+
+
+# The groups that take longest, longest first (seconds of test time each, summed from `--durations=0`
+# on a 2-core CPU): xdist's loadgroup hands a worker the next group when it is done, so the long ones go
+# first and the short ones fill in at the end, where a long one left last would run alone on one core.
+LONGEST_GROUPS = (
+    "test_executor_slurm",  # 220
+    "test_executor_ray",  # 180
+    "large-mlp",  # 120
+    "test_warm_workers",  # 90
+    "test_sigterm",  # 80
+    "fp16-pure-bisect",  # 55
+    "test_parallel_probes",  # 45
+    "test_parallel_forensics",  # 45
+    "test_fixed_cost",  # 45
+    "watch-fits",  # 40
+    "frameworks",  # 40
+    "test_zygote",  # 40
+    "test_plan_in_worker",  # 35
+    "test_cpu_peak_memory",  # 30
+    "test_bisect_training_options",  # 30
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
@@ -259,19 +392,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(module, module)))
-    slow = {
-        group: n
-        for n, group in enumerate(
-            (
-                "test_executor_slurm",
-                "test_executor_ray",
-                "large-mlp",
-                "fp16-pure-bisect",
-                "watch-fits",
-                "test_warm_workers",
-            )
-        )
-    }
+    slow = {group: n for n, group in enumerate(LONGEST_GROUPS)}
     items.sort(key=lambda item: slow.get(item.get_closest_marker("xdist_group").args[0], len(slow)))
     _skip_gpu_tests(items)
 

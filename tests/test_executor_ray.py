@@ -58,7 +58,7 @@ def interrupted(local_ray, foreign_probe, tmp_path_factory):
     children_after = probe_processes(local_ray.proc.pid)  # at once: the run waits for its cancelled tasks to end
     free_after = local_ray.free_cpus()
     gathered = (out / "hardware.json").read_text()
-    resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env)
+    resumed = run_cli("grid", "--resume", out, *on_ray(local_ray), env=local_ray.env, process=True)
     return out, code, printed, free_after, children_after, resumed, gathered
 
 
@@ -232,6 +232,7 @@ def test_a_node_type_no_node_declares_is_one_line_and_exit_2(local_ray, tmp_path
         "--out",
         tmp_path / "run",
         env=local_ray.env,
+        process=True,
     )
     assert proc.returncode == 2
     assert [line for line in proc.stderr.splitlines() if "error" in line] == [
@@ -265,6 +266,7 @@ def test_a_task_no_node_can_start_is_cancelled_after_its_queue_wait_and_recorded
         "--out",
         out,
         env=local_ray.env,
+        process=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
     assert (
@@ -301,6 +303,7 @@ def test_a_facts_task_the_cluster_never_starts_is_one_line_and_exit_2_after_queu
         "--out",
         tmp_path / "run",
         env=local_ray.env,
+        process=True,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert [line for line in proc.stderr.splitlines() if "error" in line.lower()] == [

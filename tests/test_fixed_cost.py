@@ -61,6 +61,7 @@ def small_grid(tmp_path_factory):
         "4",
         "--out",
         out,
+        process=True,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -150,6 +150,7 @@ def test_on_a_gpu_host_probes_train_on_the_gpu_they_were_given_by_its_uuid(tmp_p
         "--out",
         out,
         env={"CUDA_VISIBLE_DEVICES": uuid, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+        process=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for probe in summary(out)["probes"]:

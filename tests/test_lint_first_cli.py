@@ -32,7 +32,7 @@ def test_a_grid_lints_first_stores_the_lint_and_its_probes_show_the_leak(files):
     proc = run_cli(
         "grid", *common(files), "--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "2",
         "--out", out,
-        "--set", "retime_rounds=0", "--set", "forensics_steps=0",
+        "--set", "retime_rounds=0", "--set", "forensics_steps=0", process=True
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # no stable configuration
     lines = [line for line in proc.stderr.splitlines() if line.startswith(LEAK_LINE)]
@@ -53,7 +53,7 @@ def test_a_grid_lints_first_stores_the_lint_and_its_probes_show_the_leak(files):
 
 def test_a_check_lints_first_and_fails_the_setup_check(files):
     out = files["dir"] / "check"
-    proc = run_cli("check", *common(files), "--dtype", "fp32", "--attn", "sdpa", "--out", out)
+    proc = run_cli("check", *common(files), "--dtype", "fp32", "--attn", "sdpa", "--out", out, process=True)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert any(line.startswith(LEAK_LINE) for line in proc.stderr.splitlines())
     assert [

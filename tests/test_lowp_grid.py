@@ -5,12 +5,10 @@ report's savings section says what was measured here."""
 import json
 
 import pytest
-from conftest import summary
+from conftest import needs, summary
 
-pytestmark = pytest.mark.slow  # end to end: real probe processes
+pytestmark = [pytest.mark.slow, needs("torchao", "bitsandbytes")]  # end to end: real probe processes
 
-pytest.importorskip("torchao")
-pytest.importorskip("bitsandbytes")
 
 FP32 = 4
 

@@ -7,14 +7,14 @@ import math
 import pytest
 import torch
 from checkpoints import TINY
+from conftest import needs
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from nandoctor.child.memory import memory_split, split_after_first_step
 from nandoctor.child.optimizers import build_optimizer, step_eagerly
 from nandoctor.config import OptimizerConfig
 
-pytest.importorskip("torchao")
-pytest.importorskip("bitsandbytes")
+pytestmark = needs("torchao", "bitsandbytes")
 
 FP32 = 4
 QUANTIZED_FROM = 4096  # bitsandbytes' min_8bit_size, which torchao follows: smaller tensors keep fp32 state

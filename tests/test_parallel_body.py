@@ -3,14 +3,13 @@ the one-process probe of the same cell leave records with the same fields, timed
 throughput over all ranks and per device, the host's load, and a steady step time that leaves out the
 warm-up steps the throughput measured."""
 
-import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import cuda_hidden, run_warm
 
 from nandoctor.cells import Cell
 from nandoctor.child.ranks import Ranks, host_sample, probe_load
@@ -41,22 +40,10 @@ MEASURED = (
 
 
 def probe(tmp_path, cell: Cell) -> ProbeRecord:
-    """Run `python -m nandoctor.child SPEC RESULT` as a cold slot does; the record it wrote."""
+    """The record a probe of `cell` writes on this machine's CPU, forked by a warm worker as a grid's is."""
     recipe = set_field(resolve_model("tiny-llama"), "forensics_steps", "0")
     spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), STEPS, recipe.seed, "cpu", 2)
-    folder = tmp_path / cell.parallel
-    folder.mkdir()
-    (folder / "spec.json").write_text(json.dumps(spec.to_dict()))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "nandoctor.child", folder / "spec.json", folder / "result.json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return ProbeRecord.from_dict(json.loads((folder / "result.json").read_text()))
+    return run_warm(spec, tmp_path / cell.parallel, env=cuda_hidden())
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, summary
 
+from nandoctor.record import ZYGOTE_ENV
+
 # Two cells that run on a CPU and a GPU alike, long enough (16 steps) to be interrupted in their midst.
 GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "16")
 GRID += ("--set", "retime_rounds=0")
@@ -80,7 +82,7 @@ def terminate_mid_run(args: list, run_dir: Path, env: dict | None = None) -> tup
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["warm", "cold"])
-def test_sigterm_ends_the_probes_keeps_the_records_says_how_to_resume_and_resume_finishes(tmp_path, mode):
+def test_sigterm_ends_the_probes_keeps_the_records_says_how_to_resume_and_resume_finishes(tmp_path, mode, zygote):
     out = tmp_path / "run"
     extra = ["--cold"] if mode == "cold" else []
     code, stderr, kept, started = terminate_mid_run([*GRID, "--jobs", "1", "--out", out, *extra], out)
@@ -93,7 +95,9 @@ def test_sigterm_ends_the_probes_keeps_the_records_says_how_to_resume_and_resume
     after = lines(out)
     assert after[: len(kept)] == kept and len(after) < len(CELLS)  # what was recorded is kept, and no more
 
-    resumed = run_cli("grid", "--resume", out, *extra)
+    # the resume's own processes are not what this test is about: it runs in this one, its worker forked by
+    # the session's zygote
+    resumed = run_cli("grid", "--resume", out, *extra, env={ZYGOTE_ENV: str(zygote)})
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert lines(out)[: len(kept)] == kept
     assert {p["probe_id"] for p in summary(out)["probes"]} == CELLS

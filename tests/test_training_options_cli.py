@@ -5,13 +5,10 @@ ranks train exactly the one-process step (token normalisation over every rank, a
 average_tokens_across_devices)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_cli
+from conftest import cuda_hidden, run_cli, run_warm
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.cells import Cell
@@ -81,16 +78,8 @@ def test_a_ddp_probe_packs_and_accumulates_each_ranks_rows_as_one_process_would(
         recipe = set_field(recipe, key, value)
     cell = Cell("fp32", "sdpa", "off", parallel="ddp")
     spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 3, recipe.seed, "cpu", 2)
-    (tmp_path / "spec.json").write_text(json.dumps(spec.to_dict()))
-    proc = subprocess.run(
-        [sys.executable, "-m", "nandoctor.child", tmp_path / "spec.json", tmp_path / "result.json"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = ProbeRecord.from_dict(json.loads((tmp_path / "result.json").read_text()))
+    record = run_warm(spec, tmp_path, env=cuda_hidden())
+    assert record.status == "ok", (record.error, record.log_tail)
     agreement = record.parallel["grad_agreement"]
     assert agreement["max_rel_error"] < 1e-4 and agreement["norm_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert record.data["packing"] == "position_ids" and record.setup_checks["packing_max_logit_diff"] < 1e-4

@@ -251,6 +251,6 @@ def test_the_lint_model_prints_no_third_party_lines(tmp_path, files):
     """The lint builds a model for the accumulation check: transformers and peft import no optional
     package (torchao's "Failed to load ...so", torch's _pytree lines), and stderr holds only nandoctor's."""
     args = ("doctor", "--data", files["chat"], "--tokenizer", files["tok"], "--set", "gradient_accumulation_steps=2")
-    proc = run_cli(*args, *ONE_CELL)
+    proc = run_cli(*args, *ONE_CELL, process=True)
     assert proc.returncode == 0, proc.stderr
     assert [line for line in proc.stderr.splitlines() if not line.startswith("nandoctor:")] == []

@@ -41,6 +41,7 @@ def crashing_run(tmp_path_factory):
         "timeout_s=6",
         "--out",
         out,
+        process=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     return out
@@ -112,7 +113,7 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
     runs = {}
     for mode in ("warm", "cold"):
         out = tmp_path / mode
-        # --jobs 2: two probes at once, one thread each (two threads each crawl on a shared 2-core box)
+        # --jobs 1: one worker forks the three probes in turn (one spawned worker's imports, not two)
         proc = cli(
             "grid",
             "--axis",
@@ -124,7 +125,7 @@ def test_warm_and_cold_probes_give_bit_identical_results(tmp_path, cli):
             "--steps",
             "3",
             "--jobs",
-            "2",
+            "1",
             "--set",
             "retime_rounds=0",
             "--out",

@@ -69,7 +69,7 @@ def test_a_zygote_forked_worker_trains_bit_identically_to_a_spawned_one(zygote_s
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
     assert [r["worker_pid"] for r in records(tmp_path / "zygote")] == [worker.pid]
-    spawned = run_cli(*GRID, "--steps", "40", "--out", tmp_path / "spawned")
+    spawned = run_cli(*GRID, "--steps", "40", "--out", tmp_path / "spawned", process=True)
     assert spawned.returncode == 0, spawned.stdout[-2000:] + spawned.stderr[-2000:]
     losses = [
         [(s["loss"], s["grad_norm"]) for s in r["steps"]]

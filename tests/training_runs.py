@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import torch
 from checkpoints import TINY
+
+
+def integration(framework: str):
+    """nandoctor's callback module for `framework` ("lightning" or "transformers"), imported when a test
+    first asks for it: a test module that reaches its callback this way (never as a module-level name,
+    which pytest inspects while it collects) is collected without `import lightning` or peft (seconds
+    each, in every xdist worker), and only the worker that runs its tests pays for them."""
+    return importlib.import_module(f"nandoctor.integrations.{framework}")
+
 
 # A Lightning Trainer that writes and prints nothing of its own: what every test fit passes
 QUIET_LIGHTNING = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
