@@ -256,7 +256,6 @@ def test_a_cold_probe_trains_with_the_users_openmp_settings(tmp_path):
         "--out",
         out,
         env={"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "1"},
-        process=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]

@@ -97,7 +97,7 @@ def terminated(slurm_env, tmp_path_factory):
     (shim / "squeue").chmod(0o755)
     env = {**slurm_env, "PATH": f"{shim}{os.pathsep}{slurm_env.get('PATH', os.environ['PATH'])}"}
     start, started = time.monotonic(), time.time()
-    resumed = run_cli("grid", "--resume", out, *SLURM, env=env, process=True)
+    resumed = run_cli("grid", "--resume", out, *SLURM, env=env)
     took = time.monotonic() - start
     asked = [line.partition(" ") for line in (calls.read_text().splitlines() if calls.exists() else [])]
     asked = [(float(at) - started, call) for at, _, call in asked]
@@ -238,7 +238,6 @@ def test_a_bisection_through_slurm_submits_each_round_as_one_array(slurm_env, tm
         "--out",
         out,
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     b = json.loads((out / "bisect.json").read_text())
@@ -267,7 +266,6 @@ def test_a_partition_sbatch_refuses_is_one_line_and_exit_2(slurm_env, tmp_path):
         "--out",
         tmp_path / "run",
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
@@ -295,7 +293,6 @@ def test_a_partition_of_the_hardware_axis_sbatch_refuses_is_one_line_and_exit_2(
         "--out",
         tmp_path / "run",
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
@@ -360,7 +357,6 @@ def test_a_job_pending_past_its_queue_wait_is_cancelled_retried_and_recorded_los
         "--out",
         out,
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no stable configuration: nothing ran
     assert (
@@ -411,7 +407,6 @@ def test_a_canary_the_cluster_never_starts_is_one_line_and_exit_2_after_queue_wa
         "--out",
         tmp_path / "run",
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
@@ -514,7 +509,6 @@ def test_a_two_rank_parallel_probe_is_one_job_with_twice_the_cores_and_runs_both
         "--out",
         out,
         env=slurm_env,
-        process=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert verdicts(out) == {

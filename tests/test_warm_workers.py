@@ -41,7 +41,6 @@ def crashing_run(tmp_path_factory):
         "timeout_s=6",
         "--out",
         out,
-        process=True,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # a crash and a timeout are harness failures
     return out
