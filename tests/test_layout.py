@@ -2,6 +2,7 @@
 (every import counts, including the ones inside functions)."""
 
 import ast
+import functools
 import os
 from pathlib import Path
 
@@ -113,6 +114,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
+@functools.cache  # parsing every module takes about a second; the tree does not change during a session
 def graph() -> dict[str, set[str]]:
     mods = modules()
     known = set(mods)
