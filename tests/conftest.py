@@ -269,6 +269,8 @@ def _captured_descriptors():
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
         yield out, err
     finally:
+        # flushed, not closed: a handler that kept one (a library's logger first set up during the run)
+        # writes on, through descriptor 1 or 2, to wherever they point again
         sys.stdout.flush(), sys.stderr.flush()
         sys.stdout, sys.stderr = streams
         os.dup2(saved[0], 1), os.dup2(saved[1], 2)
