@@ -355,7 +355,8 @@ SHARED_RUNS = {
     "test_integrations_fsdp2": "watch-fits",
     "test_integrations_trainer_ddp": "watch-fits",
     # the modules that train under Lightning or the transformers Trainer in this process: one worker imports
-    # lightning and peft (seconds each) for all of them; their collection imports neither (training_runs.lazy)
+    # lightning and peft (seconds each) for all of them; their collection imports neither
+    # (training_runs.nandoctor_lightning, nandoctor_transformers)
     "test_integrations_cells": "frameworks",
     "test_integrations_grad_scaler": "frameworks",
     "test_integrations_lightning": "frameworks",

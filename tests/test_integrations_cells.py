@@ -6,21 +6,12 @@ import sys
 
 import pytest
 import torch
-from training_runs import hf_trainer, integration, tiny_llama
+from training_runs import hf_trainer, nandoctor_lightning, nandoctor_transformers, tiny_llama
 
 from nandoctor.analysis.verdicts import numeric_verdict
 from nandoctor.cells import ALIASES, PRECISIONS, Cell
 from nandoctor.errors import NandoctorError
 from nandoctor.record import Step
-
-
-def pl():
-    return integration("lightning")
-
-
-def hf():
-    return integration("transformers")
-
 
 TURING = {
     "device": "cuda",
@@ -46,10 +37,10 @@ def test_the_lightning_dtypes_are_the_six_precisions_and_te_hybrid():
 
 @pytest.mark.parametrize("dtype", NAMED_BY_LIGHTNING)
 def test_every_dtype_reads_back_from_its_lightning_arguments(dtype):
-    args = pl().lightning_arguments(Cell(dtype, "eager"))
-    assert pl().cell_from_lightning(args["precision"], "eager", args.get("float32_matmul_precision")) == Cell(
-        dtype, "eager"
-    )
+    args = nandoctor_lightning().lightning_arguments(Cell(dtype, "eager"))
+    assert nandoctor_lightning().cell_from_lightning(
+        args["precision"], "eager", args.get("float32_matmul_precision")
+    ) == Cell(dtype, "eager")
 
 
 def test_a_32_true_run_reads_tf32_set_through_torchs_per_backend_api():
@@ -62,54 +53,76 @@ def test_a_32_true_run_reads_tf32_set_through_torchs_per_backend_api():
     saved = torch.backends.cuda.matmul.fp32_precision
     try:
         torch.backends.cuda.matmul.fp32_precision = "tf32"
-        assert pl().cell_from_lightning("32-true", "eager") == Cell("tf32", "eager")
+        assert nandoctor_lightning().cell_from_lightning("32-true", "eager") == Cell("tf32", "eager")
         torch.backends.cuda.matmul.fp32_precision = "ieee"
-        assert pl().cell_from_lightning("32-true", "eager") == Cell("fp32", "eager")
+        assert nandoctor_lightning().cell_from_lightning("32-true", "eager") == Cell("fp32", "eager")
     finally:
         torch.backends.cuda.matmul.fp32_precision = saved
 
 
 def test_lightning_strings_of_the_pure_and_mixed_cells():
     assert [
-        pl().lightning_arguments(Cell(d))["precision"] for d in ("bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")
+        nandoctor_lightning().lightning_arguments(Cell(d))["precision"]
+        for d in ("bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure")
     ] == [
         "bf16-mixed",
         "16-mixed",
         "bf16-true",
         "16-true",
     ]
-    assert pl().lightning_arguments(Cell("tf32")) == {"precision": "32-true", "float32_matmul_precision": "high"}
+    assert nandoctor_lightning().lightning_arguments(Cell("tf32")) == {
+        "precision": "32-true",
+        "float32_matmul_precision": "high",
+    }
 
 
 def test_an_unknown_lightning_precision_is_one_line_error():
     with pytest.raises(NandoctorError, match="'64-true' has no nandoctor cell; valid: 16-mixed"):
-        pl().cell_from_lightning("64-true")
+        nandoctor_lightning().cell_from_lightning("64-true")
 
 
 def test_training_args_bf16_is_bf16_amp_with_the_models_attention(tmp_path):
-    assert hf().cell_from_training_args(training_args(tmp_path, bf16=True), tiny_llama(attn="eager")) == Cell(
-        "bf16-amp", "eager"
-    )
+    assert nandoctor_transformers().cell_from_training_args(
+        training_args(tmp_path, bf16=True), tiny_llama(attn="eager")
+    ) == Cell("bf16-amp", "eager")
 
 
 def test_training_args_torch_compile_is_inductor(tmp_path):
-    assert hf().cell_from_training_args(training_args(tmp_path, torch_compile=True)).compile == "inductor"
+    assert (
+        nandoctor_transformers().cell_from_training_args(training_args(tmp_path, torch_compile=True)).compile
+        == "inductor"
+    )
 
 
 def test_half_weights_without_an_autocast_flag_are_the_pure_cell(tmp_path):
-    assert hf().cell_from_training_args(training_args(tmp_path), tiny_llama(torch.float16)).dtype == "fp16-pure"
-    assert hf().cell_from_training_args(training_args(tmp_path), tiny_llama(torch.bfloat16)).dtype == "bf16-pure"
+    assert (
+        nandoctor_transformers().cell_from_training_args(training_args(tmp_path), tiny_llama(torch.float16)).dtype
+        == "fp16-pure"
+    )
+    assert (
+        nandoctor_transformers().cell_from_training_args(training_args(tmp_path), tiny_llama(torch.bfloat16)).dtype
+        == "bf16-pure"
+    )
 
 
 def test_fp16_flag_on_a_cpu_trains_in_fp32(tmp_path):
     """accelerate enables fp16 autocast and a GradScaler only on an accelerator."""
-    assert hf().cell_from_training_args(training_args(tmp_path, fp16=True), tiny_llama()).dtype == "fp32"
+    assert (
+        nandoctor_transformers().cell_from_training_args(training_args(tmp_path, fp16=True), tiny_llama()).dtype
+        == "fp32"
+    )
 
 
 def test_bf16_on_a_turing_gpu_is_caught_at_train_start_before_any_step(tmp_path):
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
-    trainer = hf_trainer(model, tmp_path, [hf().NandoctorCallback(strict=True, device=TURING)], max_steps=2, bf16=True)
+    trainer = hf_trainer(
+        model,
+        tmp_path,
+        [nandoctor_transformers().NandoctorCallback(strict=True, device=TURING)],
+        max_steps=2,
+        bf16=True,
+    )
     with pytest.raises(
         NandoctorError,
         match=r"probe ran: unsupported: bf16 needs compute capability 8\.0, this GPU has 7\.5.*"
@@ -121,7 +134,7 @@ def test_bf16_on_a_turing_gpu_is_caught_at_train_start_before_any_step(tmp_path)
 
 
 def test_bf16_on_a_turing_gpu_warns_with_the_check_wording_when_not_strict(tmp_path):
-    callback = hf().NandoctorCallback(device=TURING)
+    callback = nandoctor_transformers().NandoctorCallback(device=TURING)
     trainer = hf_trainer(tiny_llama(), tmp_path, [callback], max_steps=1, bf16=True)
     with pytest.warns(UserWarning, match="  FAIL probe ran: unsupported: bf16 needs compute capability 8.0"):
         callback.on_train_begin(

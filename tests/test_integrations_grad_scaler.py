@@ -13,17 +13,9 @@ import warnings
 
 import pytest
 import torch
-from training_runs import hf_trainer, integration, lightning_fit, tiny_llama
+from training_runs import hf_trainer, lightning_fit, nandoctor_lightning, nandoctor_transformers, tiny_llama
 
 from nandoctor.integrations.watch import CheckFailed
-
-
-def pl_callback():
-    return integration("lightning")
-
-
-def hf_callback():
-    return integration("transformers")
 
 
 def fp16_mixed(init_scale: float):
@@ -51,7 +43,7 @@ def calibrating_fit(tmp_path_factory):
     """Scale 2**24 at the start: the scaled gradients overflow fp16 in backward (measured here: steps 0-4
     are skipped, step 5 fits at 2**19)."""
     scaler, plugin = fp16_mixed(2.0**24)
-    callback = pl_callback().NandoctorCallback(strict=True)
+    callback = nandoctor_lightning().NandoctorCallback(strict=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer, module = lightning_fit(
@@ -89,7 +81,7 @@ def overflowing_fit(tmp_path_factory):
     scaler skips steps 0, 1 and 2 (at 4, 2, 1); after step 2 it would fall below 1."""
     out = tmp_path_factory.mktemp("pl-overflow")
     scaler, plugin = fp16_mixed(4.0)
-    callback = pl_callback().NandoctorCallback()
+    callback = nandoctor_lightning().NandoctorCallback()
     with pytest.warns(UserWarning, match="initial loss near ln") as caught:
         trainer, _ = lightning_fit(tiny_llama(), out, None, [callback], plugins=[plugin], loss_weight=1e8)
     return trainer, callback, scaler, nandoctor_warnings(caught), out / "nandoctor"
@@ -136,7 +128,7 @@ def test_scale_report_replays_the_skipped_step_at_its_scale(overflowing_fit):
 
 def test_strict_watch_stops_a_fit_whose_first_step_already_overflows_at_scale_1(tmp_path):
     _, plugin = fp16_mixed(1.0)
-    callback = pl_callback().NandoctorCallback(strict=True)
+    callback = nandoctor_lightning().NandoctorCallback(strict=True)
     model = tiny_llama()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(
@@ -152,7 +144,7 @@ def test_fused_adamw_grad_norm_is_read_unscaled(tmp_path):
     norms = {}
     for fused in (False, True):
         _, plugin = fp16_mixed(2.0**10)
-        callback = pl_callback().NandoctorCallback()
+        callback = nandoctor_lightning().NandoctorCallback()
         lightning_fit(tiny_llama(), tmp_path / str(fused), None, [callback], plugins=[plugin], fused=fused, max_steps=1)
         [step] = callback.watch.steps
         assert not step.skipped and step.scale == 2.0**10
@@ -163,7 +155,7 @@ def test_fused_adamw_grad_norm_is_read_unscaled(tmp_path):
 @pytest.fixture(scope="module")
 def hf_calibrating_run(tmp_path_factory):
     """A transformers Trainer with fp16=True whose accelerator steps through a CPU GradScaler from 2**20."""
-    callback = hf_callback().NandoctorCallback(strict=True)
+    callback = nandoctor_transformers().NandoctorCallback(strict=True)
     trainer = hf_trainer(tiny_llama(), tmp_path_factory.mktemp("hf-calibrating"), [callback], max_steps=6, fp16=True)
     # what accelerate sets up for fp16 on a GPU: prepare() then runs the forward in fp16 autocast and
     # wraps the optimizer with the scaler, whose skips the Trainer reports as optimizer_step_was_skipped

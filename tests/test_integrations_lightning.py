@@ -6,12 +6,7 @@ import math
 import pytest
 import torch
 from checkpoints import LARGE_MLP, save_llama
-from training_runs import integration, lightning_fit, tiny_llama
-
-
-def callbacks():
-    return integration("lightning")
-
+from training_runs import lightning_fit, nandoctor_lightning, tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +17,7 @@ def large_mlp_run(tmp_path_factory):
     65504 in step 0's forward."""
     base = tmp_path_factory.mktemp("pl-large-mlp")
     model = tiny_llama(path=save_llama(base / "ckpt", mlp_scale=LARGE_MLP), attn="eager")
-    callback = callbacks().NandoctorCallback()
+    callback = nandoctor_lightning().NandoctorCallback()
     with pytest.warns(UserWarning, match="loss finite at step 0: loss nan"):
         trainer, module = lightning_fit(model, base / "run", "16-true", [callback])
     return trainer, module, callback, base / "run" / "nandoctor"
@@ -53,7 +48,7 @@ def test_the_replay_keeps_its_loss_out_of_the_users_logs(large_mlp_run):
 
 
 def test_clean_bf16_mixed_fit_is_bit_identical_with_and_without_the_callback(tmp_path):
-    callback = callbacks().NandoctorCallback()
+    callback = nandoctor_lightning().NandoctorCallback()
     _, watched = lightning_fit(tiny_llama(), tmp_path / "watched", "bf16-mixed", [callback], max_steps=4)
     _, plain = lightning_fit(tiny_llama(), tmp_path / "plain", "bf16-mixed", [], max_steps=4)
     assert len(callback.watch.steps) == 4 and callback.watch.failure is None

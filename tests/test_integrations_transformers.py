@@ -5,12 +5,7 @@ import math
 
 import pytest
 import torch
-from training_runs import hf_trainer, integration, tiny_llama
-
-
-def callbacks():
-    return integration("transformers")
-
+from training_runs import hf_trainer, nandoctor_transformers, tiny_llama
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +15,7 @@ def fp16_eps_run(tmp_path_factory):
     """fp16 weights, torch AdamW with eps 1e-8 (0.0 in fp16): step 0's update writes inf into the
     weights, step 1's loss is NaN, and Trainer logs it as 0.0 (logging_nan_inf_filter, its default)."""
     out = tmp_path_factory.mktemp("hf-fp16-eps")
-    callback = callbacks().NandoctorCallback()
+    callback = nandoctor_transformers().NandoctorCallback()
     trainer = hf_trainer(
         tiny_llama(torch.float16),
         out,
@@ -88,7 +83,7 @@ def train_bf16(out, callbacks):
 
 
 def test_clean_bf16_run_trains_to_the_end_bit_identical_with_and_without_the_callback(tmp_path):
-    callback = callbacks().NandoctorCallback()
+    callback = nandoctor_transformers().NandoctorCallback()
     watched_losses, watched_weights = train_bf16(tmp_path / "watched", [callback])
     plain_losses, plain_weights = train_bf16(tmp_path / "plain", [])
     assert len(callback.watch.steps) == 4 and callback.watch.failure is None

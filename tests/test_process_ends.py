@@ -134,7 +134,8 @@ def test_a_warm_worker_whose_imports_print_still_runs_its_probes(tmp_path):
         "--out",
         tmp_path / "run",
         env={"PYTHONPATH": path},
-        timeout=300,  # before, the worker's line killed the reader and the run waited forever, process=True
+        timeout=300,  # before, the worker's line killed the reader and the run waited forever
+        process=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[  1/1] fp32/eager/off" in proc.stdout and "stable" in proc.stdout

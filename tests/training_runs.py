@@ -9,12 +9,16 @@ import torch
 from checkpoints import TINY
 
 
-def integration(framework: str):
-    """nandoctor's callback module for `framework` ("lightning" or "transformers"), imported when a test
-    first asks for it: a test module that reaches its callback this way (never as a module-level name,
-    which pytest inspects while it collects) is collected without `import lightning` or peft (seconds
-    each, in every xdist worker), and only the worker that runs its tests pays for them."""
-    return importlib.import_module(f"nandoctor.integrations.{framework}")
+# nandoctor's callback modules, imported when a test first asks for one: a test module that reaches its
+# callback this way (never as a module-level name, which pytest inspects while it collects) is collected
+# without `import lightning` or peft (seconds each, in every xdist worker), and only the worker that runs
+# its tests pays for them.
+def nandoctor_lightning():
+    return importlib.import_module("nandoctor.integrations.lightning")
+
+
+def nandoctor_transformers():
+    return importlib.import_module("nandoctor.integrations.transformers")
 
 
 # A Lightning Trainer that writes and prints nothing of its own: what every test fit passes
