@@ -366,26 +366,37 @@ SHARED_RUNS = {
 }
 
 
-# The groups that take longest, longest first (seconds of test time each, summed from `--durations=0`
-# on a 2-core CPU): xdist's loadgroup hands a worker the next group when it is done, so the long ones go
-# first and the short ones fill in at the end, where a long one left last would run alone on one core.
+# The groups that take longest, longest first (seconds of test time each, from a timeline of every test's
+# start and end in one `-n 2` run on a 2-core CPU): xdist's loadgroup hands a worker the next group when it
+# is done, so the long ones go first, then the other groups with an end-to-end (`slow`) test, and the
+# short ones fill in at the end, where a long one left last would run alone on one core.
 LONGEST_GROUPS = (
-    "test_executor_slurm",  # 220
-    "test_executor_ray",  # 180
+    "test_executor_slurm",  # 210
+    "test_executor_ray",  # 170
     "large-mlp",  # 120
-    "test_warm_workers",  # 90
-    "test_sigterm",  # 80
-    "fp16-pure-bisect",  # 55
-    "test_parallel_probes",  # 45
+    "test_warm_workers",  # 75
+    "frameworks",  # 70
+    "test_sigterm",  # 70
+    "fp16-pure-bisect",  # 70
+    "watch-fits",  # 50
+    "test_parallel_probes",  # 50
     "test_parallel_forensics",  # 45
+    "test_zygote",  # 45
     "test_fixed_cost",  # 45
-    "watch-fits",  # 40
-    "frameworks",  # 40
-    "test_zygote",  # 40
-    "test_plan_in_worker",  # 35
-    "test_cpu_peak_memory",  # 30
+    "test_plan_in_worker",  # 45
     "test_bisect_training_options",  # 30
+    "test_userdata_lint_cli",  # 30
+    "test_moe",  # 30
+    "test_diff_e2e",  # 30
 )
+
+
+def pytest_configure(config):
+    """Keep the order pytest_collection_modifyitems gives the groups: pytest-xdist (3.6 and later) would
+    otherwise hand them out by how many tests each has, largest first (--loadscope-reorder), and a group of
+    one long test (a SLURM bisection) could be left to the end."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
@@ -395,8 +406,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         module = item.module.__name__.rpartition(".")[2]
         item.add_marker(pytest.mark.xdist_group(SHARED_RUNS.get(module, module)))
-    slow = {group: n for n, group in enumerate(LONGEST_GROUPS)}
-    items.sort(key=lambda item: slow.get(item.get_closest_marker("xdist_group").args[0], len(slow)))
+    group = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
+    end_to_end = {group[item] for item in items if item.get_closest_marker("slow")}
+    rank = {name: n for n, name in enumerate(LONGEST_GROUPS)}
+    items.sort(key=lambda item: rank.get(group[item], len(rank) + (group[item] not in end_to_end)))
     _skip_gpu_tests(items)
 
 

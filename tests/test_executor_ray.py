@@ -66,16 +66,13 @@ CANCEL_A_RUNNING_PROBE = """
 import json, sys, time
 from pathlib import Path
 from clusters import probe_processes
-from nandoctor.cells import Cell
+from nandoctor import jsonio
 from nandoctor.executors import executor_config
-from nandoctor.models import plan_model
-from nandoctor.recipes import recipe_by_name
 from nandoctor.record import ProbeSpec
 from nandoctor.run.on_ray import GRACEFUL_CANCEL_S, RayPlacement
 from nandoctor.run.placement import PlacedProbe
 from nandoctor.run.task import ProbeTask
-recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
-spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 100_000, 0, "cpu", 1)  # minutes of steps
+spec = ProbeSpec.from_dict(jsonio.loads(Path(sys.argv[4]).read_text()))  # planned by the test: no torch imported here
 placement = RayPlacement(executor_config("ray", ["address=" + sys.argv[1], "cpus=1"]), Path(sys.argv[2]), kept={"": {}})
 try:
     probe = PlacedProbe(ProbeTask(spec, 600.0), Path(sys.argv[2]))
@@ -107,6 +104,15 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, f
     import subprocess
     import sys
 
+    from nandoctor import jsonio
+    from nandoctor.cells import Cell
+    from nandoctor.models import plan_model
+    from nandoctor.recipes import recipe_by_name
+    from nandoctor.record import ProbeSpec
+
+    recipe, cell = recipe_by_name("tiny-llama"), Cell("fp32", "eager", "off")
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 100_000, 0, "cpu", 1)  # minutes
+    (tmp_path / "spec.json").write_text(jsonio.dumps(spec.to_dict()))
     proc = subprocess.run(
         [
             sys.executable,
@@ -115,6 +121,7 @@ def test_cancel_returns_only_once_the_task_and_its_probe_have_ended(local_ray, f
             local_ray.address,
             str(tmp_path / "probe"),
             str(local_ray.proc.pid),
+            str(tmp_path / "spec.json"),
         ],
         capture_output=True,
         text=True,
