@@ -74,17 +74,17 @@ def datasets_cache(tmp_path_factory):
     return os.environ["HF_DATASETS_CACHE"]
 
 
-# Test modules about how a run starts, ends and kills its processes: their runs spawn their warm
-# workers as a user's run does, never from the session's zygote.
+# Test modules about how a run starts, ends and kills its processes, or about what a worker's own import
+# does: their runs spawn their warm workers as a user's run does, never from the session's zygote. (A
+# zygote-forked worker serves a run with the same loop, worker.serve: the modules about what a worker does
+# for its run, its crashing and hanging probes, planning and the data lint, use the session's.)
 SPAWNED_WORKERS = {
-    "test_warm_workers",
     "test_sigterm",
     "test_process_ends",
     "test_probe_lifetime",
     "test_own_processes",
     "test_busy_host",
     "test_fixed_cost",
-    "test_plan_in_worker",
     "test_zygote",
 }
 
