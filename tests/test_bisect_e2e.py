@@ -143,7 +143,7 @@ def test_a_target_that_only_times_out_is_unresolved_exit_2_and_blames_nothing(tm
         "--reruns",
         "0",
         "--set",
-        "timeout_s=8",
+        "timeout_s=4",
         "--out",
         out,
     )

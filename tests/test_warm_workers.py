@@ -38,7 +38,7 @@ def crashing_run(tmp_path_factory):
         "--steps",
         "2",
         "--set",
-        "timeout_s=6",
+        "timeout_s=4",
         "--out",
         out,
     )
@@ -58,10 +58,10 @@ def test_a_segfault_in_a_warm_child_is_classified_as_crash(crashing_run):
 def test_a_hang_in_a_warm_child_times_out(crashing_run):
     hung = records(crashing_run)["fp32/sdpa:math/off"]
     assert verdicts(crashing_run)["fp32/sdpa:math/off"] == "timeout"
-    # the runner's SIGKILL ended it: after its whole 6 s budget (counted from its build), and before its sleep
-    # of 3600 s could end on its own (an upper bound of a few seconds past 6 would measure the host's load)
+    # the runner's SIGKILL ended it: after its whole 4 s budget (counted from its build), and before its sleep
+    # of 3600 s could end on its own (an upper bound of a few seconds past 4 would measure the host's load)
     assert hung["exit_code"] == -signal.SIGKILL
-    assert hung["timeout_s"] == 6 <= hung["wall_s"] < 3600 and hung["timed_out_in"] == "steps"
+    assert hung["timeout_s"] == 4 <= hung["wall_s"] < 3600 and hung["timed_out_in"] == "steps"
 
 
 def test_the_worker_survives_its_childrens_crash_and_hang(crashing_run):
