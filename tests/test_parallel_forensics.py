@@ -76,26 +76,33 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     step 0 turns the embedding non-finite on every rank), and fp16-amp under FSDP2 reducing in fp16 with
     a summing reduction, where one rank's own loss-scaled gradient overflows at a step the GradScaler
     skips and the others see the inf arrive through the reduction."""
-    out = tmp_path / "run"
+    out, amp_out = tmp_path / "run", tmp_path / "amp"
+    common = ("--axis", "attn=eager", "--steps", "3", "--world-size", "4", "--set", "grad_reduce=sum")
+    # two grids, not one over both dtypes: fp16-amp is read under FSDP2 only (its DDP probe: 4 ranks, 11 s)
     proc = run_cli(
         "grid",
         "--axis",
-        "dtype=fp16-pure,fp16-amp",
-        "--axis",
-        "attn=eager",
+        "dtype=fp16-pure",
         "--axis",
         "parallel=ddp,fsdp2-reduce-low",
-        "--steps",
-        "3",
-        "--world-size",
-        "4",
-        "--set",
-        "grad_reduce=sum",
+        *common,
         "--out",
         out,
         on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: grid found a configuration
+    proc = run_cli(
+        "grid",
+        "--axis",
+        "dtype=fp16-amp",
+        "--axis",
+        "parallel=fsdp2-reduce-low",
+        *common,
+        "--out",
+        amp_out,
+        on_cpu=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     records, probes = _records(out), {p["probe_id"]: p for p in summary(out)["probes"]}
     for wrapper in ("ddp", "fsdp2-reduce-low"):
         probe_id = f"fp16-pure/eager/off/{wrapper}"
@@ -116,6 +123,7 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     )
     assert "optimizer step 0 on rank 0 of 4 (ranks 1, 2, 3 alike): model.embed_tokens.weight" in report
 
+    records, probes = _records(amp_out), {p["probe_id"]: p for p in summary(amp_out)["probes"]}
     amp = records["fp16-amp/eager/off/fsdp2-reduce-low"]
     skipped = [s["step"] for s in amp["steps"] if s["skipped"]]
     assert skipped, "no GradScaler skip: the overflow this test reads did not happen"

@@ -64,18 +64,18 @@ def wait_for(condition, timeout_s=120.0):
 @pytest.mark.slow
 def test_a_zygote_forked_worker_trains_bit_identically_to_a_spawned_one(zygote_socket, tmp_path):
     zygote, path = zygote_socket
-    run = start((*GRID, "--steps", "40", "--out", tmp_path / "zygote"), {ZYGOTE_ENV: str(path)})
+    run = start((*GRID, "--steps", "16", "--out", tmp_path / "zygote"), {ZYGOTE_ENV: str(path)})
     worker = wait_for(lambda: next(iter(workers_of(zygote)), None))  # the zygote forked this run's worker
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
     assert [r["worker_pid"] for r in records(tmp_path / "zygote")] == [worker.pid]
-    spawned = run_cli(*GRID, "--steps", "40", "--out", tmp_path / "spawned", process=True)
+    spawned = run_cli(*GRID, "--steps", "16", "--out", tmp_path / "spawned", process=True)
     assert spawned.returncode == 0, spawned.stdout[-2000:] + spawned.stderr[-2000:]
     losses = [
         [(s["loss"], s["grad_norm"]) for s in r["steps"]]
         for r in (records(tmp_path / d)[0] for d in ("zygote", "spawned"))
     ]
-    assert losses[0] == losses[1] and len(losses[0]) == 40
+    assert losses[0] == losses[1] and len(losses[0]) == 16
 
 
 @pytest.mark.slow
