@@ -154,7 +154,10 @@ import os, sys, time, ray
 ctx = ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=2, include_dashboard=False, log_to_driver=False,
                resources=RESOURCES)
 print(ctx.address_info["gcs_address"], flush=True)
-sys.stdin.read()  # until the test closes it; then ray's exit handler stops the cluster this process started
+for line in sys.stdin:  # each line asks for the CPUs no task holds, once the cluster's view has caught up
+    time.sleep(1)
+    print(ray.available_resources().get("CPU", 0), flush=True)
+# stdin closed by the test: ray's exit handler stops the cluster this process started
 """
 
 
@@ -183,14 +186,11 @@ class LocalRay:
         assert self.address.startswith("127.0.0.1:"), self.address
 
     def free_cpus(self) -> float:
-        code = (
-            f"import ray; ray.init(address={self.address!r}, log_to_driver=False); import time; time.sleep(1); "
-            "print(ray.available_resources().get('CPU', 0))"
-        )
-        out = subprocess.run(
-            [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **self.env}, timeout=120
-        )
-        return float(out.stdout.strip().splitlines()[-1])
+        """The CPUs no task holds, as the process that started the cluster sees them (a driver of its own,
+        asked on its stdin: a fresh one would import and connect Ray each time)."""
+        self.proc.stdin.write("free\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
 
     def stop(self) -> None:
         self.proc.stdin.close()
