@@ -190,7 +190,7 @@ def test_a_rank_that_segfaults_or_hangs_ends_the_probe_as_one_record_with_no_pro
         "--steps",
         "2",
         "--set",
-        "timeout_s=10",
+        "timeout_s=6",
         "--set",
         "build_timeout_s=120",
         "--set",

@@ -28,7 +28,7 @@ def faulty_run(tmp_path_factory):
         "--axis",
         "compile=off",
         "--set",
-        "timeout_s=6",
+        "timeout_s=4",
         "--steps",
         "3",
         "--jobs",
@@ -61,7 +61,7 @@ def test_a_probe_that_aborts_is_a_crash_naming_the_signal(faulty_run):
 def test_a_probe_that_hangs_is_a_timeout(faulty_run):
     out, _ = faulty_run
     p = probe(out, "bf16-pure/eager/off")
-    assert p["verdict"] == "timeout" and "no result within 6 s of its build" in p["reason"]
+    assert p["verdict"] == "timeout" and "no result within 4 s of its build" in p["reason"]
 
 
 @pytest.mark.slow
