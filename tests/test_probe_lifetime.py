@@ -157,3 +157,58 @@ def test_a_cancel_that_lands_as_its_probe_starts_still_ends_the_probe(tmp_path, 
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+# A SLURM job as submitit runs it: SIGTERM only logged ("Bypassing signal SIGTERM"), then the job's function.
+SLURM_JOB = """
+import signal, sys
+signal.signal(signal.SIGTERM, lambda *_: print("bypassed", flush=True))
+from nandoctor.run.placed import run_placed
+print("started", flush=True)
+run_placed(sys.argv[1], 600.0, sys.argv[1])
+"""
+
+
+@pytest.mark.slow  # a real probe process
+def test_a_slurm_jobs_sigterm_ends_its_probe_though_submitit_ignores_it(tmp_path):
+    """scancel sends a job SIGTERM, and SIGKILL only after the cluster's KillWait; submitit ignores the
+    SIGTERM. A node that tracks a job's processes by parentage lost a job cancelled in its first second
+    (the one-node SLURM of the executor tests, under load): its probe trained on after its run had ended.
+    The job's function now ends its probe on SIGTERM itself."""
+    long_probe(tmp_path, steps=100_000)  # hours of steps: it ends only if it is ended
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    job = subprocess.Popen([sys.executable, "-c", SLURM_JOB, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    probes = []
+    try:
+        assert job.stdout.readline().strip() == "started"
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "log.txt").exists() or not (probes := [p for p in children(job.pid) if alive(p)]):
+            assert time.monotonic() < deadline, "the probe never started"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) != 0  # ended by the signal, not by its probe's hours of steps
+        assert [p for p in probes if alive(p)] == []
+        assert not (tmp_path / "result.json").exists()
+    finally:
+        job.kill()
+        for pid in probes:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, read from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    return found

@@ -80,22 +80,47 @@ def inputs_not_on_node(missing: dict[str, str], host: str, executor: str, where:
     )
 
 
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def sigterm_interrupts():
+    """SIGTERM raised as a KeyboardInterrupt while the block runs: what a SLURM job's wrapper needs.
+    scancel, a preemption or the job's time limit send the job SIGTERM (SIGKILL follows after the
+    cluster's KillWait), and submitit only logs it ("Bypassing signal SIGTERM"), leaving a job time to
+    checkpoint. A probe has nothing to save: the wrapper ends its probe at once and the job ends. SLURM's
+    SIGKILL alone is not enough where the node tracks a job's processes by parentage
+    (proctrack/linuxproc): a job cancelled in its first second was lost track of, and its probe trained
+    on for 27 s after its run had ended. Only the main thread can set the handler."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
+        yield  # None: a handler set outside Python, which this could not put back
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def interrupts_held():
-    """A KeyboardInterrupt (a Ray task cancelled without force: `_thread.interrupt_main`; a Ctrl-C) held
-    back while the block runs and raised when it ends. Around a probe's start: one raised inside Popen,
-    after the fork, or before the watch below began, would lose the probe's pid, and the probe would
-    train on, unwatched, after its task had ended. Only the main thread receives it, and only there can
-    its handler be set."""
+    """A KeyboardInterrupt (a Ray task cancelled without force: `_thread.interrupt_main`; a Ctrl-C; a
+    SLURM job's SIGTERM inside sigterm_interrupts) held back while the block runs and raised when it
+    ends. Around a probe's start: one raised inside Popen, after the fork, or before the watch below
+    began, would lose the probe's pid, and the probe would train on, unwatched, after its task had ended.
+    Only the main thread receives it, and only there can its handler be set."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield  # None: a handler set outside Python, which this could not put back
         return
     held = []
-    previous = signal.signal(signal.SIGINT, lambda *_: held.append(True))
+    signals = [signal.SIGINT] + [signal.SIGTERM] * (signal.getsignal(signal.SIGTERM) is _interrupt)
+    previous = {signum: signal.signal(signum, lambda *_: held.append(True)) for signum in signals}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if held:
         raise KeyboardInterrupt
 
@@ -155,13 +180,14 @@ def watch_probe(folder: Path, timeout_s: float, run: str, step_every_s: float = 
 
 def run_placed(folder: str, timeout_s: float, run: str) -> dict:
     """What a SLURM job runs: watch_probe in `folder` (on the shared filesystem); returns its Outcome as
-    a dict (placed.json holds the same)."""
-    watch = watch_probe(Path(folder), timeout_s, run)
-    while True:
-        try:
-            next(watch)
-        except StopIteration as done:
-            return done.value.to_dict()
+    a dict (placed.json holds the same). A SIGTERM (the job cancelled) ends the probe and the job."""
+    with sigterm_interrupts():
+        watch = watch_probe(Path(folder), timeout_s, run)
+        while True:
+            try:
+                next(watch)
+            except StopIteration as done:
+                return done.value.to_dict()
 
 
 def run_carried(spec: dict, timeout_s: float, run: str):
