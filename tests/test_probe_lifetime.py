@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from nandoctor.cells import Cell
@@ -185,7 +186,9 @@ def test_a_slurm_jobs_sigterm_ends_its_probe_though_submitit_ignores_it(tmp_path
     try:
         assert job.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 120
-        while not (tmp_path / "log.txt").exists() or not (probes := [p for p in children(job.pid) if alive(p)]):
+        while not (tmp_path / "log.txt").exists() or not (
+            probes := [p.pid for p in psutil.Process(job.pid).children()]
+        ):
             assert time.monotonic() < deadline, "the probe never started"
             time.sleep(0.05)
         job.send_signal(signal.SIGTERM)
@@ -199,16 +202,3 @@ def test_a_slurm_jobs_sigterm_ends_its_probe_though_submitit_ignores_it(tmp_path
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is `pid`, read from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError):
-                continue
-    return found
