@@ -80,10 +80,6 @@ def inputs_not_on_node(missing: dict[str, str], host: str, executor: str, where:
     )
 
 
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
 def sigterm_interrupts():
     """SIGTERM raised as a KeyboardInterrupt while the block runs: what a SLURM job's wrapper needs.
@@ -96,7 +92,7 @@ def sigterm_interrupts():
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) is None:
         yield  # None: a handler set outside Python, which this could not put back
         return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # raises KeyboardInterrupt
     try:
         yield
     finally:
@@ -114,7 +110,8 @@ def interrupts_held():
         yield  # None: a handler set outside Python, which this could not put back
         return
     held = []
-    signals = [signal.SIGINT] + [signal.SIGTERM] * (signal.getsignal(signal.SIGTERM) is _interrupt)
+    interrupting = signal.getsignal(signal.SIGTERM) is signal.default_int_handler  # inside sigterm_interrupts
+    signals = (signal.SIGINT, signal.SIGTERM) if interrupting else (signal.SIGINT,)
     previous = {signum: signal.signal(signum, lambda *_: held.append(True)) for signum in signals}
     try:
         yield
