@@ -77,32 +77,18 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     a summing reduction, where one rank's own loss-scaled gradient overflows at a step the GradScaler
     skips and the others see the inf arrive through the reduction."""
     out, amp_out = tmp_path / "run", tmp_path / "amp"
-    common = ("--axis", "attn=eager", "--steps", "3", "--world-size", "4", "--set", "grad_reduce=sum")
     # two grids, not one over both dtypes: fp16-amp is read under FSDP2 only (its DDP probe: 4 ranks, 11 s)
-    proc = run_cli(
-        "grid",
-        "--axis",
-        "dtype=fp16-pure",
-        "--axis",
-        "parallel=ddp,fsdp2-reduce-low",
-        *common,
-        "--out",
-        out,
-        on_cpu=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: grid found a configuration
-    proc = run_cli(
-        "grid",
-        "--axis",
-        "dtype=fp16-amp",
-        "--axis",
-        "parallel=fsdp2-reduce-low",
-        *common,
-        "--out",
-        amp_out,
-        on_cpu=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for dtype, parallel, where in (
+        ("fp16-pure", "ddp,fsdp2-reduce-low", out),
+        ("fp16-amp", "fsdp2-reduce-low", amp_out),
+    ):
+        proc = run_cli(
+            "grid",
+            *("--axis", f"dtype={dtype}", "--axis", "attn=eager", "--axis", f"parallel={parallel}"),
+            *("--steps", "3", "--world-size", "4", "--set", "grad_reduce=sum", "--out", where),
+            on_cpu=True,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: a configuration
     records, probes = _records(out), {p["probe_id"]: p for p in summary(out)["probes"]}
     for wrapper in ("ddp", "fsdp2-reduce-low"):
         probe_id = f"fp16-pure/eager/off/{wrapper}"
