@@ -61,6 +61,12 @@ def prepare(model):
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
+def bnb_layer(module) -> bool:
+    """A bitsandbytes 4-bit or 8-bit linear itself; peft's LoRA wrappers around one share its class name."""
+    kind = type(module)
+    return kind.__name__ in ("Linear4bit", "Linear8bitLt") and kind.__module__.startswith("bitsandbytes")
+
+
 def quant_state_tensors(module) -> list:
     """The quantization constants of a bitsandbytes layer's weight: a 4-bit weight's block scales (absmax),
     code book and, with double quantization, the scales' own (state2); an 8-bit weight's row scales (SCB)."""
@@ -83,7 +89,7 @@ def base_facts(model, cell: Cell, recipe: Recipe) -> dict:
     seen: set = set()
     frozen = [p for p in model.parameters() if not p.requires_grad]
     weights = storage_bytes(frozen, seen)
-    quantized = [m for m in model.modules() if type(m).__name__ in ("Linear4bit", "Linear8bitLt")]
+    quantized = [m for m in model.modules() if bnb_layer(m)]
     constants = storage_bytes([t for m in quantized for t in quant_state_tensors(m)], seen)
     row = cell.quantization
     facts = {"type": cell.quant, "base_bytes": weights + constants, "constants_bytes": constants}

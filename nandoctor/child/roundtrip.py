@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import tempfile
 
+from .quant import bnb_layer
+
 # Per stage, the tensors that changed most are kept in the record (a model has hundreds).
 KEPT_TENSORS = 12
 PEFT_PREFIX = "base_model.model."
@@ -53,7 +55,7 @@ def dense_weights(model) -> tuple[dict, dict]:
             if getattr(base, "bias", None) is not None:
                 weights[_name(name) + ".bias"] = base.bias.detach().float()
             continue
-        if type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
+        if bnb_layer(module):
             weights[_name(name) + ".weight"] = dequantize_module_weight(module).detach().float()
             if module.bias is not None:
                 weights[_name(name) + ".bias"] = module.bias.detach().float()
@@ -88,13 +90,62 @@ def _differences(before: dict, after: dict, updates: dict) -> list[dict]:
     return sorted(out, key=lambda r: -r.get("update_lost", r.get("rel_change", float("inf"))))[:KEPT_TENSORS]
 
 
-def _measure(model, batch: dict, autocast, attend) -> tuple[float, object]:
-    """(loss, fp32 logits) of one batch, without gradients and in eval mode (no dropout)."""
+def _repacked_for_cpu(module) -> bool:
+    """A bitsandbytes Linear4bit whose weight bitsandbytes repacked for its CPU kernel."""
+    if not bnb_layer(module):
+        return False
+    state = getattr(module.weight, "quant_state", None)
+    return bool(getattr(state, "packing_format_for_cpu", False))
+
+
+def restore_cpu_layout(model) -> int:
+    """Put every 4-bit weight that bitsandbytes repacked for its CPU kernel back in the stored layout, in
+    place; returns how many it restored.
+
+    On a CPU with AVX512-BF16, bitsandbytes (0.49+) repacks a Linear4bit's weight on its first forward in
+    eval mode without gradients: the nibbles in another order and the block scales rounded to bf16. Its
+    dequantize_4bit, and so peft's merge and this module's weight comparison, read that buffer as if it were
+    the stored layout, and get other numbers. bitsandbytes itself restores the layout before it saves a
+    state dict; this does the same, keeping the bf16-rounded scales the layer computed with."""
+    layers = [m for m in model.modules() if _repacked_for_cpu(m)]
+    if not layers:
+        return 0
+    from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+    for m in layers:
+        data, state = _convert_weight_packed_for_cpu_inverse(m.weight.data, m.weight.quant_state)
+        if state.absmax.dim() == 2:  # bitsandbytes 0.50.2 leaves the scales of an unnested weight [K/block, N]
+            state.absmax = state.absmax.T.reshape(-1).float()
+        m.weight.data, m.weight.quant_state = data, state
+    return len(layers)
+
+
+def keep_cpu_layout(model) -> list[str]:
+    """The 4-bit layers that bitsandbytes' CPU repack cannot take, told to compute in the stored layout
+    instead: its forward raises on an output size that is not a multiple of 32 and on an input size that is
+    not a multiple of the quantization block."""
+    kept = []
+    for name, m in model.named_modules():
+        if not (bnb_layer(m) and getattr(m, "support_avx512bf16_for_cpu", False)) or _repacked_for_cpu(m):
+            continue
+        block = getattr(getattr(m.weight, "quant_state", None), "blocksize", 64)
+        if m.out_features % 32 or m.in_features % block:
+            m.support_avx512bf16_for_cpu = False
+            kept.append(_name(name))
+    return kept
+
+
+def _measure(model, batch: dict, autocast, attend, repack: dict) -> tuple[float, object]:
+    """(loss, fp32 logits) of one batch, without gradients and in eval mode (no dropout). The weights are
+    left in their stored layout (restore_cpu_layout); `repack` counts the layers restored and lists those
+    kept from a repack they cannot take."""
     import torch
 
     model.eval()
+    repack["kept_unpacked"] = sorted({*repack.get("kept_unpacked", ()), *keep_cpu_layout(model)})
     with torch.no_grad(), autocast(), attend():
         out = model(**batch)
+    repack["restored"] = repack.get("restored", 0) + restore_cpu_layout(model)
     return float(out.loss), out.logits.detach().float()
 
 
@@ -108,17 +159,18 @@ def roundtrip(model, batch: dict, autocast, attend, dtype, device: str, remote: 
     model is merged in place (the probe ends after it). dtype: what from_pretrained loads the weights in."""
     from transformers import AutoModelForCausalLM
 
-    live_loss, live_logits = _measure(model, batch, autocast, attend)
+    repack: dict = {}
+    live_loss, live_logits = _measure(model, batch, autocast, attend, repack)
     live_weights, updates = dense_weights(model)
     adapter = hasattr(model, "merge_and_unload")
     live_tied = _tied(model.get_base_model() if adapter else model)
     merged = model.merge_and_unload() if adapter else model
-    merged_loss, merged_logits = _measure(merged, batch, autocast, attend)
+    merged_loss, merged_logits = _measure(merged, batch, autocast, attend, repack)
     merged_weights, _ = dense_weights(merged)
     with tempfile.TemporaryDirectory(prefix="nandoctor-roundtrip-") as tmp:
         merged.save_pretrained(tmp)
         reloaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype, device_map=device, trust_remote_code=remote)
-    reloaded_loss, reloaded_logits = _measure(reloaded, batch, autocast, attend)
+    reloaded_loss, reloaded_logits = _measure(reloaded, batch, autocast, attend, repack)
     reloaded_weights, _ = dense_weights(reloaded)
     scale = max(float(live_logits.abs().max()), 1e-30)
 
@@ -130,11 +182,12 @@ def roundtrip(model, batch: dict, autocast, attend, dtype, device: str, remote: 
         "loss": {"live": live_loss, "merged": merged_loss, "reloaded": reloaded_loss},
         "logits_rel_change": {"merged": logits_change(merged_logits), "reloaded": logits_change(reloaded_logits)},
         "tied": {"live": live_tied, "merged": _tied(merged), "reloaded": _tied(reloaded)},
-        "quantized": any(type(m).__name__ in ("Linear4bit", "Linear8bitLt") for m in merged.modules()),
+        "quantized": any(bnb_layer(m) for m in merged.modules()),
         "unmerged": sorted(n for n, _ in merged.named_parameters() if ".lora_" in n)[:KEPT_TENSORS],
         "tensors": {
             "merge": _differences(live_weights, merged_weights, updates),
             "reload": _differences(merged_weights, reloaded_weights, {}),
         },
         "dtype": str(dtype).removeprefix("torch."),
+        "cpu_repack": repack,
     }
