@@ -45,7 +45,9 @@ class Listener:
     queue(queued, running, done, job_ids, queue_wait, retries): a scheduler's queue as it changes (slurm, ray);
     retiming(news): what a grid's re-timing of its leading cells does, a retime.RetimeNews: before its first
       rounds, before each two added, while a round runs (at least every 10 s), or that it re-times nothing;
-    stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since.
+    stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since;
+    note(line): before the first probe of a compute dtype this CPU emulates, that dtype and its measured cost
+      (capabilities.emulated_notes).
     """
 
     opened: Callable | None = None
@@ -55,6 +57,7 @@ class Listener:
     queue: Callable | None = None
     retiming: Callable | None = None
     stale: Callable | None = None
+    note: Callable | None = None
 
 
 class Progress:
@@ -89,6 +92,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         on_alive=listener.alive,
         on_queue=listener.queue,
         on_stale=listener.stale,
+        on_note=listener.note,
         **session_args,
     )
     try:

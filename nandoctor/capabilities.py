@@ -242,3 +242,30 @@ def sdpa_backends(device: DeviceFacts | dict) -> dict[str, bool]:
         for name in ATTENTIONS
         if name.startswith("sdpa:")
     }
+
+
+def emulated_notes(device: DeviceFacts | dict, cells: list[Cell], said: set) -> list[str]:
+    """A line for each compute dtype of `cells` that this CPU emulates (its measured matmul time over fp32's
+    beyond Thresholds.emulated_cost), not in `said` yet (added to it): said before its first probe runs, so
+    that the user can drop those cells rather than wait. Nothing on a GPU host or where nothing was measured."""
+    from .cells import SHORT_DTYPES
+    from .thresholds import THRESHOLDS
+
+    cost = DeviceFacts.of(device).cpu_matmul_cost or {}
+    by_dtype: dict[str, list[str]] = {}
+    for cell in cells:
+        by_dtype.setdefault(cell.precision.compute, []).append(cell.id)
+    out = []
+    for dtype, ids in by_dtype.items():
+        ratio = cost.get(dtype)
+        if dtype in said or ratio is None or not ratio > THRESHOLDS.emulated_cost:
+            continue
+        said.add(dtype)
+        name = SHORT_DTYPES.get(dtype, dtype)
+        shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+        out.append(
+            f"{name} runs emulated on this CPU: a matmul in {name} took {ratio:.0f}x fp32's time here (measured "
+            f"now), so its {len(ids)} probe(s) ({shown}) will train about that much slower than fp32's; "
+            f"leave {name} out with --axis dtype=... to skip them"
+        )
+    return out

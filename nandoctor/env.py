@@ -412,6 +412,40 @@ def get_cpu_capability() -> str | None:
         return None
 
 
+# The square matmul get_cpu_matmul_cost times: large enough that a dtype the CPU emulates shows its full
+# cost (fp16 on a 2-core AMD EPYC with avx512_bf16: 16x fp32's time at 64, 24x at 128, 104x at 256, where its
+# tiny-llama probes trained ~100x slower), small enough to take ~0.1 s there.
+COST_MATMUL_SIZE = 256
+
+
+def get_cpu_matmul_cost() -> dict[str, float]:
+    """{compute dtype: the time of a COST_MATMUL_SIZE square matmul in it over fp32's}, for bfloat16 and
+    float16, on one thread of this CPU (two threads on a loaded host wait on each other: fp32's time then
+    swung 100-fold between runs here), the best of several after a warm-up (fp32's takes 0.3 ms: ten
+    tries; a slow one three), so that a moment of load elsewhere does not count. Where a CPU lacks the
+    units for a dtype, torch emulates it, and a probe in that dtype trains about this many times slower."""
+    import time
+
+    import torch
+
+    n, best, threads = COST_MATMUL_SIZE, {}, torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            t0 = time.perf_counter()
+            a @ b
+            times = [time.perf_counter() - t0]
+            while len(times) < 3 or (len(times) < 10 and sum(times) < 0.02):
+                t0 = time.perf_counter()
+                a @ b
+                times.append(time.perf_counter() - t0)
+            best[str(dtype).removeprefix("torch.")] = max(min(times[1:]), 1e-9)
+    finally:
+        torch.set_num_threads(threads)
+    return {k: round(v / best["float32"], 2) for k, v in best.items() if k != "float32"}
+
+
 ACCELERATION_PACKAGES = {
     "flash_attn": ("flash-attn", "flash_attn"),
     "transformer_engine": ("transformer-engine", "transformer_engine"),
@@ -440,6 +474,7 @@ def collect_doctor() -> DeviceFacts:
             "cpu_name": get_cpu_model(),
             "cpu_capability": get_cpu_capability(),
             "cuda_available": torch.cuda.is_available(),
+            "cpu_matmul_cost": None if torch.cuda.is_available() else get_cpu_matmul_cost(),
         }
     )
 

@@ -121,6 +121,11 @@ class Thresholds:
       ViperEkura/AstrAI#57). bf16-amp flipped 0.4% on qwen3-30b-a3b's probe-scale twin here (head_dim 32,
       64 tokens), and 74% on a router built with near-tied logits (tests/checkpoints.py
       save_tied_router_qwen3_moe), which then sent every token to the same two experts.
+    - emulated_cost: a compute dtype whose matmul takes more than 4x fp32's time on a CPU host
+      (env.get_cpu_matmul_cost) is one this CPU emulates, and a probe in it is announced with that cost
+      before it runs. Measured on a 2-core AMD EPYC with avx512_bf16 and no fp16 units: fp16 104x, bf16 0.5x;
+      on one without AVX-512, bf16 cells trained ~8x slower than fp32 ones. A CPU with the units stays
+      near 1x either way.
     """
 
     min_scale: float = 1.0
@@ -162,6 +167,7 @@ class Thresholds:
     expert_token_share: float = 0.95
     expert_share_even_max: float = 0.125
     route_flip_share: float = 0.05
+    emulated_cost: float = 4.0
 
     def packing_bound(self, floor=None) -> float:
         """The largest logit difference a packed forward may show against its segments run alone."""

@@ -257,7 +257,8 @@ def stale_line(probe_ids: list[str]) -> str:
 def listener(probe) -> Listener:
     """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
     per running one, a scheduler's queue as it changes, a line before a grid re-times its leading cells, and one
-    when a resumed run reruns records whose inputs changed."""
+    when a resumed run reruns records whose inputs changed, and one before the first probe of a dtype this
+    CPU emulates."""
     return Listener(
         opened=opened,
         started=started,
@@ -266,4 +267,5 @@ def listener(probe) -> Listener:
         queue=lambda *a: say(queue_line(*a)),
         retiming=lambda news: say(retiming_line(news)),
         stale=lambda ids: say(stale_line(ids)),
+        note=say,
     )

@@ -135,7 +135,7 @@ def run(args) -> int:
     executor = executor_from_args(args)
     printer = GridProgress()
     hear = listener(printer.probe)
-    for hook in ("alive", "queue", "retiming"):  # anything else said goes after the held line
+    for hook in ("alive", "queue", "retiming", "note"):  # anything else said goes after the held line
         said = getattr(hear, hook)
         setattr(hear, hook, lambda *a, said=said: (printer.flush(), said(*a)))
     try:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .. import jsonio
-from ..capabilities import data_masked, input_support, parallel_support, quant_support
+from ..capabilities import data_masked, emulated_notes, input_support, parallel_support, quant_support
 from ..cells import weight_dtype
 from ..config import PATH_FIELDS, STORAGE_DTYPES, Recipe, get_field, recipe_to_dict
 from ..device import DeviceFacts
@@ -131,6 +131,7 @@ class Session:
         replay_failed_only: bool = False,
         on_stale=None,
         roundtrip: bool = False,
+        on_note=None,
     ):
         self.kind, self.recipe = kind, recipe
         self.replay_failed_only, self.roundtrip = replay_failed_only, roundtrip
@@ -159,6 +160,8 @@ class Session:
         self.cache = cache
         self.on_record = on_record or (lambda record: None)
         self.on_stale = on_stale or (lambda probe_ids: None)
+        self.on_note = on_note or (lambda line: None)
+        self.emulated_said: set[str] = set()  # the compute dtypes announced as emulated (capabilities.emulated_notes)
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
 
@@ -355,6 +358,10 @@ class Session:
                 )
             else:
                 tasks.append(ProbeTask(spec, own.timeout_s, {"overrides": p.overrides, "fingerprint": fingerprint}))
+        for hardware in dict.fromkeys(t.spec.cell.hardware for t in tasks):
+            cells = [t.spec.cell for t in tasks if t.spec.cell.hardware == hardware]
+            for line in emulated_notes(self.device_of(hardware), cells, self.emulated_said):
+                self.on_note(line)
         for r in self.scheduler.run(tasks, on_record=self._measured):
             records[r.probe_id] = r
             if self.cache:
