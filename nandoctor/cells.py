@@ -114,7 +114,6 @@ class Optimizer:
     import_path: str  # "module:attribute"
     package: str | None = None  # PACKAGES key; None: torch itself
     kwargs: tuple = ()  # extra constructor arguments, as (name, value) pairs
-    state_bits: int = 32  # bits per element of each Adam moment, for tensors large enough to quantize
     cuda_only: str | None = None
     transformers_optim: str = "adamw_torch"  # TrainingArguments(optim=...)
     compiles_step: bool = False  # the library torch.compiles its step, once per parameter shape
@@ -395,7 +394,6 @@ OPTIMIZERS = {
             "bnb-adamw8bit",
             "bitsandbytes.optim:AdamW8bit",
             "bitsandbytes",
-            state_bits=8,
             transformers_optim="adamw_bnb_8bit",
             default_grid=False,
         ),
@@ -403,7 +401,6 @@ OPTIMIZERS = {
             "bnb-paged-adamw8bit",
             "bitsandbytes.optim:PagedAdamW8bit",
             "bitsandbytes",
-            state_bits=8,
             cuda_only="paging moves optimizer state between GPU and host memory (CUDA unified memory); "
             "on a CPU bitsandbytes falls back to the non-paged bnb-adamw8bit",
             transformers_optim="paged_adamw_8bit",
@@ -414,7 +411,6 @@ OPTIMIZERS = {
             "ao-adamw8bit",
             "torchao.optim:AdamW8bit",
             "torchao",
-            state_bits=8,
             transformers_optim="adamw_torch_8bit",
             compiles_step=True,
             default_grid=False,
@@ -423,7 +419,6 @@ OPTIMIZERS = {
             "ao-adamw4bit",
             "torchao.optim:AdamW4bit",
             "torchao",
-            state_bits=4,
             transformers_optim="adamw_torch_4bit",
             compiles_step=True,
             default_grid=False,

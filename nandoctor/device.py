@@ -107,7 +107,6 @@ class DeviceFacts(AsWritten):
     nccl: str | None = None
     cpu_name: str | None = None
     cpu_capability: str | None = None  # the SIMD level torch's CPU kernels use
-    cuda_available: bool | None = None
     # on a CPU host: {compute dtype: its matmul time over fp32's} (env.get_cpu_matmul_cost)
     cpu_matmul_cost: dict | None = None
     # where an executor's start-up job read them (run/placed.node_facts): host, pid, job, partition, ...

@@ -473,7 +473,6 @@ def collect_doctor() -> DeviceFacts:
             "nccl": get_nccl_version(),
             "cpu_name": get_cpu_model(),
             "cpu_capability": get_cpu_capability(),
-            "cuda_available": torch.cuda.is_available(),
             "cpu_matmul_cost": None if torch.cuda.is_available() else get_cpu_matmul_cost(),
         }
     )

@@ -64,9 +64,10 @@ def test_an_old_runs_facts_read_typed_and_write_back_as_they_were():
         for env in [meta["env"]] + [r["env"] for r in records if r.get("env")]:
             assert same_json(env), run.name
     old = DeviceFacts.from_dict(json.loads((OLD_RUNS[0] / "run.json").read_text())["env"])
-    # written before flash_sdpa was a fact, with sdpa_backends that no longer is one
+    # written before flash_sdpa was a fact, with sdpa_backends and cuda_available that no longer are ones
     assert old.flash_sdpa is None and not old.has("flash_sdpa") and "flash_sdpa" not in old.to_dict()
-    assert old.unknown == {"sdpa_backends": {"math": True, "flash": True, "efficient": False, "cudnn": False}}
+    backends = {"math": True, "flash": True, "efficient": False, "cudnn": False}
+    assert old.unknown == {"sdpa_backends": backends, "cuda_available": False}
     assert old.device == "cpu" and old.gpus == () and old.nvml.available is False
     assert old.packages["torchao"] == PackageFacts(importable=False, version=None, read_keys=("importable", "version"))
 

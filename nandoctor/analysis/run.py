@@ -228,7 +228,6 @@ PROBE_COLUMNS = {
     "wall_s": "the probe process's wall time, in seconds",
     "flags": "ids of the nandoctor rules (errors, warnings) that name this probe, comma-separated",
 }
-RANK_COLUMN = {"rank": "1 for the recommended configuration, then the ranking's order; NA for a probe not ranked"}
 
 
 def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, UNSUPPORTED, roundtrip_result
+from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, roundtrip_result
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
 from ..record import ModelPlan
@@ -184,10 +184,6 @@ def failure_rows(a: RunAnalysis) -> list[dict]:
         for o in a.outcomes
         if o.verdict.failed
     ]
-
-
-def unsupported_rows(a: RunAnalysis) -> list[dict]:
-    return [{"config": label(o), "reason": o.verdict.reason} for o in a.outcomes if o.verdict.name == UNSUPPORTED]
 
 
 def model_line(a: RunAnalysis) -> tuple[str, str]:
