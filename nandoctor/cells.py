@@ -570,8 +570,13 @@ def reference_of(cell: Cell) -> Cell:
 
 
 def weight_dtype(cell: Cell, dtype_on_load: str) -> str:
-    """The dtype weights are held in: the pure cells hard-cast, the others keep the load dtype."""
-    return cell.precision.weights or LOAD_DTYPES[dtype_on_load]
+    """The dtype weights are held in: the pure cells hard-cast, an fp32 cell (no autocast, fp32 matmuls:
+    the reference, tf32) holds fp32 weights whatever the load dtype (a bf16 load would make the reference
+    itself a bf16-weights run), the autocast cells keep the load dtype."""
+    p = cell.precision
+    if p.weights:
+        return p.weights
+    return "float32" if p.autocast is None and p.compute == "float32" else LOAD_DTYPES[dtype_on_load]
 
 
 def precision_of_training_args(args: dict) -> str:

@@ -29,6 +29,11 @@ class Thresholds:
     - drift_rel / drift_abs: a finite run whose mean |loss - reference loss| over its last quarter
       exceeds 25% of the reference's own loss drop plus 0.02 nats has left the fp32 curve (a stall
       is the common cause); bf16-amp stays within ~0.005 nats of fp32 on the default recipe.
+    - stall_update_lost: a probe whose step-0 optimizer step lost more than half of the weight updates it
+      meant to make (the share of |meant update| that rounding to the weights' dtype left out,
+      forensics' update_loss) barely trains, whatever its loss curve shows over a short probe: it drifts
+      (a stall). Measured on tiny-llama, 24 steps: bf16-pure lost 98% at lr 1e-6, where fp32's own loss had
+      not moved (8.309 -> 8.315), so the curve alone called it stable; 0.09% at lr 1e-3; bf16-amp 8e-7.
     - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
     - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
     - speed_margin: inside a bucket, a probe is faster only by more than 5% of the other's median
@@ -168,6 +173,7 @@ class Thresholds:
     expert_share_even_max: float = 0.125
     route_flip_share: float = 0.05
     emulated_cost: float = 4.0
+    stall_update_lost: float = 0.5
 
     def packing_bound(self, floor=None) -> float:
         """The largest logit difference a packed forward may show against its segments run alone."""

@@ -568,8 +568,32 @@ def classify(
     stuck = never_stepped(record.steps, t)
     if stuck or v.name == DIVERGED:
         return stuck or v
+    v = stall_verdict(record, v, t)
     flips = route_flips((record.moe or {}).get("step0_choices"), routes)
     return router_verdict(record, t) or routing_cause(v, flips, t)
+
+
+def update_lost(record: ProbeRecord) -> float | None:
+    """The share of step 0's meant weight updates that rounding to the weights' dtype left out, as its
+    forensics measured it (None where they did not: a check, a compiled or parallel cell, no forensics)."""
+    steps = (record.forensics or {}).get("steps") or []
+    lost = next((s.get("update_loss") for s in steps if s.get("step") == 0), None)
+    return lost if isinstance(lost, (int, float)) and math.isfinite(lost) else None
+
+
+def stall_verdict(record: ProbeRecord, v: Verdict, t: Thresholds = THRESHOLDS) -> Verdict:
+    """A stable or drifting curve whose step-0 update lost more than stall_update_lost of what it meant to
+    change is a stall, named as the drift's cause: its loss may not have had time to leave the reference's."""
+    lost = update_lost(record)
+    if v.name not in (STABLE, DRIFT) or lost is None or lost <= t.stall_update_lost:
+        return v
+    weights = (record.forensics or {}).get("weight_dtype") or "its weights' dtype"
+    stall = (
+        f"stalled: step 0's optimizer step lost {lost:.0%} of the weight updates it meant to make to rounding in "
+        f"{weights} (more than {t.stall_update_lost:.0%}), so the weights barely train whatever the loss shows "
+        "over a short probe; keep fp32 master weights (an -amp dtype) or raise the learning rate"
+    )
+    return Verdict(DRIFT, stall if v.name == STABLE else f"{v.reason}; {stall}", 0 if v.name == STABLE else v.step)
 
 
 def untargeted_rows(record: ProbeRecord, step: int | None) -> str:

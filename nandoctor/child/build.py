@@ -62,9 +62,10 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         apply_moe(model, recipe)  # moe.aux_loss: whether the load-balancing loss is in the loss the model returns
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     checkpointing(model, recipe.gradient_checkpointing)
-    if cell.precision.weights and cell.quant == "none":  # a pure cell hard-casts every weight, the adapter's too
+    # a pure cell hard-casts every weight, the adapter's too, and an fp32 cell over a 16-bit load casts to fp32
+    if weights != load_dtype and cell.quant == "none":
         model.to(weights)
-    elif cell.precision.weights:  # transformers refuses to cast a quantized model: the adapter is cast alone
+    elif weights != load_dtype:  # transformers refuses to cast a quantized model: the adapter is cast alone
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(weights)

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from ..cells import (
+    LOAD_DTYPES,
     SHORT_DTYPES,
     Cell,
     compile_of_training_args,
@@ -72,17 +73,22 @@ def adapter_dtype(recipe: Recipe, cell: Cell) -> str | None:
     bf16 / fp16 base when adapter.autocast_adapter_dtype (its default), else in the base's load dtype."""
     if recipe.adapter.type == "none":
         return None
-    if cell.precision.weights:
-        return SHORT_DTYPES[cell.precision.weights]
+    held = weight_dtype(cell, recipe.model.dtype_on_load)
+    if held != LOAD_DTYPES[recipe.model.dtype_on_load]:  # cast with everything (a pure cell, an fp32 one)
+        return SHORT_DTYPES[held]
     return "fp32" if recipe.adapter.autocast_adapter_dtype else recipe.model.dtype_on_load
 
 
 def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     """The lowest dtype the optimizer updates, as models.build_model holds it: the pure cells hard-cast
-    everything; a full fine-tune keeps the load dtype; an adapter its adapter_dtype, and peft's
-    modules_to_save copies the load dtype (autocast_adapter_dtype casts the adapter layers only)."""
-    if cell.precision.weights or recipe.adapter.type == "none" or recipe.adapter.modules_to_save:
-        return SHORT_DTYPES[cell.precision.weights] if cell.precision.weights else recipe.model.dtype_on_load
+    everything, an fp32 cell casts to fp32; otherwise a full fine-tune keeps the load dtype; an adapter its
+    adapter_dtype, and peft's modules_to_save copies the load dtype (autocast_adapter_dtype casts the adapter
+    layers only)."""
+    held = weight_dtype(cell, recipe.model.dtype_on_load)
+    if held != LOAD_DTYPES[recipe.model.dtype_on_load]:
+        return SHORT_DTYPES[held]
+    if recipe.adapter.type == "none" or recipe.adapter.modules_to_save:
+        return recipe.model.dtype_on_load
     return adapter_dtype(recipe, cell)
 
 

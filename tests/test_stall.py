@@ -1,0 +1,68 @@
+"""A run whose optimizer steps round away is not stable (issue 44, point 4): the stall rule on hand-made
+records at the threshold's both sides, and end to end a grid at lr 1e-6 whose loss curves cannot tell
+bf16-pure from fp32 in 24 steps, with the model loaded in bf16, where the fp32 reference must still hold
+fp32 weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_cli, verdicts
+
+from nandoctor.analysis.verdicts import classify, update_lost
+from nandoctor.cells import Cell, weight_dtype
+from nandoctor.record import ProbeRecord, Step
+from nandoctor.thresholds import THRESHOLDS
+
+
+def probe(cell: str, lost) -> ProbeRecord:
+    losses = [8.31 + 0.001 * (i % 3) for i in range(24)]  # flat: lr 1e-6 moves nothing in 24 steps
+    steps = [Step(i, loss, 1.0, False, None, tokens_per_s=100.0) for i, loss in enumerate(losses)]
+    forensics = {"weight_dtype": "bfloat16", "steps": [{"step": 0, "update_loss": lost}]}
+    return ProbeRecord(cell, Cell.parse(cell), "ok", steps=steps, forensics=forensics)
+
+
+def test_a_step_that_loses_most_of_its_update_is_a_stall_and_one_that_keeps_it_is_not():
+    reference = probe("fp32/eager/off", 0.0).steps
+    lost = probe("bf16-pure/eager/off", 0.98)
+    v = classify(lost, reference)
+    assert v.name == "drift" and v.reason.startswith("stalled: step 0's optimizer step lost 98%") and v.step == 0
+    assert "in bfloat16" in v.reason and "fp32 master weights" in v.reason
+    edge = THRESHOLDS.stall_update_lost
+    assert classify(probe("bf16-pure/eager/off", edge), reference).name == "stable"
+    assert classify(probe("bf16-pure/eager/off", edge + 0.01), reference).name == "drift"
+    assert classify(probe("bf16-pure/eager/off", 0.0009), reference).name == "stable"  # lr 1e-3 here
+    for unmeasured in (None, float("nan")):  # a check, a compiled cell: nothing measured, nothing judged
+        assert update_lost(probe("bf16-pure/eager/off", unmeasured)) is None
+        assert classify(probe("bf16-pure/eager/off", unmeasured), reference).name == "stable"
+
+
+def test_an_fp32_cell_holds_fp32_weights_whatever_the_load_dtype():
+    for load in ("fp32", "bf16", "fp16"):
+        assert weight_dtype(Cell("fp32", "eager", "off"), load) == "float32"
+        assert weight_dtype(Cell("bf16-pure", "eager", "off"), load) == "bfloat16"
+    assert weight_dtype(Cell("bf16-amp", "sdpa", "off"), "bf16") == "bfloat16"  # autocast keeps what was loaded
+    assert weight_dtype(Cell("fp16-amp", "sdpa", "off"), "fp32") == "float32"
+
+
+@pytest.mark.slow
+def test_a_grid_at_a_learning_rate_bf16_weights_round_away_calls_bf16_pure_stalled(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli(
+        "grid",
+        *("--axis", "dtype=fp32,bf16-pure", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "24"),
+        *("--set", "optimizer.lr=1e-6", "--set", "model.dtype_on_load=bf16", "--set", "retime_rounds=0"),
+        "--out",
+        out,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    fp32, pure = records["fp32/eager/off"], records["bf16-pure/eager/off"]
+    assert fp32["forensics"]["weight_dtype"] == "float32" and fp32["forensics"]["steps"][0]["update_loss"] < 0.01
+    assert pure["forensics"]["steps"][0]["update_loss"] > 0.9
+    fp32_drop = fp32["steps"][0]["loss"] - fp32["steps"][-1]["loss"]
+    assert fp32_drop < THRESHOLDS.drift_abs  # the curve alone could not have told them apart
+    assert verdicts(out) == {"fp32/eager/off": "stable", "bf16-pure/eager/off": "drift"}
+    assert "bf16-pure/eager/off" in proc.stdout and "stalled: step 0's optimizer step lost" in proc.stdout
+    assert "Recommended: fp32/eager/off" in proc.stdout and "bf16-weights-without-fp32-master" not in proc.stdout
