@@ -3,16 +3,18 @@ and interleaved, the way careful benchmarks compare two programs: a few short pr
 rounds A B C, then C B A, on one slot, so that whatever else the host does in those seconds weighs
 on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
-Which cells (`choose`): of analysis.run.speed_decides (the recommended one's fidelity bucket, at most
-RETIME_MOST_CELLS, always with the one the tie order puts first), those the grid's own probes cannot
-already tell from the fastest of them with the loaded margin (ranking.compare_speed, at least
-Thresholds.loaded_speed_margin, wider when the grid's probes measured more load: load.unpaired_margin): a
-cell slower than that beyond any load's swing needs no rounds. Then the budget: the re-timing may take
-RETIME_SHARE of the grid's summed training time (its probes' train_s), so that it costs the same share
-of a tiny grid as of a large one and grows with a loaded host's slower grid. Each cell's round is
-estimated from its grid probe (start-up, first step and RETIME_STEPS - 1 steady steps); cells are
-dropped from the end until the first retime_rounds rounds fit, and with fewer than two left nothing is
-re-timed ("over budget", said with the estimate): the grid's own probes decide.
+Which cells (`choose`): analysis.run.speed_candidates, per kind of hardware, from the recommended one's
+fidelity bucket: the RETIME_MOST_CELLS fastest by their grid probes' tokens/s (never the first few of the
+tie order: on a loaded host the wide margin leaves the tie order to decide nearly every place), less those
+the fastest beats on the grid's own probes beyond the loaded margin (ranking.compare_speed, at least
+Thresholds.loaded_speed_margin, wider when the grid's probes measured more load: load.unpaired_margin);
+the tie order's first takes the last place when the grid cannot tell it from the slowest of the others
+kept, since a tie would pick it. Then the budget: the re-timing may take RETIME_SHARE of the grid's summed training
+time (its probes' train_s), so that it costs the same share of a tiny grid as of a large one and grows
+with a loaded host's slower grid. Each cell's round is estimated from its grid probe (start-up, first step
+and RETIME_STEPS - 1 steady steps); the fastest and the tie order's first are kept (by_priority), the
+others while their first retime_rounds rounds fit, and when not even those two fit nothing is re-timed
+("over budget", said with the estimate): the grid's own probes decide.
 
 How many rounds: the recipe's retime_rounds at least; then, as pyperf calibrates its runs, two more at
 a time for as long as the fastest cell's gain over another is above the speed margin on average but not
@@ -35,15 +37,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .analysis.ranking import compare_speed, paired_ratios, ratio_interval, undecided
-from .analysis.run import ProbeOutcome, RunAnalysis, analyze, grid_speed, speed_decides, tie_first, tie_order_added
+from .analysis.ranking import paired_ratios, ratio_interval, undecided
+from .analysis.run import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
 from .record import ProbeRecord
 from .run.session import Session
 from .run.store import RETIME_FILE
-from .thresholds import THRESHOLDS
 
 RETIME_STEPS = 5  # per round: the warm-up step and 4 steady ones, ~0.3 s of a tiny model on a quiet CPU
 RETIME_MOST_CELLS = 3  # bounds the cost of the first rounds: 6 short probes at most
@@ -92,30 +93,20 @@ def round_cost(o: ProbeOutcome) -> float:
     return max(0.0, r.wall_s - (r.train_s or sum(times))) + times[0] + (RETIME_STEPS - 1) * steady
 
 
+def by_priority(kind: list[ProbeOutcome]) -> list[ProbeOutcome]:
+    """One bucket's candidates (fastest first) in the order the budget keeps them: the fastest on its grid
+    probe, the tie order's first (the winner if they all tie), then the others, fastest first."""
+    first = tie_first(kind)
+    return [kind[0], *(o for o in kind if o is first and o is not kind[0]), *(o for o in kind[1:] if o is not first)]
+
+
 def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeOutcome], float]:
     """(the cells to re-time, the first rounds' estimated wall time), see the module docstring: per kind
-    of hardware, the tie order's first and the grid's fastest, then the other leaders in rank order, less
-    those the fastest beats beyond the loaded margin on the grid's own probes; then cut from the end to
-    the budget. ([], estimate) when fewer than two cells of a kind fit: nothing to re-time."""
-    leaders = speed_decides(grid, RETIME_MOST_CELLS)
-    margin = max(THRESHOLDS.loaded_speed_margin, grid.speed_margin)
-    picked: list[list[ProbeOutcome]] = []
-    for hardware in dict.fromkeys(o.record.cell.hardware for o in leaders):
-        kind = [o for o in leaders if o.record.cell.hardware == hardware]
-        fastest, first = max(kind, key=lambda o: grid_speed(o)[0]), tie_first(kind)
-        worth = [
-            o
-            for o in kind
-            if o is fastest
-            or o is first
-            or not compare_speed(grid_speed(fastest), grid_speed(o), THRESHOLDS, None, margin).faster
-        ]
-        if len(worth) > 1:
-            chosen = [first]
-            for o in [fastest, *worth]:
-                if all(o is not c for c in chosen):
-                    chosen.append(o)
-            picked.append(chosen)
+    of hardware, analysis.run.speed_candidates (the fastest on their grid probes, and the tie order's first
+    when the grid cannot tell it from them), cut to the budget: the two first by_priority always, the
+    others while their rounds fit. ([], estimate) when not even the first two of a kind fit: nothing to
+    re-time. The cells come in run order: fastest on its grid probe first."""
+    picked = [by_priority(kind) for kind, _ in speed_candidates(grid, RETIME_MOST_CELLS)]
     estimate = rounds * sum(round_cost(o) for kind in picked for o in kind[:2])
     if not picked or estimate > budget_s:
         return [], estimate
@@ -126,7 +117,8 @@ def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeO
             if more <= budget_s:
                 chosen.append(o)
                 estimate = more
-    order = {id(o): i for i, o in enumerate(leaders)}  # run order: the grid's ranking
+    run_order = [o for kind, _ in speed_candidates(grid, RETIME_MOST_CELLS) for o in kind]
+    order = {id(o): i for i, o in enumerate(run_order)}
     return sorted((o for chosen in kept for o in chosen), key=lambda o: order[id(o)]), estimate
 
 
@@ -213,7 +205,7 @@ def retime_leaders(session: Session, recipe: Recipe, on_news=None) -> dict | Non
     tick = Ticker(on_news, t0, budget_s, train_s)
     base = {"min_rounds": rounds, "budget_s": budget_s, "budget_share": RETIME_SHARE, "grid_train_s": train_s}
     if not leaders:
-        wanted = [o.probe_id for o in speed_decides(grid, RETIME_MOST_CELLS)]
+        wanted = [o.probe_id for kind, _ in speed_candidates(grid, RETIME_MOST_CELLS) for o in by_priority(kind)[:2]]
         if estimate <= budget_s or len(wanted) < 2:  # the grid's probes alone tell them apart
             return None
         tick(OVER_BUDGET, wanted, (1, rounds), estimate_s=estimate)
@@ -222,7 +214,7 @@ def retime_leaders(session: Session, recipe: Recipe, on_news=None) -> dict | Non
         session.store.write_json(RETIME_FILE, timing)
         return timing
     cells = [o.probe_id for o in leaders]
-    added = [o.probe_id for o in tie_order_added(grid, RETIME_MOST_CELLS) if o in leaders]
+    added = [o.probe_id for _, o in speed_candidates(grid, RETIME_MOST_CELLS) if o is not None and o in leaders]
     of = {o.probe_id: o for o in leaders}
     world = {o.probe_id: devices(o.record) for o in leaders}
     timing_recipe = dataclasses.replace(recipe, forensics_steps=0)  # the replay times nothing

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from conftest import run_main
 
-from nandoctor.analysis.run import analyze_records, speed_decides
+from nandoctor.analysis.run import analyze_records, speed_buckets
 from nandoctor.cells import Cell, parse_axis_flag
 from nandoctor.config import Recipe
 from nandoctor.errors import NandoctorError
@@ -157,7 +157,7 @@ def test_each_kind_of_hardware_gets_its_own_ranking_and_recommendation(analysis)
     ]
     assert analysis.recommended_on("h100").probe_id == "fp32/eager/off@h100"
     assert analysis.recommended_on("a100").probe_id == "bf16-amp/eager/off@a100"  # faster, within fp32's bucket
-    assert speed_decides(analysis, 4) == [o for o in analysis.ranking if o.record.cell.hardware == "a100"]
+    assert speed_buckets(analysis) == [[o for o in analysis.ranking if o.record.cell.hardware == "a100"]]
 
 
 def test_the_report_shows_a_panel_and_a_recommendation_per_kind_of_hardware(analysis):

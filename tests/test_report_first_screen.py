@@ -22,16 +22,33 @@ CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "goog
 
 
 @pytest.fixture(scope="module")
-def small_grid(tmp_path_factory):
+def small_grid_run(tmp_path_factory):
     """fp32 and fp16-pure x eager and sdpa, 3 steps: fp16-pure fails at step 1 with NaN (AdamW eps=1e-8
-    is 0 in fp16), fp32 is stable."""
+    is 0 in fp16), fp32 is stable. (the run directory, what the grid printed)"""
     out = tmp_path_factory.mktemp("report") / "grid"
     proc = run_cli(
         "grid", "--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager,sdpa", "--axis", "compile=off", "--steps", "3",
         "--out", out,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr  # 0: fp32 is stable and nonfinite is a verdict, not a crash
-    return out
+    return out, proc.stdout
+
+
+@pytest.fixture(scope="module")
+def small_grid(small_grid_run):
+    return small_grid_run[0]
+
+
+def test_the_terminal_ends_with_the_answer_in_three_short_lines_then_the_details(small_grid_run):
+    out, stdout = small_grid_run
+    answer, details = (part.splitlines() for part in stdout.rstrip("\n").split("\n\n")[-2:])
+    recommended = json.loads((out / "summary.json").read_text())["recommended"]
+    assert answer[0].startswith(f"Recommended: {recommended} (fidelity ")
+    # fp32 eager and sdpa share the top bucket: speed decides, and the line says how it was measured
+    assert answer[1].startswith("Why: 2 configurations share the top fidelity bucket; it is ")
+    assert answer[2].startswith(f"reports: {out}/report.md") and len(answer) == 3
+    assert details[0] == "Verdicts: 2 stable, 2 nonfinite"
+    assert "per round" not in stdout and "Why each is a tie" not in stdout  # said in report.md
 
 
 def _matrix_cells(html: str) -> dict[str, str]:

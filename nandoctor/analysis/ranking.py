@@ -221,6 +221,31 @@ def undecided(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = TH
     return out
 
 
+def retime_candidates(
+    speeds: dict[str, tuple[float, float, float]],
+    tie_first: str | None,
+    most: int,
+    margin: float | None = None,
+    t: Thresholds = THRESHOLDS,
+) -> list[str]:
+    """The probes of one fidelity bucket worth re-timing, fastest first: speeds holds each probe's (median,
+    q1, q3) tokens/s per device as its grid probe measured it (every one the same kind of figure). Those
+    the fastest does not beat on that figure (compare_speed with `margin`: on a loaded host the wider one
+    its load could swing), the `most` fastest of them by median. tie_first (the one the fixed tie order
+    puts first, the winner if they all tie) takes the last place when the grid cannot tell it from the
+    slowest of the others kept: one lucky-fast grid probe must not leave it out, and whether noise put it
+    third or fourth must not decide the recommendation. [] for fewer than two."""
+    by_speed = sorted(speeds, key=lambda p: -speeds[p][0])
+    fastest = speeds[by_speed[0]] if by_speed else None
+    near = [p for p in by_speed if not compare_speed(fastest, speeds[p], t, None, margin).faster]
+    picked = near[:most]
+    if tie_first in speeds and tie_first not in picked:
+        kept = [p for p in near if p != tie_first][: most - 1]
+        if not compare_speed(speeds[kept[-1]], speeds[tie_first], t, None, margin).faster:
+            picked = kept + [tie_first]
+    return picked if len(picked) > 1 else []
+
+
 def tie_key(row) -> tuple:
     """Adoption order, then lower peak memory (unknown last), then closer fidelity (unknown last), then the
     probe id, so that the order does not depend on the order the rows came in."""

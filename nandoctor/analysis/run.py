@@ -15,7 +15,7 @@ from ..run.store import BISECT_FILE, RETIME_FILE, ROUNDTRIP_FILE, ResultsStore
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary, unpaired_margin
-from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, tie_key
+from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, retime_candidates, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
 from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts
 
@@ -222,6 +222,8 @@ PROBE_COLUMNS = {
     "tokens_per_s_all_devices": "median tokens/s of the whole probe, every rank's tokens counted",
     "retimed": "True when the tokens/s come from the interleaved re-timing rounds (retime.json), which "
     "run shorter probes than the grid's",
+    "grid_tokens_per_s": "median tokens/s per device of the probe's own grid probe, re-timed or not: the one "
+    "figure every probe has, so the one to compare them all on",
     "peak_memory_bytes": "peak memory (the CUDA allocator's peak on a GPU, the process's peak RSS on a CPU)",
     "optimizer_state_bytes": "bytes of optimizer state after the first optimizer step",
     "steps_run": "training steps the probe ran",
@@ -255,6 +257,7 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
             "tokens_per_s_q3": o.throughput.q3 if o.throughput else None,
             "tokens_per_s_all_devices": o.tokens_per_s_all_devices,
             "retimed": o.retimed,
+            "grid_tokens_per_s": grid_speed(o)[0] if grid_throughput(o.record) else None,
             "peak_memory_bytes": o.peak_memory_bytes,
             "optimizer_state_bytes": o.record.optimizer_state_bytes,
             "steps_run": len(o.record.steps),
@@ -397,24 +400,24 @@ def speed_buckets(a: RunAnalysis) -> list[list[ProbeOutcome]]:
     return buckets
 
 
-def speed_decides(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
-    """The ranked probes whose speed decides the winner (speed_buckets): at most `most` per bucket, in rank
-    order (the likeliest winners), and always the one the tie order puts first (the winner if they all
-    tie: on a busy host it can rank low on its grid probe alone; tie_order_added names it then). Empty
-    when fidelity or nandoctor's rules alone decide. With a hardware axis, each kind's winner is decided
-    among that kind's probes only."""
-    leaders = []
+def speed_candidates(a: RunAnalysis, most: int) -> list[tuple[list[ProbeOutcome], ProbeOutcome | None]]:
+    """Per speed bucket (speed_buckets), the probes worth re-timing, fastest first: ranking.retime_candidates
+    on their grid probes' tokens/s (never the tie order's first few: on a loaded host the wide margin makes
+    one speed class of the bucket, and the tie order alone would choose), with the margin the run's load
+    calls for and at least Thresholds.loaded_speed_margin (grid probes ran minutes apart), and the tie
+    order's first where the grid cannot tell it from them. Each with the probe the tie order put in only
+    for being first in it (None when it was among the fastest anyway).
+    Buckets where the grid's probes already tell the fastest from every other are left out."""
+    margin = max(THRESHOLDS.loaded_speed_margin, a.speed_margin)
+    out = []
     for top in speed_buckets(a):
-        first = tie_first(top)
-        picked = top[:most] if first in top[:most] else top[: most - 1] + [first]
-        leaders += [o for o in top if o in picked]
-    return leaders
-
-
-def tie_order_added(a: RunAnalysis, most: int) -> list[ProbeOutcome]:
-    """The probes speed_decides takes only because the tie order puts them first in their bucket (they
-    are not among its first `most` by rank)."""
-    return [first for first, top in ((tie_first(t), t) for t in speed_buckets(a)) if first not in top[:most]]
+        of = {o.probe_id: o for o in top}
+        speeds, first = {o.probe_id: grid_speed(o) for o in top}, tie_first(top).probe_id
+        ids = retime_candidates(speeds, first, most, margin)
+        if ids:
+            added = first if first not in retime_candidates(speeds, None, most, margin) else None
+            out.append(([of[i] for i in ids], of[added] if added in ids else None))
+    return out
 
 
 def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.speed import grid_throughput
 from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, roundtrip_result
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
@@ -44,9 +45,9 @@ def fmt_rate(x: float | None) -> str:
 
 
 def shown_rate(o: ProbeOutcome) -> float | None:
-    """tokens/s worth printing: a probe that stopped at a non-finite step or did not finish timed too
-    few steps (and the wrong arithmetic) for its rate to mean anything."""
-    return None if o.verdict.name in (NONFINITE, *HARNESS_FAILURES) else o.tokens_per_s
+    """The grid probe's tokens/s, where worth printing: a probe that stopped at a non-finite step or did not
+    finish timed too few steps (and the wrong arithmetic) for its rate to mean anything."""
+    return None if o.verdict.name in (NONFINITE, *HARNESS_FAILURES) else timing.grid_rate(o)
 
 
 def fmt_fidelity(x: float | None) -> str:
@@ -154,7 +155,10 @@ def ranking_note(a: RunAnalysis) -> str | None:
 
 
 def ranking_rows(a: RunAnalysis) -> list[dict]:
+    """One row per ranked configuration. Every row shows its grid probe's tokens/s (one kind of figure in
+    one column); a run that re-timed its leaders adds their re-timed figures in a column of their own."""
     starred = recommended_ids(a) if a.meta.kind == "bisect" else set()
+    retimed = any(o.retimed for o in a.ranking)
     return [
         {
             "rank": i + 1,
@@ -162,9 +166,9 @@ def ranking_rows(a: RunAnalysis) -> list[dict]:
             "fidelity vs fp32": "not judged"
             if o.fidelity is None and o.reference is None
             else fmt_fidelity(o.fidelity),
-            "tokens/s": timing.rate_text(o) + per_device(o),
-            "tokens/s IQR": timing.spread_text(o.throughput),
-            "timed over": timing.timing_note(o, a),
+            "grid tokens/s": timing.grid_text(o) + per_device(o),
+            "grid IQR": timing.spread_text(grid_throughput(o.record)),
+            **({"re-timed tokens/s": timing.retimed_text(o, a)} if retimed else {}),
             "peak memory": fmt_bytes(o.peak_memory_bytes),
             "final loss": fmt_loss(last_loss(o)),
             "flagged by": ", ".join(o.flags) or "-",
@@ -231,8 +235,11 @@ def environment_rows(a: RunAnalysis) -> list[dict]:
 
 
 def per_device(o: ProbeOutcome) -> str:
-    """' per device (3,225 over 2)' for a parallel probe's tokens/s, '' for one process."""
-    return f" per device ({fmt_rate(o.tokens_per_s_all_devices)} over {o.devices})" if o.devices > 1 else ""
+    """' per device (3,225 over 2)' for a parallel probe's grid tokens/s, '' for one process."""
+    if o.devices == 1:
+        return ""
+    rate = timing.grid_rate(o)
+    return f" per device ({fmt_rate(rate * o.devices if rate else None)} over {o.devices})"
 
 
 def hardware_line(a: RunAnalysis, hardware: str) -> str:
@@ -243,7 +250,7 @@ def hardware_line(a: RunAnalysis, hardware: str) -> str:
     flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
     return (
         f"Recommended on {hardware}: {label(rec)} "
-        f"(fidelity {fmt_fidelity(rec.fidelity)}, {timing.rate_text(rec)} tokens/s{per_device(rec)}, "
+        f"(fidelity {fmt_fidelity(rec.fidelity)}, {timing.grid_text(rec)} tokens/s{per_device(rec)}, "
         f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
     )
 
@@ -262,7 +269,7 @@ def headline(a: RunAnalysis) -> list[str]:
             fast_here = a.fastest_on(h)
             if fast_here is not a.recommended_on(h):
                 lines.append(
-                    f"Fastest stable on {h}: {label(fast_here)} ({timing.rate_text(fast_here)} tokens/s"
+                    f"Fastest stable on {h}: {label(fast_here)} ({timing.grid_text(fast_here)} tokens/s"
                     f"{per_device(fast_here)}, "
                     f"fidelity {fidelity_text(fast_here)})"
                 )
@@ -270,13 +277,13 @@ def headline(a: RunAnalysis) -> list[str]:
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(
-            f"Recommended: {label(rec)} (fidelity {fidelity_text(rec)}, {timing.rate_text(rec)} tokens/s"
+            f"Recommended: {label(rec)} (fidelity {fidelity_text(rec)}, {timing.grid_text(rec)} tokens/s"
             f"{per_device(rec)}, peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
         )
         if fast is not rec:
             lines.append(
                 f"Fastest stable: {label(fast)} "
-                f"({timing.rate_text(fast)} tokens/s{per_device(fast)}, fidelity {fidelity_text(fast)})"
+                f"({timing.grid_text(fast)} tokens/s{per_device(fast)}, fidelity {fidelity_text(fast)})"
             )
         lines += timing.speed_lines(a)
     else:
@@ -294,7 +301,8 @@ def headline(a: RunAnalysis) -> list[str]:
             "every configuration meets; fix the rows (`nandoctor doctor --data` names them) and run again."
         )
     first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # the recommendation line(s)
-    lines[first:first] = reference_lines(a)
+    why = timing.why_line(a)
+    lines[first:first] = reference_lines(a) + ([why] if why else [])
     counts = {}
     for o in a.outcomes:
         counts[o.verdict.name] = counts.get(o.verdict.name, 0) + 1

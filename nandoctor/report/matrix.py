@@ -13,7 +13,7 @@ from ..analysis.verdicts import STABLE, UNSUPPORTED
 from ..cells import AXES, HARDWARE_AXES, Cell
 from .common import fmt_fidelity, label, recommended_ids
 from .forensics import forensics_of, headroom_applies, tightest_line
-from .timing import rate_text
+from .timing import grid_text
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
 # Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
@@ -66,7 +66,7 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str], fas
     o = _representative(probes)
     v = o.verdict
     if v.name == STABLE:
-        lines = [fmt_fidelity(o.fidelity), f"{rate_text(o)} tok/s" + ("/device" if o.devices > 1 else "")]
+        lines = [fmt_fidelity(o.fidelity), f"{grid_text(o)} tok/s" + ("/device" if o.devices > 1 else "")]
     elif v.name == UNSUPPORTED:
         lines = ["not run here"]
     else:

@@ -8,7 +8,7 @@ from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import MISCONFIGURED, setup_passed
 from ..cells import AXES, Cell
 from ..record import ProbeRecord
-from . import bisection, code, common
+from . import bisection, code, common, timing
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
@@ -89,6 +89,23 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
         ]
     for hardware, rec in code.grid_recommendations(a):
         out += ["", f"{code.title(hardware)}:"] + [f"  {line}" for line in code.code_lines(rec)]
-    out += [""] + common.headline(a)
-    out.append(f"reports: {run_dir}/report.md, report.html, junit.xml, summary.json")
-    return "\n".join(out)
+    return "\n".join(out + [""] + closing_lines(a, run_dir))
+
+
+def closing_lines(a: RunAnalysis, run_dir) -> list[str]:
+    """The end of a grid's output: the answer in at most three short lines (the recommendation, one per kind
+    of hardware; why; where the reports are), then the details. How speed decided, with its per-round
+    figures, is said once, in report.md, not here; the reference lines are said at the top already. A
+    bisection's headline is its own (bisection.headline_lines)."""
+    head = common.headline(a)
+    speed = timing.speed_lines(a)
+    told = " (how speed decided, with the figures)" if speed else ""
+    reports = f"reports: {run_dir}/report.md{told}, report.html, junit.xml, summary.json"
+    if a.meta.kind == "bisect":
+        return [*head, reports]
+    why = timing.why_line(a)
+    answer = [line for line in head if line.startswith(("Recommended", "No stable configuration"))]
+    answer += [why] if why else []
+    said = {*answer, *speed, *common.reference_lines(a)}
+    details = [line for line in head if line not in said] + [line for line in [timing.load_short(a)] if line]
+    return [*answer, reports] + ([""] + details if details else [])

@@ -1,17 +1,17 @@
-"""What every renderer says about how speed was measured: how the ranking orders (with the margin it
-applied), whether speed decided the recommendation (and the cells re-timed for it, for how many rounds),
-why the configurations it ties with are ties (with the figures), and how loaded the host was. A figure
-from the re-timing (short interleaved probes) is marked RETIMED wherever it stands beside grid figures."""
+"""What every renderer says about how speed was measured: why the recommendation is the one (one short
+line), how the ranking orders (with the margin it applied), whether speed decided the recommendation (and
+the cells re-timed for it, for how many rounds), why the configurations it ties with are ties (with the
+figures, said once), and how loaded the host was. A figure from the re-timing (short interleaved probes)
+never stands in one column with the grid's own: every configuration shows its grid probe's tokens/s, and
+a re-timed one its re-timed figure beside it, in a column of its own."""
 
 from __future__ import annotations
 
 from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
-from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_decides
+from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_buckets
 from ..analysis.speed import grid_throughput
 from ..record import Throughput
 from ..thresholds import THRESHOLDS
-
-RETIMED = "†"  # marks a re-timed figure (retime.json) beside the grid's own
 
 
 def _rate(x: float | None) -> str:
@@ -29,22 +29,37 @@ def spread_text(t: Throughput | None) -> str:
     return f"{_rate(t.q1)}-{_rate(t.q3)}"
 
 
-def rate_text(o: ProbeOutcome, x: float | None = None) -> str:
-    """A probe's tokens/s per device ('1,436', '87†' when re-timed), or another figure of it, marked alike."""
-    value = o.tokens_per_s if x is None else x
-    return _rate(value) + (RETIMED if o.retimed and value else "")
+def grid_rate(o: ProbeOutcome) -> float | None:
+    """A probe's tokens/s per device as its grid probe measured it, re-timed or not: the one figure every
+    configuration has, so the one they are shown side by side on."""
+    t = grid_throughput(o.record)
+    return t.median if t else None
+
+
+def grid_text(o: ProbeOutcome) -> str:
+    """'1,436': the grid probe's tokens/s per device."""
+    return _rate(grid_rate(o))
+
+
+def retimed_text(o: ProbeOutcome, a: RunAnalysis) -> str:
+    """'3,586 (4 rounds)': a re-timed probe's tokens/s per device over its interleaved rounds; '-' for a
+    probe that was not re-timed."""
+    if not o.retimed or not a.timing:
+        return "-"
+    rounds = sum(1 for p in a.timing["probes"] if p["of"] == o.probe_id and p["status"] == "ok")
+    return f"{_rate(o.tokens_per_s)} ({rounds} rounds)"
 
 
 def retimed_legend(a: RunAnalysis) -> str | None:
-    """What RETIMED means in this run, when a figure carries it."""
+    """What the two tokens/s columns hold, when the run re-timed any configuration."""
     if not a.timing or not any(o.retimed for o in a.outcomes):
         return None
     t = a.timing
     steps = a.meta.steps if a.meta.steps is not None else "?"
     return (
-        f"{RETIMED} re-timed: {t['steps']}-step probes, back to back and interleaved, {t['rounds']} rounds; the other "
-        f"figures are the grid's own {steps}-step probes (short probes measure lower: "
-        "compare a re-timed figure only with another one)."
+        f"Grid tokens/s: each configuration's own {steps}-step grid probe. Re-timed tokens/s: {t['steps']}-step "
+        f"probes, back to back and interleaved, {t['rounds']} rounds; short probes measure lower, so a re-timed figure "
+        "compares only with another re-timed one."
     )
 
 
@@ -77,15 +92,6 @@ def order_sentence(a: RunAnalysis) -> str:
     )
 
 
-def timing_note(o: ProbeOutcome, a: RunAnalysis) -> str:
-    """How a ranked probe's tokens/s was measured, for its row."""
-    if o.retimed:
-        rounds = sum(1 for p in a.timing["probes"] if p["of"] == o.probe_id and p["status"] == "ok")
-        return f"re-timed{RETIMED}, {rounds} interleaved rounds of {a.timing['steps']} steps"
-    t = o.throughput
-    return f"{t.steps} steady steps" if t else "-"
-
-
 def load_line(a: RunAnalysis) -> str | None:
     """One sentence when the host was busy with other work while probes were timed, else None."""
     load = a.load
@@ -113,11 +119,9 @@ def load_line(a: RunAnalysis) -> str | None:
 
 
 def _retimed_how(a: RunAnalysis) -> str:
-    """'re-timed back to back, interleaved, 2 rounds of 5 steps each (3 s): A 1,000† tokens/s (IQR ...); ...'"""
+    """'re-timed back to back, interleaved, 2 rounds of 5 steps each (3 s)' (the figures are in the ranked
+    table and the Timing section)."""
     t = a.timing
-    shown = "; ".join(
-        f"{o.probe_id} {rate_text(o)} tokens/s (IQR {spread_text(o.throughput)})" for o in a.ranking if o.retimed
-    )
     least = t.get("min_rounds", t["rounds"])
     extra = list(dict.fromkeys(p["of"] for p in t["probes"] if (p.get("round") or 0) > least))
     more = (
@@ -128,17 +132,25 @@ def _retimed_how(a: RunAnalysis) -> str:
     )
     return (
         f"re-timed back to back, interleaved, {t['rounds']} rounds{more} of {t['steps']} steps each "
-        f"({t['wall_s']:.0f} s): {shown}"
+        f"({t['wall_s']:.0f} s)"
     )
 
 
 def _chosen_text(a: RunAnalysis) -> str:
-    """Which of the configurations sharing the top bucket were re-timed, in words."""
+    """Which of the configurations sharing the top bucket were re-timed, and why those, in words: "the
+    fastest on their grid probes" only where it is so (a retime.json that chose otherwise says no why)."""
     added = a.timing.get("tie_order_added") or []
     cells = ", ".join(a.timing["cells"])
-    if not added:
+    timed = [grid_rate(o) or 0.0 for o in a.ranking if o.retimed and o.probe_id not in added]
+    rest = [grid_rate(o) or 0.0 for top in speed_buckets(a) for o in top if not o.retimed]
+    if not timed or min(timed) < max(rest, default=0.0):
         return f"{cells} were"
-    return f"{cells} ({', '.join(added)} first in the tie order: the winner if they all tie) were"
+    if not added:
+        return f"{cells}, the fastest on their grid probes, were"
+    return (
+        f"{cells} (the fastest on their grid probes, and {', '.join(added)}: first in the tie order, the winner "
+        "if they all tie) were"
+    )
 
 
 def budget_text(t: dict) -> str:
@@ -176,7 +188,7 @@ def tie_reason(lead: ProbeOutcome, other: ProbeOutcome, c: SpeedComparison, load
             "the lower bound nor within it at the upper bound; the rounds cannot tell them apart, so the tie "
             "order decides"
         )
-    figures = f"{rate_text(lead, c.a[0])} against {rate_text(other, c.b[0])} tokens/s per device"
+    figures = f"{_rate(c.a[0])} against {_rate(c.b[0])} tokens/s per device"
     if c.rule == MARGIN:
         where = " applied on a loaded host" if loaded and c.margin > THRESHOLDS.speed_margin else ""
         return f"{pair}: {figures} ({100 * (c.gain - 1):+.0f}%), within the {_pct(c.margin)} margin{where}"
@@ -187,8 +199,8 @@ def tie_reason(lead: ProbeOutcome, other: ProbeOutcome, c: SpeedComparison, load
 
 
 def unresolved_line(a: RunAnalysis) -> str | None:
-    """When the adaptive re-timing spent its budget with a gap neither proven nor within the margin: which,
-    with the figures."""
+    """When the adaptive re-timing spent its budget with a gap neither proven nor within the margin: which
+    (their per-round figures are in the tie line, said once)."""
     t = a.timing
     if not t or t.get("stopped") != "budget":
         return None
@@ -199,12 +211,77 @@ def unresolved_line(a: RunAnalysis) -> str | None:
     open_ = [o for o in timed if o.probe_id in undecided(a.rounds, lead.probe_id)]
     if not open_:
         return None
-    said = "; ".join(f"{lead.probe_id} against {o.probe_id}: {interval_text(a.compare(lead, o))}" for o in open_)
+    said = ", ".join(o.probe_id for o in open_)
     return (
-        f"The re-timing could not tell these apart within its budget ({budget_text(t)}, {t['rounds']} rounds): "
-        f"{said}; a gain counts only above {1 + THRESHOLDS.speed_margin:.2f}x at the 95% lower bound, so they count "
-        "as equally fast here, unresolved. A quieter host, or more steps per probe, can tell."
+        f"The re-timing could not tell {lead.probe_id} from {said} within its budget ({budget_text(t)}, "
+        f"{t['rounds']} rounds): a gain counts only above {1 + THRESHOLDS.speed_margin:.2f}x at the 95% lower bound, "
+        "so they count as equally fast here, unresolved. A quieter host, or more steps per probe, can tell."
     )
+
+
+def sharing(a: RunAnalysis) -> int:
+    """How many ranked configurations share the recommendations' fidelity buckets and flag status, where
+    speed decides between two or more (analysis.run.speed_buckets); 0 where it decides nothing."""
+    return sum(len(top) for top in speed_buckets(a))
+
+
+def _how_measured(a: RunAnalysis, rec: ProbeOutcome) -> str:
+    """How the speeds that decided the recommendation were measured, in a few words."""
+    t = a.timing or {}
+    if rec.retimed:
+        return f"re-timed back to back, {t['rounds']} interleaved rounds"
+    if t.get("stopped") == "over budget":
+        return "on their grid probes: re-timing was over budget"
+    if (a.meta.recipe or {}).get("retime_rounds") == 0:
+        return "on their grid probes: re-timing off"
+    return "on their grid probes"
+
+
+def why_line(a: RunAnalysis) -> str | None:
+    """The one short line under a grid's recommendation: why it is the one. The figures that back it are
+    in the details (speed_lines) and report.md's Timing section, not here. None with a hardware axis (each
+    kind's recommendation has its own tie line)."""
+    rec = a.recommended
+    if rec is None or a.meta.kind != "grid" or a.hardware:
+        return None
+    others = len(a.ranking) - 1
+    if not others:
+        return "Why: the only stable configuration."
+    shared = sharing(a)
+    if not shared:
+        return (
+            f"Why: the {others} other stable configuration{'s are' if others > 1 else ' is'} further from the "
+            "fp32/eager reference or flagged by a nandoctor rule; speed did not decide."
+        )
+    ties, how = a.speed_ties, _how_measured(a, rec)
+    if not ties:
+        return (
+            f"Why: {shared} configurations share the top fidelity bucket; it is the fastest beyond the noise ({how})."
+        )
+    words = (
+        "as fast as"
+        if all(as_fast(c) for *_, c in a.tie_reasons_on(rec.record.cell.hardware))
+        else "not told apart from"
+    )
+    names = [o.probe_id for o in ties]
+    who = ", ".join(names) if len(names) <= 2 else f"{names[0]}, {names[1]} and {len(names) - 2} more"
+    return (
+        f"Why: {shared} configurations share the top fidelity bucket; it is {words} {who} ({how}) "
+        "and first in the fixed tie order."
+    )
+
+
+def load_short(a: RunAnalysis) -> str | None:
+    """load_line in one short sentence, for the terminal."""
+    load = a.load
+    if not a.loaded:
+        return None
+    busy = (
+        f": other processes kept up to {load['other_cpu_cores_max']:.1f} of {load['cpu_count']} CPU cores busy"
+        if load.get("other_cpu_cores_max") is not None
+        else ""
+    )
+    return f"The host was loaded while probes were timed{busy}; report.md says how that widened the speed margin."
 
 
 def speed_lines(a: RunAnalysis) -> list[str]:
@@ -218,23 +295,23 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     if a.timing and a.timing.get("stopped") == "over budget":
         t = a.timing
         lines.append(
-            f"{len(speed_decides(a, len(a.ranking)))} configurations share the top fidelity bucket, so speed decides "
+            f"{sharing(a)} configurations share the top fidelity bucket, so speed decides "
             f"between them; {', '.join(t['cells'])} were not re-timed back to back: {t['min_rounds']} interleaved "
             f"rounds would take about {t['estimate_s']:.1f} s, more than the re-timing's budget of {budget_text(t)}. "
             "Each speed is its own grid probe's."
         )
     elif a.timing:
-        timed, sharing = len(a.timing["cells"]), speed_decides(a, len(a.ranking))
+        timed, shared = len(a.timing["cells"]), sharing(a)
         how = _retimed_how(a)
-        if len(sharing) > timed:  # more than RETIME_MOST_CELLS: the rest rank after the re-timed ones (ranking.rank)
-            rest = len(sharing) - timed
+        if shared > timed:  # the rest rank after the re-timed ones (ranking.rank), on their grid probes
+            rest = shared - timed
             after = (
                 "the other one ranks after them, on its grid probe"
                 if rest == 1
                 else f"the other {rest} rank after them, on their grid probes"
             )
             lines.append(
-                f"{len(sharing)} configurations share the top fidelity bucket, so speed decides between them: "
+                f"{shared} configurations share the top fidelity bucket, so speed decides between them: "
                 f"{_chosen_text(a)} {how}; {after}."
             )
         else:
@@ -245,10 +322,9 @@ def speed_lines(a: RunAnalysis) -> list[str]:
         if unresolved:
             lines.append(unresolved)
     elif (a.meta.recipe or {}).get("retime_rounds") == 0:
-        leaders = speed_decides(a, len(a.ranking))
-        if leaders:
+        if sharing(a):
             lines.append(
-                f"{len(leaders)} configurations share the top fidelity bucket, so speed decides between them; "
+                f"{sharing(a)} configurations share the top fidelity bucket, so speed decides between them; "
                 "they were not re-timed back to back (retime_rounds=0): each speed is its own grid probe's, "
                 "timed under whatever load there was then."
             )
@@ -304,7 +380,7 @@ def retime_rows(a: RunAnalysis) -> list[dict]:
                 "config": cell,
                 "grid probe tokens/s": _rate(grid.median if grid else None),
                 "grid IQR": spread_text(grid),
-                "re-timed tokens/s": rate_text(o) if o.retimed else "-",
+                "re-timed tokens/s": _rate(o.tokens_per_s) if o.retimed else "-",
                 "re-timed IQR": spread_text(o.throughput) if o.retimed else "-",
                 "rounds ok": f"{sum(p['status'] == 'ok' for p in rounds)}/{len(rounds)}",
             }
