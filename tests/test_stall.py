@@ -66,3 +66,26 @@ def test_a_grid_at_a_learning_rate_bf16_weights_round_away_calls_bf16_pure_stall
     assert verdicts(out) == {"fp32/eager/off": "stable", "bf16-pure/eager/off": "drift"}
     assert "bf16-pure/eager/off" in proc.stdout and "stalled: step 0's optimizer step lost" in proc.stdout
     assert "Recommended: fp32/eager/off" in proc.stdout and "bf16-weights-without-fp32-master" not in proc.stdout
+
+
+def routed(experts: int, top_k: int, rows: int, no_token: int) -> ProbeRecord:
+    tokens = [0] * no_token + [rows * top_k // (experts - no_token)] * (experts - no_token)
+    at = {"step": 0, "tokens": tokens, "no_token": no_token, "rows": rows}
+    moe = {"experts": experts, "top_k": top_k, "layers": [{"layer": 0, "module": "mlp.gate", "step_0": at}]}
+    return ProbeRecord(
+        "fp32/eager/off", Cell("fp32", "eager", "off"), "ok", steps=probe("fp32/eager/off", 0).steps, moe=moe
+    )
+
+
+def test_a_router_too_lightly_loaded_to_judge_says_collapse_was_not_judged():
+    """Issue 44's case: 64 experts, batch 1 of 4 tokens, 62 experts with no token: stable, and the reason says
+    collapse went unjudged and what batch judges it; at 8 assignments per expert the layer is judged."""
+    light = classify(routed(64, 1, 4, 62))
+    assert light.name == "stable" and "expert collapse not judged: 4 tokens x top-1 over 64 experts" in light.reason
+    assert "a batch of 512 tokens or more judges it" in light.reason
+    judged = classify(routed(64, 1, 512, 40))
+    assert judged.name == "expert-collapse" and "40 of 64 experts got no token" in judged.reason
+    spread = classify(routed(64, 1, 512, 0))
+    assert spread.name == "stable" and "not judged" not in spread.reason
+    dense = probe("fp32/eager/off", 0.0)
+    assert "not judged" not in classify(dense).reason

@@ -276,6 +276,30 @@ def collapsed_layers(moe: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
     return out
 
 
+def collapse_unjudged(moe: dict | None, t: Thresholds = THRESHOLDS) -> str | None:
+    """Why a mixture of experts' collapse was not judged, when no router layer had the load that judging
+    needs (tokens x top-k / experts below expert_min_load at its last and first step measured): said with
+    the verdict, so that a stable one does not read as a router that spreads. None for a dense model or
+    where a layer was judged."""
+    if not moe:
+        return None
+    experts, k = moe.get("experts") or 0, moe.get("top_k") or 1
+    seen = [
+        at.get("rows") or 0
+        for layer in moe.get("layers") or []
+        for at in (layer.get("step_last") or {}, layer.get("step_0") or {})
+        if at.get("rows")
+    ]
+    if not experts or not seen or any(rows * k / experts >= t.expert_min_load for rows in seen):
+        return None
+    rows = max(seen)
+    return (
+        f"expert collapse not judged: {rows} tokens x top-{k} over {experts} experts is {rows * k / experts:.2g} "
+        f"assignments per expert, under the {t.expert_min_load:g} an even router must give each before an idle "
+        f"expert means collapse; a batch of {math.ceil(t.expert_min_load * experts / k)} tokens or more judges it"
+    )
+
+
 def router_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
     """`expert-collapse` when a router layer collapsed (collapsed_layers), else None."""
     layers = collapsed_layers(record.moe, t)
@@ -570,7 +594,9 @@ def classify(
         return stuck or v
     v = stall_verdict(record, v, t)
     flips = route_flips((record.moe or {}).get("step0_choices"), routes)
-    return router_verdict(record, t) or routing_cause(v, flips, t)
+    v = router_verdict(record, t) or routing_cause(v, flips, t)
+    unjudged = collapse_unjudged(record.moe, t) if v.name == STABLE else None
+    return Verdict(v.name, f"{v.reason}; {unjudged}", v.step) if unjudged else v
 
 
 def update_lost(record: ProbeRecord) -> float | None:
