@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from .config import Recipe, recipe_from_dict, with_paths_resolved
-from .errors import NandoctorError
+from .errors import NandoctorError, did_you_mean
 from .typed import load_yaml
 
 RECIPE_DIRS = (
@@ -119,7 +119,7 @@ def _with_model(base: Recipe, model: str) -> Recipe:
             f"use a recipe ({', '.join(recipe_names())}) or a local checkpoint directory"
         )
     raise NandoctorError(
-        f"unknown model {model!r}; valid: a recipe name ({', '.join(recipe_names())}), "
+        f"unknown model {model!r};{did_you_mean(model, recipe_names(), n=3)} valid: a recipe name ({', '.join(recipe_names())}), "
         "a local checkpoint directory with config.json, or a hub id already in the local cache"
     )
 
