@@ -118,8 +118,9 @@ def _with_model(base: Recipe, model: str) -> Recipe:
             f"--model {model!r}: not in the local Hugging Face cache (nothing is downloaded); "
             f"use a recipe ({', '.join(recipe_names())}) or a local checkpoint directory"
         )
+    names = recipe_names()
     raise NandoctorError(
-        f"unknown model {model!r};{did_you_mean(model, recipe_names(), n=3)} valid: a recipe name ({', '.join(recipe_names())}), "
+        f"unknown model {model!r};{did_you_mean(model, names, n=3)} valid: a recipe name ({', '.join(names)}), "
         "a local checkpoint directory with config.json, or a hub id already in the local cache"
     )
 
