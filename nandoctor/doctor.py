@@ -16,7 +16,7 @@ from .errors import NandoctorError
 from .knowledge import SEVERITIES, evaluate, finding
 from .knowledge.accelerate_config import accelerate_cell, read_accelerate_config
 from .knowledge.facts import env_facts, read_trainer_args, router_setup_facts, setup_facts, trainer_cell
-from .models import config_facts, model_config
+from .models import config_facts, model_config, plan_model
 from .plan import plan_grid
 from .userdata.tokenizer import load_tokenizer, tokenizer_of
 
@@ -123,6 +123,7 @@ def run_doctor(
                 "add --model, --recipe, --trainer-args or --accelerate-config"
             )
         return {"environment": env.to_dict(), **doctor_section(env)}
+    probed = _probed(recipe, env) if recipe is not None else None
     recipe = recipe or Recipe()
     tokenizer_path = tokenizer_path or tokenizer_of(recipe)
     tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
@@ -145,6 +146,7 @@ def run_doctor(
         "world_size": recipe.world_size if any(c.parallel != "none" for c in cells) else None,
         "tokenizer": str(tokenizer_path) if tokenizer_path else None,
         "router": known.get("router"),  # a mixture of experts' routing as configured (models.router_facts)
+        "probed": probed,
     }
     if recipe.data.source != "file":
         return {
@@ -160,6 +162,13 @@ def run_doctor(
         "findings": data["findings"] + section["findings"],
         "data": data,
     }
+
+
+def _probed(recipe: Recipe, env: DeviceFacts) -> dict:
+    """What `grid` would probe for this recipe on this machine (models.plan_model): the model, why, and
+    what makes it a stand-in for the named one (None when it is not one)."""
+    plan = plan_model(recipe, env)
+    return {"model": plan.describe(), "why": plan.why, "stand_in": plan.stand_in()}
 
 
 def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) -> dict | None:

@@ -94,9 +94,13 @@ def model_type_hint(recipe: Recipe) -> str | None:
 
 
 def shape_of(config) -> dict:
+    """hidden, layers, heads, kv heads, head_dim, intermediate, vocab, and for a mixture of experts its
+    routed experts and top-k."""
     heads = config.num_attention_heads
     hidden = config.hidden_size
+    experts = expert_count(config)
     return {
+        **({"experts": experts, "top_k": expert_top_k(config)} if experts else {}),
         "hidden": hidden,
         "layers": config.num_hidden_layers,
         "heads": heads,
@@ -417,6 +421,7 @@ def plan_model(recipe: Recipe, device: DeviceFacts | dict, steps: int | None = N
         path=str(weights) if source == "local-weights" else None,
         why=why,
         shape=shape_of(probed),
+        named_shape=shape_of(config),
         refuses=refused_attention(config, recipe),
     )
 

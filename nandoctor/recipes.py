@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from .config import Recipe, recipe_from_dict, with_paths_resolved
-from .errors import NandoctorError
+from .errors import NandoctorError, did_you_mean
 from .typed import load_yaml
 
 RECIPE_DIRS = (
@@ -118,8 +118,9 @@ def _with_model(base: Recipe, model: str) -> Recipe:
             f"--model {model!r}: not in the local Hugging Face cache (nothing is downloaded); "
             f"use a recipe ({', '.join(recipe_names())}) or a local checkpoint directory"
         )
+    names = recipe_names()
     raise NandoctorError(
-        f"unknown model {model!r}; valid: a recipe name ({', '.join(recipe_names())}), "
+        f"unknown model {model!r};{did_you_mean(model, names, n=3)} valid: a recipe name ({', '.join(names)}), "
         "a local checkpoint directory with config.json, or a hub id already in the local cache"
     )
 

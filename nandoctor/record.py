@@ -71,8 +71,29 @@ class ModelPlan:
     trainable_params: int
     path: str | None  # weights directory when source is local-weights
     why: str
-    shape: dict  # hidden, layers, heads, kv heads, head_dim, intermediate, vocab of the probed model
+    shape: dict  # hidden, layers, heads, kv heads, head_dim, intermediate, vocab (experts, top_k) of the probed model
     refuses: dict = field(default_factory=dict)  # attn_implementation -> why the architecture refuses it
+    named_shape: dict = field(default_factory=dict)  # the shape of the model the recipe names
+
+    def stand_in(self) -> str | None:
+        """What makes the probed model a stand-in: 'the probes train 32 of the named model's 128 routed experts
+        (top-8 kept) and 2 of its 48 layers', the fewer routed experts or layers than the named one with
+        both numbers; None when it has as many (a full-scale probe, a recipe this small, an older run)."""
+        s, named = self.shape, self.named_shape
+        fewer = [
+            (k, what)
+            for k, what in (("experts", "routed experts"), ("layers", "layers"))
+            if s.get(k) and named.get(k) and s[k] < named[k]
+        ]
+        if not fewer:
+            return None
+        owners = ["the named model's"] + ["its"] * (len(fewer) - 1)
+        parts = [
+            f"{s[k]} of {owner} {named[k]} {what}"
+            + (f" (top-{s['top_k']} kept)" if k == "experts" and s.get("top_k") else "")
+            for owner, (k, what) in zip(owners, fewer)
+        ]
+        return f"the probes train {' and '.join(parts)}"
 
     def describe(self) -> str:
         s = self.shape

@@ -151,6 +151,13 @@ def test_a_mistyped_name_is_one_line_exit_2_with_the_closest_valid_one(args, wor
     assert proc.returncode == 2 and len(lines) == 1 and words in lines[0], proc.stderr
 
 
+def test_a_mistyped_model_name_is_one_line_exit_2_naming_the_closest_recipes():
+    proc = run_main("grid", "--model", "lama-3.1-8b")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "unknown model 'lama-3.1-8b'; did you mean llama-3.1-8b or llama-3.2-3b? valid: a recipe name" in lines[0]
+
+
 @pytest.mark.parametrize("command", ["grid", "bisect"])
 @pytest.mark.parametrize("jobs", ["0", "-2"])
 def test_jobs_is_validated_by_the_parser_of_every_command_that_has_it(command, jobs):

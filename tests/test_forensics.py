@@ -142,6 +142,26 @@ def test_explain_prints_the_origin_of_one_probe(precision):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("adapter", ["dora", "lora"])
+def test_explain_says_when_a_first_offenders_input_is_doras_identity_call(tmp_path, adapter):
+    """AdamW with eps=0 turns lora_A NaN at step 0 (B starts at 0, so A's first gradient and exp_avg_sq are 0:
+    update = 0 / 0). With DoRA the first module to output NaN at step 1 is lora_A called on torch.eye (peft
+    reads lora_B @ lora_A for the weight norm): explain says that its input range [0, 1] is that identity
+    matrix. With LoRA, lora_A's first call is on the batch, and nothing is said."""
+    out = tmp_path / adapter
+    grid = ("grid", "--steps", "3", "--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off")
+    run = run_cli(*grid, "--set", f"adapter.type={adapter}", "--set", "optimizer.eps=0", "--out", out)
+    assert run.returncode == 1, run.stderr[-2000:]
+    proc = run_cli("explain", out, "--probe", "fp32/sdpa/off")
+    assert proc.returncode == 0, proc.stderr
+    offender = next(line for line in proc.stdout.splitlines() if "first forward offender" in line)
+    assert "layers.0.self_attn.q_proj.lora_A.default: output holds NaN/inf" in offender
+    identity = "its input: min 0, max 1, abs-max 1 (an identity matrix: peft's DoRA calls lora_A on torch.eye"
+    assert (identity in offender) is (adapter == "dora"), offender
+    assert ("identity matrix" in offender) is (adapter == "dora"), offender
+
+
+@pytest.mark.slow
 def test_explain_unknown_probe_is_one_line_exit_2(precision):
     proc = run_cli("explain", precision, "--probe", "fp8/eager/off")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr

@@ -131,36 +131,111 @@ def _records(run_dir):
     return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
 
 
+GRID = ["grid", "--model", "qwen3-30b-a3b", "--steps", "8", "--axis", "attn=sdpa", "--axis", "compile=off"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe_grid(tmp_path_factory):
+    """The issue's grid, on a smaller vocabulary and head_dim, run once for this module's tests as a user's
+    `nandoctor` process: (the finished process, its run directory)."""
+    from conftest import run_cli
+
+    out = tmp_path_factory.mktemp("qwen3-moe") / "off"
+    proc = run_cli(*GRID, "--axis", "dtype=fp32,bf16-amp", *QUICK_FLAGS, "--out", out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, out
+
+
 @pytest.mark.slow
-def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(cli, tmp_path):
-    """The issue's grid, on a smaller vocabulary and head_dim: the report shows the expert load per router
-    layer, and says that the load-balancing loss is off, with its fix; switched on, the finding is gone
-    and the aux loss is recorded at every step. The first grid runs as a user's `nandoctor` process; the
-    second goes through the same `cli.main` in this process (run_main: its probes still run in a real
+def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(qwen3_moe_grid, tmp_path):
+    """The report shows the expert load per router layer, and says that the load-balancing loss is off,
+    with its fix; switched on, the finding is gone and the aux loss is recorded at every step. The second
+    grid goes through the same `cli.main` in this process (run_main: its probes still run in a real
     worker), which spares a second interpreter's `import transformers`."""
     from conftest import run_main
 
-    grid = ["grid", "--model", "qwen3-30b-a3b", "--steps", "8", "--axis", "attn=sdpa", "--axis", "compile=off"]
-    off = cli(*grid, "--axis", "dtype=fp32,bf16-amp", *QUICK_FLAGS, "--out", tmp_path / "off")
-    assert off.returncode == 0, off.stderr[-2000:]
-    finding = _findings(tmp_path / "off")["moe-load-balancing-off"]
+    _, off = qwen3_moe_grid
+    finding = _findings(off)["moe-load-balancing-off"]
     assert "output_router_logits=True" in finding["fix"] and finding["evidence"]
-    report = (tmp_path / "off" / "report.md").read_text()
+    report = (off / "report.md").read_text()
     assert "## Mixture of experts" in report and "### Expert load: bf16-amp/sdpa/off" in report
-    assert "| 8 of 32   | off " in report  # top-8 of 32 experts, no load-balancing loss
-    assert "<svg" in (tmp_path / "off" / "report.html").read_text().split("Mixture of experts", 1)[1]
+    assert "| top-8 of 32 | off " in report  # top-8 of 32 experts, no load-balancing loss
+    assert "<svg" in (off / "report.html").read_text().split("Mixture of experts", 1)[1]
     assert "router_aux_loss_coef=0.001) adds it" in report  # the recommendation's code says how
-    for record in _records(tmp_path / "off"):
+    for record in _records(off):
         assert len(record["moe"]["layers"]) == 2 and not record["moe"]["aux_loss_in_loss"]
         assert all(s["aux_loss"] is None for s in record["steps"])
 
-    on = run_main(*grid, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
+    on = run_main(*GRID, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
     assert on.returncode == 0, on.stderr[-2000:]
     assert "moe-load-balancing-off" not in _findings(tmp_path / "on")
     for record in _records(tmp_path / "on"):
         assert record["moe"]["aux_loss_in_loss"] and record["moe"]["aux_loss_coef"] == 0.001
         assert all(s["aux_loss"] > 0 for s in record["steps"]) and len(record["steps"]) == 8
     assert "output_router_logits=True, router_aux_loss_coef=0.001" in (tmp_path / "on" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_the_terminal_shows_each_probes_router_figures(qwen3_moe_grid):
+    """The figures of report.md's Mixture of experts table, a row per probe, in the terminal report: top-k of
+    the experts, the load-balancing loss, the router's dtype, step 0's choices against fp32, and the worst
+    layer's load at the last step, as the record measured it."""
+    import re
+
+    proc, off = qwen3_moe_grid
+    table = proc.stdout.split("Mixture of experts, the router per probe", 1)[1]
+    by_probe = {r["probe_id"]: r["moe"] for r in _records(off)}
+    for probe, moe in by_probe.items():
+        row = next(line for line in table.splitlines() if line.startswith(probe))
+        last = [layer["step_last"] for layer in moe["layers"]]
+        idle = max(at["no_token"] for at in last)
+        share = max(at["largest_share"] for at in last)
+        assert re.search(rf"top-8 of 32 +off +{moe['router_dtype']} ", row), row
+        assert f"step 7: {idle} of 32 idle, largest share {share:.1%}" in row, row
+    assert re.search(r"bf16-amp/sdpa/off .* bfloat16 +\d+\.\d%", table)  # step-0 choices vs the fp32 reference
+
+
+@pytest.mark.slow
+def test_grid_says_plainly_that_it_probes_a_stand_in_with_fewer_experts_and_layers(qwen3_moe_grid):
+    """qwen3-30b-a3b has 128 routed experts in 48 layers; its probe-scale twin keeps top-8 of 32 in 2 layers.
+    The terminal's header (at the start and in the final report) and report.md say so with both numbers."""
+    from html import unescape
+
+    proc, off = qwen3_moe_grid
+    said = "the probes train 32 of the named model's 128 routed experts (top-8 kept) and 2 of its 48 layers"
+    header = proc.stdout.split("[  1/", 1)[0]
+    assert f"stand-in: {said}" in header, header
+    assert proc.stdout.count(f"stand-in: {said}") == 2
+    report = (off / "report.md").read_text()
+    assert f"Stand-in: {said}." in report.split("## ", 1)[0]  # above the first section
+    assert f"<b>Stand-in:</b> {said}." in unescape((off / "report.html").read_text())
+
+
+@pytest.mark.slow
+def test_doctor_says_what_the_grid_will_probe_for_a_moe_recipe():
+    from conftest import run_main
+
+    proc = run_main("doctor", "--model", "qwen3-30b-a3b", "--axis", "dtype=fp32", "--axis", "attn=sdpa")
+    assert proc.returncode == 0, proc.stderr
+    assert "Router (qwen3_moe): 128 experts, each token routed to 8" in proc.stdout
+    assert "  grid probes: qwen3_moe architecture-twin at probe scale" in proc.stdout
+    said = "  stand-in: the probes train 32 of the named model's 128 routed experts (top-8 kept) and 2 of its 48 layers"
+    assert said in proc.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_the_router_heat_map_has_a_scale(qwen3_moe_grid):
+    """Each heat map says what its shades mean (a share of the row's busiest expert, 0 to 100%) and what the
+    red edge marks (an expert with no token)."""
+    _, off = qwen3_moe_grid
+    import re
+
+    maps = re.findall(r'<svg[^>]*aria-label="expert load of .*?</svg>', (off / "report.html").read_text())
+    assert len(maps) == 3  # a map per probe
+    for svg in maps:
+        assert ">tokens, share of the row's busiest</text>" in svg
+        assert all(f">{p}</text>" in svg for p in ("0%", "25%", "50%", "75%", "100%"))
+        assert 'stroke="#c62828"/><text' in svg and ">no token</text>" in svg
 
 
 @pytest.mark.slow

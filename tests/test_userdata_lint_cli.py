@@ -55,6 +55,27 @@ def test_truncation_that_cuts_every_completion_is_an_error(files):
     assert code == 0 and "rows-without-supervised-token" not in found
 
 
+def test_chats_whose_last_answer_is_empty_are_a_warning(files):
+    """Two of 12 chats end with an empty assistant turn (one blank, one whitespace); a third only calls a
+    tool. Under a completion-only mask the empty turns still train their end-of-turn token: the lint names
+    the two rows, warns (exit 0), and leaves the tool call alone."""
+    rows = chat_rows(12, turns=2)
+    rows[3]["messages"][-1]["content"] = ""
+    rows[7]["messages"][-1]["content"] = "  \n"
+    rows[9]["messages"][-1].update(content="", tool_calls=[{"type": "function", "function": {"name": "add"}}])
+    path = write_jsonl(files["dir"] / "empty-answers.jsonl", rows)
+    args = ("--data", path, "--tokenizer", files["tok"], "--set", "data.labels=completion_only")
+    code, found, report = doctor(*args, "--set", "data.max_length=256")
+    empty = found["rows-with-empty-answer"]
+    assert code == 0 and empty["severity"] == "warning" and report["data"]["rows_without_supervised"] == 0
+    assert (
+        empty["figure"].startswith("2 of 12 rows end with an empty assistant turn") and "rows: 3, 7)" in empty["figure"]
+    )
+    assert "https://github.com/allenai/open-instruct/issues/161" in " ".join(empty["evidence"])
+    code, found, _ = doctor("--data", files["chat"], "--tokenizer", files["tok"])
+    assert "rows-with-empty-answer" not in found
+
+
 def test_a_template_that_moves_the_last_turn_is_an_error(files):
     tok = save_chat_tokenizer(files["dir"] / "tok-last-turn", template=LAST_TURN_TEMPLATE)
     rows = write_jsonl(files["dir"] / "two-turns.jsonl", chat_rows(8, turns=2))

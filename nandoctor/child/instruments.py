@@ -73,6 +73,17 @@ def minmax_dict(row) -> dict:
     return {"min": lo, "max": hi, "absmax": _absmax(lo, hi)}
 
 
+def is_identity(x) -> bool:
+    """Whether a module's input is an identity matrix: peft's DoRA calls lora_A on torch.eye to form
+    lora_B @ lora_A (for the weight norm) before it calls it on the batch. Only a plain square matrix is
+    compared (a DTensor or other subclass is not), in fp32, so that no dtype or layout can make it raise."""
+    import torch
+
+    if type(x) is not torch.Tensor or x.layout != torch.strided or x.dim() != 2 or x.shape[0] != x.shape[1]:
+        return False
+    return torch.equal(x.float(), torch.eye(len(x), device=x.device))
+
+
 class ModuleWatch:
     """Forward hooks on every module and gradient hooks on their outputs. Reductions are queued as
     tensors and read once per step (one device sync), in the order the hooks fired."""
@@ -126,7 +137,10 @@ class ModuleWatch:
         name = calls[i][0]
         event = {"step": step, "phase": phase, "module": name, "tensor": what, "stats": minmax_dict(rows[i])}
         if phase == "forward" and calls[i][2] is not None:
-            event["before"] = {"what": "its input", "module": name, **minmax_dict(minmax([calls[i][2]]).cpu().tolist())}
+            x = calls[i][2]
+            event["before"] = {"what": "its input", "module": name, **minmax_dict(minmax([x]).cpu().tolist())}
+            if is_identity(x):
+                event["before"]["identity"] = True
         elif i > 0:  # in backward order, the gradient computed just before this one
             event["before"] = {
                 "what": "the gradient computed just before",

@@ -204,6 +204,8 @@ def opened(run_dir) -> None:
 def started(run_dir, plan, warnings: list[str]) -> None:
     """Before any probe runs: which model is built and why, and what the user must know."""
     say(f"model: {plan.describe()}; {plan.why}")
+    if plan.stand_in():
+        say(f"       stand-in: {plan.stand_in()}")
     for warning in warnings:
         print(f"nandoctor: WARNING: {warning}", file=sys.stderr, flush=True)
 

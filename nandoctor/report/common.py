@@ -195,6 +195,12 @@ def model_line(a: RunAnalysis) -> tuple[str, str]:
     return plan.describe(), plan.why
 
 
+def stand_in_line(a: RunAnalysis) -> str | None:
+    """'the probes train 32 of the named model's 128 routed experts ...', or None when the probed
+    model has the named one's experts and layers (ModelPlan.stand_in)."""
+    return ModelPlan.from_dict(a.meta.model_plan).stand_in()
+
+
 def device_text(env: DeviceFacts) -> str:
     return (
         ", ".join(f"{g.name} (cc {g.capability}, {fmt_bytes(g.memory_bytes)})" for g in env.gpus)

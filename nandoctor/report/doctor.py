@@ -139,6 +139,10 @@ def render_doctor_text(report: dict) -> str:
         )
         for cell, why in (setup.get("unsupported") or {}).items():
             out.append(f"  {cell} cannot run here: {why}")
+        probed = setup.get("probed")
+        if probed:
+            out.append(f"  grid probes: {probed['model']}; {probed['why']}")
+            out += [f"  stand-in: {probed['stand_in']}"] if probed.get("stand_in") else []
         out += router_lines(setup.get("router"))
         out.append("")
     if report.get("data"):

@@ -15,6 +15,11 @@ from .common import label
 from .savings import explain_lines
 
 TIGHTEST = 5  # modules listed per probe
+# what a first offender's input that is an identity matrix is (child/instruments.is_identity)
+IDENTITY_CALL = (
+    "peft's DoRA calls lora_A on torch.eye to read lora_B @ lora_A for its weight norm, so this output is "
+    "lora_A's weight itself, not an activation of the batch"
+)
 # bf16 keeps fp32's 8-bit exponent, so its range headroom is ~1e37x: only fp16 gets the per-module table
 NARROW_RANGE = ("float16",)
 
@@ -82,6 +87,8 @@ def event_line(e: dict, f: dict | None = None) -> str:
         b = e["before"]
         where = "" if b["module"] == e["module"] else f" ({b['module']})"
         text += f"; {b['what']}{where}: {_stats(b)}"
+        if b.get("identity"):
+            text += f" (an identity matrix: {IDENTITY_CALL})"
     return text
 
 

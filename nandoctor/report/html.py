@@ -138,6 +138,7 @@ def render_html(a: RunAnalysis) -> str:
         speed=speed,
         probed=probed,
         why=why,
+        stand_in=common.stand_in_line(a),
         data=data.data_html(a.meta, a.outcomes),
         panels=panels,
         key=matrix.verdicts_shown(panels),

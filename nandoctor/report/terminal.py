@@ -9,6 +9,7 @@ from ..analysis.verdicts import MISCONFIGURED, setup_passed
 from ..cells import AXES, Cell
 from ..record import ProbeRecord
 from . import bisection, code, common, timing
+from .moe import probe_rows
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
@@ -60,7 +61,8 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
 
 def render_terminal(a: RunAnalysis, run_dir) -> str:
     probed, why = common.model_line(a)
-    out = [f"model: {probed}", f"       {why}", ""]
+    stand_in = common.stand_in_line(a)
+    out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else []), ""]
     out += [*common.reference_lines(a), ""] if a.references else []
     rows = common.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
@@ -77,6 +79,10 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
                 maxcolwidths=[None, None, None, 70],
             ),
         ]
+    routers = probe_rows(a)
+    if routers:
+        out += ["", "Mixture of experts, the router per probe (report.md has the load per layer and step):"]
+        out.append(tabulate([{k: v for k, v in r.items() if k != "verdict"} for r in routers], headers="keys"))
     if a.meta.kind == "bisect" and a.bisection:
         out += [
             "",

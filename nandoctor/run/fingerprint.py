@@ -75,8 +75,9 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
     env = DeviceFacts.of(env)
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k not in NOT_SPEC_NUMERICS}}
     spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
-    # why is prose; refuses follows from the architecture and the transformers version (in the environment)
-    plan = {k: v for k, v in spec.get("model_plan", {}).items() if k not in ("why", "refuses")}
+    # why is prose; refuses follows from the architecture and the transformers version (in the environment);
+    # named_shape is the recipe's model, which the recipe already keys
+    plan = {k: v for k, v in spec.get("model_plan", {}).items() if k not in ("why", "refuses", "named_shape")}
     cell = Cell(**spec["cell"])
     recipe = spec.get("recipe", {})
     if PRECISIONS[cell.dtype].fp8 is None:

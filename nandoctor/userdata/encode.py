@@ -18,6 +18,8 @@ Columns written per row:
   misaligned                  a chat whose template output for a prefix of its turns is not a prefix
                               of the whole (the completion mask cannot be placed)
   segments                    sequences in the row (position_ids restarting at 0), 1 for most rows
+  empty_answer                the row's last assistant turn (a chat's, a completion, an Alpaca output)
+                              has no content and no tool call: it trains the model to answer with nothing
 """
 
 from __future__ import annotations
@@ -171,6 +173,25 @@ def check_rows(batch: dict, indices: list, kind: str, path: str) -> None:
             raise NandoctorError(f"data {path!r}: rows mix plain-text and message-list prompts or completions; use one")
 
 
+def _blank(content) -> bool:
+    """No text: None, whitespace, or an empty list of content parts."""
+    return not content.strip() if isinstance(content, str) else content is None or content == []
+
+
+def _empty_answer(batch: dict, i: int, kind: str) -> bool:
+    """Whether row i's last assistant turn is empty (_blank) and calls no tool (an assistant turn that only
+    calls a tool has no content by design)."""
+    if kind == "alpaca":
+        return _blank(batch["output"][i])
+    if kind == "prompt_completion" and isinstance(batch["completion"][i], str):
+        return _blank(batch["completion"][i])
+    if kind not in ("messages", "prompt_completion"):
+        return False
+    turns = batch["messages"][i] if kind == "messages" else batch["completion"][i]
+    last = next((m for m in reversed(turns) if m.get("role") == "assistant"), None)
+    return last is not None and _blank(last.get("content")) and not last.get("tool_calls")
+
+
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -251,6 +272,7 @@ def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str 
         if "position_ids" in out:
             out["position_ids"].append(pos)
     out["misaligned"] = [not a for a in aligned]
+    out["empty_answer"] = [_empty_answer(batch, i, enc.kind) for i in range(n)]
     out["segments"] = [len(segments(p)) or 1 if p is not None else 1 for p in positions]
     return out
 
@@ -285,7 +307,7 @@ def _features(kind: str, columns: list[str]):
     features = {"input_ids": ids, "labels": ids}
     features.update({k: Value("int32") for k in ("length", "cut", "supervised", "supervised_before_cut")})
     features.update({"content_pad": Value("int32"), "pad_targets": Value("int32")})
-    features.update({"misaligned": Value("bool"), "segments": Value("int32")})
+    features.update({"misaligned": Value("bool"), "segments": Value("int32"), "empty_answer": Value("bool")})
     if kind == "tokens":
         features.update({k: ids for k in ("attention_mask", "position_ids") if k in columns})
     return Features(features)

@@ -7,6 +7,7 @@ stays flat in the file's size:
 
 - label coverage: supervised tokens per row (a histogram), the rows and in-order batches with none,
   and why (truncation, a chat the completion mask cannot be placed in, nothing to learn to begin with);
+- rows whose last assistant turn is empty (they train the model to answer with nothing);
 - special tokens: how often each is content and how often a target (is EOS ever one?);
 - pad token: a pad id that is also content, and padded positions that carry a label;
 - token ids beyond the model's vocabulary;
@@ -159,12 +160,14 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
             "pad_targets",
             "misaligned",
             "segments",
+            "empty_answer",
         ),
     )
     n, B = len(c["length"]), recipe.batch_size
     none = c["supervised"] == 0
     cut_to_none = none & (c["supervised_before_cut"] > 0)
     misaligned = c["misaligned"].astype(bool)
+    empty_answer = c["empty_answer"].astype(bool)
     in_order = np.add.reduceat(c["supervised"], np.arange(0, n, B))  # supervised tokens per batch, in order
     vocab = model_config.vocab_size
     whole = c["length"] + c["cut"]  # each row's length before truncation
@@ -184,6 +187,8 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "rows_misaligned": int(misaligned.sum()),
         "rows_misaligned_examples": _examples(misaligned),
         "rows_never_supervised": int((none & ~cut_to_none & ~misaligned).sum()),
+        "rows_empty_answer": int(empty_answer.sum()),
+        "rows_empty_answer_examples": _examples(empty_answer),
         "batches_in_order": len(in_order),
         "batches_without_supervised": int((in_order == 0).sum()),
         "rows_truncated": int((c["cut"] > 0).sum()),
