@@ -173,13 +173,15 @@ PACKED_CODE = {
         "model.config.use_cache = False  # with a cache, position_ids are not packing: the rows would see each other",
     ],
     "block_mask": [
-        "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row; as probed, "
-        "the collated batch then gets an explicit additive mask keeping the rows apart:",
-        "seg = (batch['position_ids'][0] == 0).cumsum(0); keep = (seg[:, None] == seg[None, :]) & "
+        "def block_diagonal(batch):  # as probed: an explicit additive mask keeping the packed rows apart",
+        "    seg = (batch['position_ids'][0] == 0).cumsum(0); keep = (seg[:, None] == seg[None, :]) & "
         "torch.ones(len(seg), len(seg), dtype=torch.bool).tril()",
-        "batch['attention_mask'] = torch.zeros(keep.shape, dtype=model.dtype).masked_fill(~keep, "
+        "    batch['attention_mask'] = torch.zeros(keep.shape, dtype=model.dtype).masked_fill(~keep, "
         "torch.finfo(model.dtype).min)[None, None]  # [1, 1, T, T]: 0 where a token attends, the lowest value "
         "elsewhere",
+        "    return batch",
+        "collator = lambda rows: block_diagonal(DataCollatorWithFlattening()(rows))  # each batch one row, "
+        "position_ids restarting per row",
     ],
     "position_ids_with_mask": [
         "collator = DataCollatorWithFlattening()  # as probed: each batch one row, position_ids restarting per row, "

@@ -152,19 +152,21 @@ def test_the_block_mask_code_builds_the_mask_the_probe_trained_with():
     import types
 
     import torch
+    from transformers import DataCollatorWithFlattening
 
     from nandoctor.recommend import PACKED_CODE
     from nandoctor.userdata.collate import block_mask
 
-    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])  # three rows packed into one
     scope = {
         "torch": torch,
-        "batch": {"position_ids": position_ids},
+        "DataCollatorWithFlattening": DataCollatorWithFlattening,
         "model": types.SimpleNamespace(dtype=torch.bfloat16),
     }
-    for line in PACKED_CODE["block_mask"][1:]:
-        exec(line, scope)
-    assert torch.equal(scope["batch"]["attention_mask"], block_mask(position_ids[0], torch.bfloat16))
+    exec("\n".join(PACKED_CODE["block_mask"]), scope)  # as pasted
+    batch = scope["collator"]([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}, {"input_ids": [1, 2, 3, 4]}])
+    position_ids = torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])  # three rows packed into one
+    assert torch.equal(batch["position_ids"][0], position_ids)
+    assert torch.equal(batch["attention_mask"], block_mask(position_ids, torch.bfloat16))
 
 
 def test_generation_marks_that_differ_from_the_probed_mask_are_named():
