@@ -5,13 +5,16 @@ rendered here from what the cell table's rows say (their fp8 recipe, wrapper, re
 A quantized base (the quant axis) adds its BitsAndBytesConfig and, when the probe ran it, peft's
 prepare_model_for_kbit_training. Pure: imports only cells and config.
 
-Names come from the transformers v5 TrainingArguments reference (bf16, fp16, tf32, torch_compile,
-torch_compile_backend, learning_rate, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
+The Trainer's lines run as pasted, imports added: they bind `args`, `model` (and `tokenizer`, `optimizer`)
+and train what the probe trained (a constant lr, both precision flags written). Names come from the
+transformers v5 TrainingArguments reference (output_dir, bf16, fp16, tf32, use_cpu, torch_compile,
+torch_compile_backend, learning_rate, lr_scheduler_type, adam_beta1/2, adam_epsilon, weight_decay, max_grad_norm,
 per_device_train_batch_size, seed, optim, gradient_accumulation_steps, average_tokens_across_devices,
 gradient_checkpointing, gradient_checkpointing_kwargs), `from_pretrained(dtype=, attn_implementation=)`,
 peft's LoraConfig (r, lora_alpha, target_modules, lora_dropout, use_dora, modules_to_save) and
 get_peft_model(autocast_adapter_dtype=), transformers' DataCollatorWithFlattening and
-DataCollatorForLanguageModeling, and torch.nn.attention.sdpa_kernel. The data and training settings are
+DataCollatorForLanguageModeling, TRL 1.16's SFTConfig (max_length, truncation_mode, completion_only_loss,
+assistant_only_loss), and torch.nn.attention.sdpa_kernel. The data and training settings are
 written only where the recipe sets them (the user's rows, accumulation, checkpointing, an adapter), so a
 recommendation for the synthetic stream reads as it always did.
 """
@@ -124,35 +127,38 @@ COLLATORS = {
     "id: where attention_mask is 0 when the pad token is its own (a pad that is also a real token masks it too)",
 }
 # data.labels=completion_only, by the kind of rows and what the run's lint found of the chat template
-# (userdata/lint.py "assistant_mask"): TRL's assistant_only_loss takes its mask from transformers'
+# (userdata/lint.py "assistant_mask"): TRL's setting that labels the tokens the probe labelled (its SFTConfig
+# keyword, then why), or None and what to add. TRL's assistant_only_loss takes its mask from transformers'
 # apply_chat_template(return_assistant_tokens_mask=True), which marks only the {% generation %} spans of
 # the template and returns all zeros for a template without them (Llama 3.1's, Qwen3's and Gemma 3's
 # stock templates), so that nothing would train; the probe placed its mask by rendering each turn's prefix.
-PROMPT_COMPLETION = (
-    "trl.SFTConfig(completion_only_loss=True)  # labels on the completion only, -100 on the prompt: as probed"
-)
+PROMPT_COMPLETION = ({"completion_only_loss": True}, "# labels on the completion only, -100 on the prompt: as probed")
 MARKED_TEMPLATE = (
-    "trl.SFTConfig(assistant_only_loss=True)  # labels on the chat template's {{% generation %}} spans, -100 "
-    "elsewhere: the probe's mask on the {checked} rows checked"
+    {"assistant_only_loss": True},
+    "# labels on the chat template's {{% generation %}} spans, -100 elsewhere: the probe's mask on the {checked} "
+    "rows checked",
 )
 MARKS_DIFFER = (
+    None,
     "# the chat template's {{% generation %}} spans differ from the probed mask (each assistant turn and its "
     "end-of-turn) in {differing} of {checked} rows checked (row {first}): trl.SFTConfig(assistant_only_loss=True) "
     "would train on other tokens than the probe did; move the marks around each assistant turn's content and "
-    "its end-of-turn, or give prompt/completion rows and trl.SFTConfig(completion_only_loss=True)"
+    "its end-of-turn, or give prompt/completion rows and trl.SFTConfig(completion_only_loss=True)",
 )
 UNMARKED_TEMPLATE = (
+    None,
     "# as probed, labels on each assistant turn and its end-of-turn, -100 elsewhere. The chat template has no "
     "{% generation %} marks, and trl.SFTConfig(assistant_only_loss=True) alone gets an all-zero mask from "
     "transformers: nothing would train. Add them around each assistant turn's content and end-of-turn "
     "({% generation %}...{% endgeneration %}), then trl.SFTConfig(assistant_only_loss=True); or give "
     "prompt/completion rows (the chat before each assistant turn, that turn) and "
-    "trl.SFTConfig(completion_only_loss=True)"
+    "trl.SFTConfig(completion_only_loss=True)",
 )
 UNKNOWN_TEMPLATE = (
-    "trl.SFTConfig(assistant_only_loss=True)  # labels on the assistant turns only, -100 elsewhere, as probed: only "
-    "where the chat template marks them with {% generation %}...{% endgeneration %} (without the marks "
-    "transformers returns an all-zero mask); or prompt/completion rows and trl.SFTConfig(completion_only_loss=True)"
+    {"assistant_only_loss": True},
+    "# labels on the assistant turns only, -100 elsewhere, as probed: only where the chat template marks them "
+    "with {% generation %}...{% endgeneration %} (without the marks transformers returns an all-zero mask); or "
+    "prompt/completion rows and completion_only_loss=True",
 )
 # The collator of packed rows, by data.packing: the one the probe's collator stands for (userdata/collate.py).
 PACKED_COLLATORS = {
@@ -167,13 +173,15 @@ PACKED_CODE = {
         "model.config.use_cache = False  # with a cache, position_ids are not packing: the rows would see each other",
     ],
     "block_mask": [
-        "collator = DataCollatorWithFlattening()  # each batch one row, position_ids restarting per row; as probed, "
-        "the collated batch then gets an explicit additive mask keeping the rows apart:",
-        "seg = (batch['position_ids'][0] == 0).cumsum(0); keep = (seg[:, None] == seg[None, :]) & "
+        "def block_diagonal(batch):  # as probed: an explicit additive mask keeping the packed rows apart",
+        "    seg = (batch['position_ids'][0] == 0).cumsum(0); keep = (seg[:, None] == seg[None, :]) & "
         "torch.ones(len(seg), len(seg), dtype=torch.bool).tril()",
-        "batch['attention_mask'] = torch.zeros(keep.shape, dtype=model.dtype).masked_fill(~keep, "
+        "    batch['attention_mask'] = torch.zeros(keep.shape, dtype=model.dtype).masked_fill(~keep, "
         "torch.finfo(model.dtype).min)[None, None]  # [1, 1, T, T]: 0 where a token attends, the lowest value "
         "elsewhere",
+        "    return batch",
+        "collator = lambda rows: block_diagonal(DataCollatorWithFlattening()(rows))  # each batch one row, "
+        "position_ids restarting per row",
     ],
     "position_ids_with_mask": [
         "collator = DataCollatorWithFlattening()  # as probed: each batch one row, position_ids restarting per row, "
@@ -191,9 +199,10 @@ MICRO_BATCH_NORMALISED = (
 )
 
 
-def completion_code(lint: dict | None) -> str:
-    """The TRL setting that labels the completions as the probe did, or what to add for it; lint: the
-    run's data lint (run.json's "data"), which names the kind of rows and checks the chat template."""
+def completion_setting(lint: dict | None) -> tuple[dict | None, str]:
+    """(TRL's SFTConfig keyword that labels the completions as the probe did, or None where none does;
+    the comment that says why, or what to add); lint: the run's data lint (run.json's "data"), which
+    names the kind of rows and checks the chat template."""
     lint = lint or {}
     if (lint.get("source") or {}).get("kind") == "prompt_completion":
         return PROMPT_COMPLETION
@@ -205,10 +214,18 @@ def completion_code(lint: dict | None) -> str:
     if not check["rows_checked"]:
         return UNKNOWN_TEMPLATE
     if check["rows_differing"]:
-        return MARKS_DIFFER.format(
-            differing=check["rows_differing"], checked=check["rows_checked"], first=check["first_differing"]
-        )
-    return MARKED_TEMPLATE.format(checked=check["rows_checked"])
+        kwargs, why = MARKS_DIFFER
+        first = check["first_differing"]
+        return kwargs, why.format(differing=check["rows_differing"], checked=check["rows_checked"], first=first)
+    kwargs, why = MARKED_TEMPLATE
+    return kwargs, why.format(checked=check["rows_checked"])
+
+
+def trl_setting(recipe: Recipe, lint: dict | None) -> tuple[dict | None, str | None]:
+    """completion_setting for a recipe that labels the completions of the user's rows; (None, None) otherwise."""
+    if recipe.data.source != "file" or recipe.data.labels != "completion_only":
+        return None, None
+    return completion_setting(lint)
 
 
 def data_settings(recipe: Recipe) -> dict | None:
@@ -244,16 +261,19 @@ def training_settings(recipe: Recipe) -> dict:
 
 def data_code(recipe: Recipe, lint: dict | None = None) -> list[str]:
     """The tokenizer, label and collator lines of the user's rows; [] for the synthetic stream. lint: the
-    run's data lint, which says how the chat template marks the assistant turns."""
+    run's data lint, which says how the chat template marks the assistant turns (a TRL setting that labels
+    as the probe did is written into the arguments' line: arguments_line)."""
     d = data_settings(recipe)
     if d is None:
         return []
     lines = [
+        f"tokenizer = AutoTokenizer.from_pretrained({recipe.data.tokenizer or checkpoint_name(recipe)!r})",
         f"tokenizer.padding_side, tokenizer.truncation_side = {d['padding_side']!r}, {d['truncation_side']!r}"
-        f"  # rows tokenized with truncation=True, max_length={d['max_length']}"
+        f"  # rows tokenized with truncation=True, max_length={d['max_length']}",
     ]
-    if d["labels"] == "completion_only":
-        lines.append(completion_code(lint))
+    sft, why = trl_setting(recipe, lint)
+    if why and sft is None:
+        lines.append(why)
     if d["packing"] != "none":
         return lines + PACKED_CODE[d["packing"]]
     return lines + ([COLLATORS[d["labels"]]] if d["labels"] in COLLATORS else [])
@@ -269,8 +289,11 @@ def loss_code(recipe: Recipe) -> list[str]:
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
     o = recipe.optimizer
     args = {
+        "bf16": False,  # both written: TRL's SFTConfig turns bf16 on by itself where the device has it
+        "fp16": False,
         **cell.precision.training_args,
         "learning_rate": o.lr,
+        "lr_scheduler_type": "constant",  # the probe steps at one lr: no warm-up, no decay (the Trainer's is linear)
         "adam_beta1": o.betas[0],
         "adam_beta2": o.betas[1],
         "adam_epsilon": o.eps,
@@ -294,6 +317,34 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
             gradient_checkpointing_kwargs={"use_reentrant": recipe.gradient_checkpointing == "reentrant"},
         )
     return args
+
+
+# Where the printed TrainingArguments / SFTConfig write checkpoints: a directory of the working directory
+OUTPUT_DIR = "trained"
+
+
+def sft_arguments(recipe: Recipe) -> dict:
+    """The SFTConfig settings whose TRL default differs from what the probe trained with: TRL checkpoints
+    activations unless told not to, and truncates at its own max_length (1024, keeping the start)."""
+    d = recipe.data
+    args = {} if recipe.gradient_checkpointing != "off" else {"gradient_checkpointing": False}
+    keep = "keep_start" if d.truncation_side == "right" else "keep_end"
+    return {**args, "max_length": d.max_length or recipe.seq_len, "truncation_mode": keep}
+
+
+def arguments_line(cell: Cell, recipe: Recipe, lint: dict | None, device: str | None) -> str:
+    """`args = TrainingArguments(...)`, or `args = trl.SFTConfig(...)` with its labelling keyword (and why)
+    where TRL labels the completions as the probe did; use_cpu=True where the probes ran on a CPU (without
+    it, bf16=True there stops with "Your setup doesn't support bf16/gpu")."""
+    args = {
+        "output_dir": OUTPUT_DIR,
+        **training_arguments(cell, recipe),
+        **({"use_cpu": True} if device == "cpu" else {}),
+    }
+    sft, why = trl_setting(recipe, lint)
+    if sft is None:
+        return "args = " + call_text("TrainingArguments", args)
+    return "args = " + call_text("trl.SFTConfig", {**args, **sft_arguments(recipe), **sft}) + "  " + why
 
 
 def checkpoint_name(recipe: Recipe) -> str:
@@ -353,6 +404,16 @@ def parallel_code(cell: Cell) -> list[str]:
     return code.splitlines() + [accelerate]
 
 
+# The optimizer built by hand decays what the Trainer (and the probe: child/optimizers.param_groups) decays:
+# every trainable parameter but the biases and norm weights (get_decay_parameter_names does not use its self).
+DECAY_GROUPS_CODE = [
+    "decay = set(transformers.Trainer.get_decay_parameter_names(None, model))  # as the Trainer and the probe: "
+    "no weight decay on biases and norm weights",
+    "params = [{'params': [p for n, p in model.named_parameters() if p.requires_grad and n in decay]}, "
+    "{'params': [p for n, p in model.named_parameters() if p.requires_grad and n not in decay], 'weight_decay': 0.0}]",
+]
+
+
 def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     """Lines for what no TrainingArguments flag does: the fp8 conversion (FP8_CODE, with the row's fp8
     recipe and the recipe's fp8 settings), and building the optimizer by hand for Lightning or a custom loop."""
@@ -364,8 +425,13 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     if row.name != DEFAULT_OPTIMIZER:
         o = recipe.optimizer
         kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, **dict(row.kwargs)}
+        params = "model.parameters()"
+        if o.weight_decay:
+            lines += DECAY_GROUPS_CODE
+            params = "params"
         lines.append(
-            call_text(row.import_path.replace(":", "."), kwargs).replace("(", "(model.parameters(), ", 1)
+            "optimizer = "
+            + call_text(row.import_path.replace(":", "."), kwargs).replace("(", f"({params}, ", 1)
             + "  # Lightning's configure_optimizers, or a custom loop"
         )
     return lines
@@ -445,17 +511,19 @@ def recommendation(
     model_flags: list[str],
     lint: dict | None = None,
     moe: dict | None = None,
+    device: str | None = None,
 ) -> dict:
     """What the reports print for a recommended configuration (`recipe` is its variant of `base`; lint:
     the run's data lint, run.json's "data"; `moe`: the probe record's routing figures, for a mixture of
-    experts)."""
+    experts; `device`: where it was probed, "cpu" or "cuda")."""
     cell = Cell.of(config)
     quantized = {"quantization_config": Code("bnb_config")} if cell.quant != "none" else {}
     loading = {**model_loading(cell, recipe), **router_loading(moe)}
     lines = [
-        call_text("TrainingArguments", training_arguments(cell, recipe)),
+        arguments_line(cell, recipe, lint, device),
         *quant_code(cell, recipe),
-        call_text(
+        "model = "
+        + call_text(
             "AutoModelForCausalLM.from_pretrained",
             {"pretrained_model_name_or_path": checkpoint_name(recipe), **loading, **quantized},
         ),
@@ -481,8 +549,9 @@ def recommendation(
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
     if cell.attention.sdpa_backend:
         lines.append(
-            "with torch.nn.attention.sdpa_kernel("
-            f"torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend}): trainer.train()"
+            "sdpa_backend = torch.nn.attention.sdpa_kernel("
+            f"torch.nn.attention.SDPBackend.{cell.attention.sdpa_backend})  # train under it: "
+            "with sdpa_backend: trainer.train()"
         )
     lines += own_code(cell, recipe) + parallel_code(cell) + loss_code(recipe)
     return {

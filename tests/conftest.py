@@ -363,6 +363,7 @@ SHARED_RUNS = {
     "test_integrations_transformers": "frameworks",
     "test_integrations_setup_lint": "frameworks",
     "test_trust_callbacks": "frameworks",
+    "test_pasted_code": "frameworks",
 }
 
 
@@ -375,7 +376,7 @@ LONGEST_GROUPS = (
     "test_executor_ray",  # 170
     "large-mlp",  # 120
     "test_warm_workers",  # 75
-    "frameworks",  # 70
+    "frameworks",  # 100
     "test_sigterm",  # 70
     "fp16-pure-bisect",  # 70
     "watch-fits",  # 50

@@ -65,7 +65,7 @@ def test_a_template_with_generation_marks_gets_assistant_only_loss_and_it_gives_
     probed, theirs = transformers_masks(recipe)
     assert theirs == probed and any(any(m) for m in probed)
     lines = advice(recipe)
-    assert any(line.startswith("trl.SFTConfig(assistant_only_loss=True)") for line in lines), lines
+    assert lines[0].startswith("args = trl.SFTConfig(") and "assistant_only_loss=True)  # " in lines[0], lines
 
 
 def test_a_template_without_generation_marks_is_told_what_to_add(tmp_path):
@@ -73,7 +73,7 @@ def test_a_template_without_generation_marks_is_told_what_to_add(tmp_path):
     probed, theirs = transformers_masks(recipe)
     assert not any(any(m) for m in theirs) and all(any(m) for m in probed)  # transformers: all zeros
     lines = advice(recipe)
-    assert not any(line.startswith("trl.SFTConfig(") for line in lines), lines  # no setting that trains nothing
+    assert lines[0].startswith("args = TrainingArguments("), lines  # no TRL setting that trains nothing
     (said,) = [line for line in lines if "assistant_only_loss" in line]
     assert "no {% generation %} marks" in said and "completion_only_loss=True" in said
 
@@ -152,27 +152,27 @@ def test_the_block_mask_code_builds_the_mask_the_probe_trained_with():
     import types
 
     import torch
+    from transformers import DataCollatorWithFlattening
 
     from nandoctor.recommend import PACKED_CODE
     from nandoctor.userdata.collate import block_mask
 
-    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])  # three rows packed into one
     scope = {
         "torch": torch,
-        "batch": {"position_ids": position_ids},
+        "DataCollatorWithFlattening": DataCollatorWithFlattening,
         "model": types.SimpleNamespace(dtype=torch.bfloat16),
     }
-    for line in PACKED_CODE["block_mask"][1:]:
-        exec(line, scope)
-    assert torch.equal(scope["batch"]["attention_mask"], block_mask(position_ids[0], torch.bfloat16))
+    exec("\n".join(PACKED_CODE["block_mask"]), scope)  # as pasted
+    batch = scope["collator"]([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}, {"input_ids": [1, 2, 3, 4]}])
+    position_ids = torch.tensor([0, 1, 2, 0, 1, 0, 1, 2, 3])  # three rows packed into one
+    assert torch.equal(batch["position_ids"][0], position_ids)
+    assert torch.equal(batch["attention_mask"], block_mask(position_ids, torch.bfloat16))
 
 
 def test_generation_marks_that_differ_from_the_probed_mask_are_named():
-    from nandoctor.recommend import completion_code
+    from nandoctor.recommend import completion_setting
 
     check = {"generation_marks": True, "rows_checked": 32, "rows_differing": 5, "first_differing": 3}
-    said = completion_code({"source": {"kind": "messages"}, "assistant_mask": check})
-    assert not said.startswith("trl.SFTConfig(") and "differ from the probed mask" in said and "in 5 of 32" in said
-    assert completion_code({"source": {"kind": "prompt_completion"}}).startswith(
-        "trl.SFTConfig(completion_only_loss=True)"
-    )
+    setting, said = completion_setting({"source": {"kind": "messages"}, "assistant_mask": check})
+    assert setting is None and "differ from the probed mask" in said and "in 5 of 32" in said
+    assert completion_setting({"source": {"kind": "prompt_completion"}})[0] == {"completion_only_loss": True}

@@ -96,7 +96,10 @@ def test_an_8bit_optimizer_recommends_its_transformers_optim_and_the_class_for_a
     rec = recommendation(config, Recipe(), Recipe(), [])
     assert rec["training_arguments"]["optim"] == "adamw_bnb_8bit" and rec["training_arguments"]["bf16"] is True
     assert rec["command"] == "nandoctor check --dtype bf16-amp --attn sdpa --compile off --optimizer bnb-adamw8bit"
-    assert any(line.startswith("bitsandbytes.optim.AdamW8bit(model.parameters(), lr=0.001") for line in rec["python"])
+    assert any(
+        line.startswith("optimizer = bitsandbytes.optim.AdamW8bit(model.parameters(), lr=0.001")
+        for line in rec["python"]
+    )
     plain = recommendation({**config, "optimizer": "adamw"}, Recipe(), Recipe(), [])
     assert plain["training_arguments"]["optim"] == "adamw_torch"  # what the probe ran, not transformers' fused default
     assert all(o.transformers_optim for o in OPTIMIZERS.values())

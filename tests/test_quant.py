@@ -1,6 +1,6 @@
 """Quantized bases (the quant axis, issue 36) in this process: the rows and cells, what is refused, a real
-bitsandbytes 4-bit base built on the CPU and measured, the code a quantized winner pastes (executed), and
-the round trip's judge shown a head that is tied again on reload."""
+bitsandbytes 4-bit base built on the CPU and measured, and the round trip's judge shown a head that is tied
+again on reload. The code a quantized winner pastes runs, unedited, in tests/test_pasted_code.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from nandoctor.cells import Cell, reference_of
 from nandoctor.config import Recipe, set_field
 from nandoctor.errors import NandoctorError
 from nandoctor.plan import plan_grid
-from nandoctor.recommend import recommendation
 from nandoctor.run.fingerprint import probe_fingerprint
 
 
@@ -91,45 +90,6 @@ def test_an_nf4_base_is_real_4_bit_layers_on_the_cpu_and_smaller_than_the_16_bit
     assert (nf4["quant_type"], nf4["compute"], nf4["storage"], nf4["prepare"]) == ("nf4", "bfloat16", "uint8", True)
     assert 0 < nf4["constants_bytes"] < nf4["base_bytes"] < facts["none"]["base_bytes"]
     assert facts["none"]["constants_bytes"] == 0
-
-
-def test_the_code_for_a_quantized_winner_pastes_and_trains(ckpt, tmp_path):
-    """The recommendation's lines, executed as written (TrainingArguments given use_cpu=True, since bf16
-    on a CPU needs it), then two Trainer steps on the 4-bit base."""
-    import torch
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
-
-    recipe = lora(ckpt)
-    rec = recommendation(Cell("bf16-amp", "sdpa", "off", quant="nf4").to_dict(), recipe, recipe, [])
-    assert any(line.startswith("bnb_config = BitsAndBytesConfig(") for line in rec["python"])
-    assert rec["command"].endswith("--quant nf4")
-    scope = {
-        "torch": torch,
-        "AutoModelForCausalLM": AutoModelForCausalLM,
-        "BitsAndBytesConfig": BitsAndBytesConfig,
-        "TrainingArguments": TrainingArguments,
-        "LoraConfig": LoraConfig,
-        "get_peft_model": get_peft_model,
-        "prepare_model_for_kbit_training": prepare_model_for_kbit_training,
-    }
-    for line in rec["python"]:
-        if line.startswith("lightning."):
-            continue
-        if line.startswith("TrainingArguments("):
-            line = "args = " + line.replace(
-                "TrainingArguments(",
-                f"TrainingArguments(use_cpu=True, output_dir={str(tmp_path)!r}, max_steps=2, report_to=[], ",
-                1,
-            )
-        if line.startswith("AutoModelForCausalLM."):
-            line = "model = " + line
-        exec(line, scope)
-    model = scope["model"]
-    assert type(model.get_base_model().model.layers[0].self_attn.v_proj.base_layer).__name__ == "Linear4bit"
-    rows = [{"input_ids": x, "labels": x} for x in torch.randint(0, 1024, (8, 16))]
-    out = Trainer(model=model, args=scope["args"], train_dataset=rows).train()
-    assert out.global_step == 2 and torch.isfinite(torch.tensor(out.training_loss))
 
 
 def test_the_round_trip_names_a_trained_head_tied_again_on_reload(tmp_path):

@@ -1,7 +1,9 @@
 """The code a recommendation prints is rendered in recommend.py from the cell table's data (issue 29,
 item 4; STYLE.md rule 20): the rows say what a value is (its fp8 recipe, wrapper, reduce dtype, comm
 hook), recommend.py writes the lines, and every row renders what it rendered when the strings lived in
-cells.py (tests/fixtures/recommendation-code.json, written by the code at e3579fe). Pure."""
+cells.py (tests/fixtures/recommendation-code.json, written by the code at e3579fe), bound to names as
+pasted code binds them (`args = `, `model = `) and with the probe's constant lr and explicit precision
+flags (tests/test_pasted_code.py runs them). Pure."""
 
 import dataclasses
 import json

@@ -212,8 +212,14 @@ def test_the_grid_report_gives_the_recommendation_as_code_to_paste():
     assert block[0] == (
         "nandoctor check --model tiny-llama --set optimizer.eps=1e-6 --dtype bf16-amp --attn sdpa --compile off"
     )
-    assert block[1].startswith("TrainingArguments(bf16=True, learning_rate=0.001")
-    assert block[2].startswith("AutoModelForCausalLM.from_pretrained(") and "attn_implementation='sdpa'" in block[2]
+    assert block[1].startswith(
+        "args = TrainingArguments(output_dir='trained', bf16=True, fp16=False, learning_rate=0.001"
+    )
+    assert "lr_scheduler_type='constant'" in block[1]
+    assert (
+        block[2].startswith("model = AutoModelForCausalLM.from_pretrained(")
+        and "attn_implementation='sdpa'" in block[2]
+    )
     assert block[3].startswith("lightning.Trainer(precision='bf16-mixed'")
     assert md.index("## Train with it") < md.index("## Stable configurations, ranked")
     assert render_summary(a)["recommendation"][0]["command"] == block[0]

@@ -237,8 +237,9 @@ def _finish(
     data = result.to_dict()
     if result.recommended is not None:
         lint = session.store.meta().get("data")  # run.json's data lint (a resumed session has not run it again)
+        device = next((r.device for r in oracle.records.values()), None)  # where the bisection's probes ran
         data["recommendation"] = recommendation(
-            result.recommended, variant(recipe, result.recommended), recipe, model_flags, lint
+            result.recommended, variant(recipe, result.recommended), recipe, model_flags, lint, device=device
         )
     session.store.write_json(BISECT_FILE, data)
     return render_run(session.dir), result

@@ -214,7 +214,7 @@ class OptimizerWatch:
 
         lost = torch.zeros((), dtype=torch.float64, device=local(self.named[0][1]).device)
         meant = torch.zeros_like(lost)
-        decay = self.optimizer.param_groups[0].get("weight_decay", 0.0)
+        decays = {id(p): g.get("weight_decay", 0.0) for g in self.optimizer.param_groups for p in g["params"]}
         bad = []
         for (_name, p), old in zip(self.named, self.before):
             now = local(p).detach()
@@ -224,7 +224,7 @@ class OptimizerWatch:
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
             moving = dense(local(state["exp_avg"])) != 0  # an element with a non-zero first moment is meant to move
-            if decay:
+            if decays.get(id(p)):  # decay moves every non-zero weight of its group
                 moving = moving | (old != 0)
             lost += (moving & (now == old)).sum()
             meant += moving.sum()

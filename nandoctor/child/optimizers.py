@@ -26,8 +26,31 @@ def optimizer_class(name: str):
     return getattr(importlib.import_module(module), attribute)
 
 
+# The parameters transformers' Trainer leaves out of weight decay: those of nn.LayerNorm modules and those
+# whose name matches one of these (transformers 5.24, Trainer.get_decay_parameter_names); importing the
+# Trainer itself costs a probe seconds. tests/test_pasted_code.py compares the groups with the Trainer's.
+NO_DECAY_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
+
+
+def param_groups(model, weight_decay: float) -> list:
+    """The trainable parameters as the Trainer groups them for its optimizer: weight decay on all but biases
+    and norm weights, which get none. One group with every trainable parameter where there is no decay."""
+    import torch
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not weight_decay:
+        return [p for _, p in trainable]
+    decay = set(get_parameter_names(model, [torch.nn.LayerNorm], list(NO_DECAY_PATTERNS)))
+    groups = [
+        {"params": [p for n, p in trainable if n in decay]},
+        {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
 def build_optimizer(name: str, params, o: OptimizerConfig):
-    """The optimizer `name` over `params`, with the recipe's hyper-parameters and the row's own flags.
+    """The optimizer `name` over `params` (param_groups), with the recipe's hyper-parameters and the row's own flags.
     Its state follows the parameters' dtype (half in the pure cells, for torch's AdamW). Library defaults
     stay as the user gets them (bitsandbytes' and torchao's fp32 state for tensors under 4096 elements
     included), so the memory it reports is the memory the user's run would use."""

@@ -24,7 +24,12 @@ def grid_recommendations(a: RunAnalysis) -> list[tuple[str, dict]]:
     flags = model_flags_of(a.meta.command or "", recipe)
     chosen = [(h, a.recommended_on(h)) for h in a.hardware] if a.hardware else [("", a.recommended)]
     return [
-        (h, recommendation(o.record.cell.anywhere.to_dict(), recipe, recipe, flags, a.meta.data, o.record.moe))
+        (
+            h,
+            recommendation(
+                o.record.cell.anywhere.to_dict(), recipe, recipe, flags, a.meta.data, o.record.moe, o.record.device
+            ),
+        )
         for h, o in chosen
         if o is not None
     ]
