@@ -167,12 +167,17 @@ def quant_support(cell: Cell, storage: str, weights: str) -> str | None:
     return None
 
 
-def parallel_support(cell: Cell, world_size: int, batch_size: int, device: DeviceFacts | dict) -> str | None:
+def parallel_support(
+    cell: Cell, world_size: int, batch_size: int, device: DeviceFacts | dict, objective: str = "sft"
+) -> str | None:
     """None unless a parallel cell cannot run as `world_size` ranks here: a GPU host needs one GPU per
     rank (NCCL), and the global batch must split evenly so that every rank trains the same number of
-    rows (the one-process probe of the same batch is then the exact reference)."""
+    rows (the one-process probe of the same batch is then the exact reference). An RL probe samples
+    its completions in one process only."""
     if cell.parallel_row.wrapper is None:
         return None
+    if objective != "sft":
+        return f"objective={objective} probes run in one process; a {cell.parallel} cell is not probed for it"
     device = DeviceFacts.of(device)
     gpus = len(device.gpus)
     if device.device == "cuda" and gpus < world_size:

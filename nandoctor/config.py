@@ -41,6 +41,9 @@ GRADIENT_CHECKPOINTING = ("off", "reentrant", "non_reentrant")  # torch.utils.ch
 # router's logits in the cell's compute dtype (as transformers runs it under autocast) or in fp32.
 MOE_AUX_LOSS = ("family", "on", "off")
 MOE_ROUTER_DTYPES = ("compute", "fp32")
+# What a probe's step optimizes (docs/rl.md): the supervised loss of the data stream, or GRPO's policy
+# gradient on completions the probe samples itself (child/rollout.py)
+OBJECTIVES = ("sft", "grpo")
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,22 @@ class MoeConfig:
 
 
 @dataclass(frozen=True)
+class RolloutConfig:
+    """How an objective=grpo probe samples each step's completions (docs/rl.md): `prompts` prompts of
+    the data stream's rows, their first `prompt_len` tokens each, `num_generations` completions of
+    `max_new_tokens` tokens per prompt, sampled by generate() with a KV cache. top_k 0 and top_p 1.0
+    leave the distribution whole. An sft probe reads none of it."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 16
+    num_generations: int = 4  # the group GRPO normalises each prompt's rewards over
+    prompts: int = 2
+    prompt_len: int = 8
+
+
+@dataclass(frozen=True)
 class Recipe:
     name: str = "tiny-llama"
     description: str = ""
@@ -154,6 +173,8 @@ class Recipe:
     fp8: Fp8Config = field(default_factory=Fp8Config)
     quant: QuantConfig = field(default_factory=QuantConfig)
     moe: MoeConfig = field(default_factory=MoeConfig)
+    objective: str = "sft"  # OBJECTIVES
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # objective=grpo only
     grad_clip: float = 1.0  # 0 disables clipping; the grad-norm is recorded before clipping either way
     batch_size: int = 4
     seq_len: int = 64
@@ -199,6 +220,7 @@ class Recipe:
             ("quant.storage", self.quant.storage, QUANT_STORAGES),
             ("moe.aux_loss", self.moe.aux_loss, MOE_AUX_LOSS),
             ("moe.router_dtype", self.moe.router_dtype, MOE_ROUTER_DTYPES),
+            ("objective", self.objective, OBJECTIVES),
         ]
         for key, value, valid in checks:
             if value not in valid:
@@ -218,6 +240,11 @@ class Recipe:
             "fp8.amax_history_len": self.fp8.amax_history_len,
             "world_size": self.world_size,
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "rollout.temperature": self.rollout.temperature,
+            "rollout.max_new_tokens": self.rollout.max_new_tokens,
+            "rollout.num_generations": self.rollout.num_generations,
+            "rollout.prompts": self.rollout.prompts,
+            "rollout.prompt_len": self.rollout.prompt_len,
         }
         for key, value in positive.items():
             if not value > 0:
@@ -228,6 +255,7 @@ class Recipe:
             )
         if self.forensics_steps < 0:
             raise NandoctorError(f"recipe {self.name!r}: forensics_steps must be >= 0, got {self.forensics_steps!r}")
+        self._validate_rollout()
         if not 0.0 <= self.data.pad_fraction < 1.0:
             raise NandoctorError(
                 f"recipe {self.name!r}: data.pad_fraction must be in [0, 1), got {self.data.pad_fraction!r}"
@@ -251,6 +279,28 @@ class Recipe:
         for axis, values in self.axes.items():
             parse_axis_values(axis, values)
         return self
+
+    def _validate_rollout(self) -> None:
+        r = self.rollout
+        if not 0.0 < r.top_p <= 1.0:
+            raise NandoctorError(f"recipe {self.name!r}: rollout.top_p must be in (0, 1], got {r.top_p!r}")
+        if r.top_k < 0:
+            raise NandoctorError(f"recipe {self.name!r}: rollout.top_k must be >= 0 (0: off), got {r.top_k!r}")
+        if self.objective == "grpo" and r.prompt_len > self.seq_len:
+            raise NandoctorError(
+                f"recipe {self.name!r}: rollout.prompt_len ({r.prompt_len}) is longer than the rows the "
+                f"prompts are cut from (seq_len {self.seq_len})"
+            )
+        if self.objective == "grpo" and r.num_generations < 2:
+            raise NandoctorError(
+                f"recipe {self.name!r}: rollout.num_generations must be >= 2 (GRPO's advantage is a reward "
+                f"against its group's mean), got {r.num_generations}"
+            )
+        if self.objective == "grpo" and self.gradient_accumulation_steps != 1:
+            raise NandoctorError(
+                f"recipe {self.name!r}: objective=grpo trains each step's completions as one batch; "
+                f"gradient_accumulation_steps must be 1, got {self.gradient_accumulation_steps}"
+            )
 
 
 def dotted_fields(obj=None, prefix: str = "") -> list[str]:

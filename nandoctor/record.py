@@ -185,6 +185,10 @@ class Step:
     # a mixture of experts: the load-balancing loss the model added to this step's loss, before its
     # router_aux_loss_coef (summed over the step's micro-batches); None where the loss held none
     aux_loss: float | None = None
+    # objective=grpo (child/rollout.py): the mean toy reward of the step's completions, and the policy's
+    # mean entropy over their tokens as the training path computed it. None for an sft step
+    reward: float | None = None
+    entropy: float | None = None
 
     def __post_init__(self):
         _ints_as_floats(self, ("loss", "grad_norm", "scale", "time_s", "tokens_per_s", "update_loss"))
@@ -370,6 +374,12 @@ class ProbeRecord:
     # experts, top_k, router_dtype, aux_loss_on / _coef / _in_loss, per layer the tokens per expert at
     # step 0 and the last step, and step 0's token -> expert choices. None for a dense model
     moe: dict | None = None
+    # objective=grpo: how far the rollout's log-probs of the sampled tokens are from the training path's,
+    # over all the timed steps' tokens together (child/rollout.py Rollouts.figures): engine, steps,
+    # sequences, tokens, logp_diff_mean, logp_diff_max, k3_kl, ratio {min, p10, median, p90, max} of the
+    # per-sequence importance ratio, masked_share (above mask_cap, TRL's default sequence mask),
+    # per_position and per_step_logp_diff_mean. None for an sft probe
+    rollout_mismatch: dict | None = None
 
     def __post_init__(self):
         _ints_as_floats(self, ("timeout_s", "wall_s", "load_s", "build_s", "train_s", "compile_s", "steady_step_s"))

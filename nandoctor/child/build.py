@@ -143,6 +143,8 @@ class Setup:
         "micro_batch"  # config.LOSS_NORMALIZATIONS, as measure.accumulation.normalized applies it to this model
     )
     world_size: int = 1  # the ranks sharing each micro-batch (train.micro_loss)
+    # objective=grpo: samples each step's completions (`data`) and computes its loss (rollout.py); None: sft
+    rollouts: Any = None
 
 
 def _steps(spec: ProbeSpec, batches: DataStream, rows: Callable[[dict], dict] = whole):
@@ -194,9 +196,14 @@ def setup(spec: ProbeSpec) -> Setup:
         autocast = within(autocast, fp8_context)
     optimizer, eager = _optimizer(spec, model)
     batches = stream(spec.recipe, model.config, spec.seed)
+    rollouts = None
+    if spec.recipe.objective == "grpo":
+        from .rollout import Rollouts
+
+        rollouts = Rollouts(spec.recipe, model, batches, autocast, device, spec.seed)
     return Setup(
         model,
-        _steps(spec, batches),
+        rollouts.steps() if rollouts else _steps(spec, batches),
         optimizer,
         autocast,
         scaler,
@@ -207,6 +214,7 @@ def setup(spec: ProbeSpec) -> Setup:
         build_s,
         stream=batches,
         normalization=normalized(spec.recipe, model),
+        rollouts=rollouts,
     )
 
 
@@ -216,4 +224,5 @@ def restart(spec: ProbeSpec, s: Setup) -> Setup:
     s.optimizer = None  # free the timed run's optimizer state before the fresh one is made
     _, scaler = precision(spec.cell, spec.device)
     optimizer, _ = _optimizer(spec, s.model)
-    return replace(s, data=_steps(spec, s.stream, s.rows), optimizer=optimizer, scaler=scaler)
+    data = s.rollouts.steps() if s.rollouts else _steps(spec, s.stream, s.rows)
+    return replace(s, data=data, optimizer=optimizer, scaler=scaler)

@@ -91,6 +91,8 @@ def run_probe(
         if router:
             step.aux_loss = router.aux.get(step.step)
             router.step = step.step + 1
+        if s.rollouts:
+            s.rollouts.annotate(step)
         ranks.agree(step)  # every rank decides to stop on the same numbers
         return log(step)
 
@@ -111,6 +113,8 @@ def run_probe(
                 getattr(s.model.config, "router_aux_loss_coef", None),
                 bool(getattr(s.model.config, "output_router_logits", False)),
             )
+        if s.rollouts:
+            record.rollout_mismatch = s.rollouts.figures()
         record.train_s = time.perf_counter() - t1
         record.host_load = probe_load(before)
         measured(record, spec, log, split, ranks.world_size)

@@ -56,7 +56,10 @@ def train(model, s: Setup, grad_clip: float, steps: int, on_step) -> None:
 
 def micro_loss(model, batch: dict, items, micro_batches: int, s: Setup):
     """One micro-batch's share of its step's loss, as Trainer computes it (measure/accumulation.py
-    micro_loss, which the accumulation check runs too), under the probe's normalisation and ranks."""
+    micro_loss, which the accumulation check runs too), under the probe's normalisation and ranks; an
+    objective=grpo probe's is GRPO's loss of the step's completions (rollout.Rollouts.loss)."""
+    if s.rollouts is not None:
+        return s.rollouts.loss(model, batch)
     return trainer_micro_loss(model, batch, items, micro_batches, s.normalization, s.world_size)
 
 

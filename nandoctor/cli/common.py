@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..api import Listener
-from ..config import SCALES, Recipe, set_field, with_paths_resolved
+from ..config import OBJECTIVES, SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
 from ..recipes import executor_section, resolve_model
@@ -23,6 +23,7 @@ MODEL_FLAGS = (
     "trust_remote_code",
     "out",
     "world_size",
+    "objective",
     "data",
     "tokenizer",
 )
@@ -93,6 +94,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         metavar="W",
         help="ranks of each parallel probe (the `parallel` axis; recipe field world_size, default 2)",
     )
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        help="what each probe step optimizes: the supervised loss (sft, the default) or GRPO on completions "
+        "the probe samples, with the rollout's log-prob mismatch measured (recipe fields objective, rollout.*; "
+        "docs/rl.md)",
+    )
     add_data_args(p)
 
 
@@ -160,6 +168,8 @@ def field_flags(args) -> list[tuple[str, str, object]]:
         out.append(("--trust-remote-code", "model.trust_remote_code", True))
     if args.world_size is not None:
         out.append(("--world-size", "world_size", args.world_size))
+    if getattr(args, "objective", None):
+        out.append(("--objective", "objective", args.objective))
     if getattr(args, "data", None):
         path = str(Path(args.data).expanduser().resolve())  # a probe's working directory is not the user's
         out += [("--data", "data.source", "file"), ("--data", "data.path", path)]

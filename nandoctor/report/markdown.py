@@ -14,6 +14,7 @@ from .doctor import doctor_markdown
 from .forensics import forensics_markdown
 from .moe import moe_markdown
 from .parallel import parallel_markdown
+from .rl import rl_markdown
 from .savings import savings_markdown
 
 
@@ -45,6 +46,7 @@ def render_markdown(a: RunAnalysis) -> str:
     note = common.ranking_note(a)
     parts += ["## Stable configurations, ranked", "", timing.order_sentence(a), ""] + ([note, ""] if note else [])
     parts += [_table(common.ranking_rows(a)), ""]
+    parts += rl_markdown(a)
     parts += timing_section(a)
     parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
     parts += parallel_markdown(a, _table)

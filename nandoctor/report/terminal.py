@@ -10,6 +10,7 @@ from ..cells import AXES, Cell
 from ..record import ProbeRecord
 from . import bisection, code, common, timing
 from .moe import probe_rows
+from .rl import rl_lines
 
 
 def progress_line(done: int, total: int, record: ProbeRecord, verdict) -> str:
@@ -69,6 +70,7 @@ def render_terminal(a: RunAnalysis, run_dir) -> str:
     note = common.ranking_note(a)
     if note:
         out += ["", note]
+    out += rl_lines(a)
     fails = common.failure_rows(a)
     if fails:
         out += [

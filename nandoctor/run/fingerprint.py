@@ -10,8 +10,8 @@ that an edit of the same size and a copied file's old time are seen), nandoctor'
 the environment (library versions, device, GPU, CPU model, and the version of every optional package
 the cell uses). What stays out: the run's
 location, the plan's prose (`why` quotes free memory), the recipe's fp8 section for a cell that is
-not fp8 and its parallel fields for a one-process cell (it reads none of them; runs written before they
-existed keep their fingerprints) and
+not fp8, its parallel fields for a one-process cell and an sft probe's objective and rollout fields (it
+reads none of them; runs written before they existed keep their fingerprints) and
 the forensics replay's and the build's time budgets (they never change a number, and runs before
 them had none).
 Pure apart from reading the files it stamps; imports only the cell table, digests and the package's version.
@@ -58,6 +58,7 @@ NOT_NUMERICS = (
     "retime_rounds",
 )  # recipe fields that decide no number of the probe
 PARALLEL_FIELDS = ("world_size", "grad_reduce")  # read by parallel cells only
+RL_FIELDS = ("objective", "rollout")  # an sft probe's fingerprint stays what it was before they existed
 NOT_SPEC_NUMERICS = ("probe_id", "replay_failed_only")  # nor do these spec fields (whether the replay runs)
 
 
@@ -86,6 +87,8 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
         recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
     if cell.quant == "none":  # only a quantized base reads the quant section
         recipe = {k: v for k, v in recipe.items() if k != "quant"}
+    if recipe.get("objective", "sft") == "sft":  # only an RL probe reads the rollout section
+        recipe = {k: v for k, v in recipe.items() if k not in RL_FIELDS}
     payload = {
         "spec": {**spec, "recipe": recipe, "model_plan": plan},
         "overrides": overrides,

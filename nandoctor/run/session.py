@@ -341,7 +341,9 @@ class Session:
                 p.unsupported
                 or spec.plan.refuses.get(p.cell.attention.implementation)
                 or input_support(p.cell, spec.plan.shape, data_masked(own.data, self.data_lint), device)
-                or parallel_support(p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks))
+                or parallel_support(
+                    p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks), own.objective
+                )
                 or quant_support(
                     p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, own.model.dtype_on_load)
                 )

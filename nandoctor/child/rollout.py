@@ -1,0 +1,215 @@
+"""GRPO probes (objective=grpo, docs/rl.md): what an RL fine-tuning step does, and how far its two
+computations of the same policy disagree.
+
+Each step samples completions through the rollout path (the model in eval mode under
+torch.inference_mode, generate() with a KV cache, in the cell's precision: what a rollout engine
+runs) and hands them to the probe's own training loop (train.train) as its one micro-batch. The loop
+scores the same tokens through the training path (train mode, teacher-forced, the cell's precision,
+attention and compile) in `Rollouts.loss`: GRPO's loss as TRL 1.16's GRPOTrainer computes it by
+default (loss_type "dapo", beta 0, one update per generation, the sequence-level importance-sampling
+mask of vllm_importance_sampling_mode "sequence_mask"), with a verifiable toy reward. The difference
+of the two log-probs of each sampled token is the mismatch (`mismatch_figures`).
+
+Both log-probs are log_softmax(logits / temperature) of the model's own logits in fp32, before top-k
+or top-p: the sampler's settings shape which tokens are drawn, never the figure.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import Recipe
+
+ENGINE = "generate"  # the rollout engine a CPU probe runs (vLLM on a GPU host is not wired yet)
+# TRL 1.16 GRPOConfig: vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=
+# "sequence_mask", vllm_importance_sampling_clip_max=3.0, clip_min=None: a sequence whose ratio
+# exp(sum of logp_train - logp_rollout) is above 3.0 is left out of the loss (grpo_trainer.py)
+SEQUENCE_MASK_CAP = 3.0
+# GRPOTrainer's advantage: (reward - group mean) / (group std + 1e-4), scale_rewards="group"
+ADVANTAGE_EPS = 1e-4
+QUANTILES = {"min": 0.0, "p10": 0.1, "median": 0.5, "p90": 0.9, "max": 1.0}
+
+
+def reward(completion, mask):
+    """The toy verifiable reward of each completion: the share of its tokens with an even id (a
+    deterministic function of the tokens, learnable by raising those tokens' logits)."""
+    hits = ((completion % 2 == 0) & mask).sum(1).float()
+    return hits / mask.sum(1).clamp(min=1).float()
+
+
+def advantages(rewards, group: int):
+    """GRPO's advantage of each completion against the other completions of its prompt."""
+    grouped = rewards.view(-1, group)
+    mean, std = grouped.mean(1, keepdim=True), grouped.std(1, keepdim=True)
+    return ((grouped - mean) / (std + ADVANTAGE_EPS)).view(-1)
+
+
+def token_logp(logits, tokens, temperature: float):
+    """The log-prob of each token under logits / temperature, computed in fp32."""
+    import torch
+
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def until_eos(completion, eos: int | None):
+    """The completion mask: every token up to and including the first eos (what follows is padding)."""
+    import torch
+
+    if eos is None:
+        return torch.ones_like(completion, dtype=torch.bool)
+    is_eos = completion == eos
+    return (is_eos.long().cumsum(1) - is_eos.long()) == 0
+
+
+def mismatch_figures(diff, mask, cap: float = SEQUENCE_MASK_CAP) -> dict:
+    """The rollout-training mismatch of sampled tokens. diff: (sequences, positions) of logp_train -
+    logp_rollout; mask: which positions are completion tokens. Returns the mean and max |diff| over the
+    tokens, the k3 estimate of KL(rollout || training) (the mean of exp(d) - 1 - d), the per-sequence
+    importance ratio exp(sum d) at QUANTILES, the share of sequences TRL's default sequence mask drops
+    (ratio above `cap`), and the mean |diff| at each completion position."""
+    import torch
+
+    diff, mask = diff.double(), mask.bool()
+    tokens = diff[mask]
+    ratios = torch.exp((diff * mask).sum(1))
+    counts = mask.sum(0)
+    per_position = (diff.abs() * mask).sum(0) / counts.clamp(min=1)
+    return {
+        "sequences": int(diff.shape[0]),
+        "tokens": int(tokens.numel()),
+        "logp_diff_mean": tokens.abs().mean().item() if tokens.numel() else math.nan,
+        "logp_diff_max": tokens.abs().max().item() if tokens.numel() else math.nan,
+        "k3_kl": (torch.exp(tokens) - 1 - tokens).mean().item() if tokens.numel() else math.nan,
+        "ratio": {name: torch.quantile(ratios, q).item() for name, q in QUANTILES.items()},
+        "masked_share": (ratios > cap).double().mean().item(),
+        "mask_cap": cap,
+        "per_position": [v.item() for v, n in zip(per_position, counts) if n > 0],
+    }
+
+
+class Rollouts:
+    """The GRPO side of a probe: `steps` is its Setup.data (each step's completions, sampled now),
+    `loss` its training loss (train.micro_loss calls it), `annotate` puts each step's reward and
+    entropy on its Step, and `figures` is the record's rollout_mismatch over all its steps."""
+
+    def __init__(self, recipe: Recipe, model, stream, autocast, device: str, seed: int):
+        import torch
+
+        self.config = recipe.rollout
+        self.model, self.autocast, self.device, self.seed = model, autocast, device, seed
+        self.eos = getattr(model.config, "eos_token_id", None)
+        self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
+        self.pad = self.eos if self.eos is not None else 0
+        n = self.config.prompt_len
+        rows = []
+        for batch in stream.batches:  # prompts: rows whose first prompt_len tokens are all real
+            inputs = batch.inputs
+            ids, attended = inputs["input_ids"], inputs.get("attention_mask")
+            whole = attended is None or attended.dim() != 2
+            rows += [ids[i, :n] for i in range(ids.shape[0]) if whole or bool(attended[i, :n].all())]
+        if not rows:
+            raise ValueError(f"no row of the data has {n} real tokens to take a prompt from (rollout.prompt_len)")
+        self.prompts = torch.stack(rows)
+        self.diffs: list = []  # per step: (logp_train - logp_rollout, completion mask), on the CPU
+        self.rewards: dict[int, float] = {}
+        self.entropies: dict[int, float] = {}
+        self.tokens: dict[int, int] = {}
+        self.step = 0  # the step being trained
+
+    def steps(self):
+        """Endless optimizer steps from step 0, as train.train draws them: ([the step's completions as one
+        batch], None). A replay's fresh `steps` samples the timed steps' prompts with their seeds again."""
+        step = 0
+        while True:
+            self.step = step
+            yield [self.sample(step)], None
+            step += 1
+
+    def sample(self, step: int) -> dict:
+        """Step `step`'s completions: each of its prompts num_generations times, through the rollout
+        path, with the rollout's log-prob of each sampled token and the advantages."""
+        import torch
+
+        r = self.config
+        index = (torch.arange(r.prompts) + step * r.prompts) % len(self.prompts)
+        prompts = self.prompts[index].to(self.device).repeat_interleave(r.num_generations, 0)
+        torch.manual_seed(self.seed + step)  # every cell samples from the same random stream
+        self.model.eval()
+        try:
+            with torch.inference_mode(), self.autocast():
+                out = self.model.generate(
+                    input_ids=prompts,
+                    attention_mask=torch.ones_like(prompts),
+                    do_sample=True,
+                    temperature=r.temperature,
+                    top_k=r.top_k,
+                    top_p=r.top_p,
+                    max_new_tokens=r.max_new_tokens,
+                    use_cache=True,
+                    return_dict_in_generate=True,
+                    output_logits=True,
+                    pad_token_id=self.pad,
+                )
+            # clones made outside inference mode: tensors autograd may save for the training backward
+            sequences = out.sequences.clone()
+            completion = sequences[:, prompts.shape[1] :]
+            rollout_logp = token_logp(torch.stack(out.logits, 1), completion, r.temperature).clone()
+        finally:
+            self.model.train()
+        mask = until_eos(completion, self.eos)
+        rewards = reward(completion, mask)
+        self.rewards[step], self.tokens[step] = rewards.mean().item(), int(mask.sum())
+        attention_mask = torch.cat([torch.ones_like(prompts), mask.long()], 1)
+        return {
+            "input_ids": sequences,
+            "attention_mask": attention_mask,
+            "completion_mask": mask,
+            "rollout_logp": rollout_logp,
+            "advantages": advantages(rewards, r.num_generations),
+        }
+
+    def loss(self, model, batch: dict):
+        """GRPO's loss of one step's completions, scored through the training path by `model` (the
+        compiled one in compile cells); records the mismatch and the policy's entropy on the way."""
+        import torch
+
+        mask = batch["completion_mask"]
+        start = batch["input_ids"].shape[1] - mask.shape[1]
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = logits[:, start - 1 : -1].float() / self.config.temperature
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, batch["input_ids"][:, start:].unsqueeze(-1)).squeeze(-1)
+        diff = (logp.detach() - batch["rollout_logp"]) * mask
+        self.diffs.append((diff.cpu(), mask.cpu()))
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            self.entropies[self.step] = (entropy[mask].mean()).item()
+        ratio = torch.exp(diff.sum(1))  # TRL's sequence_mask: a sequence off by more than the cap is dropped
+        kept = torch.where(ratio > SEQUENCE_MASK_CAP, torch.zeros_like(ratio), ratio)
+        # one update per generation: the policy ratio is 1 and its gradient that of logp (no clipping)
+        per_token = -torch.exp(logp - logp.detach()) * (batch["advantages"] * kept).unsqueeze(1)
+        weights = mask.to(per_token.dtype)
+        return (per_token * weights).sum() / weights.sum().clamp(min=1)  # dapo: over the batch's tokens
+
+    def annotate(self, step) -> None:
+        """Step `step` as GRPO trained it: its reward, entropy, completion tokens and batch kind."""
+        step.supervised, step.batch = self.tokens.get(step.step), "rollout"
+        step.reward = self.rewards.get(step.step)
+        step.entropy = self.entropies.get(step.step)
+
+    def figures(self) -> dict | None:
+        """The record's rollout_mismatch: mismatch_figures over every step's tokens together, with the
+        engine that sampled them and each step's own mean |diff|; None before any step was scored."""
+        import torch
+
+        if not self.diffs:
+            return None
+        width = self.config.max_new_tokens  # generation stops early once every completion ended
+        padded = [
+            (torch.nn.functional.pad(d, (0, width - d.shape[1])), torch.nn.functional.pad(m, (0, width - m.shape[1])))
+            for d, m in self.diffs
+        ]
+        out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
+        per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in self.diffs]
+        return {"engine": ENGINE, "steps": len(self.diffs), **out, "per_step_logp_diff_mean": per_step}

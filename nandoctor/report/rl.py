@@ -1,0 +1,86 @@
+"""The RL section (objective=grpo, docs/rl.md): per probe, how far the rollout's log-probs of the
+sampled tokens were from the training path's (rollout_mismatch, as the probe measured it), and what its
+steps' reward and entropy did. A table in report.md, one short line per probe in the terminal. No
+verdict is made here: the figures are shown as measured."""
+
+from __future__ import annotations
+
+from ..analysis.run import ProbeOutcome, RunAnalysis
+from .common import label
+
+READING = (
+    "Each step sampled completions through the rollout engine (`{engine}`: KV cache, inference mode, the "
+    "cell's precision) and scored the same tokens teacher-forced through the training path. dlogp is a "
+    "sampled token's training log-prob minus its rollout log-prob; k3 KL estimates KL(rollout || training); the "
+    "sequence ratio is exp(sum of dlogp) over a completion, and masked is the share of completions TRL's "
+    "default sequence mask (ratio above {cap:g}) drops. Over all timed steps' tokens; docs/rl.md says how to read them."
+)
+
+
+def rl_outcomes(a: RunAnalysis) -> list[ProbeOutcome]:
+    return [o for o in a.outcomes if o.record.rollout_mismatch]
+
+
+def _num(x, spec: str = ".2e") -> str:
+    return "-" if not isinstance(x, (int, float)) else format(x, spec)
+
+
+def _last(o: ProbeOutcome, name: str):
+    return next((getattr(s, name) for s in reversed(o.record.steps) if getattr(s, name) is not None), None)
+
+
+def rl_rows(a: RunAnalysis) -> list[dict]:
+    """One row per probe that measured its rollouts' mismatch."""
+    rows = []
+    for o in rl_outcomes(a):
+        m = o.record.rollout_mismatch
+        ratio = m.get("ratio") or {}
+        first = next((s.reward for s in o.record.steps if s.reward is not None), None)
+        rows.append(
+            {
+                "config": label(o),
+                "verdict": o.verdict.name,
+                "mean abs dlogp": _num(m.get("logp_diff_mean")),
+                "max abs dlogp": _num(m.get("logp_diff_max")),
+                "k3 KL": _num(m.get("k3_kl")),
+                "sequence ratio p10-p90": f"{_num(ratio.get('p10'), '.4f')}-{_num(ratio.get('p90'), '.4f')}",
+                "min-max": f"{_num(ratio.get('min'), '.4f')}-{_num(ratio.get('max'), '.4f')}",
+                "masked": _num(m.get("masked_share"), ".1%"),
+                "reward": f"{_num(first, '.3f')} -> {_num(_last(o, 'reward'), '.3f')}",
+                "entropy": _num(_last(o, "entropy"), ".3f"),
+            }
+        )
+    return rows
+
+
+def rl_markdown(a: RunAnalysis) -> list[str]:
+    """report.md's section: what was measured, and the table (figures as written: 7.47e-04, not 0.000747)."""
+    from tabulate import tabulate
+
+    outcomes = rl_outcomes(a)
+    if not outcomes:
+        return []
+    m = outcomes[0].record.rollout_mismatch
+    reading = READING.format(engine=m.get("engine", "?"), cap=m.get("mask_cap", 3.0))
+    return [
+        "## RL: rollout vs training log-probs",
+        "",
+        reading,
+        "",
+        tabulate(rl_rows(a), headers="keys", tablefmt="github", disable_numparse=True),
+        "",
+    ]
+
+
+def rl_lines(a: RunAnalysis) -> list[str]:
+    """The terminal's lines: one per probe, its mean |dlogp| and sequence-ratio range."""
+    rows = rl_rows(a)
+    if not rows:
+        return []
+    engine = rl_outcomes(a)[0].record.rollout_mismatch.get("engine", "?")
+    width = max(len(r["config"]) for r in rows)
+    return ["", f"rollout ({engine}) vs training log-probs:"] + [
+        f"  {r['config']:<{width}}  mean |dlogp| {r['mean abs dlogp']}  k3 KL {r['k3 KL']}  "
+        f"sequence ratio {r['min-max']}  masked {r['masked']}"
+        for r in rows
+    ]
