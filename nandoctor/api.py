@@ -340,7 +340,11 @@ def run_check(
         session.start(1, {"cell": cell.id, "doctor": doctor, "baseline": _path(baseline), "data": session.data_lint})
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)
-    checks = check_results(record, session.plan.shape["vocab"], session.plan.source == "architecture-twin")
+    # judged as a grid judges it: the probe's verdict fails the check wherever it is a failure
+    verdict = next(o.verdict for o in analysis.outcomes if o.record.probe_id == record.probe_id)
+    checks = check_results(
+        record, session.plan.shape["vocab"], session.plan.source == "architecture-twin", verdict=verdict
+    )
     if roundtrip:
         checks.append(roundtrip_check(record))
     if analysis.comparison:

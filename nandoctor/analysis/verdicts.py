@@ -819,31 +819,39 @@ def fidelity(steps: list[Step], reference: list[Step] | None) -> float | None:
 
 
 def check_results(
-    record: ProbeRecord, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS
+    record: ProbeRecord, vocab: int, random_init: bool, t: Thresholds = THRESHOLDS, verdict: Verdict | None = None
 ) -> list[tuple[str, bool, str]]:
-    """The step-0 sanity checks of `nandoctor check`: (name, passed, detail) each."""
+    """The step-0 sanity checks of `nandoctor check`: (name, passed, detail) each. `verdict`: the probe's
+    verdict as a grid judges it (References.judge), a check of its own that fails where the verdict does."""
     failed = harness_verdict(record)
     if failed:
         return [("probe ran", False, f"{failed.name}: {failed.reason}")]
     s0 = record.steps[0]
     untargeted = " (its batch has no supervised token: a fault of the data)" if s0.supervised == 0 else ""
     out = [("loss finite at step 0", math.isfinite(s0.loss), f"loss {_fmt(s0.loss)}{untargeted}")]
-    grad_ok = math.isfinite(s0.grad_norm) or (s0.skipped and s0.scale is not None)
-    out.append(
-        (
-            "grad-norm finite at step 0",
-            grad_ok,
-            f"grad-norm {_fmt(s0.grad_norm)}"
-            + (" (skipped by the GradScaler while calibrating)" if s0.skipped else ""),
+    stuck = never_stepped(record.steps, t)
+    if s0.skipped and s0.scale is not None and not math.isfinite(s0.grad_norm):
+        # not "finite": a GradScaler skips exactly the steps whose gradients overflowed, at the scale it tries
+        out.append(
+            (
+                "step 0's overflowing gradients skipped by the GradScaler",
+                True,
+                f"grad-norm {_fmt(s0.grad_norm)} at scale {s0.scale:g}: the GradScaler skipped the step and halved "
+                "its scale" + (" (every later step too: see the verdict)" if stuck else " (calibrating)"),
+            )
         )
-    )
+    else:
+        out.append(("grad-norm finite at step 0", math.isfinite(s0.grad_norm), f"grad-norm {_fmt(s0.grad_norm)}"))
     out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
     dead = no_learning(record.steps, t, record.trainable_groups, _adapter(record))
     out.append(
         (
             "gradients reach the weights",
             dead is None,
-            f"{dead.name}: {dead.reason}" if dead else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}",
+            f"{dead.name}: {dead.reason}"
+            if dead
+            else f"grad-norm {_fmt(s0.grad_norm)} at step {s0.step}"
+            + (": the gradients overflowed, they are not absent" if not math.isfinite(s0.grad_norm) else ""),
         )
     )
     setup = setup_failures(record.setup_checks, t)
@@ -883,25 +891,35 @@ def check_results(
         )
     if len(record.steps) > 1:  # --steps N: the later steps must stay finite too, not only step 0
         broke = next((s for s in record.steps[1:] if s.unrecoverable(t.min_scale) in ("loss", "grad")), None)
+        skipped = sum(s.skipped for s in record.steps[1:])
         out.append(
             (
-                "loss and grad-norm finite after step 0",
+                # a step the GradScaler skipped has a non-finite grad-norm that never reaches the weights
+                "loss and grad-norm finite after step 0"
+                if not skipped
+                else "loss finite after step 0, overflowing gradients skipped by the GradScaler",
                 broke is None,
                 f"non-finite at step {broke.step}: loss {_fmt(broke.loss)}, grad-norm {_fmt(broke.grad_norm)}"
                 if broke
-                else f"steps 1-{record.steps[-1].step} finite",
+                else f"steps 1-{record.steps[-1].step}: loss finite"
+                + (f", {skipped} with a non-finite grad-norm skipped" if skipped else ", grad-norm finite"),
             )
         )
     bad = [s for s in record.steps if s.unrecoverable(t.min_scale) == "scale"]
+    skips = sum(s.skipped for s in record.steps)
     out.append(
         (
             "no skipped step beyond GradScaler calibration",
-            not bad,
+            not bad and not stuck,
             f"scale fell below {t.min_scale:g} at step {bad[0].step}"
             if bad
-            else f"{sum(s.skipped for s in record.steps)} calibration skip(s)",
+            else f"every one of the {skips} steps skipped: the optimizer never stepped"
+            if stuck
+            else f"{skips} calibration skip(s)",
         )
     )
+    if verdict is not None:
+        out.append(("verdict", not verdict.failed, f"{verdict.name}: {verdict.reason}"))
     return out
 
 
