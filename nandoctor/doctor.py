@@ -200,12 +200,14 @@ def judge_lint(measured: dict | None) -> dict | None:
 
 
 def lint_lines(data: dict | None) -> list[str]:
-    """The lint's errors and warnings, one line each, for a run to print before its first probe."""
+    """The lint's errors and warnings, one line each, for a run to print before its first probe; and the
+    measurements it could not make, since the model returns no loss."""
+    no_loss = ((data or {}).get("measured") or {}).get("no_loss")
     return [
         f"the data lint found {'an error' if f['severity'] == 'error' else 'a warning'} ({f['id']}): {f['figure']}"
         for f in (data or {}).get("findings") or []
         if f["severity"] in ("error", "warning")
-    ]
+    ] + ([f"the data lint could not measure the checks that train on the loss: {no_loss}"] if no_loss else [])
 
 
 def exit_code(report: dict) -> int:

@@ -210,6 +210,28 @@ def save_slow_replay_llama(path: Path) -> Path:
     return save_custom_llama(path, "slow_replay_llama", "SlowReplay", SLOW_REPLAY_CODE)
 
 
+NO_LOSS_CODE = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class NoLossLlamaConfig(LlamaConfig):
+    model_type = "noloss-llama"
+
+
+class NoLossLlamaForCausalLM(LlamaForCausalLM):
+    """Modeling code that drops `labels`: its forward returns logits and loss=None."""
+    config_class = NoLossLlamaConfig
+
+    def forward(self, *args, labels=None, **kwargs):
+        return super().forward(*args, **kwargs)
+'''
+
+
+def save_no_loss_llama(path: Path) -> Path:
+    """A checkpoint with its own modeling code (auto_map) whose forward returns loss=None."""
+    return save_custom_llama(path, "noloss_llama", "NoLoss", NO_LOSS_CODE)
+
+
 def save_crashing_llama(path: Path) -> Path:
     """A checkpoint with its own modeling code (auto_map), all fp32 cells so it is cheap on a CPU:
     fp32/eager segfaults, fp32/sdpa:math hangs, fp32/sdpa trains."""

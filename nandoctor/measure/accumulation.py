@@ -12,7 +12,7 @@ import inspect
 
 from ..config import Recipe
 from ..userdata.encode import IGNORE
-from .numerics import cosine, in_fp32, relative_error, without_dropout
+from .numerics import cosine, in_fp32, loss_of, relative_error, without_dropout
 
 
 def normalized(recipe: Recipe, model) -> str:
@@ -34,8 +34,8 @@ def micro_loss(model, batch: dict, items, micro_batches: int, normalization: str
     batch's. Per micro-batch (also where `items` is None): the micro-batch's mean token loss over the
     number of micro-batches."""
     if normalization == "tokens" and items is not None:
-        return model(**batch, num_items_in_batch=items).loss * world_size
-    return model(**batch).loss / micro_batches
+        return loss_of(model(**batch, num_items_in_batch=items)) * world_size
+    return loss_of(model(**batch)) / micro_batches
 
 
 def block_parameters(model, elements: int | None = None) -> list:
@@ -90,11 +90,11 @@ def accumulation_figures(
             micro_loss(model, batch, items, len(micro_batches), normalization).backward()
         accumulated = _flat_gradient(params)
         model.zero_grad(set_to_none=True)
-        model(**full).loss.backward()
+        loss_of(model(**full)).backward()
         whole = _flat_gradient(params)
         with in_fp32(model):
             model.zero_grad(set_to_none=True)
-            model(**{k: v.float() if v.is_floating_point() else v for k, v in full.items()}).loss.backward()
+            loss_of(model(**{k: v.float() if v.is_floating_point() else v for k, v in full.items()})).backward()
             reference = _flat_gradient(params)
     model.zero_grad(set_to_none=True)
     ratio = float(accumulated.norm() / whole.norm())

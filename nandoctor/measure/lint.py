@@ -22,6 +22,7 @@ from ..config import Recipe
 from ..userdata.collate import collate
 from ..userdata.rows import EncodedRows, row_dicts
 from .accumulation import accumulation_figures, normalized
+from .numerics import NoLoss
 from .packing import packing_isolation
 from .reach import embedding_rows, gradient_reach
 
@@ -111,7 +112,9 @@ def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: 
         first = [b for b in batches if b.kind == "first"] or batches
         micro = [first[i % len(first)] for i in range(steps)]
         full = collate(row_dicts(encoded, [r for b in micro for r in b.rows]), encoded.collation)
-        out.update(accumulation_figures(model, [b.inputs for b in micro], full, normalized(recipe, model)))
+        out.update(
+            _needing_loss(accumulation_figures, model, [b.inputs for b in micro], full, normalized(recipe, model))
+        )
     if "your weights" in described:
         out.update(embedding_rows(model, content, encoded.tokenizer))
     if checkpointed != "off":  # last: the adapter is applied to the lint's own model in place
@@ -120,8 +123,17 @@ def measure(recipe: Recipe, encoded: EncodedRows, batches: list, content, attn: 
         if not given:  # a model given is the user's, already set up
             model = apply_adapter(model, recipe)
             checkpointing(model, checkpointed)
-        out.update(gradient_reach(model, batches[0].inputs))
+        out.update(_needing_loss(gradient_reach, model, batches[0].inputs))
     return out
+
+
+def _needing_loss(figures, model, *args) -> dict:
+    """figures(model, *args), a measurement that trains on the model's loss; {"no_loss": why} when the
+    model returns none (numerics.NoLoss): the figure is not measured, and every probe ends on that reason."""
+    try:
+        return figures(model, *args)
+    except NoLoss as e:
+        return {"no_loss": str(e)}
 
 
 def _adapter_text(recipe: Recipe) -> str:

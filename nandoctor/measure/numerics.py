@@ -6,6 +6,23 @@ import contextlib
 import itertools
 
 
+class NoLoss(TypeError):
+    """The model's forward returned no loss for a batch with labels."""
+
+
+def loss_of(out):
+    """The loss a forward given `labels` returned; NoLoss, saying what is wrong and what is valid, when it
+    returned none (arithmetic on None would raise a TypeError that names neither)."""
+    loss = getattr(out, "loss", None)
+    if loss is None:
+        raise NoLoss(
+            f"the model returned loss=None ({type(out).__name__}) for a batch with labels: its forward computes "
+            "none from them (custom code that drops `labels`, or no LM head); nandoctor trains the loss "
+            "forward(labels=...) returns"
+        )
+    return loss
+
+
 @contextlib.contextmanager
 def without_dropout(model):
     """Dropout off for the measurement (nn.Dropout modules and the attention_dropout rate attention

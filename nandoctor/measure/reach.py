@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .numerics import without_dropout
+from .numerics import loss_of, without_dropout
 
 UNTRAINED_REL = 1e-3  # a row within 0.1% of the median row norm of the vocabulary's mean (or of zero)
 
@@ -20,7 +20,7 @@ def gradient_reach(model, inputs: dict) -> dict:
     raised = None
     with without_dropout(model):
         try:
-            model(**inputs, use_cache=False).loss.backward()
+            loss_of(model(**inputs, use_cache=False)).backward()
         except RuntimeError as e:
             if "does not require grad" not in str(e):
                 raise

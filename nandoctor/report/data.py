@@ -225,6 +225,8 @@ def data_text(section: dict) -> list[str]:
     measured = section.get("measured") or {}
     if measured.get("measured_on"):
         out.append(f"Measured on {measured['measured_on']}.")
+    if measured.get("no_loss"):
+        out.append(f"Not measured (the checks that train on the loss): {measured['no_loss']}.")
     return out + [""]
 
 
