@@ -83,3 +83,23 @@ def test_resume_reruns_a_probe_whose_checkpoint_template_changed(tmp_path, cli):
     assert f"resume: rerunning {len(recorded)} recorded probe(s) whose inputs changed since" in again.stdout
     now = fingerprints(out)
     assert now.keys() == recorded.keys() and all(now[p] != recorded[p] for p in now)
+
+
+def test_weights_swapped_for_others_of_the_same_size_and_time_change_the_fingerprint(tmp_path):
+    """Two real checkpoints of one shape (other seeds): their safetensors files have the same size; the
+    second's bytes copied over the first's, its modification time put back, as `cp -p` or `rsync -t` of
+    another training run's weights leave it."""
+    ckpt, other = save_llama(tmp_path / "ckpt"), save_llama(tmp_path / "other", seed=1)
+    weights = ckpt / "model.safetensors"
+    assert weights.stat().st_size == (other / "model.safetensors").stat().st_size
+    spec = {
+        "recipe": {"name": "r"},
+        "cell": {"dtype": "fp32", "attn": "sdpa", "compile": "off"},
+        "model_plan": {"path": str(ckpt)},
+    }
+    before = probe_fingerprint(spec, {}, {})
+    st = weights.stat()
+    weights.write_bytes((other / "model.safetensors").read_bytes())
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (weights.stat().st_size, weights.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert probe_fingerprint(spec, {}, {}) != before

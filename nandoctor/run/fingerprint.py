@@ -3,8 +3,8 @@ reused (`--cache`) exactly when rerunning the probe would compute the same thing
 
 What goes in: the probe's spec (recipe with its overrides applied, cell, model plan, steps, seed,
 device, threads: CPU kernels split reductions by thread count), a local checkpoint's files
-(digests.checkpoint_stamp: the weight files' names, sizes and modification times, the bytes of every
-other file: config, generation config, tokenizer files, chat template, modeling code), the content of
+(digests.checkpoint_stamp: a hash of the bytes of every file: weights, config, generation config,
+tokenizer files, chat template, modeling code), the content of
 every data file and directory the recipe names (data.path, data.tokenizer: a sha256 of the bytes, so
 that an edit of the same size and a copied file's old time are seen), nandoctor's own version, and
 the environment (library versions, device, GPU, CPU model, and the version of every optional package
