@@ -126,7 +126,7 @@ def run_doctor(
     probed = _probed(recipe, env) if recipe is not None else None
     recipe = recipe or Recipe()
     tokenizer_path = tokenizer_path or tokenizer_of(recipe)
-    tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
+    tokenizer = load_tokenizer(tokenizer_path, recipe.model.trust_remote_code) if tokenizer_path else None
     if trainer_args is not None:
         cells = [trainer_cell(trainer_args, attn, accelerate)]
     elif accelerate is not None:

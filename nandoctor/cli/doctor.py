@@ -50,7 +50,12 @@ def register(sub) -> None:
         metavar="KEY=VALUE",
         help="override a recipe field, VALUE read as YAML, e.g. model.dtype_on_load=bf16 (repeatable)",
     )
-    p.set_defaults(func=run, steps=None, scale=None, trust_remote_code=False, world_size=None)
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow a local checkpoint's own modeling and tokenizer code (recipe field model.trust_remote_code)",
+    )
+    p.set_defaults(func=run, steps=None, scale=None, world_size=None)
 
 
 def run(args) -> int:

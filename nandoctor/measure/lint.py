@@ -164,7 +164,7 @@ def lint_rows(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) ->
     from ..userdata.tokenizer import load_tokenizer, tokenizer_of
 
     if tokenizer is None and (path := tokenizer_of(recipe)):
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path, recipe.model.trust_remote_code)
     config = model_config(recipe)
     encoded = encoded_rows(recipe, config, tokenizer)
     facts, section, content = scan(encoded, recipe, config)

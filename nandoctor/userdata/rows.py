@@ -58,7 +58,7 @@ def resolve_tokenizer(recipe: Recipe, kind: str, tokenizer=None):
     if tokenizer is not None:
         return tokenizer, getattr(tokenizer, "name_or_path", None) or path
     if path is not None:
-        return load_tokenizer(path), path
+        return load_tokenizer(path, recipe.model.trust_remote_code), path
     if kind != "tokens":
         raise NandoctorError(
             f"data {recipe.data.path!r} holds {kind.replace('_', ' + ')} rows and the model "

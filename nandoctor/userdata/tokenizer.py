@@ -34,8 +34,10 @@ def tokenizer_of(recipe) -> str | None:
     return recipe.model.path if has_tokenizer(recipe.model.path) else None
 
 
-def load_tokenizer(path: str | Path):
-    """A tokenizer from a local directory; never a hub lookup, so a wrong path says so."""
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """A tokenizer from a local directory; never a hub lookup, so a wrong path says so. trust_remote_code:
+    the recipe's model.trust_remote_code, so that a checkpoint's own tokenizer class (auto_map) loads as
+    its model does, never behind transformers' "run the custom code? [y/N]" prompt."""
     from transformers import AutoTokenizer
 
     if not Path(path).is_dir():
@@ -45,7 +47,7 @@ def load_tokenizer(path: str | Path):
     if not has_tokenizer(path):
         raise NandoctorError(f"tokenizer directory {str(path)!r} has no tokenizer files ({', '.join(TOKENIZER_FILES)})")
     try:
-        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as e:
         raise NandoctorError(f"cannot load a tokenizer from {str(path)!r}: {' '.join(str(e).split())}") from None
 
