@@ -47,7 +47,9 @@ class Listener:
       rounds, before each two added, while a round runs (at least every 10 s), or that it re-times nothing;
     stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since;
     note(line): before the first probe of a compute dtype this CPU emulates, that dtype and its measured cost
-      (capabilities.emulated_notes).
+      (capabilities.emulated_notes);
+    uncached({probe_id: 'T of P'}): --cache kept none of these probes, each trained with T of its P planned
+      CPU threads while other processes held cores.
     """
 
     opened: Callable | None = None
@@ -58,6 +60,7 @@ class Listener:
     retiming: Callable | None = None
     stale: Callable | None = None
     note: Callable | None = None
+    uncached: Callable | None = None
 
 
 class Progress:
@@ -93,6 +96,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         on_queue=listener.queue,
         on_stale=listener.stale,
         on_note=listener.note,
+        on_uncached=listener.uncached,
         **session_args,
     )
     try:

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import ALL_CORES, run_cli, unpinned
 
 from nandoctor.cells import Cell
 from nandoctor.env import get_cpu_count, get_process_env
@@ -25,6 +25,7 @@ from nandoctor.run.local import threads_per_probe
 from nandoctor.run.slots import ColdSlot, WarmSlot, probe_env
 
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+NO_WAIT_SETTINGS = dict.fromkeys(WAIT_SETTINGS)  # run_cli's env: removed
 
 
 @pytest.fixture
@@ -219,6 +220,39 @@ def test_a_probe_sized_down_by_the_load_is_not_cached(tmp_path):
         cache.add(record, tmp_path / "run")
     assert ProbeCache(tmp_path).lookup("sized-down") is None
     assert ProbeCache(tmp_path).lookup("as-planned") is not None
+
+
+@pytest.mark.slow
+def test_cache_says_in_one_line_that_it_kept_no_probe_sized_down_by_the_load(tmp_path):
+    """Nothing faked: a busy loop on every core of the host (not only this xdist worker's), and a grid
+    with --cache on all of them; its probe gives up threads to the loops, is not stored, and the run says so."""
+    if len(ALL_CORES) < 2:
+        pytest.skip("one core: a probe planned for it has no thread to give up")
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=unpinned) for _ in ALL_CORES]
+    try:
+        time.sleep(0.5)  # the loops have started and hold their cores
+        proc = run_cli(
+            *("grid", "--axis", "dtype=fp32", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "2"),
+            *("--set", "retime_rounds=0", "--cache", "--out", tmp_path / "run"),
+            env={"NANDOCTOR_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": None, **NO_WAIT_SETTINGS},
+            all_cores=True,
+        )
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    used = record["cpu_threads"]
+    assert used["torch"] < used["planned"] == len(ALL_CORES), used
+    assert not (tmp_path / "cache" / "probes.jsonl").exists()
+    said = [line for line in proc.stderr.splitlines() if "--cache" in line]
+    assert said == [
+        "nandoctor: WARNING: --cache stored none of 1 probe(s) that trained with fewer CPU threads than planned "
+        "while other processes held cores, as their last digits depend on the load: "
+        f"fp32/eager/off ({used['torch']} of {used['planned']} threads); on an idle host, or with "
+        "OMP_NUM_THREADS set, they are stored"
+    ]
 
 
 @pytest.mark.slow

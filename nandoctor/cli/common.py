@@ -266,11 +266,21 @@ def stale_line(probe_ids: list[str]) -> str:
     )
 
 
+def uncached_line(threads: dict) -> str:
+    """The one line for the probes --cache did not keep since they gave up CPU threads to a busy host."""
+    said = ", ".join(f"{probe_id} ({t} threads)" for probe_id, t in threads.items())
+    return (
+        f"nandoctor: WARNING: --cache stored none of {len(threads)} probe(s) that trained with fewer CPU threads "
+        f"than planned while other processes held cores, as their last digits depend on the load: {said}; "
+        "on an idle host, or with OMP_NUM_THREADS set, they are stored"
+    )
+
+
 def listener(probe) -> Listener:
     """What a run prints: the run directory, the model line, `probe(...)` per finished probe, a heartbeat
-    per running one, a scheduler's queue as it changes, a line before a grid re-times its leading cells, and one
-    when a resumed run reruns records whose inputs changed, and one before the first probe of a dtype this
-    CPU emulates."""
+    per running one, a scheduler's queue as it changes, a line before a grid re-times its leading cells, one
+    when a resumed run reruns records whose inputs changed, one before the first probe of a dtype this CPU
+    emulates, and one when --cache kept no record of probes that gave up threads to a busy host."""
     return Listener(
         opened=opened,
         started=started,
@@ -280,4 +290,5 @@ def listener(probe) -> Listener:
         retiming=lambda news: say(retiming_line(news)),
         stale=lambda ids: say(stale_line(ids)),
         note=say,
+        uncached=lambda threads: print(uncached_line(threads), file=sys.stderr, flush=True),
     )

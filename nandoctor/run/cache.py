@@ -29,11 +29,18 @@ def default_cache_dir() -> Path:
 
 def cacheable(record: ProbeRecord) -> bool:
     """Whether a rerun of the probe would repeat `record` (see above)."""
-    if record.cached_from or not record.fingerprint:
-        return False
-    if record.cpu_threads and record.cpu_threads.get("torch") != record.cpu_threads.get("planned"):
+    if record.cached_from or not record.fingerprint or gave_up_threads(record):
         return False
     return record.status == "ok" or (record.status == "error" and not record.error.get("oom"))
+
+
+def gave_up_threads(record: ProbeRecord) -> str | None:
+    """'T of P' when the probe trained with T CPU threads of the P planned, other processes holding
+    cores (child/threads.py): a probe the cache never keeps on a busy host; else None."""
+    threads = record.cpu_threads or {}
+    if threads and threads.get("torch") != threads.get("planned"):
+        return f"{threads.get('torch')} of {threads.get('planned')}"
+    return None
 
 
 class ProbeCache:

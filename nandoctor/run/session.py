@@ -24,7 +24,7 @@ from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from ..runmeta import RunMeta
 from ..thresholds import refuse_short_probes
-from .cache import ProbeCache
+from .cache import ProbeCache, gave_up_threads
 from .fingerprint import probe_fingerprint
 from .heartbeat import Heartbeat
 from .local import LocalPlacement, threads_per_probe
@@ -98,7 +98,9 @@ class Session:
     check); plan reuses a model plan and resume=True continues the run directory `out` (see resume());
     otherwise `out` must not hold a run yet. on_record(record) is called for every record as it is kept;
     on_alive(probe_id, elapsed_s, step) every HEARTBEAT_S while a probe runs; on_stale(probe_ids) when a
-    resumed run's records are rerun because their inputs changed. Constructing one picks the run
+    resumed run's records are rerun because their inputs changed; on_uncached({probe_id: 'T of P'
+    threads}) when `cache` kept none of these probes since each gave up CPU threads to a busy host
+    (cache.gave_up_threads). Constructing one picks the run
     directory and opens the placement (this machine's first warm worker, or a scheduler's start-up jobs
     and the warm worker that plans start at once);
     prepare() then gathers the device facts (`device`, unless given) and plans the model (`plan`,
@@ -132,6 +134,7 @@ class Session:
         on_stale=None,
         roundtrip: bool = False,
         on_note=None,
+        on_uncached=None,
     ):
         self.kind, self.recipe = kind, recipe
         self.replay_failed_only, self.roundtrip = replay_failed_only, roundtrip
@@ -162,6 +165,7 @@ class Session:
         self.on_stale = on_stale or (lambda probe_ids: None)
         self.on_note = on_note or (lambda line: None)
         self.emulated_said: set[str] = set()  # the compute dtypes announced as emulated (capabilities.emulated_notes)
+        self.on_uncached = on_uncached or (lambda threads: None)
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
 
@@ -364,10 +368,15 @@ class Session:
             cells = [t.spec.cell for t in tasks if t.spec.cell.hardware == hardware]
             for line in emulated_notes(self.device_of(hardware), cells, self.emulated_said):
                 self.on_note(line)
+        busy = {}
         for r in self.scheduler.run(tasks, on_record=self._measured):
             records[r.probe_id] = r
             if self.cache:
                 self.cache.add(r, self.dir)
+                if gave_up_threads(r):
+                    busy[r.probe_id] = gave_up_threads(r)
+        if busy:
+            self.on_uncached(busy)
         return [records[p.probe_id] for p in probes]
 
     def time_only(self, recipe: Recipe, probes: list[PlannedProbe], steps: int, on_alive=None) -> list[ProbeRecord]:
