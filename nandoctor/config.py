@@ -191,6 +191,10 @@ class Recipe:
     # The replay's own budget, counted from the timed result: an overrun is noted on the record, and the
     # verdict stays the timed steps' (timeout_s covers the timed steps only).
     forensics_timeout_s: float = 300.0
+    # The replay stops starting hooked steps once it has taken this many times the timed steps' own
+    # training time (its first step always runs): on a CPU that emulates the cell's dtype a replay to the
+    # failure cost as much again as the probe, and a compiled cell's eager replay can cost more.
+    forensics_share: float = 1.0
     # A grid re-times the cells speed decides between, back to back and interleaved (retime.py), in this
     # many rounds; 0: off (a CI run where speed is not the question), speed then comes from each cell's
     # own grid probe, and the report says so.
@@ -235,6 +239,7 @@ class Recipe:
             "timeout_s": self.timeout_s,
             "build_timeout_s": self.build_timeout_s,
             "forensics_timeout_s": self.forensics_timeout_s,
+            "forensics_share": self.forensics_share,
             "optimizer.lr": self.optimizer.lr,
             "data.batches": self.data.batches,
             "fp8.amax_history_len": self.fp8.amax_history_len,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import time
 
 from ..record import Step
 from .build import Setup
@@ -284,7 +285,15 @@ def gradient_underflow(model, batch, dtype_name: str, scale: float) -> dict:
 
 
 def hooked_steps(
-    model, s: Setup, grad_clip: float, n_steps: int, first_step: int = 0, watched=None, more=(), agree=None
+    model,
+    s: Setup,
+    grad_clip: float,
+    n_steps: int,
+    first_step: int = 0,
+    watched=None,
+    more=(),
+    agree=None,
+    deadline: float | None = None,
 ) -> dict:
     """Train n_steps through `train.train` with ModuleWatch and OptimizerWatch hung off it; stops after
     the first unrecoverable step. `model` is what the loop calls (s.model, a live run's training step,
@@ -292,7 +301,8 @@ def hooked_steps(
     (default: `model`). A parallel rank adds its own watches (`more`: each with end_step(step) ->
     events, and remove()) and `agree`, which makes its Step the probe's (the loss averaged over the
     ranks) so that every rank stops at the same step. Returns the events, the Steps (numbered from
-    first_step) and the largest |activation| and |gradient| per module."""
+    first_step) and the largest |activation| and |gradient| per module. Past `deadline` (a
+    time.perf_counter() reading) it starts no further step and records where it stopped (`stopped_at`)."""
     watched = model if watched is None else watched
     out = {"events": [], "steps": []}
     modules, opt = ModuleWatch(watched), OptimizerWatch(watched, s.optimizer)
@@ -305,7 +315,12 @@ def hooked_steps(
         events = modules.end_step(step.step) + [e for w in more for e in w.end_step(step.step)]
         out["events"] += events + ([{"step": step.step, **opt_event}] if opt_event else [])
         out["steps"].append(step)
-        return step.unrecoverable() is None
+        if step.unrecoverable() is not None:
+            return False
+        if deadline is not None and time.perf_counter() > deadline and len(out["steps"]) < n_steps:
+            out["stopped_at"] = step.step
+            return False
+        return True
 
     try:
         train(model, s, grad_clip, n_steps, on_step)

@@ -82,6 +82,7 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, ra
     rank replays its own rows on its wrapper, with its reduction watch, and stops where its peers do)."""
     t0 = time.perf_counter()
     n_steps = replayed_steps(spec, timed)
+    budget = spec.recipe.forensics_share * sum(st.time_s or 0.0 for st in timed.steps)
     s, out = restored(spec, s, snapshot, n_steps)
     if spec.cell.precision.compute != "float32":
         if ranks.underflow_note:
@@ -93,7 +94,15 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, ra
     try:
         out.update(
             hooked_steps(
-                ranks.model(s), s, spec.recipe.grad_clip, n_steps, watched=s.model, more=more, agree=ranks.agree
+                ranks.model(s),
+                s,
+                spec.recipe.grad_clip,
+                n_steps,
+                watched=s.model,
+                more=more,
+                agree=ranks.agree,
+                # ranks stop together (agree), never one of them alone on its own clock
+                deadline=t0 + budget if budget > 0 and ranks is ONE_PROCESS else None,
             )
         )
     finally:
@@ -101,6 +110,8 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, ra
             casts.remove()
     if casts:
         out["fp8"] = {"recipe": spec.cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
+    if "stopped_at" in out:
+        out["budget"] = {"share": spec.recipe.forensics_share, "seconds": budget, "stopped_at": out.pop("stopped_at")}
     return finished(spec, timed, ranks.mark(out), t0)
 
 

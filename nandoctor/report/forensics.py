@@ -206,6 +206,12 @@ def _replay_note(o: ProbeOutcome) -> str:
     # so only a real slowdown is worth a number.
     slower = f", hooked steps {over:.2f}x slower" if over and over >= 1 else ""
     text = f"{f['replayed_steps']} steps, {cost.get('seconds', 0):.1f} s{slower}"
+    budget = f.get("budget")
+    if budget:
+        text += (
+            f", stopped after step {budget['stopped_at']}: its budget ({budget['share']:g}x the timed steps' "
+            f"{budget['seconds']:.3g} s, --set forensics_share=...) ran out"
+        )
     return text + ("" if f.get("reproduced") else ", DID NOT reproduce the timed losses")
 
 

@@ -54,6 +54,7 @@ def data_stamp(recipe: dict) -> dict:
 LEGACY_SPEC = {"stop_on_nonfinite": True}
 NOT_NUMERICS = (
     "forensics_timeout_s",
+    "forensics_share",
     "build_timeout_s",
     "retime_rounds",
 )  # recipe fields that decide no number of the probe
