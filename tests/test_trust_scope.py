@@ -108,14 +108,14 @@ def test_grid_plans_the_sdpa_cell_of_a_class_that_refuses_it_unsupported_and_nev
 def test_scale_auto_probes_a_twin_when_the_full_model_fits_but_would_take_too_long():
     plan = plan_model(recipe_by_name("gemma-2-2b"), CPU_24G)  # 2.6B params: ~10 GiB to train, fits 24 GiB
     assert plan.scale == "probe" and plan.full_params > 2.5e9
-    assert "fits" not in plan.why and "a full-scale probe would take ~45 min for 50 steps" in plan.why
+    assert "fits" not in plan.why and "a full-scale probe would take at least 45 min for 50 steps" in plan.why
     assert "2.7 TFLOP per step at 50 GFLOP/s given" in plan.why and "over the 120 s budget" in plan.why
 
 
 def test_scale_auto_keeps_the_full_model_where_it_is_quick():
     plan = plan_model(recipe_by_name("gemma-2-2b"), H100)
     assert plan.scale == "full"
-    assert "a full-scale probe takes ~0.4" in plan.why and "Hopper tabled peak" in plan.why
+    assert "a full-scale probe takes at least 0.4" in plan.why and "Hopper tabled peak" in plan.why
     assert plan_model(resolve_model(None), CPU_24G).scale == "full"  # tiny-llama: quick anywhere
 
 
