@@ -120,3 +120,10 @@ def test_check_does_not_hold_a_grpo_loss_to_ln_vocab():
     sft.recipe = {"name": "tiny-llama", "objective": "sft"}
     checks = {name: ok for name, ok, _ in check_results(sft, 4096, True)}
     assert checks["initial loss near ln(vocab)"] is False  # a loss of 0 is far from ln(4096) = 8.3
+
+
+def test_check_shows_the_off_policy_rule_as_a_check():
+    checks = {name: ok for name, ok, _ in check_results(grpo("bf16-amp", BF16), 4096, True)}
+    assert checks["rollout log-probs match training"] is False
+    checks = {name: ok for name, ok, _ in check_results(grpo("fp16-amp", FP16), 4096, True)}
+    assert checks["rollout log-probs match training"] is True

@@ -913,6 +913,10 @@ def check_results(
     else:
         why = "real weights are not random-init" if objective(record) == "sft" else "a GRPO loss is no cross-entropy"
         out.append(("initial loss near ln(vocab)", True, f"skipped: {why}"))
+    if objective(record) != "sft":  # the off-policy verdict's rule, as a check
+        failed, m = rollout_failures(record.rollout_mismatch, t), record.rollout_mismatch or {}
+        said = f"mean |dlogp| {_fmt(_num(m.get('logp_diff_mean')))}, masked {_fmt(_num(m.get('masked_share')))}"
+        out.append(("rollout log-probs match training", not failed, "; ".join(failed) or said))
     if record.parallel:
         mismatch = parallel_verdict(record, t)
         got = record.parallel.get("grad_agreement") or {}
