@@ -131,6 +131,34 @@ class Thresholds:
       before it runs. Measured on a 2-core AMD EPYC with avx512_bf16 and no fp16 units: fp16 104x, bf16 0.5x;
       on one without AVX-512, bf16 cells trained ~8x slower than fp32 ones. A CPU with the units stays
       near 1x either way.
+
+    RL fine-tuning (objective=grpo, docs/rl.md): the rollout engine's log-probs of the sampled tokens against
+    the training path's (record.rollout_mismatch; the `off-policy` verdict). A completion's importance
+    ratio is exp(sum of its tokens' differences d), so what a per-token mismatch costs grows with the
+    completion's length; the probe samples a few tokens, the user's run thousands.
+    - rollout_ratio_cap: 3.0, TRL 1.16 GRPOConfig's vllm_importance_sampling_clip_max, above which its
+      default correction (vllm_importance_sampling_mode="sequence_mask") drops a completion from the loss
+      (huggingface/trl#3867, #4493; trl#4772 reports ratios exploding far past it).
+    - rollout_reference_tokens: the completion length the mismatch is judged at, 4096 (reasoning RL samples
+      completions of thousands of tokens; TRL's default max_completion_length is 256). A probe is off-policy
+      when mean |d| x 4096 > ln(3.0), i.e. mean |d| above 2.7e-4. mean |d| x length is sum |d|, the largest
+      |log ratio| a completion of that length can reach (every difference the same sign): inside the bound,
+      no 4096-token completion can reach TRL's cap whichever way its differences fall. It is a bound, not an
+      estimate: on tiny-llama here (random init, bf16-amp, 16 sequences) the differences were mostly
+      independent in sign, |sum d| / sum |d| per completion a median 0.17 at 16 tokens and 0.11 at 64
+      (a random walk's 1/sqrt(n)), largest 0.81 and 0.58; at that rate a 4096-token ratio would be about
+      exp(sqrt(4096) x rms d) = 1.07, not the bound's 21.6. The issue's peakier head (a trained policy is
+      peaky) spread bf16's ratios to 0.786-1.090 over 64 tokens, and Qi et al. ("Defeating the
+      Training-Inference Mismatch via FP16", arXiv 2510.26788) and Liu, Li et al. ("When Speed Kills
+      Stability", 2025) saw bf16's mismatch collapse real RL runs. Measured mean |d| (docs/rl.md): fp32
+      1.5e-7 (ratio bound at 4096 tokens 1.0006), fp16-amp 9.5e-5 (1.48), bf16-amp 7.5e-4 (21.6:
+      off-policy; at 1,000 tokens its bound would be 2.1 and pass). fp16's 8x finer rounding passes, bf16
+      fails: the order Qi et al. found.
+    - a probe whose own completions already crossed the cap (masked_share > 0: TRL's default correction
+      drops some of them at the probe's own length) is off-policy whatever the extrapolation says.
+    - rollout_bucket_nats: for ranking, mismatches whose log-ratio bounds at rollout_reference_tokens
+      (mean |d| x 4096) fall in the same 0.05-nat bucket (a 5% ratio) are equal, so speed decides between
+      them; fp32 cells all fall in the first (6e-4 nats).
     """
 
     min_scale: float = 1.0
@@ -174,6 +202,9 @@ class Thresholds:
     route_flip_share: float = 0.05
     emulated_cost: float = 4.0
     stall_update_lost: float = 0.5
+    rollout_ratio_cap: float = 3.0
+    rollout_reference_tokens: int = 4096
+    rollout_bucket_nats: float = 0.05
 
     def packing_bound(self, floor=None) -> float:
         """The largest logit difference a packed forward may show against its segments run alone."""
@@ -206,6 +237,19 @@ class Thresholds:
         """Whether an accumulated step-0 gradient's relative difference to the full batch's is beyond
         accumulation_bound (False for a figure that is absent or not finite)."""
         return _finite(error) and error > self.accumulation_bound(floor)
+
+    def rollout_log_ratio(self, logp_diff_mean) -> float | None:
+        """The bound on a completion's |log importance ratio| at rollout_reference_tokens tokens: mean |d|
+        times that length (None for a figure that is absent or not finite)."""
+        return logp_diff_mean * self.rollout_reference_tokens if _finite(logp_diff_mean) else None
+
+    def off_policy(self, logp_diff_mean, masked_share) -> list[str]:
+        """Why a rollout's mismatch is beyond the bounds: 'extrapolated' when the ratio bound at
+        rollout_reference_tokens leaves [1/cap, cap], 'masked' when some of the probe's own completions
+        crossed the cap; [] when neither (or nothing was measured)."""
+        bound = self.rollout_log_ratio(logp_diff_mean)
+        out = ["extrapolated"] if bound is not None and bound > math.log(self.rollout_ratio_cap) else []
+        return out + (["masked"] if _finite(masked_share) and masked_share > 0 else [])
 
     def unjudged(self, steps: int) -> list[str]:
         """The verdict rules a probe of `steps` training steps is too short to apply."""

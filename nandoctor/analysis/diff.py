@@ -23,7 +23,7 @@ from ..record import ProbeRecord, Step
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
 from .forensics import FINFO_EPS
-from .ranking import fidelity_bucket
+from .ranking import order_bucket
 from .run import ProbeOutcome, RunAnalysis
 from .verdicts import CRASH, STABLE, UNSUPPORTED
 
@@ -395,7 +395,7 @@ class RunDiff:
         if before == after or before not in now or after not in now:
             return False
         old, new = now[before], now[after]
-        if fidelity_bucket(old.fidelity, t) != fidelity_bucket(new.fidelity, t):
+        if order_bucket(old.fidelity, old.mismatch, t) != order_bucket(new.fidelity, new.mismatch, t):
             return False
         noise = [n for n in (throughput_noise(old.record), throughput_noise(new.record)) if n is not None]
         band = max(noise) if noise else t.throughput_noise

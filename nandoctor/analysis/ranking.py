@@ -2,7 +2,9 @@
 
 The order, best first:
 1. fidelity to the fp32 reference, in buckets (Thresholds.fidelity_bucket), so that near-equal
-   fidelity lets what follows decide;
+   fidelity lets what follows decide; for an RL probe (objective=grpo), whose loss is no fidelity, the
+   rollout's mismatch instead: its mean |dlogp| in buckets of the log-ratio bound it gives a long
+   completion (Thresholds.rollout_bucket_nats at rollout_reference_tokens);
 2. configurations no nandoctor rule flags before flagged ones;
 3. speed per device (a W-rank probe's tokens/s over W: the probe table's `tokens_per_s`), but only
    where it is told apart from noise (`compare_speed`). Two cells re-timed in the same interleaved
@@ -96,6 +98,23 @@ def fidelity_bucket(fidelity: float | None, t: Thresholds = THRESHOLDS) -> tuple
     if math.isnan(fidelity):
         return True, 0.0
     return False, float(math.floor(fidelity / t.fidelity_bucket)) if math.isfinite(fidelity) else fidelity
+
+
+def mismatch_bucket(mismatch: float | None, t: Thresholds = THRESHOLDS) -> tuple[bool, float]:
+    """The sort key of an RL probe's rollout mismatch (mean |dlogp|) in the ranking: (unknown, bucket) of
+    its log-ratio bound at rollout_reference_tokens, in rollout_bucket_nats steps; unknown sorts last."""
+    bound = t.rollout_log_ratio(mismatch) if isinstance(mismatch, (int, float)) else None
+    if bound is None:
+        return True, 0.0
+    return False, float(math.floor(bound / t.rollout_bucket_nats))
+
+
+def order_bucket(fidelity: float | None, mismatch: float | None, t: Thresholds = THRESHOLDS) -> tuple:
+    """The first sort key of the ranking: the mismatch bucket where an RL probe measured one, else the
+    fidelity bucket."""
+    if isinstance(mismatch, (int, float)) and not math.isnan(mismatch):
+        return mismatch_bucket(mismatch, t)
+    return fidelity_bucket(fidelity, t)
 
 
 def _number(row, column: str, default: float) -> float:
@@ -266,7 +285,8 @@ def rank(
     margin: float | None = None,
 ) -> pd.DataFrame:
     """The rows of `table` best first, with a `speed_class` column (0 for the fastest class of each
-    fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity,
+    fidelity bucket; rows of one class are equally fast within their noise). Columns read: fidelity (or
+    rollout_logp_diff where an RL probe measured it: order_bucket),
     tokens_per_s (per device), peak_memory_bytes; optionally tokens_per_s_q1 / _q3 (the spread), flags,
     retimed (the re-timed rows of a bucket rank ahead of the others) and the cell's dtype / attn /
     compile / optimizer (the tie order). rounds: the re-timed probes' median tokens/s per interleaved
@@ -278,7 +298,8 @@ def rank(
     groups: dict[tuple, list] = {}
     for i in table.index:
         fidelity = rows[i].get("fidelity") if hasattr(rows[i], "get") else None
-        groups.setdefault((fidelity_bucket(fidelity, t), bool(flags[i])), []).append(i)
+        mismatch = rows[i].get("rollout_logp_diff") if hasattr(rows[i], "get") else None
+        groups.setdefault((order_bucket(fidelity, mismatch, t), bool(flags[i])), []).append(i)
     order, classes = [], {}
     for key in sorted(groups):
         # The re-timed rows of a bucket come first: they were its leaders when the re-timing chose them,

@@ -15,9 +15,9 @@ from ..run.store import BISECT_FILE, RETIME_FILE, ROUNDTRIP_FILE, ResultsStore
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary, unpaired_margin
-from .ranking import SpeedComparison, compare_speed, fidelity_bucket, paired_ratios, rank, retime_candidates, tie_key
+from .ranking import SpeedComparison, compare_speed, order_bucket, paired_ratios, rank, retime_candidates, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
-from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts
+from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts, objective
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -40,6 +40,14 @@ class ProbeOutcome:
     # a mixture of experts: the share of step 0's token -> expert choices that differ from its fp32
     # reference's (verdicts.route_flips); None for a dense model, a reference, or none to compare with
     route_flips: float | None = None
+
+    @property
+    def mismatch(self) -> float | None:
+        """An RL probe's mean |dlogp| between its rollout and its training path (record.rollout_mismatch):
+        what it is ranked by, in place of a loss fidelity; None for an sft probe or none measured."""
+        if objective(self.record) == "sft":
+            return None
+        return (self.record.rollout_mismatch or {}).get("logp_diff_mean")
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -209,11 +217,13 @@ PROBE_COLUMNS = {
     "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
     "seed": "the probe's seed",
     "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, no-target, "
-    "expert-collapse, grad-mismatch, crash, oom, timeout, killed or unsupported",
+    "expert-collapse, off-policy, grad-mismatch, crash, oom, timeout, killed or unsupported",
     "step": "the failing step (the first step the verdict is about); NA when none",
     "reason": "the verdict's one-line reason",
     "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%); "
-    "NA when no fp32 probe trained stably (drift not judged)",
+    "NA when no fp32 probe trained stably (drift not judged), and for objective=grpo (its loss is no fidelity)",
+    "rollout_logp_diff": "objective=grpo: the mean |dlogp| between the rollout's and the training path's "
+    "log-probs of the sampled tokens (rollout_mismatch), what the ranking orders by; NA for sft",
     "world_size": "the devices (ranks) the probe trained on: 1 for one process",
     "tokens_per_s": "median tokens/s per device over the steady steps (the probe's over its world_size): "
     "what the ranking compares; the re-timed figure when `retimed`",
@@ -251,6 +261,7 @@ def probe_table(outcomes: list[ProbeOutcome]) -> pd.DataFrame:
             "step": o.verdict.step,
             "reason": o.verdict.reason,
             "fidelity": o.fidelity,
+            "rollout_logp_diff": o.mismatch,
             "world_size": o.devices,
             "tokens_per_s": o.tokens_per_s,
             "tokens_per_s_q1": o.throughput.q1 if o.throughput else None,
@@ -284,7 +295,7 @@ def grid_speed(o: ProbeOutcome) -> tuple[float, float, float]:
 
 
 def same_bucket(a: ProbeOutcome, b: ProbeOutcome) -> bool:
-    return fidelity_bucket(a.fidelity) == fidelity_bucket(b.fidelity)
+    return order_bucket(a.fidelity, a.mismatch) == order_bucket(b.fidelity, b.mismatch)
 
 
 def configuration(record: ProbeRecord) -> tuple:
@@ -338,7 +349,7 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
             ProbeOutcome(
                 r,
                 v,
-                references.fidelity(r, v),
+                references.fidelity(r, v) if objective(r) == "sft" else None,
                 throughput,
                 references.of(r),
                 flags_of(r, findings),

@@ -33,6 +33,9 @@ NO_TARGET = "no-target"
 # none, or one takes nearly every token (record.moe), whatever the loss does
 EXPERT_COLLAPSE = "expert-collapse"
 GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not the one-process gradient
+# an RL probe (objective=grpo) whose rollout log-probs are too far from the training path's for its
+# completions' importance ratios to stay inside TRL's cap (record.rollout_mismatch; Thresholds.off_policy)
+OFF_POLICY = "off-policy"
 HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
 # Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
 # of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
@@ -567,6 +570,43 @@ def no_learning(
     return None
 
 
+def objective(record: ProbeRecord) -> str:
+    """The probe's training objective (recipe field objective): sft, or grpo."""
+    return (record.recipe or {}).get("objective") or "sft"
+
+
+def rollout_failures(mismatch: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
+    """One clause per way an RL probe's rollout mismatch (record.rollout_mismatch) is beyond the bounds
+    (Thresholds.off_policy), each with its figures; [] when inside them or not measured."""
+    m = mismatch or {}
+    mean, masked, cap = m.get("logp_diff_mean"), m.get("masked_share"), t.rollout_ratio_cap
+    out = []
+    for cause in t.off_policy(mean, masked):
+        if cause == "extrapolated":
+            bound, n = t.rollout_log_ratio(mean), t.rollout_reference_tokens
+            out.append(
+                f"mean |dlogp| {mean:.2e} between rollout and training: a {n}-token completion whose "
+                f"differences share a sign has an importance ratio of exp({bound:.3g}) = "
+                f"{_fmt(math.exp(min(bound, 700)))}, beyond TRL's sequence cap {cap:g} "
+                f"(mean |dlogp| up to {math.log(cap) / n:.2g} stays inside)"
+            )
+        else:
+            ratio = (m.get("ratio") or {}).get("max")
+            out.append(
+                f"{_fmt(masked * 100)}% of the probe's own {m.get('sequences', '?')} completions "
+                f"({m.get('tokens', '?')} tokens) have a ratio above {cap:g} (largest {_fmt(_num(ratio))}): "
+                "TRL's default sequence mask drops them"
+            )
+    return out
+
+
+def rollout_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict | None:
+    """`off-policy` when an RL probe's rollout mismatch is beyond the bounds (rollout_failures), else None."""
+    failed = rollout_failures(record.rollout_mismatch, t) if objective(record) != "sft" else []
+    fix = "; fp16 (fp16-amp) rounds 8x finer than bf16, and an importance-sampling correction bounds the rest"
+    return Verdict(OFF_POLICY, "; ".join(failed) + fix, 0) if failed else None
+
+
 def classify(
     record: ProbeRecord,
     reference: list[Step] | None = None,
@@ -582,6 +622,8 @@ def classify(
     first = harness_verdict(record) or parallel_verdict(record, t) or setup_verdict(record, t)
     if first:
         return first
+    if objective(record) != "sft":  # a GRPO loss is no fidelity figure: the rollout mismatch is judged instead
+        reference = None
     v = numeric_verdict(
         record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record), against=against
     )
@@ -595,6 +637,8 @@ def classify(
     v = stall_verdict(record, v, t)
     flips = route_flips((record.moe or {}).get("step0_choices"), routes)
     v = router_verdict(record, t) or routing_cause(v, flips, t)
+    if v.name == STABLE:
+        v = rollout_verdict(record, t) or v
     unjudged = collapse_unjudged(record.moe, t) if v.name == STABLE else None
     return Verdict(v.name, f"{v.reason}; {unjudged}", v.step) if unjudged else v
 
@@ -863,7 +907,7 @@ def check_results(
                 "; ".join(setup) or setup_passed(record.setup_checks),
             )
         )
-    if random_init:
+    if random_init and objective(record) == "sft":
         expected = math.log(vocab)
         band = max(t.init_loss_band_nats, t.init_loss_band_rel * expected)
         ok = math.isfinite(s0.loss) and abs(s0.loss - expected) <= band
@@ -875,7 +919,12 @@ def check_results(
             )
         )
     else:
-        out.append(("initial loss near ln(vocab)", True, "skipped: real weights are not random-init"))
+        why = "real weights are not random-init" if objective(record) == "sft" else "a GRPO loss is no cross-entropy"
+        out.append(("initial loss near ln(vocab)", True, f"skipped: {why}"))
+    if objective(record) != "sft":  # the off-policy verdict's rule, as a check
+        failed, m = rollout_failures(record.rollout_mismatch, t), record.rollout_mismatch or {}
+        said = f"mean |dlogp| {_fmt(_num(m.get('logp_diff_mean')))}, masked {_fmt(_num(m.get('masked_share')))}"
+        out.append(("rollout log-probs match training", not failed, "; ".join(failed) or said))
     if record.parallel:
         mismatch = parallel_verdict(record, t)
         got = record.parallel.get("grad_agreement") or {}

@@ -62,6 +62,25 @@ def fidelity_text(o: ProbeOutcome) -> str:
     return fmt_fidelity(o.fidelity)
 
 
+def fmt_mismatch(x: float | None) -> str:
+    """An RL probe's mean |dlogp| as written in its section (7.47e-04)."""
+    x = as_float(x)
+    return f"{x:.2e}" if x is not None else "-"
+
+
+def closeness(o: ProbeOutcome) -> str:
+    """What a ranked probe is ordered by, in words: its rollout mismatch for an RL probe ('rollout mean
+    |dlogp| 7.47e-04'), else its fidelity to fp32 ('fidelity 0.012%')."""
+    if o.mismatch is not None:
+        return f"rollout mean |dlogp| {fmt_mismatch(o.mismatch)}"
+    return f"fidelity {fidelity_text(o)}"
+
+
+def closeness_column(a: RunAnalysis) -> str:
+    """The ranking table's column of what orders it: the rollout mismatch in an RL run, else fidelity."""
+    return "rollout mean |dlogp|" if any(o.mismatch is not None for o in a.ranking) else "fidelity vs fp32"
+
+
 def reference_lines(a: RunAnalysis) -> list[str]:
     """What the reports say first about the fp32 reference: which probe stood in for a failed fp32/eager,
     or that drift was not judged and why (analysis RunAnalysis.references)."""
@@ -163,7 +182,9 @@ def ranking_rows(a: RunAnalysis) -> list[dict]:
         {
             "rank": i + 1,
             "config": ("★ " if o.probe_id in starred else "") + label(o),
-            "fidelity vs fp32": "not judged"
+            closeness_column(a): fmt_mismatch(o.mismatch)
+            if o.mismatch is not None
+            else "not judged"
             if o.fidelity is None and o.reference is None
             else fmt_fidelity(o.fidelity),
             "grid tokens/s": timing.grid_text(o) + per_device(o),
@@ -256,7 +277,7 @@ def hardware_line(a: RunAnalysis, hardware: str) -> str:
     flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
     return (
         f"Recommended on {hardware}: {label(rec)} "
-        f"(fidelity {fmt_fidelity(rec.fidelity)}, {timing.grid_text(rec)} tokens/s{per_device(rec)}, "
+        f"({closeness(rec)}, {timing.grid_text(rec)} tokens/s{per_device(rec)}, "
         f"peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
     )
 
@@ -277,19 +298,19 @@ def headline(a: RunAnalysis) -> list[str]:
                 lines.append(
                     f"Fastest stable on {h}: {label(fast_here)} ({timing.grid_text(fast_here)} tokens/s"
                     f"{per_device(fast_here)}, "
-                    f"fidelity {fidelity_text(fast_here)})"
+                    f"{closeness(fast_here)})"
                 )
         lines += timing.speed_lines(a)
     elif rec:
         flagged = f"; flagged by {', '.join(rec.flags)}" if rec.flags else ""
         lines.append(
-            f"Recommended: {label(rec)} (fidelity {fidelity_text(rec)}, {timing.grid_text(rec)} tokens/s"
+            f"Recommended: {label(rec)} ({closeness(rec)}, {timing.grid_text(rec)} tokens/s"
             f"{per_device(rec)}, peak {fmt_bytes(rec.peak_memory_bytes)}{flagged})"
         )
         if fast is not rec:
             lines.append(
                 f"Fastest stable: {label(fast)} "
-                f"({timing.grid_text(fast)} tokens/s{per_device(fast)}, fidelity {fidelity_text(fast)})"
+                f"({timing.grid_text(fast)} tokens/s{per_device(fast)}, {closeness(fast)})"
             )
         lines += timing.speed_lines(a)
     else:

@@ -107,6 +107,7 @@ def probe_card(o: ProbeOutcome) -> dict:
     rate = common.shown_rate(o)
     facts = (
         ([f"fidelity {common.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else [])
+        + ([f"rollout mean |dlogp| {common.fmt_mismatch(o.mismatch)}"] if o.mismatch is not None else [])
         + ([f"{common.fmt_rate(rate)} tokens/s"] if rate else [])
         + [f"peak {common.fmt_bytes(o.peak_memory_bytes)}"]
     )

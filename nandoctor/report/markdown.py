@@ -132,7 +132,7 @@ def matrix_section(a: RunAnalysis) -> list[str]:
         parts += [f"{p['caption']}:", "", _table(rows), ""]
     if panels:
         parts += [
-            "★ recommended · ✅ stable: fidelity vs fp32, tokens/s · ❌ failed: verdict and step "
+            f"★ recommended · ✅ stable: {common.closeness_column(a)}, tokens/s · ❌ failed: verdict and step "
             "· – not run on this device",
             "",
         ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..analysis.run import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import STABLE, UNSUPPORTED
 from ..cells import AXES, HARDWARE_AXES, Cell
-from .common import fmt_fidelity, label, recommended_ids
+from .common import fmt_fidelity, fmt_mismatch, label, recommended_ids
 from .forensics import forensics_of, headroom_applies, tightest_line
 from .timing import grid_text
 
@@ -26,6 +26,7 @@ VERDICT_COLORS = {
     "no-learning": ("#d9d2c5", "#4a3f2a"),
     "misconfigured": ("#b9d3f0", "#0f3a66"),
     "expert-collapse": ("#a9e0dc", "#0c4a45"),
+    "off-policy": ("#f5c6a5", "#6a2e0a"),
     "no-target": ("#d6e9e4", "#1f4a40"),
     "nonfinite": ("#f29a9a", "#6d0f0f"),
     "crash": ("#c98bd6", "#3f0a4d"),
@@ -66,7 +67,8 @@ def _cell(a: RunAnalysis, probes: list[ProbeOutcome], recommended: set[str], fas
     o = _representative(probes)
     v = o.verdict
     if v.name == STABLE:
-        lines = [fmt_fidelity(o.fidelity), f"{grid_text(o)} tok/s" + ("/device" if o.devices > 1 else "")]
+        shown = f"|dlogp| {fmt_mismatch(o.mismatch)}" if o.mismatch is not None else fmt_fidelity(o.fidelity)
+        lines = [shown, f"{grid_text(o)} tok/s" + ("/device" if o.devices > 1 else "")]
     elif v.name == UNSUPPORTED:
         lines = ["not run here"]
     else:

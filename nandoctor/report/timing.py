@@ -73,6 +73,11 @@ def per_device_legend(a: RunAnalysis) -> str | None:
     )
 
 
+def _bucket(a: RunAnalysis) -> str:
+    """What the ranking's first buckets hold: the rollout mismatch in an RL run, else fidelity."""
+    return "mismatch" if any(o.mismatch is not None for o in a.ranking) else "fidelity"
+
+
 def order_sentence(a: RunAnalysis) -> str:
     """How the ranking orders, with the speed margin this run's grid figures were compared with."""
     quiet = _pct(THRESHOLDS.speed_margin)
@@ -81,9 +86,17 @@ def order_sentence(a: RunAnalysis) -> str:
         if a.loaded
         else quiet
     )
+    t = THRESHOLDS
+    first = (
+        "Ordered by the rollout's mismatch (mean |dlogp| between the rollout's and the training path's log-probs, "
+        f"in buckets of {t.rollout_bucket_nats:g} nats of the importance-ratio bound it gives a "
+        f"{t.rollout_reference_tokens}-token completion)"
+        if any(o.mismatch is not None for o in a.ranking)
+        else "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
+        f"{_pct(t.fidelity_bucket)} buckets)"
+    )
     return (
-        "Ordered by fidelity to the fp32/eager reference (mean relative loss error, in "
-        f"{_pct(THRESHOLDS.fidelity_bucket)} buckets), then configurations no nandoctor rule flags, then tokens/s "
+        f"{first}, then configurations no nandoctor rule flags, then tokens/s "
         "per device, where one is faster beyond the noise: re-timed configurations when they are faster by more "
         f"than {quiet} at the one-sided 95% lower bound of their per-round ratio, the others when their median "
         f"is higher by more than {margin} and beyond both interquartile ranges (otherwise they count as equally "
@@ -256,7 +269,8 @@ def why_line(a: RunAnalysis) -> str | None:
     ties, how = a.speed_ties, _how_measured(a, rec)
     if not ties:
         return (
-            f"Why: {shared} configurations share the top fidelity bucket; it is the fastest beyond the noise ({how})."
+            f"Why: {shared} configurations share the top {_bucket(a)} bucket; it is the fastest beyond the noise "
+            f"({how})."
         )
     words = (
         "as fast as"
@@ -266,7 +280,7 @@ def why_line(a: RunAnalysis) -> str | None:
     names = [o.probe_id for o in ties]
     who = ", ".join(names) if len(names) <= 2 else f"{names[0]}, {names[1]} and {len(names) - 2} more"
     return (
-        f"Why: {shared} configurations share the top fidelity bucket; it is {words} {who} ({how}) "
+        f"Why: {shared} configurations share the top {_bucket(a)} bucket; it is {words} {who} ({how}) "
         "and first in the fixed tie order."
     )
 
@@ -295,7 +309,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     if a.timing and a.timing.get("stopped") == "over budget":
         t = a.timing
         lines.append(
-            f"{sharing(a)} configurations share the top fidelity bucket, so speed decides "
+            f"{sharing(a)} configurations share the top {_bucket(a)} bucket, so speed decides "
             f"between them; {', '.join(t['cells'])} were not re-timed back to back: {t['min_rounds']} interleaved "
             f"rounds would take about {t['estimate_s']:.1f} s, more than the re-timing's budget of {budget_text(t)}. "
             "Each speed is its own grid probe's."
@@ -311,12 +325,13 @@ def speed_lines(a: RunAnalysis) -> list[str]:
                 else f"the other {rest} rank after them, on their grid probes"
             )
             lines.append(
-                f"{shared} configurations share the top fidelity bucket, so speed decides between them: "
+                f"{shared} configurations share the top {_bucket(a)} bucket, so speed decides between them: "
                 f"{_chosen_text(a)} {how}; {after}."
             )
         else:
             lines.append(
-                f"{timed} configurations share the top fidelity bucket, so speed decides between them: they were {how}."
+                f"{timed} configurations share the top {_bucket(a)} bucket, so speed decides between them: "
+                f"they were {how}."
             )
         unresolved = unresolved_line(a)
         if unresolved:
@@ -324,7 +339,7 @@ def speed_lines(a: RunAnalysis) -> list[str]:
     elif (a.meta.recipe or {}).get("retime_rounds") == 0:
         if sharing(a):
             lines.append(
-                f"{sharing(a)} configurations share the top fidelity bucket, so speed decides between them; "
+                f"{sharing(a)} configurations share the top {_bucket(a)} bucket, so speed decides between them; "
                 "they were not re-timed back to back (retime_rounds=0): each speed is its own grid probe's, "
                 "timed under whatever load there was then."
             )
