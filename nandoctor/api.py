@@ -31,7 +31,7 @@ from .userdata.rows import readable_rows
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
     from .analysis.diff import RunDiff
-    from .analysis.run import RunAnalysis
+    from .analysis.outcomes import RunAnalysis
 
 
 @dataclass
@@ -140,7 +140,7 @@ def run_dir_of(path) -> Path:
 def baseline_analysis(path) -> RunAnalysis:
     """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before
     any probe runs."""
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
 
     run_dir = run_dir_of(path)
     analysis = analyze(run_dir)
@@ -155,7 +155,7 @@ def diff_runs(baseline, current, out=None) -> RunDiff:
     """Compare run `current` with run `baseline` (directories or their summary.json); with `out`, write
     diff.md, diff.html and diff.json there. The Markdown goes to $GITHUB_STEP_SUMMARY when it is set."""
     from .analysis.diff import compare_runs
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
     from .report import write_diff
     from .report.diff import render_diff_markdown
 
@@ -233,7 +233,7 @@ def roundtrip_recommended(session: Session, recipe: Recipe) -> None:
     """The grid's recommended cell trained again with the grid's steps, then merged, saved and reloaded
     (child/roundtrip.py), its figures in roundtrip.json; the analysis judges them. No forensics replay: the
     round trip runs on the model the timed steps left. Nothing when no cell is recommended."""
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
 
     best = analyze(session.dir).recommended
     if best is None:
@@ -369,7 +369,7 @@ def render_run(run_dir, baseline=None) -> RunAnalysis:
     that could not be written is named in analysis.unwritten (one line each); the others are written
     all the same."""
     from .analysis.diff import compare_runs
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
     from .report import write_reports
 
     analysis = analyze(run_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .analysis.run import ProbeOutcome, RunAnalysis, analyze
+from .analysis.outcomes import ProbeOutcome, RunAnalysis, analyze
 from .errors import NandoctorError
 
 

@@ -5,8 +5,8 @@ render the reports.
 
 from __future__ import annotations
 
+from ..analysis.outcomes import RunAnalysis
 from ..analysis.ranking import tokens_per_s
-from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import Listener, open_session, render_run, resumable
 from ..capabilities import cell_support

@@ -6,19 +6,17 @@ from __future__ import annotations
 import dataclasses
 
 from ..analysis.verdicts import FAIL_ON
-from .common import (
+from .args import (
     MODEL_FLAGS,
     add_executor_args,
     add_jobs_arg,
     add_model_args,
     examples,
     executor_from_args,
-    finish,
-    listener,
     recipe_from_args,
     refuse_with_resume,
-    say,
 )
+from .lines import finish, listener, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 

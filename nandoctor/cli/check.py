@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
-from .common import add_model_args, examples, finish, listener, recipe_from_args
+from .args import add_model_args, examples, recipe_from_args
+from .lines import finish, listener
 
 
 def register(sub) -> None:

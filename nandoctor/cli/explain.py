@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import examples
+from .args import examples
 
 
 def register(sub) -> None:

@@ -6,19 +6,17 @@ from ..analysis.verdicts import UNSUPPORTED
 from ..api import resume_grid, run_grid
 from ..cells import parse_axis_flag
 from ..run.cache import ProbeCache, default_cache_dir
-from .common import (
+from .args import (
     MODEL_FLAGS,
     add_executor_args,
     add_jobs_arg,
     add_model_args,
     examples,
     executor_from_args,
-    finish,
-    listener,
     recipe_from_args,
     refuse_with_resume,
-    say,
 )
+from .lines import finish, listener, say
 
 
 def register(sub) -> None:
