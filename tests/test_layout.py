@@ -38,7 +38,7 @@ LAYERS = (
     ("child", {"nandoctor.child"}),
     ("run", {"nandoctor.run"}),
     ("analysis", {"nandoctor.analysis"}),
-    ("around", {"nandoctor.report", "nandoctor.retime", "nandoctor.explain", "nandoctor.doctor"}),
+    ("around", {"nandoctor.report", "nandoctor.retime", "nandoctor.doctor"}),
     ("api", {"nandoctor.api", "nandoctor.integrations"}),
     ("bisect", {"nandoctor.bisect"}),
     ("cli", {"nandoctor.cli"}),

@@ -1,11 +1,12 @@
 """Arguments several subcommands share: which model, which recipe, narrow overrides, where probes run;
-and the recipe and executor they describe."""
+and the recipe, executor and run options they describe."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ..api import Listener, ProbeCache, RunOptions
 from ..config import OBJECTIVES, SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
@@ -132,6 +133,22 @@ def executor_from_args(args) -> ExecutorConfig:
             f"with --executor {executor.kind} pass --executor-opt parallel={args.jobs}"
         )
     return executor
+
+
+def options_from_args(args, listener: Listener) -> RunOptions:
+    """The run options the flags describe, built once: --out, --steps, and where the subcommand has them
+    --jobs, --cold, --cache, --executor / --executor-opt, --baseline and --roundtrip."""
+    return RunOptions(
+        out=args.out,
+        jobs=getattr(args, "jobs", None),
+        steps=args.steps,
+        warm=not getattr(args, "cold", False),
+        cache=ProbeCache() if getattr(args, "cache", False) else None,
+        executor=executor_from_args(args) if hasattr(args, "executor") else None,
+        listener=listener,
+        baseline=getattr(args, "baseline", None),
+        roundtrip=getattr(args, "roundtrip", False),
+    )
 
 
 def recipe_from_args(args) -> Recipe:
