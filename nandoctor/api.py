@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .analysis.verdicts import FAIL_ON as FAIL_ON
+from .analysis.verdicts import UNSUPPORTED as UNSUPPORTED
 from .analysis.verdicts import References, check_results, roundtrip_check
 from .capabilities import cell_support
 from .cells import Cell
@@ -21,8 +21,11 @@ from .errors import NandoctorError
 from .executors import ExecutorConfig, with_hardware
 from .plan import PlannedProbe, plan_grid, quantized_without_adapter
 from .record import ModelPlan, ProbeRecord
-from .run.cache import ProbeCache
+from .run.cache import ProbeCache as ProbeCache
+from .run.cache import default_cache_dir as default_cache_dir
 from .run.fingerprint import environment_key
+from .run.options import Listener as Listener
+from .run.options import RunOptions, run_options
 from .run.rundir import kept_device
 from .run.session import Session
 from .run.store import ROUNDTRIP_FILE, RUN_FILE, ResultsStore
@@ -31,36 +34,7 @@ from .userdata.rows import readable_rows
 
 if TYPE_CHECKING:  # the analysis imports pandas: open_session loads it while the workers import torch
     from .analysis.diff import RunDiff
-    from .analysis.run import RunAnalysis
-
-
-@dataclass
-class Listener:
-    """What a run tells its caller while it goes; every hook is optional.
-
-    opened(run_dir): at once, when the run directory is chosen (before the device facts and the model plan);
-    started(run_dir, plan, warnings): once the model is planned, before any probe runs;
-    probe(done, planned, record, verdict): each record as it is kept, judged against the references so far;
-    alive(probe_id, elapsed_s, step): every HEARTBEAT_S while a probe runs (step: its last step as a dict, or None);
-    queue(queued, running, done, job_ids, queue_wait, retries): a scheduler's queue as it changes (slurm, ray);
-    retiming(news): what a grid's re-timing of its leading cells does, a retime.RetimeNews: before its first
-      rounds, before each two added, while a round runs (at least every 10 s), or that it re-times nothing;
-    stale(probe_ids): a resumed run reruns these recorded probes, whose inputs changed since;
-    note(line): before the first probe of a compute dtype this CPU emulates, that dtype and its measured cost
-      (capabilities.emulated_notes);
-    uncached({probe_id: 'T of P'}): --cache kept none of these probes, each trained with T of its P planned
-      CPU threads while other processes held cores.
-    """
-
-    opened: Callable | None = None
-    started: Callable | None = None
-    probe: Callable | None = None
-    alive: Callable | None = None
-    queue: Callable | None = None
-    retiming: Callable | None = None
-    stale: Callable | None = None
-    note: Callable | None = None
-    uncached: Callable | None = None
+    from .analysis.outcomes import ProbeOutcome, RunAnalysis
 
 
 class Progress:
@@ -80,25 +54,17 @@ class Progress:
             self.progress(self.done, self.planned, record, self.references.judge(record))
 
 
-def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session_args) -> tuple[Session, Progress]:
-    """A prepared Session whose records and heartbeats go to the listener, which hears about the run
-    directory at once and about the model plan once it is made."""
-    listener = listener or Listener()
+def open_session(
+    kind: str, recipe: Recipe, options: RunOptions, plan: ModelPlan | None = None, resume: bool = False
+) -> tuple[Session, Progress]:
+    """A prepared Session whose records and heartbeats go to the options' listener, which hears about the
+    run directory at once and about the model plan once it is made."""
+    listener = options.hooks()
     judge = Progress(listener.probe)
-    if recipe.data.source == "file" and not session_args.get("resume"):
+    if recipe.data.source == "file" and not resume:
         # unreadable rows are the user's error, said at once: before the session starts its first worker
         readable_rows(recipe)
-    session = Session(
-        kind,
-        recipe,
-        on_record=judge,
-        on_alive=listener.alive,
-        on_queue=listener.queue,
-        on_stale=listener.stale,
-        on_note=listener.note,
-        on_uncached=listener.uncached,
-        **session_args,
-    )
+    session = Session(kind, recipe, options, on_record=judge, plan=plan, resume=resume)
     try:
         if listener.opened:
             listener.opened(session.dir)
@@ -107,7 +73,7 @@ def open_session(kind: str, recipe: Recipe, listener: Listener | None, **session
         session.prepare()
         # the user's rows are linted before any probe (stored in run.json's "data"); a run goes on either
         # way, and its probes show the consequences
-        session.data_lint = None if session_args.get("resume") else judge_lint(session.lint())
+        session.data_lint = None if resume else judge_lint(session.lint())
         session.warnings += lint_lines(session.data_lint)
         if listener.started:
             listener.started(session.dir, session.plan, session.warnings)
@@ -144,7 +110,7 @@ def run_dir_of(path) -> Path:
 def baseline_analysis(path) -> RunAnalysis:
     """The analysis of a --baseline run; a path that is not a readable run is the user's error, said before
     any probe runs."""
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
 
     run_dir = run_dir_of(path)
     analysis = analyze(run_dir)
@@ -155,11 +121,27 @@ def baseline_analysis(path) -> RunAnalysis:
     return analysis
 
 
+def explain_run(run_dir, probe_id: str | None = None) -> tuple[RunAnalysis, list[ProbeOutcome]]:
+    """What `nandoctor explain` shows: the run's analysis and the outcome of `probe_id` (a probe id such as
+    'fp16-amp/sdpa/off'), or of every probe that ran when it is None. An unknown id is the user's error."""
+    from .analysis.outcomes import analyze
+
+    analysis = analyze(run_dir)
+    ran = [o for o in analysis.outcomes if o.verdict.name != UNSUPPORTED]
+    if probe_id is None:
+        return analysis, ran
+    chosen = [o for o in analysis.outcomes if o.probe_id == probe_id]
+    if not chosen:
+        known = ", ".join(o.probe_id for o in analysis.outcomes) or "none"
+        raise NandoctorError(f"no probe {probe_id!r} in {run_dir}; its probes: {known}")
+    return analysis, chosen
+
+
 def diff_runs(baseline, current, out=None) -> RunDiff:
     """Compare run `current` with run `baseline` (directories or their summary.json); with `out`, write
     diff.md, diff.html and diff.json there. The Markdown goes to $GITHUB_STEP_SUMMARY when it is set."""
     from .analysis.diff import compare_runs
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
     from .report import write_diff
     from .report.diff import render_diff_markdown
 
@@ -175,39 +157,19 @@ def diff_runs(baseline, current, out=None) -> RunDiff:
     return d
 
 
-def run_grid(
-    recipe: Recipe,
-    axes: dict | None = None,
-    steps: int | None = None,
-    jobs: int | None = None,
-    out=None,
-    listener: Listener | None = None,
-    device: DeviceFacts | dict | None = None,
-    warm: bool = True,
-    cache: ProbeCache | None = None,
-    baseline=None,
-    executor: ExecutorConfig | None = None,
-    roundtrip: bool = False,
-) -> RunAnalysis:
+def run_grid(recipe: Recipe, axes: dict | None = None, options: RunOptions | None = None, **settings) -> RunAnalysis:
     """Probe every cell of the grid; returns the analysis of the finished run (reports written).
-    baseline: a run directory to compare with (analysis.comparison, diff.* reports, exit code);
-    executor: where the probes run (this machine's slots by default, or a SLURM / Ray cluster);
-    roundtrip: the recommended cell is trained once more and merged, saved and reloaded (roundtrip.json)."""
-    if baseline is not None:
-        baseline_analysis(baseline)
-    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(axes or {})})
-    session, judge = open_session(
-        "grid",
-        recipe,
-        listener,
-        out=out,
-        jobs=jobs,
-        steps=steps,
-        device=device,
-        warm=warm,
-        cache=cache,
-        executor=executor,
-    )
+    options (a RunOptions), or its fields by name as keywords (steps=, jobs=, out=, listener=, device=,
+    warm=, cache=, executor=): how the run goes; its baseline: a run directory to compare with
+    (analysis.comparison, diff.* reports, exit code); its executor: where the probes run (this machine's
+    slots by default, or a SLURM / Ray cluster); roundtrip: the recommended cell is trained once more and
+    merged, saved and reloaded (roundtrip.json)."""
+    options = run_options(options, **settings)
+    if options.baseline is not None:
+        baseline_analysis(options.baseline)
+    executor = with_hardware(options.executor or ExecutorConfig(), {**recipe.axes, **(axes or {})})
+    # the grid's own probes are not round-tripped: its recommended cell is, afterwards
+    session, judge = open_session("grid", recipe, dataclasses.replace(options, executor=executor, roundtrip=False))
     with session:
         probes = plan_grid(recipe, session.device, axes, session.devices)
         runnable = [p.cell for p in probes if not p.unsupported]
@@ -221,23 +183,23 @@ def run_grid(
         )
         session.start(
             len(probes),
-            {"axes": axes or {}, "doctor": doctor, "baseline": _path(baseline), "data": session.data_lint},
+            {"axes": axes or {}, "doctor": doctor, "baseline": _path(options.baseline), "data": session.data_lint},
         )
         judge.planned = len(probes)
         session.run(recipe, probes)
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
 
-        retime_leaders(session, recipe, (listener or Listener()).retiming)
-        if roundtrip:
+        retime_leaders(session, recipe, options.hooks().retiming)
+        if options.roundtrip:
             roundtrip_recommended(session, recipe)
-    return render_run(session.dir, baseline)
+    return render_run(session.dir, options.baseline)
 
 
 def roundtrip_recommended(session: Session, recipe: Recipe) -> None:
     """The grid's recommended cell trained again with the grid's steps, then merged, saved and reloaded
     (child/roundtrip.py), its figures in roundtrip.json; the analysis judges them. No forensics replay: the
     round trip runs on the model the timed steps left. Nothing when no cell is recommended."""
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
 
     best = analyze(session.dir).recommended
     if best is None:
@@ -255,37 +217,19 @@ def _path(baseline) -> str | None:
     return str(run_dir_of(baseline).resolve()) if baseline is not None else None
 
 
-def resume_grid(
-    run_dir,
-    jobs: int | None = None,
-    listener: Listener | None = None,
-    warm: bool = True,
-    cache: ProbeCache | None = None,
-    device: DeviceFacts | dict | None = None,
-    executor: ExecutorConfig | None = None,
-) -> RunAnalysis:
+def resume_grid(run_dir, options: RunOptions | None = None, **settings) -> RunAnalysis:
     """Finish an interrupted grid: the recipe, axes, steps and model plan come from DIR/run.json;
     only the cells missing from DIR/results.jsonl are probed, on any executor, sized for this host
-    (jobs, else this host's default: not the interrupted run's, which may have been a cluster's)."""
-    device = device or kept_device(run_dir, executor) or collect_doctor()
+    (options.jobs, else this host's default: not the interrupted run's, which may have been a cluster's).
+    options, or its fields by name as keywords: jobs, listener, warm, cache, device, executor."""
+    options = run_options(options, **settings)
+    device = options.device or kept_device(run_dir, options.executor) or collect_doctor()
     meta, recipe, plan = resumable(run_dir, "grid", device)
     if meta.baseline:
         baseline_analysis(meta.baseline)
-    executor = with_hardware(executor or ExecutorConfig(), {**recipe.axes, **(meta.axes or {})})
-    session, judge = open_session(
-        "grid",
-        recipe,
-        listener,
-        out=run_dir,
-        jobs=jobs,
-        steps=meta.steps,
-        device=device,
-        warm=warm,
-        cache=cache,
-        plan=plan,
-        resume=True,
-        executor=executor,
-    )
+    executor = with_hardware(options.executor or ExecutorConfig(), {**recipe.axes, **(meta.axes or {})})
+    own = dataclasses.replace(options, out=run_dir, steps=meta.steps, device=device, executor=executor)
+    session, judge = open_session("grid", recipe, own, plan=plan, resume=True)
     with session:
         probes = plan_grid(recipe, session.device, meta.axes or None, session.devices)
         judge.planned = len(probes)
@@ -294,43 +238,27 @@ def resume_grid(
         session.run(recipe, probes)
         from .retime import retime_leaders  # the analysis (pandas): by now loaded in open_session
 
-        retime_leaders(session, recipe, (listener or Listener()).retiming)
+        retime_leaders(session, recipe, options.hooks().retiming)
     return render_run(run_dir, meta.baseline)
 
 
-def run_check(
-    recipe: Recipe,
-    cell: Cell,
-    steps: int = 1,
-    out=None,
-    device: DeviceFacts | dict | None = None,
-    warm: bool = True,
-    listener: Listener | None = None,
-    baseline=None,
-    roundtrip: bool = False,
-):
+def run_check(recipe: Recipe, cell: Cell, options: RunOptions | None = None, **settings):
     """One cell for a few steps in a subprocess; returns (analysis, [(check, passed, detail)]). Quick:
     one warm worker, importing while this process plans, and the forensics replay only after a
-    non-finite step. baseline: a run directory with a probe of the same cell; its step-0 loss and
-    grad-norm are the golden values this probe's must match, within the tolerance of the cell's matmul dtype.
-    roundtrip: after its steps the probe merges, saves and reloads what it trained (child/roundtrip.py);
-    the live, merged and reloaded model must agree (verdicts.roundtrip_check)."""
+    non-finite step. options (a RunOptions), or its fields by name as keywords (steps=, out=, device=,
+    warm=, listener=, baseline=, roundtrip=); steps default to 1. baseline: a run directory with a probe of
+    the same cell; its step-0 loss and grad-norm are the golden values this probe's must match, within the
+    tolerance of the cell's matmul dtype. roundtrip: after its steps the probe merges, saves and reloads
+    what it trained (child/roundtrip.py); the live, merged and reloaded model must agree
+    (verdicts.roundtrip_check)."""
+    options = run_options(options, **settings)
+    baseline = options.baseline
     quantized_without_adapter(recipe, [cell])
     ids = [o.probe_id for o in baseline_analysis(baseline).outcomes] if baseline is not None else [cell.id]
     if cell.id not in ids:
         raise NandoctorError(f"baseline {str(baseline)!r} has no probe of {cell.id}; it has {', '.join(ids)}")
-    session, _ = open_session(
-        "check",
-        recipe,
-        listener,
-        out=out,
-        jobs=1,
-        steps=steps,
-        device=device,
-        warm=warm,
-        replay_failed_only=True,
-        roundtrip=roundtrip,
-    )
+    own = dataclasses.replace(options, jobs=1, steps=options.steps or 1, replay_failed_only=True)
+    session, _ = open_session("check", recipe, own)
     with session:
         probe = PlannedProbe(cell.id, cell, cell_support(cell, session.device))
         doctor = doctor_section(
@@ -349,7 +277,7 @@ def run_check(
     checks = check_results(
         record, session.plan.shape["vocab"], session.plan.source == "architecture-twin", verdict=verdict
     )
-    if roundtrip:
+    if options.roundtrip:
         checks.append(roundtrip_check(record))
     if analysis.comparison:
         checks += golden_checks(analysis.comparison, cell.id)
@@ -377,7 +305,7 @@ def render_run(run_dir, baseline=None) -> RunAnalysis:
     that could not be written is named in analysis.unwritten (one line each); the others are written
     all the same."""
     from .analysis.diff import compare_runs
-    from .analysis.run import analyze
+    from .analysis.outcomes import analyze
     from .report import write_reports
 
     analysis = analyze(run_dir)

@@ -3,7 +3,7 @@ and interleaved, the way careful benchmarks compare two programs: a few short pr
 rounds A B C, then C B A, on one slot, so that whatever else the host does in those seconds weighs
 on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
-Which cells (`choose`): analysis.run.speed_candidates, per kind of hardware, from the recommended one's
+Which cells (`choose`): analysis.outcomes.speed_candidates, per kind of hardware, from the recommended one's
 fidelity bucket: the RETIME_MOST_CELLS fastest by their grid probes' tokens/s (never the first few of the
 tie order: on a loaded host the wide margin leaves the tie order to decide nearly every place), less those
 the fastest beats on the grid's own probes beyond the loaded margin (ranking.compare_speed, at least
@@ -37,8 +37,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from .analysis.outcomes import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first
 from .analysis.ranking import paired_ratios, ratio_interval, undecided
-from .analysis.run import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
@@ -102,7 +102,7 @@ def by_priority(kind: list[ProbeOutcome]) -> list[ProbeOutcome]:
 
 def choose(grid: RunAnalysis, rounds: int, budget_s: float) -> tuple[list[ProbeOutcome], float]:
     """(the cells to re-time, the first rounds' estimated wall time), see the module docstring: per kind
-    of hardware, analysis.run.speed_candidates (the fastest on their grid probes, and the tie order's first
+    of hardware, analysis.outcomes.speed_candidates (the fastest on their grid probes, and the tie order's first
     when the grid cannot tell it from them), cut to the budget: the two first by_priority always, the
     others while their rounds fit. ([], estimate) when not even the first two of a kind fit: nothing to
     re-time. The cells come in run order: fastest on its grid probe first."""

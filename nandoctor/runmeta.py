@@ -48,7 +48,9 @@ class RunMeta(AsWritten):
     request: dict | None = None
     model_flags: list | None = None
     data: dict | None = None  # doctor.data_lint of the user's rows, run before the first probe (None: synthetic)
-    run_dir: str | None = None  # where the run is now (analysis.run.analyze), which may not be where it was written
+    run_dir: str | None = (
+        None  # where the run is now (analysis.outcomes.analyze), which may not be where it was written
+    )
 
     @classmethod
     def from_dict(cls, data: dict) -> RunMeta:

@@ -1,6 +1,6 @@
 """The analysis joins the doctor's planned findings with the rules that fire on what probes showed."""
 
-from nandoctor.analysis.run import findings_of
+from nandoctor.analysis.outcomes import findings_of
 from nandoctor.cells import Cell
 from nandoctor.record import ProbeRecord, Step
 
@@ -33,7 +33,7 @@ def test_planned_findings_are_kept_and_a_healthy_scaler_adds_nothing():
 
 
 def test_a_probe_named_by_a_warning_is_flagged_and_advice_flags_nothing():
-    from nandoctor.analysis.run import flags_of
+    from nandoctor.analysis.outcomes import flags_of
 
     warning = {"id": "bf16-weights-without-fp32-master", "severity": "warning", "cells": ["bf16-pure/sdpa/off"]}
     advice = {"id": "some-advice", "severity": "advice", "cells": ["bf16-pure/sdpa/off"]}

@@ -7,7 +7,7 @@ from conftest import run_main
 
 from nandoctor.cells import Cell, parse_axis_flag
 from nandoctor.cli import build_parser
-from nandoctor.cli.common import recipe_from_args
+from nandoctor.cli.args import recipe_from_args
 from nandoctor.config import Recipe, dotted_fields, get_field, recipe_from_dict, set_field
 from nandoctor.errors import NandoctorError
 from nandoctor.executors import executor_config

@@ -19,7 +19,7 @@ from nandoctor.analysis.diff import (
     golden_tolerance,
     throughput_noise,
 )
-from nandoctor.analysis.run import analyze, analyze_records
+from nandoctor.analysis.outcomes import analyze, analyze_records
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_to_dict, set_field
 from nandoctor.record import ProbeRecord, Step, Throughput

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nandoctor.analysis.run import analyze
+from nandoctor.analysis.outcomes import analyze
 
 pytestmark = pytest.mark.slow
 # no re-timing: nothing here is about the speed ranking, and each round would train the cells again

@@ -215,7 +215,7 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path)
 
 
 def test_the_queue_line_says_placed_again_only_when_a_retry_is_left():
-    from nandoctor.cli.common import queue_line
+    from nandoctor.cli.lines import queue_line
 
     assert queue_line(1, 0, 0, ["12"], 5, 2) == (
         "  ... queue: 1 queued, 0 running, 0 done (job 12); "

@@ -29,7 +29,7 @@ from clusters import (
 )
 from conftest import ALL_CORES, run_cli, run_cli_noting_imports, summary, verdicts
 
-from nandoctor.report.common import fmt_bytes
+from nandoctor.report.formatting import fmt_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(slurm_skip_reason() is not None, reason=str(slurm_skip_reason()))]
 SLURM = ("--executor", "slurm", "--executor-opt", "cpus=1")

@@ -68,6 +68,7 @@ def most_at_once(runs: list[dict]) -> int:
 
 
 def test_each_probe_gets_its_own_gpus_a_ddp_probe_owns_two_and_bisect_rounds_pack_again(tmp_path, fake_probes):
+    from nandoctor.run.options import RunOptions
     from nandoctor.run.session import Session
 
     recipe = replace(resolve_model("tiny-llama"), retime_rounds=0)
@@ -76,7 +77,8 @@ def test_each_probe_gets_its_own_gpus_a_ddp_probe_owns_two_and_bisect_rounds_pac
     first = probes(["fp32/eager/off", "fp32/sdpa/off", "bf16-amp/eager/off", ddp, "bf16-amp/sdpa/off", ddp])
     second = probes(["fp32/eager/off", "fp32/sdpa/off", "bf16-amp/eager/off", "bf16-amp/sdpa/off"])
     second = [replace(p, probe_id=p.probe_id + " round 2") for p in second]
-    with Session("bisect", recipe, out=tmp_path / "run", device=FOUR_GPUS, plan=plan, warm=False) as session:
+    options = RunOptions(out=tmp_path / "run", device=FOUR_GPUS, warm=False)
+    with Session("bisect", recipe, options, plan=plan) as session:
         session.prepare()
         session.start(0)
         session.run(recipe, first)  # a bisection's round with parallel candidates...

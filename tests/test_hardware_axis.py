@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 from conftest import run_main
 
-from nandoctor.analysis.run import analyze_records, speed_buckets
+from nandoctor.analysis.outcomes import analyze_records, speed_buckets
 from nandoctor.cells import Cell, parse_axis_flag
 from nandoctor.config import Recipe
 from nandoctor.errors import NandoctorError
 from nandoctor.executors import ExecutorConfig, executor_config, with_hardware
 from nandoctor.plan import plan_grid
 from nandoctor.record import ProbeRecord, Step
-from nandoctor.report.common import headline
+from nandoctor.report.formatting import headline
 from nandoctor.report.matrix import matrix_panels
 from nandoctor.report.summary import render_summary
 

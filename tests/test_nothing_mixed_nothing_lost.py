@@ -193,7 +193,7 @@ def test_heartbeat_says_every_interval_which_probe_runs_and_its_last_step(tmp_pa
 
 
 def test_heartbeat_line_reads_as_the_issue_asks():
-    from nandoctor.cli.common import alive_line
+    from nandoctor.cli.lines import alive_line
 
     assert (
         alive_line("fp32/eager/off", 45.2, {"step": 7, "loss": 5.93})

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_setup_verdicts import LEAK, MISWEIGHTED, record
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import judged_facts, setup_failures, setup_judged
 from nandoctor.report.data import setup_check_rows
 from nandoctor.thresholds import THRESHOLDS

@@ -5,7 +5,7 @@ launcher's choice of the failed rank. No processes (tests/test_parallel_probes.p
 import pytest
 from parallel_records import parallel_record
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import GRAD_MISMATCH, classify
 from nandoctor.bisect.engine import Bisection, Run
 from nandoctor.bisect.factors import parse_configurations

@@ -15,6 +15,7 @@ from nandoctor.env import collect_doctor
 from nandoctor.errors import NandoctorError
 from nandoctor.models import config_facts, model_type_hint, plan_model
 from nandoctor.recipes import recipe_by_name
+from nandoctor.run.options import RunOptions
 from nandoctor.run.planner import plan_request
 from nandoctor.run.session import Session
 
@@ -69,13 +70,13 @@ def test_the_model_type_hint_needs_no_transformers(tmp_path):
 
 @pytest.mark.slow
 def test_a_warm_session_gets_its_plan_from_the_worker_and_the_users_error_unchanged(tmp_path):
-    with Session("check", TINY, out=tmp_path / "ok", steps=1) as session:
+    with Session("check", TINY, RunOptions(out=tmp_path / "ok", steps=1)) as session:
         session.prepare()
         assert session.plan == plan_model(TINY, session.device, 1)
         assert session.model_facts == config_facts(TINY)  # only the worker's planning gathers these
     with (
         pytest.raises(NandoctorError) as raised,
-        Session("check", UNKNOWN_TYPE, out=tmp_path / "bad", steps=1) as session,
+        Session("check", UNKNOWN_TYPE, RunOptions(out=tmp_path / "bad", steps=1)) as session,
     ):
         session.prepare()
     assert str(raised.value).startswith(f"model of recipe {TINY.name!r}: ")

@@ -11,8 +11,8 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nandoctor.analysis.outcomes import analyze_records, ranked_table
 from nandoctor.analysis.ranking import rank
-from nandoctor.analysis.run import analyze_records, ranked_table
 from nandoctor.analysis.verdicts import NONFINITE, STABLE, numeric_verdict
 from nandoctor.cells import Cell
 from nandoctor.record import ProbeRecord, Step

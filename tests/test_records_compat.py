@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import verdicts
 
-from nandoctor.analysis.run import analyze
+from nandoctor.analysis.outcomes import analyze
 from nandoctor.record import ProbeRecord, ProbeSpec
 from nandoctor.run.cache import ProbeCache
 from nandoctor.run.fingerprint import probe_fingerprint

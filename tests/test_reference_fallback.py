@@ -11,12 +11,12 @@ import pytest
 from conftest import run_main
 from recorded import FIXTURE, meta
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import DRIFT, OOM, STABLE, References
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_to_dict
 from nandoctor.record import ProbeRecord, Step
-from nandoctor.report.common import headline
+from nandoctor.report.formatting import headline
 from nandoctor.report.markdown import render_markdown
 from nandoctor.report.summary import render_summary
 from nandoctor.report.terminal import render_terminal

@@ -6,7 +6,7 @@ import re
 
 from nandoctor.cells import Cell
 from nandoctor.report.charts import CHAR_W, coincident_groups, fmt_tick, line_chart, log_ticks, nice_ticks
-from nandoctor.report.common import cells_text
+from nandoctor.report.formatting import cells_text
 
 
 def test_ticks_are_round_numbers_covering_the_range():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from nandoctor.analysis.run import analyze
+from nandoctor.analysis.outcomes import analyze
 from nandoctor.report.html import render_html
 from nandoctor.report.matrix import VERDICT_COLORS
 

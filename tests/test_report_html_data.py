@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from recorded import meta, probe
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cli import main
 from nandoctor.config import recipe_from_dict
 from nandoctor.doctor import data_lint

@@ -8,7 +8,7 @@ import json
 from test_setup_verdicts import LEAK, LOSSES
 from test_trust_any_float import meta
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cells import Cell
 from nandoctor.record import ProbeRecord, Step
 from nandoctor.report.html import render_html

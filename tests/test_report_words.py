@@ -10,7 +10,7 @@ import pytest
 from recorded import FIXTURE, busy, meta, probe
 
 import nandoctor
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cli import build_parser
 from nandoctor.report.markdown import render_markdown
 from nandoctor.report.terminal import render_terminal

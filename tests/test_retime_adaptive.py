@@ -11,7 +11,7 @@ from pathlib import Path
 
 from recorded import busy, meta, probe, timing_of
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.report import timing
 from nandoctor.retime import BUDGET, DECIDED, interleaved, plan_more
 

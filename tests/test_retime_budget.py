@@ -6,8 +6,8 @@ words out; tests/test_trust_ranking_e2e.py runs it for real."""
 
 from recorded import meta, probe, timing_of
 
-from nandoctor.analysis.run import analyze_records
-from nandoctor.cli.common import retiming_line
+from nandoctor.analysis.outcomes import analyze_records
+from nandoctor.cli.lines import retiming_line
 from nandoctor.report import timing
 from nandoctor.retime import RETIME_SHARE, RetimeNews, choose, retime_budget, round_cost
 

@@ -8,11 +8,11 @@ import math
 
 import pytest
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import OFF_POLICY, STABLE, check_results, classify
 from nandoctor.cells import Cell
 from nandoctor.record import ProbeRecord, Step
-from nandoctor.report.common import ranking_rows
+from nandoctor.report.formatting import ranking_rows
 from nandoctor.report.matrix import VERDICT_COLORS
 from nandoctor.thresholds import THRESHOLDS
 

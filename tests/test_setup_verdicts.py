@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import STABLE, References, check_results, classify
 from nandoctor.cells import Cell
 from nandoctor.report.failures import failure_classes, failure_line

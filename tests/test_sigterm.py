@@ -130,8 +130,8 @@ def test_a_resume_is_sized_for_this_host_not_for_the_interrupted_run(tmp_path, m
     class Opened(Exception):
         pass
 
-    def open_session(kind, recipe, listener, **session_args):
-        asked.append((kind, session_args["jobs"]))
+    def open_session(kind, recipe, options, **session_args):
+        asked.append((kind, options.jobs))
         raise Opened
 
     monkeypatch.setattr(api, "open_session", open_session)

@@ -11,14 +11,14 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cells import Cell
 from nandoctor.cli import main
 from nandoctor.record import ProbeRecord, Step
 from nandoctor.report.charts import line_chart
-from nandoctor.report.common import fmt_bytes, fmt_fidelity, fmt_loss, fmt_rate, headline
 from nandoctor.report.failures import failure_classes, failure_line
 from nandoctor.report.forensics import explain_text, fmt_fraction, fmt_ratio, fmt_value
+from nandoctor.report.formatting import fmt_bytes, fmt_fidelity, fmt_loss, fmt_rate, headline
 from nandoctor.report.html import render_html
 from nandoctor.report.junit import render_junit
 from nandoctor.report.markdown import render_markdown

@@ -5,10 +5,10 @@ grid's recommendation as code to paste. Pure: recorded figures in, the analysis 
 
 from recorded import busy, meta, probe, timing_of
 
-from nandoctor.analysis.run import analyze_records, ranked_table, speed_candidates
+from nandoctor.analysis.outcomes import analyze_records, ranked_table, speed_candidates
 from nandoctor.record import Throughput
 from nandoctor.report import timing
-from nandoctor.report.common import headline, ranking_rows
+from nandoctor.report.formatting import headline, ranking_rows
 from nandoctor.report.markdown import render_markdown
 from nandoctor.report.matrix import matrix_panels
 from nandoctor.report.savings import section as savings_section

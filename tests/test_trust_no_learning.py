@@ -8,7 +8,7 @@ import math
 import pytest
 from checkpoints import TINY, save_dead_llama
 
-from nandoctor.analysis.run import analyze_records
+from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.analysis.verdicts import NO_LEARNING, STABLE, check_results, numeric_verdict
 from nandoctor.cells import Cell
 from nandoctor.record import ProbeRecord, Step

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import recorded
 
+from nandoctor.analysis.outcomes import analyze_records, speed_candidates
 from nandoctor.analysis.ranking import adoption_key, rank
-from nandoctor.analysis.run import analyze_records, speed_candidates
 from nandoctor.cells import Cell
 from nandoctor.env import get_gpu_load, get_host_sample, host_load
 from nandoctor.record import ProbeRecord, Step, Throughput, warmup_steps

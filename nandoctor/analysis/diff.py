@@ -23,8 +23,8 @@ from ..record import ProbeRecord, Step
 from ..runmeta import RunMeta
 from ..thresholds import THRESHOLDS, Thresholds
 from .forensics import FINFO_EPS
+from .outcomes import ProbeOutcome, RunAnalysis
 from .ranking import order_bucket
-from .run import ProbeOutcome, RunAnalysis
 from .verdicts import CRASH, STABLE, UNSUPPORTED
 
 # How a cell's verdict moved, in the order a report lists them: regressions first.

@@ -221,7 +221,7 @@ def clearly_faster(
 
 def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) -> list[float] | None:
     """Probe a's median tokens/s over probe b's, round by round, for the re-timing rounds both trained
-    through (rounds: probe id -> {round: median}, analysis.run.round_medians); None for fewer than two."""
+    through (rounds: probe id -> {round: median}, analysis.outcomes.round_medians); None for fewer than two."""
     ra, rb = (rounds or {}).get(a) or {}, (rounds or {}).get(b) or {}
     ratios = [ra[n] / rb[n] for n in sorted(ra.keys() & rb.keys()) if rb[n] > 0]
     return ratios if len(ratios) >= 2 else None

@@ -5,20 +5,22 @@ render the reports.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
+from ..analysis.outcomes import RunAnalysis
 from ..analysis.ranking import tokens_per_s
-from ..analysis.run import RunAnalysis
 from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References, is_reference
-from ..api import Listener, open_session, render_run, resumable
+from ..api import open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell, reference_of
 from ..config import Recipe, get_field
-from ..device import DeviceFacts
 from ..env import collect_summary
 from ..errors import NandoctorError
-from ..executors import ExecutorConfig
 from ..plan import PlannedProbe
 from ..recommend import recommendation
 from ..record import ProbeRecord
+from ..run.options import RunOptions, run_options
 from ..run.rundir import kept_device
 from ..run.session import Session
 from ..run.store import BISECT_FILE
@@ -109,44 +111,48 @@ class ProbeOracle:
         return Run(record.probe_id, v.name, v.failed, resolved(v.name, self.fail_on), tokens_per_s(record.steps))
 
 
+@dataclass(frozen=True)
+class BisectRequest:
+    """What the user asked a bisection: the good and bad configurations (None: the defaults
+    factors.parse_configurations gives), more target settings to consider (factors), identical reruns and
+    other data seeds of every decisive probe, the unresolved verdicts to count as failures (fail_on: timeout,
+    oom, killed, for hunting a hang or a leak); model_flags: the flags that named the model and recipe, for
+    the recommended command line."""
+
+    good: str | None = None
+    bad: str | None = None
+    factors: tuple[str, ...] = ()
+    reruns: int = 1
+    data_seeds: int = 0
+    fail_on: tuple[str, ...] = ()
+    model_flags: tuple[str, ...] = ()
+
+
 def run_bisect(
-    recipe: Recipe,
-    good: str | None = None,
-    bad: str | None = None,
-    factors: list[str] | None = None,
-    reruns: int = 1,
-    data_seeds: int = 0,
-    steps: int | None = None,
-    jobs: int | None = None,
-    out=None,
-    model_flags: list[str] | None = None,
-    listener: Listener | None = None,
-    on_step=None,
-    device: DeviceFacts | dict | None = None,
-    fail_on: tuple[str, ...] = (),
-    executor: ExecutorConfig | None = None,
+    recipe: Recipe, request: BisectRequest, options: RunOptions | None = None, **settings
 ) -> tuple[RunAnalysis, BisectResult]:
     """Bisect between a good and a bad configuration with real probes; returns the analysis of the
     run directory (reports written) and the bisection result (also saved as bisect.json).
-    fail_on: unresolved verdicts (timeout, oom, killed) to count as failures, for hunting a hang or a leak."""
+    options (a RunOptions), or its fields by name as keywords (steps=, jobs=, out=, listener=, device=,
+    executor=): how the run goes; the listener's step hook hears each step of the search."""
+    options = run_options(options, **settings)
+    reruns, data_seeds, fail_on = request.reruns, request.data_seeds, request.fail_on
     if reruns < 0 or data_seeds < 0:
         raise NandoctorError(f"--reruns and --data-seeds must be >= 0, got {reruns} and {data_seeds}")
     unknown = [v for v in fail_on if v not in FAIL_ON]
     if unknown:
         raise NandoctorError(f"--fail-on: unknown verdict {unknown[0]!r}; valid: {', '.join(FAIL_ON)}")
-    request = {"good": good, "bad": bad, "factors": factors or []}  # as given: resume parses it again
+    asked = {"good": request.good, "bad": request.bad, "factors": list(request.factors)}  # resume parses it again
     # placed by an executor, the configurations are judged by the facts of the hardware the probes run
     # on, which its start-up job gathers there; locally before any model work
-    placed = executor is not None and executor.remote
+    placed = options.executor is not None and options.executor.remote
     if not placed:
-        device = device or collect_summary()
-        good_cfg, bad_cfg = parse_configurations(recipe, device, **request)
-    session, _ = open_session(
-        "bisect", recipe, listener, out=out, jobs=jobs, steps=steps, device=device, executor=executor
-    )
+        options = dataclasses.replace(options, device=options.device or collect_summary())
+        good_cfg, bad_cfg = parse_configurations(recipe, options.device, **asked)
+    session, _ = open_session("bisect", recipe, options)
     with session:
         if placed:
-            good_cfg, bad_cfg = parse_configurations(recipe, session.device, **request)
+            good_cfg, bad_cfg = parse_configurations(recipe, session.device, **asked)
         session.start(
             0,
             {
@@ -155,8 +161,8 @@ def run_bisect(
                 "reruns": reruns,
                 "data_seeds": data_seeds,
                 "fail_on": list(fail_on),
-                "request": request,
-                "model_flags": model_flags or [],
+                "request": asked,
+                "model_flags": list(request.model_flags),
                 "data": session.data_lint,
             },
         )
@@ -168,43 +174,28 @@ def run_bisect(
             reruns,
             data_seeds,
             session.jobs,
-            on_step,
+            options.hooks().step,
             precision_ladder(good_cfg, bad_cfg, session.device),
             WORKLOAD,
         ).run()
-    return _finish(session, recipe, oracle, result, model_flags or [])
+    return _finish(session, recipe, oracle, result, list(request.model_flags))
 
 
-def resume_bisect(
-    run_dir,
-    jobs: int | None = None,
-    listener: Listener | None = None,
-    on_step=None,
-    device: DeviceFacts | dict | None = None,
-    executor: ExecutorConfig | None = None,
-) -> tuple[RunAnalysis, BisectResult]:
-    """Continue an interrupted bisect with the settings of DIR/run.json, sized for this host (jobs, else
-    this host's default). The probes DIR/results.jsonl holds are replayed, not rerun: the search retraces
-    its path from them and goes on where it stopped."""
-    device = device or kept_device(run_dir, executor) or collect_summary()
+def resume_bisect(run_dir, options: RunOptions | None = None, **settings) -> tuple[RunAnalysis, BisectResult]:
+    """Continue an interrupted bisect with the settings of DIR/run.json, sized for this host (options.jobs,
+    else this host's default). The probes DIR/results.jsonl holds are replayed, not rerun: the search
+    retraces its path from them and goes on where it stopped. options, or its fields by name as keywords:
+    jobs, listener, device, executor."""
+    options = run_options(options, **settings)
+    device = options.device or kept_device(run_dir, options.executor) or collect_summary()
     meta, recipe, plan = resumable(run_dir, "bisect", device)
     if meta.request is None:
         raise NandoctorError(
             f"{run_dir} was written by a nandoctor that did not record its --good / --bad; start a new bisect"
         )
     good_cfg, bad_cfg = parse_configurations(recipe, device, **meta.request)
-    session, judge = open_session(
-        "bisect",
-        recipe,
-        listener,
-        out=run_dir,
-        jobs=jobs,
-        steps=meta.steps,
-        device=device,
-        plan=plan,
-        resume=True,
-        executor=executor,
-    )
+    own = dataclasses.replace(options, out=run_dir, steps=meta.steps, device=device)
+    session, judge = open_session("bisect", recipe, own, plan=plan, resume=True)
     with session:
         for record in session.resume(0):
             judge(record, quiet=True)
@@ -216,7 +207,7 @@ def resume_bisect(
             meta.reruns,
             meta.data_seeds,
             session.jobs,
-            on_step,
+            options.hooks().step,
             precision_ladder(good_cfg, bad_cfg, session.device),
             WORKLOAD,
         ).run()

@@ -14,7 +14,7 @@ warn "This process is multi-threaded, use of fork() may lead to deadlocks" in ev
 the worker caps OpenBLAS at its calling thread before anything imports it. Its "ready" message says
 how many threads it has (1), and the runner's tests hold it to that.
 
-Protocol (record.py: Preload, Fork, Ready, Started, Exited), one JSON line each, on two pipes of its
+Protocol (record/worker_messages.py: Preload, Fork, Ready, Started, Exited), one JSON line each, on two pipes of its
 own whose descriptors are its two arguments: commands in, messages out. Its stdout is its parent's
 stderr, so a module that prints while it is imported reaches the user's terminal, never the protocol. Per Fork it
 sends Started (the child's pid, its threads at the fork) and Exited (returncode n < 0: killed by

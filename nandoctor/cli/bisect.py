@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..analysis.verdicts import FAIL_ON
-from .common import (
+from ..api import FAIL_ON
+from .args import (
     MODEL_FLAGS,
     add_executor_args,
     add_jobs_arg,
     add_model_args,
     examples,
-    executor_from_args,
-    finish,
-    listener,
+    options_from_args,
     recipe_from_args,
     refuse_with_resume,
-    say,
 )
+from .lines import finish, listener, say
 
 SEARCH_FLAGS = ("bad", "good", "factor", "reruns", "data_seeds", "fail_on")
 
@@ -83,37 +81,30 @@ def model_flags(args) -> list[str]:
 
 
 def run(args) -> int:
-    executor = executor_from_args(args)
     # imported here, not at the top: they pull in pandas, which `nandoctor --help` need not pay for
-    from ..bisect.oracle import resume_bisect, run_bisect
+    from ..bisect.oracle import BisectRequest, resume_bisect, run_bisect
     from ..report.bisection import describe_step, probe_line
     from ..report.terminal import render_terminal
 
     hear = listener(lambda done, _, record, __: say(probe_line(done, record)))
-    on_step = lambda step: say(describe_step(dataclasses.asdict(step)))  # noqa: E731
+    hear.step = lambda step: say(describe_step(dataclasses.asdict(step)))
+    options = options_from_args(args, hear)
     if args.resume:
         refuse_with_resume(
             args, MODEL_FLAGS + SEARCH_FLAGS, "the recipe, --good, --bad, --fail-on, reruns, steps and run directory"
         )
-        analysis, _ = resume_bisect(args.resume, jobs=args.jobs, listener=hear, on_step=on_step, executor=executor)
+        analysis, _ = resume_bisect(args.resume, options)
     else:
-        recipe = recipe_from_args(args)
         search = {name: getattr(args, name) for name in ("reruns", "data_seeds") if getattr(args, name) is not None}
-        analysis, _ = run_bisect(
-            recipe,
+        request = BisectRequest(
             good=args.good,
             bad=args.bad,
-            factors=args.factor,
-            steps=args.steps,
-            jobs=args.jobs,
-            out=args.out,
-            model_flags=model_flags(args),
-            listener=hear,
-            on_step=on_step,
+            factors=tuple(args.factor),
             fail_on=tuple(v for v in args.fail_on.split(",") if v),
-            executor=executor,
+            model_flags=tuple(model_flags(args)),
             **search,
         )
+        analysis, _ = run_bisect(recipe_from_args(args), request, options)
     print()
     print(render_terminal(analysis, analysis.meta.run_dir))
     return finish(analysis)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
-from .common import add_model_args, examples, finish, listener, recipe_from_args
+from .args import add_model_args, examples, options_from_args, recipe_from_args
+from .lines import finish, listener
 
 
 def register(sub) -> None:
@@ -49,15 +50,7 @@ def register(sub) -> None:
 def run(args) -> int:
     cell = Cell.parse(f"{args.dtype}/{args.attn}/{args.compile}/{args.optimizer}/{args.parallel}/{args.quant}")
     recipe = recipe_from_args(args)
-    analysis, checks = run_check(
-        recipe,
-        cell,
-        steps=args.steps or 1,
-        out=args.out,
-        listener=listener(None),
-        baseline=args.baseline,
-        roundtrip=args.roundtrip,
-    )
+    analysis, checks = run_check(recipe, cell, options_from_args(args, listener(None)))
     for name, passed, detail in checks:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
     if analysis.comparison:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..api import diff_runs
-from .common import examples
+from .args import examples
 
 
 def register(sub) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..cells import AXES, parse_axis_flag, parse_axis_values
 from ..doctor import exit_code, run_doctor
-from .common import add_data_args, examples, recipe_from_args
+from .args import add_data_args, examples, recipe_from_args
 
 
 def register(sub) -> None:

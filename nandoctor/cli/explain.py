@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .common import examples
+from .args import examples
 
 
 def register(sub) -> None:
@@ -19,9 +19,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from ..explain import explain  # pandas: imported by the command that uses it, not by `nandoctor --help`
-    from ..report.forensics import explain_text
+    from ..api import explain_run
+    from ..report.forensics import explain_text  # pandas: imported by the command that uses it, not by --help
 
-    _, outcomes = explain(args.run_dir, args.probe)
+    _, outcomes = explain_run(args.run_dir, args.probe)
     print("\n\n".join(explain_text(o) for o in outcomes))
     return 0

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-from ..analysis.verdicts import UNSUPPORTED
-from ..api import resume_grid, run_grid
+from ..api import UNSUPPORTED, default_cache_dir, resume_grid, run_grid
 from ..cells import parse_axis_flag
-from ..run.cache import ProbeCache, default_cache_dir
-from .common import (
+from .args import (
     MODEL_FLAGS,
     add_executor_args,
     add_jobs_arg,
     add_model_args,
     examples,
-    executor_from_args,
-    finish,
-    listener,
+    options_from_args,
     recipe_from_args,
     refuse_with_resume,
-    say,
 )
+from .lines import finish, listener, say
 
 
 def register(sub) -> None:
@@ -105,41 +101,26 @@ class GridProgress:
             self.held = []
 
 
-def probe_grid(args, hear, cache, executor):
+def probe_grid(args, options):
     """Run or resume the grid the arguments describe; its analysis."""
     if args.resume:
         refuse_with_resume(
             args, MODEL_FLAGS + ("axis", "baseline"), "the recipe, axes, steps, baseline and run directory"
         )
-        return resume_grid(
-            args.resume, jobs=args.jobs, listener=hear, warm=not args.cold, cache=cache, executor=executor
-        )
+        return resume_grid(args.resume, options)
     axes = dict(parse_axis_flag(a) for a in args.axis)
-    return run_grid(
-        recipe_from_args(args),
-        axes=axes,
-        steps=args.steps,
-        jobs=args.jobs,
-        out=args.out,
-        listener=hear,
-        warm=not args.cold,
-        cache=cache,
-        baseline=args.baseline,
-        executor=executor,
-        roundtrip=args.roundtrip,
-    )
+    return run_grid(recipe_from_args(args), axes, options)
 
 
 def run(args) -> int:
-    cache = ProbeCache() if args.cache else None
-    executor = executor_from_args(args)
     printer = GridProgress()
     hear = listener(printer.probe)
     for hook in ("alive", "queue", "retiming", "note"):  # anything else said goes after the held line
         said = getattr(hear, hook)
         setattr(hear, hook, lambda *a, said=said: (printer.flush(), said(*a)))
+    options = options_from_args(args, hear)
     try:
-        analysis = probe_grid(args, hear, cache, executor)
+        analysis = probe_grid(args, options)
     finally:  # an interrupted grid says its unsupported cells too
         printer.flush()
     from ..report.diff import render_diff_terminal
@@ -150,7 +131,7 @@ def run(args) -> int:
     if analysis.comparison:
         print()
         print(render_diff_terminal(analysis.comparison))
-    if cache:
+    if options.cache:
         reused = sum(1 for o in analysis.outcomes if o.record.cached_from)
-        print(f"cache: {reused} probe(s) reused from {cache.path}")
+        print(f"cache: {reused} probe(s) reused from {options.cache.path}")
     return finish(analysis)

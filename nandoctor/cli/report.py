@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from ..errors import NandoctorError
-from .common import examples, finish
+from .args import examples
+from .lines import finish
 
 
 def register(sub) -> None:
@@ -35,7 +36,9 @@ def refuse_unwritable_csv(csv: str) -> None:
 def run(args) -> int:
     if args.csv:
         refuse_unwritable_csv(args.csv)
-    from ..analysis.run import ranked_table  # pandas: imported by the command that uses it, not by `nandoctor --help`
+    from ..analysis.outcomes import (
+        ranked_table,
+    )  # pandas: imported by the command that uses it, not by `nandoctor --help`
     from ..api import render_run
     from ..report.diff import render_diff_terminal
     from ..report.terminal import render_terminal

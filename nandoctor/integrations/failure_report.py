@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from ..analysis.run import analyze_records
+from ..analysis.outcomes import analyze_records
 from ..cells import Cell
 from ..config import Recipe, recipe_to_dict
 from ..device import DeviceFacts

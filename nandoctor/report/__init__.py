@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import jsonio
-from ..analysis.run import RunAnalysis
+from ..analysis.outcomes import RunAnalysis
 from ..run.store import write_atomic
 
 

@@ -4,7 +4,7 @@ code a bisection's report prints too), per kind of hardware when the grid has a 
 
 from __future__ import annotations
 
-from ..analysis.run import RunAnalysis
+from ..analysis.outcomes import RunAnalysis
 from ..config import recipe_from_dict
 from ..errors import NandoctorError
 from ..recommend import model_flags_of, recommendation

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from ..analysis.diff import BIT_IDENTICAL, PARTED, SAME, CellChange, RunDiff
 from . import failures
 from .charts import line_chart
-from .common import fmt_bytes, fmt_fidelity, fmt_rate
+from .formatting import fmt_bytes, fmt_fidelity, fmt_rate
 from .matrix import VERDICT_COLORS
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))

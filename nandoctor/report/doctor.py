@@ -8,8 +8,8 @@ from tabulate import tabulate
 from .. import jsonio
 from ..capabilities import GPU_FEATURES, gpu_capabilities, sdpa_backends
 from ..device import DeviceFacts
-from .common import fmt_bytes
 from .data import data_text
+from .formatting import fmt_bytes
 
 
 def stack_facts(env: DeviceFacts) -> list[dict]:

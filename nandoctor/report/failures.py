@@ -6,10 +6,10 @@ device cannot run are grouped by their reason the same way."""
 from __future__ import annotations
 
 from ..analysis.forensics import origin
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
-from .common import cells_text, label
 from .forensics import event_line, fmt_fraction, forensics_of, on_rank
+from .formatting import cells_text, label
 
 SEVERITY_ORDER = ("error", "warning", "advice")
 KNOWN_CRASH = " -- known issue "  # verdicts.known_crash appends the signature's diagnosis and fix after this

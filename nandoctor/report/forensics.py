@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 
 from ..analysis.forensics import FINFO_MAX, headroom, origin, ranks_alike, update_loss
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from ..cells import SHORT_DTYPES
 from .charts import as_float, line_chart
-from .common import label
+from .formatting import label
 from .savings import explain_lines
 
 TIGHTEST = 5  # modules listed per probe

@@ -11,10 +11,10 @@ import math
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
 from ..device import DeviceFacts
-from . import bisection, code, common, data, doctor, failures, forensics, matrix, moe, parallel, savings, timing
+from . import bisection, code, data, doctor, failures, forensics, formatting, matrix, moe, parallel, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -33,7 +33,7 @@ def probe_charts(o: ProbeOutcome) -> tuple[str, str]:
     ref = o.reference_steps or []
     charts = []
     for key, title, log_y, name in (
-        ("loss", "loss", False, common.label(o)),
+        ("loss", "loss", False, formatting.label(o)),
         ("grad_norm", "grad-norm", True, "grad-norm (before clipping)"),
     ):
         mine = [(s.step, getattr(s, key)) for s in steps]
@@ -81,9 +81,9 @@ def overview_chart(a: RunAnalysis) -> str:
     drawn = []
     for g in groups[:OVERVIEW_CURVES]:
         o = g[0]["outcome"]
-        name = common.cells_text([s["outcome"].record.cell for s in g], cells)
+        name = formatting.cells_text([s["outcome"].record.cell for s in g], cells)
         if any(s["outcome"].record.overrides for s in g):
-            name = ", ".join(common.label(s["outcome"]) for s in g)
+            name = ", ".join(formatting.label(s["outcome"]) for s in g)
         if o.verdict.failed:
             name += f": {o.verdict.name}" + (f" at step {o.verdict.step}" if o.verdict.step is not None else "")
         elif o is a.recommended:
@@ -104,18 +104,18 @@ def overview_chart(a: RunAnalysis) -> str:
 
 def probe_card(o: ProbeOutcome) -> dict:
     loss_svg, gn_svg = probe_charts(o)
-    rate = common.shown_rate(o)
+    rate = formatting.shown_rate(o)
     facts = (
-        ([f"fidelity {common.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else [])
-        + ([f"rollout mean |dlogp| {common.fmt_mismatch(o.mismatch)}"] if o.mismatch is not None else [])
-        + ([f"{common.fmt_rate(rate)} tokens/s"] if rate else [])
-        + [f"peak {common.fmt_bytes(o.peak_memory_bytes)}"]
+        ([f"fidelity {formatting.fmt_fidelity(o.fidelity)}"] if o.fidelity is not None else [])
+        + ([f"rollout mean |dlogp| {formatting.fmt_mismatch(o.mismatch)}"] if o.mismatch is not None else [])
+        + ([f"{formatting.fmt_rate(rate)} tokens/s"] if rate else [])
+        + [f"peak {formatting.fmt_bytes(o.peak_memory_bytes)}"]
     )
     no_curve = (
         "" if loss_svg else (f"No loss curve: {len(o.record.steps)} step(s) ran and fewer than two losses are finite.")
     )
     return {
-        "label": common.label(o),
+        "label": formatting.label(o),
         "verdict": o.verdict,
         "loss_svg": loss_svg,
         "gn_svg": gn_svg,
@@ -128,18 +128,18 @@ def probe_card(o: ProbeOutcome) -> dict:
 
 
 def render_html(a: RunAnalysis) -> str:
-    probed, why = common.model_line(a)
+    probed, why = formatting.model_line(a)
     panels = matrix.matrix_panels(a)
     env = a.meta.env or DeviceFacts.from_dict({})
     # the box answers first (recommended, fastest, verdicts); how speed decided is folded below it
     speed = [] if a.meta.kind == "bisect" else timing.speed_lines(a)
     return _env.get_template("report.html.j2").render(
         meta=a.meta,
-        headline=[line for line in common.headline(a) if line not in speed],
+        headline=[line for line in formatting.headline(a) if line not in speed],
         speed=speed,
         probed=probed,
         why=why,
-        stand_in=common.stand_in_line(a),
+        stand_in=formatting.stand_in_line(a),
         data=data.data_html(a.meta, a.outcomes),
         panels=panels,
         key=matrix.verdicts_shown(panels),
@@ -148,13 +148,13 @@ def render_html(a: RunAnalysis) -> str:
         classes=[{**c, "line": failures.failure_line(c)} for c in failures.failure_classes(a)],
         unsupported_classes=failures.unsupported_classes(a),
         code=[(code.title(h), code.code_lines(rec)) for h, rec in code.grid_recommendations(a)],
-        ranking=common.ranking_rows(a),
-        failures=common.failure_rows(a),
-        environment=common.environment_rows(a) + doctor.stack_facts(env),
+        ranking=formatting.ranking_rows(a),
+        failures=formatting.failure_rows(a),
+        environment=formatting.environment_rows(a) + doctor.stack_facts(env),
         findings=doctor.finding_rows(a.findings),
         capabilities=doctor.capability_rows(env),
         order=timing.order_sentence(a),
-        ranking_note=common.ranking_note(a),
+        ranking_note=formatting.ranking_note(a),
         retime=timing.retime_rows(a),
         retime_intro=timing.retime_intro(a) if a.timing else None,
         load=timing.load_line(a),

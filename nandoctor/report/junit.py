@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import xml.etree.ElementTree as ET
 
-from ..analysis.run import RunAnalysis
+from ..analysis.outcomes import RunAnalysis
 from ..analysis.verdicts import HARNESS_FAILURES, UNSUPPORTED
 from . import bisection
 from .charts import as_float
-from .common import label
+from .formatting import label
 
 
 def _seconds(x) -> str:

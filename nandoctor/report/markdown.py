@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..analysis.run import RunAnalysis
+from ..analysis.outcomes import RunAnalysis
 from ..device import DeviceFacts
-from . import bisection, code, common, failures, matrix, timing
+from . import bisection, code, failures, formatting, matrix, timing
 from .data import data_markdown
 from .doctor import doctor_markdown
 from .forensics import forensics_markdown
@@ -24,8 +24,8 @@ def _table(rows: list[dict]) -> str:
 
 def render_markdown(a: RunAnalysis) -> str:
     m = a.meta
-    probed, why = common.model_line(a)
-    stand_in = common.stand_in_line(a)
+    probed, why = formatting.model_line(a)
+    stand_in = formatting.stand_in_line(a)
     parts = [
         f"# nandoctor {m.kind}: {m.recipe['name']}",
         "",
@@ -33,7 +33,7 @@ def render_markdown(a: RunAnalysis) -> str:
         "",
         *([f"Stand-in: {stand_in}.", ""] if stand_in else []),
     ]
-    head = common.headline(a)
+    head = formatting.headline(a)
     first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # a recommendation per kind of hardware
     parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
     parts += matrix_section(a) + failure_section(a) + code_section(a)
@@ -43,18 +43,18 @@ def render_markdown(a: RunAnalysis) -> str:
     if m.kind == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)
     parts += data_markdown(m, a.outcomes, _table)
-    note = common.ranking_note(a)
+    note = formatting.ranking_note(a)
     parts += ["## Stable configurations, ranked", "", timing.order_sentence(a), ""] + ([note, ""] if note else [])
-    parts += [_table(common.ranking_rows(a)), ""]
+    parts += [_table(formatting.ranking_rows(a)), ""]
     parts += rl_markdown(a)
     parts += timing_section(a)
-    parts += ["## Failures", "", _table(common.failure_rows(a)), ""]
+    parts += ["## Failures", "", _table(formatting.failure_rows(a)), ""]
     parts += parallel_markdown(a, _table)
     parts += moe_markdown(a, _table)
     parts += forensics_markdown(a, _table)
     parts += savings_markdown(a, _table)
     parts += doctor_markdown(m.env or DeviceFacts.from_dict({}), a.findings)
-    parts += ["## Environment", "", _table(common.environment_rows(a)), ""]
+    parts += ["## Environment", "", _table(formatting.environment_rows(a)), ""]
     parts += [f"Command: `{m.command or ''}`", ""]
     return "\n".join(parts)
 
@@ -132,7 +132,7 @@ def matrix_section(a: RunAnalysis) -> list[str]:
         parts += [f"{p['caption']}:", "", _table(rows), ""]
     if panels:
         parts += [
-            f"★ recommended · ✅ stable: {common.closeness_column(a)}, tokens/s · ❌ failed: verdict and step "
+            f"★ recommended · ✅ stable: {formatting.closeness_column(a)}, tokens/s · ❌ failed: verdict and step "
             "· – not run on this device",
             "",
         ]

@@ -8,11 +8,11 @@ A cell holds the probe of the run's own recipe and seed; probes with recipe over
 
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import STABLE, UNSUPPORTED
 from ..cells import AXES, HARDWARE_AXES, Cell
-from .common import fmt_fidelity, fmt_mismatch, label, recommended_ids
 from .forensics import forensics_of, headroom_applies, tightest_line
+from .formatting import fmt_fidelity, fmt_mismatch, label, recommended_ids
 from .timing import grid_text
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from html import escape
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
-from .common import label
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
+from .formatting import label
 
 CELL_W, CELL_H, LABEL_W = 14, 14, 190  # heat-map geometry (px)
 LEGEND_H = 2 * CELL_H + 8  # the scale under the rows

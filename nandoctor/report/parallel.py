@@ -5,8 +5,8 @@ Rows shared by every renderer."""
 
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
-from .common import fmt_bytes, fmt_fidelity, label
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
+from .formatting import fmt_bytes, fmt_fidelity, label
 
 
 def _dtypes(values) -> str:

@@ -5,8 +5,8 @@ verdict is made here: the figures are shown as measured."""
 
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
-from .common import label
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
+from .formatting import label
 
 READING = (
     "Each step sampled completions through the rollout engine (`{engine}`: KV cache, inference mode, the "

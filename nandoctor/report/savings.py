@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 
-from ..analysis.run import ProbeOutcome, RunAnalysis, grid_speed
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis, grid_speed
 from ..analysis.savings import HELD, NOT_HELD, NOT_MEASURED, SavingsRow, is_low_precision, savings
 from ..analysis.verdicts import UNSUPPORTED
-from .common import fmt_bytes, fmt_fidelity, fmt_rate, label
+from .formatting import fmt_bytes, fmt_fidelity, fmt_rate, label
 
 CAST_ROLES = ("input", "weight", "grad_output")
 SHOWN_CASTS = 8  # fp8 linears listed per probe, worst saturation / flush first

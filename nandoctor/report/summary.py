@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import starved_groups
 from ..jsonio import json_safe
 from .code import grid_recommendations

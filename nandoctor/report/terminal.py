@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from ..analysis.run import RunAnalysis
+from ..analysis.outcomes import RunAnalysis
 from ..analysis.verdicts import MISCONFIGURED, setup_passed
 from ..cells import AXES, Cell
 from ..record import ProbeRecord
-from . import bisection, code, common, timing
+from . import bisection, code, formatting, timing
 from .moe import probe_rows
 from .rl import rl_lines
 
@@ -61,17 +61,17 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
 
 
 def render_terminal(a: RunAnalysis, run_dir) -> str:
-    probed, why = common.model_line(a)
-    stand_in = common.stand_in_line(a)
+    probed, why = formatting.model_line(a)
+    stand_in = formatting.stand_in_line(a)
     out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else []), ""]
-    out += [*common.reference_lines(a), ""] if a.references else []
-    rows = common.ranking_rows(a)
+    out += [*formatting.reference_lines(a), ""] if a.references else []
+    rows = formatting.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
-    note = common.ranking_note(a)
+    note = formatting.ranking_note(a)
     if note:
         out += ["", note]
     out += rl_lines(a)
-    fails = common.failure_rows(a)
+    fails = formatting.failure_rows(a)
     if fails:
         out += [
             "",
@@ -105,7 +105,7 @@ def closing_lines(a: RunAnalysis, run_dir) -> list[str]:
     of hardware; why; where the reports are), then the details. How speed decided, with its per-round
     figures, is said once, in report.md, not here; the reference lines are said at the top already. A
     bisection's headline is its own (bisection.headline_lines)."""
-    head = common.headline(a)
+    head = formatting.headline(a)
     speed = timing.speed_lines(a)
     told = " (how speed decided, with the figures)" if speed else ""
     reports = f"reports: {run_dir}/report.md{told}, report.html, junit.xml, summary.json"
@@ -114,6 +114,6 @@ def closing_lines(a: RunAnalysis, run_dir) -> list[str]:
     why = timing.why_line(a)
     answer = [line for line in head if line.startswith(("Recommended", "No stable configuration"))]
     answer += [why] if why else []
-    said = {*answer, *speed, *common.reference_lines(a)}
+    said = {*answer, *speed, *formatting.reference_lines(a)}
     details = [line for line in head if line not in said] + [line for line in [timing.load_short(a)] if line]
     return [*answer, reports] + ([""] + details if details else [])

@@ -7,8 +7,8 @@ a re-timed one its re-timed figure beside it, in a column of its own."""
 
 from __future__ import annotations
 
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis, speed, speed_buckets
 from ..analysis.ranking import MARGIN, ROUNDS, SpeedComparison, undecided
-from ..analysis.run import ProbeOutcome, RunAnalysis, speed, speed_buckets
 from ..analysis.speed import grid_throughput
 from ..record import Throughput
 from ..thresholds import THRESHOLDS
@@ -234,7 +234,7 @@ def unresolved_line(a: RunAnalysis) -> str | None:
 
 def sharing(a: RunAnalysis) -> int:
     """How many ranked configurations share the recommendations' fidelity buckets and flag status, where
-    speed decides between two or more (analysis.run.speed_buckets); 0 where it decides nothing."""
+    speed decides between two or more (analysis.outcomes.speed_buckets); 0 where it decides nothing."""
     return sum(len(top) for top in speed_buckets(a))
 
 

@@ -24,12 +24,13 @@ from ..plan import PlannedProbe
 from ..record import ModelPlan, ProbeRecord, ProbeSpec
 from ..runmeta import RunMeta
 from ..thresholds import refuse_short_probes
-from .cache import ProbeCache, gave_up_threads
+from .cache import gave_up_threads
 from .fingerprint import probe_fingerprint
 from .heartbeat import Heartbeat
 from .local import LocalPlacement, threads_per_probe
 from .on_ray import RayPlacement
 from .on_slurm import SlurmPlacement
+from .options import RunOptions
 from .placement import Placement
 from .planner import plan_request
 from .rundir import FACTS_FILE, RunInterrupted, new_run_dir, planning_device
@@ -92,58 +93,46 @@ class Session:
     """A run directory being filled. A context manager: leaving it ends every probe still running (and
     cancels its job) and closes the placement.
 
-    warm=False starts a cold Python process per probe, and no warm worker to plan on (this process
-    plans); cache (a ProbeCache) reuses records with an identical fingerprint and keeps the new ones;
-    replay_failed_only runs the forensics replay only for a probe that hit a non-finite step (a quick
-    check); plan reuses a model plan and resume=True continues the run directory `out` (see resume());
-    otherwise `out` must not hold a run yet. on_record(record) is called for every record as it is kept;
-    on_alive(probe_id, elapsed_s, step) every HEARTBEAT_S while a probe runs; on_stale(probe_ids) when a
-    resumed run's records are rerun because their inputs changed; on_uncached({probe_id: 'T of P'
-    threads}) when `cache` kept none of these probes since each gave up CPU threads to a busy host
-    (cache.gave_up_threads). Constructing one picks the run
-    directory and opens the placement (this machine's first warm worker, or a scheduler's start-up jobs
-    and the warm worker that plans start at once);
-    prepare() then gathers the device facts (`device`, unless given) and plans the model (`plan`,
-    unless given); `warnings` says what the user should know about the model plan. Ctrl-C (or SIGTERM)
-    inside the `with` block leaves as RunInterrupted once run.json exists.
+    options (a RunOptions) says how: options.warm=False starts a cold Python process per probe, and no
+    warm worker to plan on (this process plans); options.cache reuses records with an identical
+    fingerprint and keeps the new ones; options.replay_failed_only runs the forensics replay only for a
+    probe that hit a non-finite step (a quick check); options.listener's alive hook hears every
+    HEARTBEAT_S while a probe runs, its stale hook when a resumed run's records are rerun because their
+    inputs changed, its note hook what capabilities.emulated_notes says, its queue hook a scheduler's
+    queue, its uncached hook the probes options.cache kept none of since each gave up CPU threads to a busy
+    host (cache.gave_up_threads). plan reuses a model plan and resume=True continues the run directory options.out (see
+    resume()); otherwise options.out must not hold a run yet. on_record(record) is called for every
+    record as it is kept. Constructing one picks the run directory and opens the placement (this
+    machine's first warm worker, or a scheduler's start-up jobs and the warm worker that plans start at
+    once); prepare() then gathers the device facts (options.device, unless given) and plans the model
+    (`plan`, unless given); `warnings` says what the user should know about the model plan. Ctrl-C (or
+    SIGTERM) inside the `with` block leaves as RunInterrupted once run.json exists.
 
-    jobs=None packs probes on this machine (local.LocalPlacement): on a GPU host by the planned model's
-    training memory, corrected by the peaks measured as probes finish; one at a time on a CPU.
+    options.jobs=None packs probes on this machine (local.LocalPlacement): on a GPU host by the planned
+    model's training memory, corrected by the peaks measured as probes finish; one at a time on a CPU.
 
-    executor (an ExecutorConfig) says where probes run (PLACEMENTS); a scheduler's placement runs
-    `parallel` of them at once, each with `cpus` threads per rank; on_queue(queued, running, done,
-    job_ids, queue_wait, retries) hears its queue."""
+    options.executor (an ExecutorConfig) says where probes run (PLACEMENTS); a scheduler's placement runs
+    `parallel` of them at once, each with `cpus` threads per rank."""
 
     def __init__(
         self,
         kind: str,
         recipe: Recipe,
-        out=None,
-        jobs: int | None = None,
-        steps: int | None = None,
-        device: DeviceFacts | dict | None = None,
+        options: RunOptions | None = None,
         on_record=None,
-        warm: bool = True,
-        cache: ProbeCache | None = None,
         plan: ModelPlan | None = None,
-        on_alive=None,
         resume: bool = False,
-        executor: ExecutorConfig | None = None,
-        on_queue=None,
-        replay_failed_only: bool = False,
-        on_stale=None,
-        roundtrip: bool = False,
-        on_note=None,
-        on_uncached=None,
     ):
+        options = options or RunOptions()
+        hooks = options.hooks()
         self.kind, self.recipe = kind, recipe
-        self.replay_failed_only, self.roundtrip = replay_failed_only, roundtrip
-        self.steps = steps or recipe.steps
+        self.replay_failed_only, self.roundtrip = options.replay_failed_only, options.roundtrip
+        self.steps = options.steps or recipe.steps
         self.short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
-        self.executor = executor or ExecutorConfig()
-        self.dir = Path(out) if resume else new_run_dir(out, kind, recipe)
+        self.executor = options.executor or ExecutorConfig()
+        self.dir = Path(options.out) if resume else new_run_dir(options.out, kind, recipe)
         self.store = ResultsStore(self.dir)
-        self.device = DeviceFacts.of(device)
+        self.device = DeviceFacts.of(options.device)
         # the device facts per kind of hardware a resumed run was planned with (a scheduler's start-up
         # jobs gathered them on the cluster): its placement gathers none again
         self.kept: dict | None = self.store.read_json(FACTS_FILE) if resume else None
@@ -151,21 +140,21 @@ class Session:
         # the placement starts its first warm worker (or a scheduler's start-up jobs) now, while this
         # process gathers the device facts and plans the model (prepare)
         self.placement: Placement = PLACEMENTS[self.executor.kind](
-            self.executor, self.dir, jobs=jobs, warm=warm, kept=self.kept, inputs=input_files(recipe)
+            self.executor, self.dir, jobs=options.jobs, warm=options.warm, kept=self.kept, inputs=input_files(recipe)
         )
-        heartbeat = Heartbeat(on_alive) if on_alive else None
-        self.scheduler = Scheduler(self.placement, self.store, self.executor.option("retries"), heartbeat, on_queue)
+        heartbeat = Heartbeat(hooks.alive) if hooks.alive else None
+        self.scheduler = Scheduler(self.placement, self.store, self.executor.option("retries"), heartbeat, hooks.queue)
         self.plan = plan
         # models.config_facts of the recipe, when the worker's planning gathered them
         self.model_facts: dict | None = None
         # the data lint of the recipe's rows (api.open_session judges what lint() measured); None: synthetic
         self.data_lint: dict | None = None
-        self.cache = cache
+        self.cache = options.cache
         self.on_record = on_record or (lambda record: None)
-        self.on_stale = on_stale or (lambda probe_ids: None)
-        self.on_note = on_note or (lambda line: None)
+        self.on_stale = hooks.stale or (lambda probe_ids: None)
+        self.on_note = hooks.note or (lambda line: None)
         self.emulated_said: set[str] = set()  # the compute dtypes announced as emulated (capabilities.emulated_notes)
-        self.on_uncached = on_uncached or (lambda threads: None)
+        self.on_uncached = hooks.uncached or (lambda threads: None)
         self.planned = 0
         self.recorded: dict[str, ProbeRecord] = {}  # probes already in the store (a resumed run)
 

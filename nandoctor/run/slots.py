@@ -4,7 +4,7 @@ the placement waits on one thing.
 
 - WarmSlot owns a warm worker (`python -m nandoctor.child.worker`) and asks it to fork a child per probe:
   the import of torch / transformers / peft is paid once per worker, not once per probe. The worker
-  speaks on pipes of its own (record.py's worker messages), never on its stdout.
+  speaks on pipes of its own (record/worker_messages.py), never on its stdout.
 - ColdSlot starts a fresh `python -m nandoctor.child` per probe: the baseline, and the fallback
   (`--cold`) when forking is not wanted.
 

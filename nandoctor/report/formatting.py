@@ -1,10 +1,11 @@
-"""Rows and numbers shared by every renderer, so the terminal, Markdown, HTML and JSON agree."""
+"""How every renderer writes a run's numbers, labels and rows (the ranking, the failures, the environment),
+so the terminal, Markdown, HTML and JSON agree."""
 
 from __future__ import annotations
 
 import math
 
-from ..analysis.run import ProbeOutcome, RunAnalysis
+from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.speed import grid_throughput
 from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, roundtrip_result
 from ..cells import AXES, Cell
