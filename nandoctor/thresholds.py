@@ -94,7 +94,10 @@ class Thresholds:
       (floor 0); bf16-pure 0.0039 against a floor of 0.0044, fp16-pure 0.00049 against 0.00054; the usual
       2-D all-ones mask beside the position_ids 0.77, because transformers builds the per-segment mask only
       when no mask is passed and no cache exists (huggingface/transformers PR #46634,
-      huggingface/trl#3067); a model that drops position_ids 0.5.
+      huggingface/trl#3067); a model that drops position_ids 0.5. The same comparison is also made with the
+      model in fp32 whatever the cell (packing_fp32_diff) and judged against 1e-4 alone: a half-precision
+      cell's floor put its bound at 10x its rounding, so a leak as large as the one fp32 showed (0.0198
+      max logit) passed as isolated in bf16-pure while the fp32 cells were misconfigured.
     - accumulation_error_abs / accumulation_error_factor: the gradient a step accumulates over its
       micro-batches (each one's loss the model's own, num_items_in_batch passed as the Trainer passes it)
       must be the full batch's (one backward of all the step's rows): it is misweighted when their
@@ -210,10 +213,12 @@ class Thresholds:
         """The largest logit difference a packed forward may show against its segments run alone."""
         return _bound(self.packing_leak_abs, self.packing_leak_factor, floor)
 
-    def packing_leaks(self, max_diff, floor=None) -> bool:
-        """Whether a packed forward's largest logit difference to its segments run alone is a leak
-        (False for a figure that is absent or not finite: nothing measured, nothing judged)."""
-        return _finite(max_diff) and max_diff > self.packing_bound(floor)
+    def packing_leaks(self, max_diff, floor=None, fp32_diff=None) -> bool:
+        """Whether a packed forward's largest logit difference to its segments run alone is a leak, in the
+        cell's precision against packing_bound(floor), or measured in fp32 (fp32_diff) against
+        packing_leak_abs whatever the cell (False for figures absent or not finite: nothing judged)."""
+        in_cell = _finite(max_diff) and max_diff > self.packing_bound(floor)
+        return in_cell or (_finite(fp32_diff) and fp32_diff > self.packing_leak_abs)
 
     def accumulation_bound(self, floor=None) -> float:
         """The largest relative difference an accumulated step-0 gradient may show to the full batch's."""

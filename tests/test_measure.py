@@ -13,7 +13,7 @@ import torch
 from checkpoints import save_drops_positions_llama, save_ignores_items_llama, save_llama
 from userdata_fixtures import write_jsonl
 
-from nandoctor.analysis.verdicts import setup_judged
+from nandoctor.analysis.verdicts import setup_failures, setup_judged
 from nandoctor.config import recipe_from_dict
 from nandoctor.data import stream
 from nandoctor.measure.accumulation import accumulation_figures, normalized
@@ -21,6 +21,7 @@ from nandoctor.measure.lint import lint_model, packed_inputs
 from nandoctor.measure.numerics import cuda_matmul_precision, fp32_precision_knobs, in_fp32
 from nandoctor.measure.packing import packing_isolation
 from nandoctor.models import model_config
+from nandoctor.thresholds import THRESHOLDS
 from nandoctor.userdata.rows import encoded_rows
 
 
@@ -207,3 +208,22 @@ def test_a_probes_tf32_switch_keeps_torchs_legacy_reader_working():
     )
     said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert said[-4:] == ["high", "high", "highest", "highest"]
+
+
+def test_a_leak_as_small_as_a_half_precision_floor_is_judged_in_fp32(tmp_path, ckpts):
+    """Issue 44: a leak of the size fp32 shows passed as isolated in bf16-pure, whose bound is 10x its own
+    rounding. The model that drops position_ids, its attention outputs scaled down so that what leaks across
+    segments is a few hundredths of a logit: bf16's floor hides it in the cell's own comparison, and the same
+    comparison in fp32 finds it."""
+    r, _, s, model = setup(
+        tmp_path, ckpts["drops_positions"], ids_rows([10, 7, 12, 5]), 4, data={"packing": "position_ids"}
+    )
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(0.02)
+    model.to(torch.bfloat16)
+    got = packing_isolation(model, s.batches[0].inputs)
+    assert 1e-3 < got["packing_fp32_diff"] < got["packing_max_logit_diff"] + 0.05
+    assert got["packing_max_logit_diff"] <= THRESHOLDS.packing_bound(got["packing_floor"])  # the cell alone: hidden
+    assert setup_judged(got)["packing_leaks"] is True
+    assert "in fp32 the packed forward differs by" in setup_failures(got)[0]

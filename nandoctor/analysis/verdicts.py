@@ -173,6 +173,12 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             f"run alone by {_fmt(c['packing_max_logit_diff'])} max logit ({c.get('packing_cause') or 'as collated'}), "
             f"beyond {t.packing_bound(floor):.2g}"
             + (f" (the segments alone move by {_fmt(_num(floor))} against fp32)" if floor is not None else "")
+            + (
+                f"; in fp32 the packed forward differs by {_fmt(_num(c['packing_fp32_diff']))}, beyond "
+                f"{t.packing_leak_abs:.2g}"
+                if t.packing_leaks(None, None, c.get("packing_fp32_diff"))
+                else ""
+            )
             + _leaking_layer_clause(t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff")))
         )
     if judged["accumulation_misweighted"]:
@@ -205,7 +211,9 @@ def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
     rule each, for the probes, the data lint and the callbacks."""
     c = checks or {}
     return {
-        "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_floor"))
+        "packing_leaks": t.packing_leaks(
+            c.get("packing_max_logit_diff"), c.get("packing_floor"), c.get("packing_fp32_diff")
+        )
         if "packing_max_logit_diff" in c
         else None,
         "accumulation_misweighted": t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))

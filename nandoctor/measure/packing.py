@@ -17,8 +17,9 @@ from .numerics import in_fp32, without_dropout
 def packing_isolation(model, inputs: dict) -> dict:
     """The figures of one packed row (row 0 of `inputs`, as collated): packing_segments,
     packing_max_logit_diff (packed against the segments alone), packing_floor (the segments alone in
-    this precision against fp32), packing_cause (what the collator passed beside the position_ids),
-    packing_layers (where the packed forward departs from the segments alone, layer by layer: _layer_diffs)."""
+    this precision against fp32), packing_fp32_diff (packed against the segments alone, both in fp32),
+    packing_cause (what the collator passed beside the position_ids), packing_layers (where the packed
+    forward departs from the segments alone, layer by layer: _layer_diffs)."""
     import torch
 
     ids, positions = inputs["input_ids"][:1], inputs["position_ids"][:1]
@@ -43,6 +44,8 @@ def packing_isolation(model, inputs: dict) -> dict:
         own, own_hidden = alone(hidden=True)
         with in_fp32(model):
             reference, _ = alone()
+            as_fp32 = {k: v.float() if v.is_floating_point() else v for k, v in given.items()}
+            packed_fp32 = model(**as_fp32).logits[0][keep].float()
         layers = _layer_diffs(model, packed_out.hidden_states, own_hidden, spans, keep)
     if mask is not None and mask.dim() == 2:
         cause = "a 2-D attention mask is passed beside the position_ids"
@@ -54,6 +57,9 @@ def packing_isolation(model, inputs: dict) -> dict:
         "packing_segments": len(spans),
         "packing_max_logit_diff": float((packed - own).abs().max()),
         "packing_floor": float((own - reference).abs().max()),
+        # the same comparison in fp32, whatever the cell: isolation is the collation's and the mask's, and a
+        # leak as large as fp32's must not hide under a half-precision cell's own rounding
+        "packing_fp32_diff": float((packed_fp32 - reference).abs().max()),
         "packing_cause": cause,
         "packing_layers": layers,
     }
