@@ -136,14 +136,30 @@ def test_rows_with_no_label_and_supervised_padding_are_found_in_the_collated_bat
     figures = batch_figures([{"input_ids": ids, "attention_mask": mask, "labels": labels}], pad_id=0, eos_id=None)
     assert (figures["rows_without_supervised"], figures["first_unsupervised"], figures["pad_targets"]) == (1, 1, 1)
     found = {f["id"]: f for f in live_findings(figures)}
-    assert found["rows-without-supervised-token"]["severity"] == "error"
-    assert found["rows-without-supervised-token"]["figure"].startswith(
+    # the batch keeps row 0's targets: no step divides by zero, a warning, as `doctor --data` says it
+    # (tests/test_userdata_lint_cli.py), not the error of a batch with none
+    assert "rows-without-supervised-token" not in found
+    unsupervised = found["rows-without-supervised-token-in-full-batches"]
+    assert unsupervised["severity"] == "warning"
+    assert unsupervised["figure"].startswith(
         "1 of the 2 rows in the trainer's first 1 batches have no supervised token"
     )
+    assert unsupervised["figure"].endswith("0 of those batches have none")
     assert found["padding-supervised"]["figure"].startswith("1 padded positions (attention_mask 0)")
-    assert "https://github.com/huggingface/trl/issues/6668" in " ".join(
-        found["rows-without-supervised-token"]["evidence"]
+    assert "https://github.com/huggingface/trl/issues/6668" in " ".join(unsupervised["evidence"])
+
+
+def test_a_batch_with_no_supervised_token_is_an_error():
+    from nandoctor.integrations.setup_lint import batch_figures, live_findings
+
+    ids = torch.tensor([[5, 6, 7], [8, 9, 4]])
+    labels = torch.full_like(ids, -100)
+    found = {f["id"]: f for f in live_findings(batch_figures([{"input_ids": ids, "labels": labels}], None, None))}
+    assert found["rows-without-supervised-token"]["severity"] == "error"
+    assert found["rows-without-supervised-token"]["figure"].endswith(
+        "1 of those batches have none: their mean loss is 0/0"
     )
+    assert "rows-without-supervised-token-in-full-batches" not in found
 
 
 def test_a_collator_the_lint_cannot_run_leaves_the_watch_on(capsys):

@@ -32,7 +32,7 @@ import random
 
 from ..analysis.verdicts import setup_failures, setup_judged
 from ..child.setup_checks import ACCUMULATION_ELEMENTS
-from ..knowledge import SEVERITIES, holds
+from ..knowledge import SEVERITIES
 from ..measure.accumulation import accumulation_figures
 from ..measure.packing import packing_isolation
 from ..measure.reach import gradient_reach
@@ -41,41 +41,35 @@ from ..userdata.lint import data_rules, finding
 
 LINT_BATCHES = 2  # the trainer's first batches the lint reads
 
-# rule id of userdata/rules.yaml: (when over the live figures, the figure sentence); the rule gives the
-# severity, title, fix and evidence
+# The rules of userdata/rules.yaml the live figures are judged by, each with the sentence that says its
+# figure here: the rule (its own `when`, severity, title, fix and evidence) decides, as it does for
+# `doctor --data`.
 LIVE_RULES = {
     "rows-without-supervised-token": (
-        {"rows_without_supervised": {"gt": 0}},
         "{rows_without_supervised} of the {rows} rows in the trainer's first {batches} batches have no supervised "
         "token (every label -100 after the shift; first: row {first_unsupervised}); "
-        "{batches_without_supervised} of those batches have none: their mean loss is 0/0",
+        "{batches_without_supervised} of those batches have none: their mean loss is 0/0"
+    ),
+    "rows-without-supervised-token-in-full-batches": (
+        "{rows_without_supervised} of the {rows} rows in the trainer's first {batches} batches have no supervised "
+        "token (every label -100 after the shift; first: row {first_unsupervised}); "
+        "{batches_without_supervised} of those batches have none"
     ),
     "pad-masks-real-targets": (
-        {"content_pad_masked": {"gt": 0}},
         "the pad id {pad_id} is content {content_pad_tokens} times in the first {batches} batches (attention_mask "
-        "1) and {content_pad_masked} of those positions have label -100: the model never learns to predict it",
+        "1) and {content_pad_masked} of those positions have label -100: the model never learns to predict it"
     ),
     "padding-supervised": (
-        {"pad_targets": {"gt": 0}},
-        "{pad_targets} padded positions (attention_mask 0) in the first {batches} batches carry a label other "
-        "than -100",
+        "{pad_targets} padded positions (attention_mask 0) in the first {batches} batches carry a label other than -100"
     ),
     "eos-never-a-target": (
-        {"eos_targets": 0, "eos_in_content": {"gt": 0}},
-        "EOS (id {eos_id}) is content {eos_in_content} times in the first {batches} batches and a target in none",
+        "EOS (id {eos_id}) is content {eos_in_content} times in the first {batches} batches and a target in none"
     ),
-    "packing-leaks-across-segments": (
-        {"packing_leaks": True},
-        "on the live {model}: {packing_reason}",
-    ),
-    "accumulation-normalised-per-micro-batch": (
-        {"accumulation_misweighted": True},
-        "on the live {model}: {accumulation_reason}",
-    ),
+    "packing-leaks-across-segments": "on the live {model}: {packing_reason}",
+    "accumulation-normalised-per-micro-batch": "on the live {model}: {accumulation_reason}",
     "trainable-group-without-gradient": (
-        {"groups_without_gradient": {"gt": 0}},
         "with the live model's gradient checkpointing, one backward of the first batch gave no gradient to "
-        "{groups_without_gradient_names}: {gradient_reach_outcome}",
+        "{groups_without_gradient_names}: {gradient_reach_outcome}"
     ),
 }
 
@@ -149,6 +143,8 @@ def batch_figures(batches: list[dict], pad_id: int | None, eos_id: int | None) -
         "pad_id": pad_id,
         "content_pad_tokens": content_pad,
         "content_pad_masked": content_pad_masked,
+        # the labels mask the pad id (the rule's `labels: pad_id`): a content pad position got label -100
+        "labels": "pad_id" if content_pad_masked else "as collated",
         "pad_targets": pad_targets,
         "eos_id": eos_id,
         "eos_in_content": eos_content if eos_id is not None else None,
@@ -224,12 +220,13 @@ def measured_figures(model, batches: list[dict], micro: int = 1, normalization: 
 
 
 def live_findings(figures: dict) -> list[dict]:
-    """The LIVE_RULES the figures fire, most severe first, as findings (with `figure`) of the rules."""
-    rules = {r.id: r for r in data_rules()}
-    fired = []
-    for rule_id, (when, figure) in LIVE_RULES.items():
-        if holds(when, figures):
-            fired.append(finding(rules[rule_id], figure.format(**figures)))
+    """The LIVE_RULES whose own condition holds on the figures, most severe first, as findings (with
+    `figure`) of the rules."""
+    fired = [
+        finding(rule, LIVE_RULES[rule.id].format(**figures))
+        for rule in data_rules()
+        if rule.id in LIVE_RULES and rule.matches(figures)
+    ]
     return sorted(fired, key=lambda f: SEVERITIES.index(f["severity"]))
 
 
