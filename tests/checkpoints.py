@@ -327,6 +327,23 @@ class IgnoresItemsLlamaForCausalLM(LlamaForCausalLM):
         return super().forward(*args, **kwargs)
 '''
 
+IGNORES_BOTH_CODE = '''
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class IgnoresBothLlamaConfig(LlamaConfig):
+    model_type = "ignoresboth-llama"
+
+
+class IgnoresBothLlamaForCausalLM(LlamaForCausalLM):
+    """Drops position_ids (packed segments see each other) and num_items_in_batch (the accumulated
+    gradient is the micro-batches' means added up): both setup checks must fail."""
+    config_class = IgnoresBothLlamaConfig
+
+    def forward(self, *args, position_ids=None, num_items_in_batch=None, **kwargs):
+        return super().forward(*args, **kwargs)
+'''
+
 
 def save_drops_positions_llama(path: Path, **config_extra) -> Path:
     return save_custom_llama(path, "drops_positions", "DropsPositions", DROPS_POSITIONS_CODE, **config_extra)
@@ -334,3 +351,7 @@ def save_drops_positions_llama(path: Path, **config_extra) -> Path:
 
 def save_ignores_items_llama(path: Path, **config_extra) -> Path:
     return save_custom_llama(path, "ignores_items", "IgnoresItems", IGNORES_ITEMS_CODE, **config_extra)
+
+
+def save_ignores_both_llama(path: Path, **config_extra) -> Path:
+    return save_custom_llama(path, "ignores_both", "IgnoresBoth", IGNORES_BOTH_CODE, **config_extra)

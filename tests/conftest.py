@@ -364,6 +364,7 @@ SHARED_RUNS = {
     "test_integrations_setup_lint": "frameworks",
     "test_trust_callbacks": "frameworks",
     "test_pasted_code": "frameworks",
+    "test_one_verdict_every_door": "frameworks",
 }
 
 

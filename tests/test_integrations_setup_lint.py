@@ -1,7 +1,8 @@
 """The training callback lints the trainer's own first batches at train start (its dataset through its
 collator, on the live model): a real transformers Trainer on the tiny Llama whose collator packs rows
 with position_ids and the usual 2-D all-ones attention mask beside them is warned, with the measured
-logit difference, and trains on; under strict=True the leak stops it before its first step; the
+logit difference, and judged `misconfigured` as the grid judges it: stopped at step 0 with a report; under
+strict=True the leak stops it before its first step; the
 flattening collator alone (no mask) is not warned. The batch figures (label coverage, the pad token)
 are read from collated batches in a fast test, and a collator the lint cannot run leaves the watch on."""
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from training_runs import QUIET_LIGHTNING, QUIET_TRAINING_ARGS, tiny_llama
 
+from nandoctor.config import Recipe
 from nandoctor.integrations.judge import CheckFailed
 from nandoctor.integrations.watch import Watch
 
@@ -75,8 +77,12 @@ def test_a_trainer_whose_collator_packs_beside_a_2d_mask_is_warned_with_the_figu
     leak = float(re.search(r"differs from each segment run alone by ([0-9.e-]+) max logit", lint[0]).group(1))
     assert leak > 0.1 and "(a 2-D attention mask is passed beside the position_ids)" in lint[0]
     assert "Fix: Pass position_ids without an attention mask (DataCollatorWithFlattening" in lint[0]
-    assert trainer.state.global_step == 2 and not callback.watch.off  # warned, and training went on
     assert "packing-leaks-across-segments" in [f["id"] for f in callback.watch.findings]
+    # the grid's verdict on the leak: misconfigured, so the run stops at step 0 with its report
+    verdict = callback.watch.judging.verdict()
+    assert verdict.name == "misconfigured" and verdict.reason.startswith("packing: one packed forward"), verdict
+    assert trainer.state.global_step == 1 and not callback.watch.off
+    assert (tmp_path / "nandoctor" / "report.md").exists()
 
 
 @pytest.mark.slow
@@ -118,7 +124,7 @@ def test_a_lightning_fit_on_a_packing_loader_with_a_2d_mask_is_warned_with_the_f
         trainer.fit(CausalLM(), loader)
     lint = [str(w.message) for w in said if "data and setup lint" in str(w.message)]
     assert "error packing-leaks-across-segments: on the live LlamaForCausalLM: packing: one packed forward" in lint[0]
-    assert trainer.global_step == 2
+    assert callback.watch.judging.verdict().name == "misconfigured" and trainer.global_step == 1
 
 
 def test_rows_with_no_label_and_supervised_padding_are_found_in_the_collated_batches():
@@ -130,14 +136,30 @@ def test_rows_with_no_label_and_supervised_padding_are_found_in_the_collated_bat
     figures = batch_figures([{"input_ids": ids, "attention_mask": mask, "labels": labels}], pad_id=0, eos_id=None)
     assert (figures["rows_without_supervised"], figures["first_unsupervised"], figures["pad_targets"]) == (1, 1, 1)
     found = {f["id"]: f for f in live_findings(figures)}
-    assert found["rows-without-supervised-token"]["severity"] == "error"
-    assert found["rows-without-supervised-token"]["figure"].startswith(
+    # the batch keeps row 0's targets: no step divides by zero, a warning, as `doctor --data` says it
+    # (tests/test_userdata_lint_cli.py), not the error of a batch with none
+    assert "rows-without-supervised-token" not in found
+    unsupervised = found["rows-without-supervised-token-in-full-batches"]
+    assert unsupervised["severity"] == "warning"
+    assert unsupervised["figure"].startswith(
         "1 of the 2 rows in the trainer's first 1 batches have no supervised token"
     )
+    assert unsupervised["figure"].endswith("0 of those batches have none")
     assert found["padding-supervised"]["figure"].startswith("1 padded positions (attention_mask 0)")
-    assert "https://github.com/huggingface/trl/issues/6668" in " ".join(
-        found["rows-without-supervised-token"]["evidence"]
+    assert "https://github.com/huggingface/trl/issues/6668" in " ".join(unsupervised["evidence"])
+
+
+def test_a_batch_with_no_supervised_token_is_an_error():
+    from nandoctor.integrations.setup_lint import batch_figures, live_findings
+
+    ids = torch.tensor([[5, 6, 7], [8, 9, 4]])
+    labels = torch.full_like(ids, -100)
+    found = {f["id"]: f for f in live_findings(batch_figures([{"input_ids": ids, "labels": labels}], None, None))}
+    assert found["rows-without-supervised-token"]["severity"] == "error"
+    assert found["rows-without-supervised-token"]["figure"].endswith(
+        "1 of those batches have none: their mean loss is 0/0"
     )
+    assert "rows-without-supervised-token-in-full-batches" not in found
 
 
 def test_a_collator_the_lint_cannot_run_leaves_the_watch_on(capsys):
@@ -145,9 +167,9 @@ def test_a_collator_the_lint_cannot_run_leaves_the_watch_on(capsys):
         raise KeyError("text")
 
     watch = Watch()
-    watch.run = SimpleNamespace(model=None)
+    watch.run = SimpleNamespace(model=None, recipe=Recipe())
     loader = torch.utils.data.DataLoader(Rows(4), batch_size=2, collate_fn=broken)
-    assert watch._lint(loader, 2, None, None) == [] and watch.off is None
+    assert watch._lint(loader, 2, None, None) == ([], {}) and watch.off is None
     assert "the data and setup lint could not run (KeyError: 'text'); watching goes on" in capsys.readouterr().err
 
 

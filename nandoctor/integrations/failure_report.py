@@ -51,10 +51,12 @@ def write_report(
     device: DeviceFacts,
     findings: list[dict],
     bisect_command: str,
+    setup_checks: dict | None = None,
 ) -> None:
     """Write the reports of report/ into report_dir for a live run stopped at a failure: its judged
     `steps` and the replay's `forensics` (None when the step was not replayed) as one probe record of
-    `recipe`, with the `device` facts, the knowledge `findings` on its setup and the bisect command."""
+    `recipe`, with the `device` facts, the knowledge `findings` on its setup, the bisect command and the
+    figures of its step-0 `setup_checks` (judged as a probe's)."""
     config = run.model.config
     params = sum(p.numel() for p in run.model.parameters())
     trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
@@ -90,7 +92,14 @@ def write_report(
         "bisect_command": bisect_command,
     }
     record = ProbeRecord(
-        run.cell.id, run.cell, "ok", steps=steps, seed=recipe.seed, recipe=recipe_to_dict(recipe), forensics=forensics
+        run.cell.id,
+        run.cell,
+        "ok",
+        steps=steps,
+        seed=recipe.seed,
+        recipe=recipe_to_dict(recipe),
+        forensics=forensics,
+        setup_checks=setup_checks,
     )
     write_reports(analyze_records(meta, [record]), report_dir)
 

@@ -1,7 +1,9 @@
 """The probes' rules judging a live run: the setup check before any step (can this device run the
 cell; the knowledge rules that fire on the setup), the step-0 checks of `nandoctor check` on the first
-judged step (with its activation and gradient headroom, from hooks on every module), then the probes'
-verdict rules (nonfinite, zero-loss, spike, divergence) on the curve so far at every judged step.
+judged step (with its activation and gradient headroom, from hooks on every module, and the probes'
+step-0 setup checks measured on the live model: packing, accumulation), then the grid's verdict
+(analysis/verdicts: misconfigured, nonfinite, zero-loss, spike, divergence) on the curve so far at every
+judged step, and classify's verdict on the whole run at its end.
 
 A failed check warns, or under strict=True raises `CheckFailed`; a run that does not learn is a
 warning (once), unless strict, since it may still start learning.
@@ -13,7 +15,7 @@ import math
 import warnings
 
 from ..analysis.forensics import headroom
-from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, numeric_verdict
+from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, classify, numeric_verdict, setup_verdict
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch
 from ..device import DeviceFacts
@@ -81,11 +83,14 @@ class Judge:
         self.steps: list[Step] = []  # the judged steps
         self.step0: ModuleWatch | None = None  # hooks on every module until the first judged step
         self.warned: set[str] = set()  # the warnings given once per run (no-learning)
+        self.setup_checks: dict | None = None  # the probes' step-0 setup checks, measured on the live model
 
-    def setup(self, run: LiveRun, device: DeviceFacts) -> list[dict]:
+    def setup(self, run: LiveRun, device: DeviceFacts, setup_checks: dict | None = None) -> list[dict]:
         """The setup check of `run` on `device` (env.collect_summary() facts), before any step; then hooks
-        that measure step 0's headroom. Returns the knowledge rules' findings on the setup."""
-        self.run = run
+        that measure step 0's headroom. setup_checks: the figures of the probes' step-0 setup checks on
+        the live model (setup_lint.setup_check_figures), judged with every step as the grid judges a
+        probe's. Returns the knowledge rules' findings on the setup."""
+        self.run, self.setup_checks = run, setup_checks or None
         findings = [
             finding(r, [run.cell.id])
             for r in evaluate(
@@ -127,7 +132,11 @@ class Judge:
         self.steps.append(record)
         if self.step0 is not None:
             self._check_step0(record)
-        verdict = numeric_verdict(self.steps, None, THRESHOLDS, since=len(self.steps) - 1)
+        # the grid's rules on the new step (classify's, but the GradScaler that skipped every step so
+        # far: a live run's first skips are the scaler calibrating)
+        verdict = setup_verdict(self.record()) or numeric_verdict(
+            self.steps, None, THRESHOLDS, since=len(self.steps) - 1
+        )
         if verdict.name == NO_LEARNING and not self.strict and NO_LEARNING not in self.warned:
             self.warned.add(NO_LEARNING)
             warnings.warn(
@@ -142,8 +151,15 @@ class Judge:
         return verdict.failed and (self.strict or verdict.name != NO_LEARNING)
 
     def verdict(self) -> Verdict | None:
-        """The verdict of the whole curve judged so far; None before any step."""
-        return numeric_verdict(self.steps, None, THRESHOLDS) if self.steps else None
+        """The grid's verdict of the run judged so far (its setup checks, the whole curve); None before
+        any step."""
+        return classify(self.record()) if self.steps else None
+
+    def record(self, steps: list[Step] | None = None) -> ProbeRecord:
+        """The run judged so far as the probe record the grid judges: its cell, its judged `steps`
+        (default: all) and its setup checks."""
+        steps = self.steps if steps is None else steps
+        return ProbeRecord(self.run.cell.id, self.run.cell, steps=steps, setup_checks=self.setup_checks)
 
     def unhook(self) -> None:
         """Take the step-0 hooks off the model, if they are still on."""
@@ -160,9 +176,9 @@ class Judge:
             "gradient_absmax": self.step0.gradient_absmax,
         }
         self.step0 = None
-        checks = check_results(
-            ProbeRecord(self.run.cell.id, self.run.cell, steps=[record]), self.run.vocab, self.run.random_init
-        ) + headroom_checks(f, events, record.scale)
+        checks = check_results(self.record([record]), self.run.vocab, self.run.random_init) + headroom_checks(
+            f, events, record.scale
+        )
         self._verdict_on(checks, f"step-{record.step}")
 
     def lint(self, findings: list[dict]) -> None:

@@ -112,7 +112,9 @@ class NandoctorCallback(Callback):
         optimizer = trainer.optimizers[0]
         cell = cell_of_trainer(trainer, model)
         seed = int(os.environ.get("PL_GLOBAL_SEED", 0))  # set by lightning.seed_everything
-        recipe = recipe_of("lightning", model, optimizer, trainer.gradient_clip_val, seed, cell)
+        # Lightning divides each micro-batch's loss by accumulate_grad_batches: weighted per micro-batch
+        micro = trainer.accumulate_grad_batches
+        recipe = recipe_of("lightning", model, optimizer, trainer.gradient_clip_val, seed, cell, micro, "micro_batch")
         loader = trainer.train_dataloader  # the user's DataLoader (a CombinedLoader's iterables otherwise)
         self.watch.start(
             LiveRun(

@@ -49,9 +49,20 @@ def autocast_of(cell: Cell, device: str):
     return precision(cell, device)[0]
 
 
-def recipe_of(framework: str, model, optimizer, grad_clip: float, seed: int, cell: Cell) -> Recipe:
+def recipe_of(
+    framework: str,
+    model,
+    optimizer,
+    grad_clip: float,
+    seed: int,
+    cell: Cell,
+    accumulation: int = 1,
+    normalization: str = "tokens",
+) -> Recipe:
     """The recipe a live run amounts to: its model (local checkpoint, hub id or config), the AdamW
-    settings of its first parameter group, clipping and seed (the batch shape comes with a batch)."""
+    settings of its first parameter group, clipping and seed (the batch shape comes with a batch), its
+    micro-batches per optimizer step (`accumulation`) and how the framework weights their losses
+    (`normalization`: "tokens" where the framework passes num_items_in_batch to a model that takes it)."""
     source = getattr(model, "name_or_path", "") or ""
     arch = {} if source else {k: v for k, v in model.config.to_diff_dict().items() if k not in ARCH_NOT_SETTINGS}
     weights = SHORT_DTYPES.get(str(next(model.parameters()).dtype).replace("torch.", ""), "fp32")
@@ -76,6 +87,8 @@ def recipe_of(framework: str, model, optimizer, grad_clip: float, seed: int, cel
         ),
         grad_clip=grad_clip or 0.0,
         seed=seed,
+        gradient_accumulation_steps=max(1, int(accumulation or 1)),
+        loss_normalization=normalization,
     ).validate()
 
 

@@ -91,7 +91,9 @@ class NandoctorCallback(TrainerCallback):
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
         cell = cell_from_training_args(args, model, scaled)
         self.share = ranks_sharing_tokens(args)
-        recipe = recipe_of("transformers", model, optimizer, args.max_grad_norm, args.seed, cell)
+        recipe = recipe_of(
+            "transformers", model, optimizer, args.max_grad_norm, args.seed, cell, args.gradient_accumulation_steps
+        )
         run = LiveRun(
             "transformers",
             cell,

@@ -3,8 +3,9 @@
 A framework adapter (transformers.py, lightning.py) reads its trainer into a `LiveRun` (live.py) and
 calls a `Watch` at three points of the run:
 
-- `start`: before the first step, the setup check and hooks for step 0's headroom (judge.py);
-- `lint`: at train start, the data and setup lint on the trainer's own first batches (setup_lint.py);
+- `start`: before the first step, the setup check and hooks for step 0's headroom (judge.py), and the
+  data and setup lint on the trainer's own first batches with the probes' step-0 setup checks (packing,
+  accumulation) on the live model (setup_lint.py), judged with every step as the grid judges them;
 - `judge`: after backward, before the optimizer step, with the step's real loss and pre-clip
   grad-norm: the step-0 checks on the first step, then the probes' verdict rules on the curve so far
   (judge.py). On the first failure it keeps the batch and a copy of the weights and optimizer state
@@ -33,12 +34,13 @@ from pathlib import Path
 from ..device import DeviceFacts
 from ..env import collect_summary
 from ..errors import NandoctorError
+from ..measure.accumulation import normalized
 from .failure_report import REPORT_DIR, write_recipe, write_report
 from .judge import CheckFailed, Judge
 from .live import LiveRun, recipe_at
 from .ranks import Ranks
 from .replay import Failure, parameter_extremes, replay, state_copy
-from .setup_lint import first_batches, lint_live
+from .setup_lint import LINT_BATCHES, first_batches, lint_live
 
 __all__ = ["CheckFailed", "LiveRun", "Watch", "guarded"]
 
@@ -122,8 +124,8 @@ class Watch:
         under strict."""
         self.run, self.device = run, self.device or collect_summary()
         self.named = [(n, p) for n, p in run.model.named_parameters() if p.requires_grad]
-        linted = self._lint(loader, batch_size, pad_id, eos_id)
-        self.findings = self.judging.setup(run, self.device) + linted
+        linted, checks = self._lint(loader, batch_size, pad_id, eos_id)
+        self.findings = self.judging.setup(run, self.device, checks) + linted
         self.judging.lint(linted)
         self.entering = self.earlier = parameter_extremes(self.named)
         which = "every step" if self.every == 1 else f"one step in {self.every}"
@@ -135,18 +137,29 @@ class Watch:
                 f"a failure stops training and writes a report to {Path(run.output_dir) / REPORT_DIR}"
             )
 
-    def _lint(self, loader, batch_size: int | None, pad_id: int | None, eos_id: int | None) -> list[dict]:
-        """The data and setup lint's findings on the loader's first batches (setup_lint.py). A lint that
+    def _lint(self, loader, batch_size: int | None, pad_id: int | None, eos_id: int | None) -> tuple[list[dict], dict]:
+        """The data and setup lint's findings on the loader's first batches, and the figures of the probes'
+        step-0 setup checks on them (setup_lint.py): as many batches as a step's micro-batches. A lint that
         cannot read or measure them says so in one line; the watch goes on."""
         if loader is None:
-            return []
+            return [], {}
         try:
-            batches = first_batches(loader, batch_size)
-            return lint_live(self.run.model, batches, pad_id, eos_id, measured=not self.ranks.distributed)
+            recipe = self.run.recipe
+            micro = recipe.gradient_accumulation_steps
+            batches = first_batches(loader, batch_size, max(LINT_BATCHES, micro))
+            return lint_live(
+                self.run.model,
+                batches,
+                pad_id,
+                eos_id,
+                measured=not self.ranks.distributed,
+                micro=micro,
+                normalization=normalized(recipe, self.run.model),
+            )
         except Exception as e:  # noqa: BLE001 - a collator or model the lint cannot run leaves the watch on
             first = (str(e).splitlines() or [""])[0][:200]
             _say(f"the data and setup lint could not run ({type(e).__name__}: {first}); watching goes on")
-            return []
+            return [], {}
 
     def checking(self, step: int) -> bool:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""
@@ -249,6 +262,7 @@ class Watch:
             device=self.device,
             findings=self.findings,
             bisect_command=self.bisect_command,
+            setup_checks=self.judging.setup_checks,
         )
         print(
             f"nandoctor: {f.verdict.name} at step {f.verdict.step}: {f.verdict.reason}. Training stopped.\n"
