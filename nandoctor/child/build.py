@@ -21,7 +21,7 @@ from ..measure.accumulation import normalized
 from ..measure.numerics import set_tf32
 from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
-from .optimizers import build_optimizer, eager_reason, param_groups, step_eagerly
+from .optimizers import eager_reason, optimizer_for, step_eagerly
 from .quant import load_quantized, prepare
 
 
@@ -169,7 +169,7 @@ def _optimizer(spec: ProbeSpec, model):
     """The cell's optimizer over the trainable parameters, grouped for weight decay as the Trainer groups
     them; (optimizer, why it steps eagerly or None)."""
     o = spec.recipe.optimizer
-    optimizer = build_optimizer(spec.cell.optimizer, param_groups(model, o.weight_decay), o)
+    optimizer = optimizer_for(spec.cell.optimizer, model, o)
     eager = eager_reason(spec.cell.optimizer, spec.device)
     if eager:
         step_eagerly(optimizer)
