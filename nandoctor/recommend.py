@@ -452,7 +452,7 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
 
 
 # A schedule-free optimizer trains on one sequence of weights and evaluates their average: the Trainer swaps
-# in the average for evaluate() but not for save_model() (huggingface/accelerate#4159, facebookresearch/schedule_free#22)
+# in the average for evaluate() but not for save_model() (accelerate#4159, facebookresearch/schedule_free#22)
 SCHEDULE_FREE_SAVE = (
     "optimizer.eval(); trainer.save_model(); optimizer.train()  # save the weights evaluate() scores "
     "(trainer.optimizer: the schedule-free average), not the train-mode ones"
@@ -473,10 +473,13 @@ def muon_code(recipe: Recipe) -> list[str]:
     rest = "[p for p in model.parameters() if p.requires_grad and (p.ndim != 2 or id(p) in outer)]"
     if o.weight_decay:
         lines.append(DECAY_GROUPS_CODE[0])
+        lines.append(
+            "rest = [(n, p) for n, p in model.named_parameters() "
+            "if p.requires_grad and (p.ndim != 2 or id(p) in outer)]"
+        )
         rest = (
-            "[{'params': [p for n, p in model.named_parameters() if p.requires_grad and (p.ndim != 2 or id(p) in outer) "
-            "and n in decay]}, {'params': [p for n, p in model.named_parameters() if p.requires_grad and (p.ndim != 2 "
-            "or id(p) in outer) and n not in decay], 'weight_decay': 0.0}]"
+            "[{'params': [p for n, p in rest if n in decay]}, "
+            "{'params': [p for n, p in rest if n not in decay], 'weight_decay': 0.0}]"
         )
     lines.append(
         "optimizers = ["
