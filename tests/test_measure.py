@@ -207,3 +207,14 @@ def test_a_probes_tf32_switch_keeps_torchs_legacy_reader_working():
     )
     said = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert said[-4:] == ["high", "high", "highest", "highest"]
+
+
+def test_a_cosine_is_never_printed_above_one():
+    """torch's fp32 cosine_similarity of four million equal gradients is 1.0035: the accumulation check's line
+    once read "cosine 1.008". Accumulated in fp64 and clamped, a cosine stays in [-1, 1]."""
+    from nandoctor.measure.numerics import cosine
+
+    grads = torch.full((4_000_000,), 0.1)
+    assert cosine(grads, grads) == 1.0
+    assert cosine(grads, -grads) == -1.0
+    assert cosine(grads, torch.zeros_like(grads)) is None
