@@ -127,7 +127,6 @@ def cosine(a, b) -> float | None:
     """The cosine of two flat tensors, in [-1, 1]; None when one is all zeros or not finite. Accumulated in
     fp64: torch's fp32 cosine_similarity rounds a million-element gradient's dot and norms apart to 1.0008
     (1.016 for ten million equal elements), and flushes norms below 1e-8 or past 1e19."""
-    import torch
 
     a, b = a.double(), b.double()
     norms = float(a.norm() * b.norm())
