@@ -13,7 +13,6 @@ import torch
 
 from ..cells import OPTIMIZERS, optimizer_kwargs
 from ..config import OptimizerConfig
-from .optimizers import param_groups
 
 
 def muon_split(model) -> tuple[set[str], dict]:
@@ -38,11 +37,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """Muon over the hidden matrices and AdamW over the rest, as one torch optimizer: the two share their
     parameter groups and state, so that a GradScaler, zero_grad and state_dict see a single optimizer."""
 
-    def __init__(self, model, o: OptimizerConfig):
-        hidden, self.split = muon_split(model)
-        muon = [p for n, p in model.named_parameters() if n in hidden]
-        rest = param_groups(model, o.weight_decay, frozenset(hidden))
-        self.muon = torch.optim.Muon(muon, **optimizer_kwargs(OPTIMIZERS["muon"], o.lr, o.betas, o.eps, o.weight_decay))
+    def __init__(self, hidden: list, rest: list, o: OptimizerConfig, split: dict):
+        """hidden: the parameters Muon steps; rest: AdamW's parameter groups; split: muon_split's record."""
+        self.split = split
+        self.muon = torch.optim.Muon(
+            hidden, **optimizer_kwargs(OPTIMIZERS["muon"], o.lr, o.betas, o.eps, o.weight_decay)
+        )
         self.adamw = torch.optim.AdamW(
             rest, **optimizer_kwargs(OPTIMIZERS["adamw"], o.lr, o.betas, o.eps, o.weight_decay)
         )

@@ -67,9 +67,11 @@ def optimizer_for(name: str, model, o: OptimizerConfig):
     """The optimizer `name` over the model's trainable parameters, grouped for weight decay as the Trainer
     groups them; a split row (muon) gives its class the 2-D hidden matrices and AdamW the rest (muon.py)."""
     if OPTIMIZERS[name].split == "muon":
-        from .muon import MuonWithAdamW
+        from .muon import MuonWithAdamW, muon_split
 
-        return MuonWithAdamW(model, o)
+        hidden, split = muon_split(model)
+        muon = [p for n, p in model.named_parameters() if n in hidden]
+        return MuonWithAdamW(muon, param_groups(model, o.weight_decay, frozenset(hidden)), o, split)
     return build_optimizer(name, param_groups(model, o.weight_decay), o)
 
 
