@@ -454,8 +454,8 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
 # A schedule-free optimizer trains on one sequence of weights and evaluates their average: the Trainer swaps
 # in the average for evaluate() but not for save_model() (accelerate#4159, facebookresearch/schedule_free#22)
 SCHEDULE_FREE_SAVE = (
-    "optimizer.eval(); trainer.save_model(); optimizer.train()  # save the weights evaluate() scores "
-    "(trainer.optimizer: the schedule-free average), not the train-mode ones"
+    "trainer.optimizer.eval(); trainer.save_model(); trainer.optimizer.train()  # save the weights evaluate() "
+    "scores (the schedule-free average), not the train-mode ones; optimizer.eval() in a custom loop"
 )
 
 
