@@ -39,6 +39,8 @@ PACKAGES = {
         # bitsandbytes-foundation/bitsandbytes#1901 (merged 2026-03).
         Package("torchao", "torchao", "0.18.0", LOWP_EXTRA),
         Package("bitsandbytes", "bitsandbytes", "0.50.2", LOWP_EXTRA),
+        # schedulefree 1.4.1 trains the tiny Llama here (tests/test_optimizer_axis.py); 1.4.0 added RAdamScheduleFree
+        Package("schedulefree", "schedulefree", "1.4.1", "pip install 'nandoctor[optim]'"),
         # No CPU wheel: it builds against the CUDA toolkit, so it is an optional install on GPU hosts only.
         Package(
             "transformer_engine",
@@ -108,16 +110,24 @@ class Compilation:
 
 @dataclass(frozen=True)
 class Optimizer:
-    """An `optimizer` axis value: how the probe builds it, with the recipe's lr / betas / eps / weight_decay."""
+    """An `optimizer` axis value: how the probe builds it, with the recipe's lr and weight_decay and, where the
+    Trainer passes them to this class, its betas and eps (`hyper`)."""
 
     name: str
     import_path: str  # "module:attribute"
     package: str | None = None  # PACKAGES key; None: torch itself
     kwargs: tuple = ()  # extra constructor arguments, as (name, value) pairs
     cuda_only: str | None = None
-    transformers_optim: str = "adamw_torch"  # TrainingArguments(optim=...)
+    # TrainingArguments(optim=...): the first is what the recommendation writes, the others are aliases the
+    # Trainer builds the same optimizer for; () where the Trainer has no value for it (it takes optimizers=)
+    transformers_optim: tuple = ("adamw_torch",)
     compiles_step: bool = False  # the library torch.compiles its step, once per parameter shape
     default_grid: bool = True
+    hyper: tuple = ("betas", "eps")  # the recipe's optimizer fields the Trainer passes besides lr (transformers 5.24)
+    # schedule-free: the weights it trains on (train mode) are not those it evaluates (eval mode, the average);
+    # the probe calls optimizer.train() before its steps, as the Trainer does (facebookresearch/schedule_free)
+    eval_mode: bool = False
+    split: str | None = None  # "muon": 2-D hidden matrices to this class, everything else to AdamW
 
 
 FP8_CUDA_ONLY = (
@@ -377,6 +387,13 @@ ACCELERATE_MIXED_PRECISION = {"bfloat16": "bf16", "float16": "fp16"}
 GRAD_REDUCE_OPS = ("avg", "sum")  # recipe grad_reduce; "sum" is the deliberately broken reduction (pytorch#162338)
 
 DEFAULT_OPTIMIZER = "adamw"
+BNB_PAGED = (
+    "paging moves optimizer state between GPU and host memory (CUDA unified memory); "
+    "on a CPU bitsandbytes falls back to the non-paged {plain}"
+)
+# transformers' schedule-free optimizers (trainer_optimizer._get_schedule_free_optimizer): warmup_steps from
+# TrainingArguments (0 with the probe's constant schedule), weight_lr_power 2.0 and r 0.0 unless optim_args say
+SCHEDULE_FREE = (("weight_lr_power", 2.0), ("r", 0.0))
 OPTIMIZERS = {
     o.name: o
     for o in (
@@ -385,8 +402,62 @@ OPTIMIZERS = {
             "adamw-fused",
             "torch.optim:AdamW",
             kwargs=(("fused", True),),
-            transformers_optim="adamw_torch_fused",
+            transformers_optim=("adamw_torch_fused",),
             default_grid=False,
+        ),
+        # the Trainer passes these only lr (and weight decay through its parameter groups): torch's own
+        # defaults for the rest (transformers 5.24 _get_sgd, _get_adagrad, _get_rmsprop, _get_adafactor)
+        Optimizer("sgd", "torch.optim:SGD", transformers_optim=("sgd",), default_grid=False, hyper=()),
+        Optimizer("adagrad", "torch.optim:Adagrad", transformers_optim=("adagrad",), default_grid=False, hyper=()),
+        Optimizer("rmsprop", "torch.optim:RMSprop", transformers_optim=("rmsprop",), default_grid=False, hyper=()),
+        Optimizer(
+            "adafactor",
+            "transformers.optimization:Adafactor",
+            kwargs=(("scale_parameter", False), ("relative_step", False)),
+            transformers_optim=("adafactor",),
+            default_grid=False,
+            hyper=(),
+        ),
+        Optimizer(
+            "sf-adamw",
+            "schedulefree:AdamWScheduleFree",
+            "schedulefree",
+            kwargs=(("warmup_steps", 0), *SCHEDULE_FREE),
+            transformers_optim=("schedule_free_adamw",),
+            default_grid=False,
+            eval_mode=True,
+        ),
+        Optimizer(
+            "sf-radam",
+            "schedulefree:RAdamScheduleFree",
+            "schedulefree",
+            kwargs=SCHEDULE_FREE,
+            transformers_optim=("schedule_free_radam",),
+            default_grid=False,
+            eval_mode=True,
+        ),
+        Optimizer(
+            "sf-sgd",
+            "schedulefree:SGDScheduleFree",
+            "schedulefree",
+            kwargs=(("warmup_steps", 0), *SCHEDULE_FREE),
+            transformers_optim=("schedule_free_sgd",),
+            default_grid=False,
+            hyper=(),
+            eval_mode=True,
+        ),
+        # torch.optim.Muon (torch 2.9+) takes 2-D parameters only: the usual split gives it the hidden matrices
+        # and AdamW the rest (embeddings, head, norms, biases; Keller Jordan's Muon README, Moonlight). Its lr
+        # is matched to AdamW's update RMS (adjust_lr_fn="match_rms_adamw", Moonlight), so one lr serves both.
+        # The Trainer has no optim= for it: it takes the built optimizer (Trainer(optimizers=(optimizer, None))).
+        Optimizer(
+            "muon",
+            "torch.optim:Muon",
+            kwargs=(("adjust_lr_fn", "match_rms_adamw"),),
+            transformers_optim=(),
+            default_grid=False,
+            hyper=(),
+            split="muon",
         ),
         # bitsandbytes and torchao keep tensors under 4096 elements in fp32 state (bnb's min_8bit_size,
         # which torchao follows), so the saving on a small model is below the 8-bit ideal.
@@ -394,24 +465,124 @@ OPTIMIZERS = {
             "bnb-adamw8bit",
             "bitsandbytes.optim:AdamW8bit",
             "bitsandbytes",
-            transformers_optim="adamw_bnb_8bit",
+            transformers_optim=("adamw_bnb_8bit", "adamw_8bit"),
             default_grid=False,
         ),
         Optimizer(
             "bnb-paged-adamw8bit",
             "bitsandbytes.optim:PagedAdamW8bit",
             "bitsandbytes",
-            cuda_only="paging moves optimizer state between GPU and host memory (CUDA unified memory); "
-            "on a CPU bitsandbytes falls back to the non-paged bnb-adamw8bit",
-            transformers_optim="paged_adamw_8bit",
+            cuda_only=BNB_PAGED.format(plain="bnb-adamw8bit"),
+            transformers_optim=("paged_adamw_8bit",),
             default_grid=False,
+        ),
+        Optimizer(
+            "bnb-paged-adamw",
+            "bitsandbytes.optim:PagedAdamW32bit",
+            "bitsandbytes",
+            cuda_only=BNB_PAGED.format(plain="AdamW"),
+            transformers_optim=("paged_adamw_32bit",),
+            default_grid=False,
+        ),
+        # Lion takes betas and no eps (transformers 5.24 _get_bitsandbytes_optimizer)
+        Optimizer(
+            "bnb-lion",
+            "bitsandbytes.optim:Lion32bit",
+            "bitsandbytes",
+            transformers_optim=("lion_32bit",),
+            default_grid=False,
+            hyper=("betas",),
+        ),
+        Optimizer(
+            "bnb-lion8bit",
+            "bitsandbytes.optim:Lion8bit",
+            "bitsandbytes",
+            transformers_optim=("lion_8bit",),
+            default_grid=False,
+            hyper=("betas",),
+        ),
+        Optimizer(
+            "bnb-paged-lion",
+            "bitsandbytes.optim:PagedLion32bit",
+            "bitsandbytes",
+            cuda_only=BNB_PAGED.format(plain="bnb-lion"),
+            transformers_optim=("paged_lion_32bit",),
+            default_grid=False,
+            hyper=("betas",),
+        ),
+        Optimizer(
+            "bnb-paged-lion8bit",
+            "bitsandbytes.optim:PagedLion8bit",
+            "bitsandbytes",
+            cuda_only=BNB_PAGED.format(plain="bnb-lion8bit"),
+            transformers_optim=("paged_lion_8bit",),
+            default_grid=False,
+            hyper=("betas",),
+        ),
+        # RMSprop: lr only (the rest from optim_args); 32-bit is what rmsprop_bnb builds
+        Optimizer(
+            "bnb-rmsprop",
+            "bitsandbytes.optim:RMSprop32bit",
+            "bitsandbytes",
+            transformers_optim=("rmsprop_bnb", "rmsprop_bnb_32bit"),
+            default_grid=False,
+            hyper=(),
+        ),
+        Optimizer(
+            "bnb-rmsprop8bit",
+            "bitsandbytes.optim:RMSprop8bit",
+            "bitsandbytes",
+            transformers_optim=("rmsprop_bnb_8bit",),
+            default_grid=False,
+            hyper=(),
+        ),
+        # AdEMAMix: betas (beta1, beta2, beta3 0.9999) and alpha 5.0 unless optim_args say
+        Optimizer(
+            "bnb-ademamix",
+            "bitsandbytes.optim:AdEMAMix32bit",
+            "bitsandbytes",
+            kwargs=(("alpha", 5.0),),
+            cuda_only="bitsandbytes 0.50.2's CPU step of 32-bit AdEMAMix raises (a state tensor of one parameter "
+            "broadcast against another's shape); its 8-bit form runs: bnb-ademamix8bit",
+            transformers_optim=("ademamix",),
+            default_grid=False,
+            hyper=("betas3", "eps"),
+        ),
+        Optimizer(
+            "bnb-ademamix8bit",
+            "bitsandbytes.optim:AdEMAMix8bit",
+            "bitsandbytes",
+            kwargs=(("alpha", 5.0),),
+            transformers_optim=("ademamix_8bit",),
+            default_grid=False,
+            hyper=("betas3", "eps"),
+        ),
+        Optimizer(
+            "bnb-paged-ademamix",
+            "bitsandbytes.optim:PagedAdEMAMix32bit",
+            "bitsandbytes",
+            kwargs=(("alpha", 5.0),),
+            cuda_only=BNB_PAGED.format(plain="bnb-ademamix"),
+            transformers_optim=("paged_ademamix_32bit",),
+            default_grid=False,
+            hyper=("betas3", "eps"),
+        ),
+        Optimizer(
+            "bnb-paged-ademamix8bit",
+            "bitsandbytes.optim:PagedAdEMAMix8bit",
+            "bitsandbytes",
+            kwargs=(("alpha", 5.0),),
+            cuda_only=BNB_PAGED.format(plain="bnb-ademamix8bit"),
+            transformers_optim=("paged_ademamix_8bit",),
+            default_grid=False,
+            hyper=("betas3", "eps"),
         ),
         # torchao compiles its per-parameter step (torchao/optim/adam.py single_param_adam)
         Optimizer(
             "ao-adamw8bit",
             "torchao.optim:AdamW8bit",
             "torchao",
-            transformers_optim="adamw_torch_8bit",
+            transformers_optim=("adamw_torch_8bit",),
             compiles_step=True,
             default_grid=False,
         ),
@@ -419,12 +590,72 @@ OPTIMIZERS = {
             "ao-adamw4bit",
             "torchao.optim:AdamW4bit",
             "torchao",
-            transformers_optim="adamw_torch_4bit",
+            transformers_optim=("adamw_torch_4bit",),
             compiles_step=True,
             default_grid=False,
         ),
     )
 }
+ADEMAMIX_BETA3 = 0.9999  # transformers 5.24's default third beta for AdEMAMix
+
+
+def optimizer_kwargs(row: Optimizer, lr: float, betas, eps: float, weight_decay: float) -> dict:
+    """The constructor arguments of an optimizer row, from the recipe's hyper-parameters as the Trainer
+    passes them to that class (lr and weight_decay always; betas and eps where `hyper` says) and the row's own."""
+    kwargs = {"lr": lr}
+    if "betas" in row.hyper:
+        kwargs["betas"] = tuple(betas)
+    if "betas3" in row.hyper:
+        kwargs["betas"] = (*betas, ADEMAMIX_BETA3)
+    if "eps" in row.hyper:
+        kwargs["eps"] = eps
+    return {**kwargs, "weight_decay": weight_decay, **dict(row.kwargs)}
+
+
+# The TrainingArguments optim= values (transformers 5.24 OptimizerNames) no optimizer row probes, and why.
+UNSUPPORTED_OPTIMS = {
+    "adamw_torch_xla": "torch_xla's syncfree AdamW runs on XLA devices (TPU) only",
+    "adamw_torch_npu_fused": "torch_npu's fused AdamW runs on Ascend NPUs only",
+    "adamw_anyprecision": "needs torchdistx, which has no release built for torch 2.x",
+    **dict.fromkeys(
+        (
+            "galore_adamw",
+            "galore_adamw_8bit",
+            "galore_adafactor",
+            "galore_adamw_layerwise",
+            "galore_adamw_8bit_layerwise",
+            "galore_adafactor_layerwise",
+        ),
+        "GaLore projects the gradients of the modules optim_target_modules names (galore_torch, installed from "
+        "GitHub); the layerwise forms step inside backward hooks, not in optimizer.step()",
+    ),
+    **dict.fromkeys(
+        ("apollo_adamw", "apollo_adamw_layerwise"),
+        "APOLLO projects the gradients of the modules optim_target_modules names (apollo_torch); the layerwise "
+        "form steps inside backward hooks, not in optimizer.step()",
+    ),
+    **dict.fromkeys(
+        ("lomo", "adalomo"),
+        "LOMO fuses the update into backward (lomo_optim: Trainer calls optimizer.fused_backward instead of "
+        "loss.backward() and step()), so there is no unscale, grad-norm and step to probe",
+    ),
+    "grokadamw": "needs the grokadamw package, which nandoctor has not been checked with",
+    "stable_adamw": "needs torch-optimi's StableAdamW, which nandoctor has not been checked with",
+}
+
+
+def optimizer_of_training_args(args: dict) -> str:
+    """The optimizer value a TrainingArguments dict's `optim` amounts to (adamw_torch when it sets none);
+    an optim= no row probes is a NandoctorError that says why."""
+    optim = args.get("optim") or "adamw_torch"
+    for o in OPTIMIZERS.values():
+        if optim in o.transformers_optim:
+            return o.name
+    if optim in UNSUPPORTED_OPTIMS:
+        raise NandoctorError(f"optim={optim!r} is not probed: {UNSUPPORTED_OPTIMS[optim]}")
+    known = [n for o in OPTIMIZERS.values() for n in o.transformers_optim]
+    raise NandoctorError(f"unknown optim={optim!r};{did_you_mean(optim, known)} valid: {', '.join(known)}")
+
 
 # The weight dtypes a model can be loaded in (recipe field model.dtype_on_load) -> torch dtype name.
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}

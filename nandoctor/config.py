@@ -73,6 +73,9 @@ class OptimizerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.0
+    # a schedule-free optimizer (sf-*): the run calls optimizer.eval() before it saves, so that the checkpoint
+    # holds the weights evaluate() scores; what check --roundtrip saves (the Trainer's save_model() does not)
+    eval_before_save: bool = False
 
 
 @dataclass(frozen=True)

@@ -451,6 +451,7 @@ ACCELERATION_PACKAGES = {
     "transformer_engine": ("transformer-engine", "transformer_engine"),
     "torchao": ("torchao",),
     "bitsandbytes": ("bitsandbytes",),
+    "schedulefree": ("schedulefree",),
 }
 
 

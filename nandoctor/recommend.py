@@ -24,7 +24,16 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, SHORT_DTYPES, Cell, weight_dtype
+from .cells import (
+    ACCELERATE_MIXED_PRECISION,
+    AXES,
+    DEFAULT_OPTIMIZER,
+    OPTIMIZERS,
+    SHORT_DTYPES,
+    Cell,
+    optimizer_kwargs,
+    weight_dtype,
+)
 from .config import STORAGE_DTYPES, Recipe, get_field
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
@@ -301,8 +310,9 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
         "max_grad_norm": recipe.grad_clip,
         "per_device_train_batch_size": recipe.batch_size,
         "seed": recipe.seed,
-        "optim": cell.optimizer_row.transformers_optim,
     }
+    if cell.optimizer_row.transformers_optim:  # none for muon: the Trainer takes the built optimizer
+        args["optim"] = cell.optimizer_row.transformers_optim[0]
     if cell.compilation.backend:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     if cell.parallel_row.wrapper:  # one rank's rows of the global batch; launched with torchrun / accelerate
@@ -422,9 +432,11 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
     if fp8 is not None:
         lines.append(FP8_CODE[fp8.package].format(**dataclasses.asdict(fp8), **dataclasses.asdict(recipe.fp8)))
     row = cell.optimizer_row
-    if row.name != DEFAULT_OPTIMIZER:
+    if row.split == "muon":
+        lines += muon_code(recipe)
+    elif row.name != DEFAULT_OPTIMIZER:
         o = recipe.optimizer
-        kwargs = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay, **dict(row.kwargs)}
+        kwargs = optimizer_kwargs(row, o.lr, o.betas, o.eps, o.weight_decay)
         params = "model.parameters()"
         if o.weight_decay:
             lines += DECAY_GROUPS_CODE
@@ -434,6 +446,48 @@ def own_code(cell: Cell, recipe: Recipe) -> list[str]:
             + call_text(row.import_path.replace(":", "."), kwargs).replace("(", f"({params}, ", 1)
             + "  # Lightning's configure_optimizers, or a custom loop"
         )
+    if row.eval_mode:
+        lines.append(SCHEDULE_FREE_SAVE)
+    return lines
+
+
+# A schedule-free optimizer trains on one sequence of weights and evaluates their average: the Trainer swaps
+# in the average for evaluate() but not for save_model() (accelerate#4159, facebookresearch/schedule_free#22)
+SCHEDULE_FREE_SAVE = (
+    "trainer.optimizer.eval(); trainer.save_model(); trainer.optimizer.train()  # save the weights evaluate() "
+    "scores (the schedule-free average), not the train-mode ones; optimizer.eval() in a custom loop"
+)
+
+
+def muon_code(recipe: Recipe) -> list[str]:
+    """Muon with the usual split, as the probe built it (child/muon.py): the 2-D hidden matrices to Muon, the
+    embeddings, head, norms and biases to AdamW (decay groups as the Trainer's), both stepped every step."""
+    o = recipe.optimizer
+    muon = optimizer_kwargs(OPTIMIZERS["muon"], o.lr, o.betas, o.eps, o.weight_decay)
+    adamw = optimizer_kwargs(OPTIMIZERS["adamw"], o.lr, o.betas, o.eps, o.weight_decay)
+    lines = [
+        "outer = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None "
+        "for p in m.parameters()}  # embeddings and head: AdamW",
+        "hidden = [p for p in model.parameters() if p.requires_grad and p.ndim == 2 and id(p) not in outer]",
+    ]
+    rest = "[p for p in model.parameters() if p.requires_grad and (p.ndim != 2 or id(p) in outer)]"
+    if o.weight_decay:
+        lines.append(DECAY_GROUPS_CODE[0])
+        lines.append(
+            "rest = [(n, p) for n, p in model.named_parameters() "
+            "if p.requires_grad and (p.ndim != 2 or id(p) in outer)]"
+        )
+        rest = (
+            "[{'params': [p for n, p in rest if n in decay]}, "
+            "{'params': [p for n, p in rest if n not in decay], 'weight_decay': 0.0}]"
+        )
+    lines.append(
+        "optimizers = ["
+        + call_text("torch.optim.Muon", muon).replace("(", "(hidden, ", 1)
+        + ", "
+        + call_text("torch.optim.AdamW", adamw).replace("(", f"({rest}, ", 1)
+        + "]  # step both every step (a custom loop, or Lightning's configure_optimizers)"
+    )
     return lines
 
 

@@ -227,3 +227,14 @@ def test_a_leak_as_small_as_a_half_precision_floor_is_judged_in_fp32(tmp_path, c
     assert got["packing_max_logit_diff"] <= THRESHOLDS.packing_bound(got["packing_floor"])  # the cell alone: hidden
     assert setup_judged(got)["packing_leaks"] is True
     assert "in fp32 the packed forward differs by" in setup_failures(got)[0]
+
+
+def test_a_cosine_is_never_printed_above_one():
+    """torch's fp32 cosine_similarity of four million equal gradients is 1.0035: the accumulation check's line
+    once read "cosine 1.008". Accumulated in fp64 and clamped, a cosine stays in [-1, 1]."""
+    from nandoctor.measure.numerics import cosine
+
+    grads = torch.full((4_000_000,), 0.1)
+    assert cosine(grads, grads) == 1.0
+    assert cosine(grads, -grads) == -1.0
+    assert cosine(grads, torch.zeros_like(grads)) is None

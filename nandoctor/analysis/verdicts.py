@@ -993,6 +993,23 @@ def roundtrip_differs(rt: dict, t: Thresholds = THRESHOLDS) -> list[str]:
             out.append(f"{stage} loss {_fmt(loss)} against {_fmt(live)} live")
         elif logits > t.roundtrip_logits_rel:
             out.append(f"{stage} logits moved {logits:.3g} of their largest live value")
+    evaluated = rt.get("evaluated")
+    if evaluated:
+        saved, scored = rt["loss"]["reloaded"], evaluated["loss"]
+        loss_off = not (math.isfinite(saved) and math.isfinite(scored)) or abs(
+            saved - scored
+        ) > t.roundtrip_loss_rel * abs(scored)
+        if loss_off or evaluated["logits_rel_change"] > t.roundtrip_logits_rel:
+            fix = (
+                "call optimizer.eval() before trainer.save_model() (optimizer.train() after)"
+                if evaluated["saved_in"] == "train"
+                else "the eval-mode weights were saved and still differ"
+            )
+            out.append(
+                f"the saved model is not the one evaluate() scores: loss {_fmt(saved)} saved against {_fmt(scored)} "
+                f"evaluated (a schedule-free optimizer saved in {evaluated['saved_in']} mode; "
+                f"{_tensor_list([r for r in evaluated['tensors'] if _changed(r, t)])}): {fix}"
+            )
     if rt.get("unmerged"):
         out.append(f"adapter left unmerged: {', '.join(rt['unmerged'][:4])} still in the merged model")
     merge = [r for r in rt["tensors"]["merge"] if _changed(r, t)]
@@ -1048,8 +1065,9 @@ def roundtrip_result(rt: dict | None, trained: bool, t: Thresholds = THRESHOLDS)
         return name, False, differs[0]
     loss = rt["loss"]
     how = "merged" if rt["adapter"] else "nothing to merge (a full fine-tune)"
+    scored = f", evaluated {rt['evaluated']['loss']:.4f}" if rt.get("evaluated") else ""
     figures = (
-        f"loss live {loss['live']:.4f}, merged {loss['merged']:.4f}, reloaded {loss['reloaded']:.4f} ({how}); "
+        f"loss live {loss['live']:.4f}, merged {loss['merged']:.4f}, reloaded {loss['reloaded']:.4f}{scored} ({how}); "
         f"logits moved {rt['logits_rel_change']['merged']:.2g} / {rt['logits_rel_change']['reloaded']:.2g} "
         f"of their largest live value"
     )

@@ -9,6 +9,7 @@ from `restart`, so they train the same thing. docs/training-options.md says what
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -21,7 +22,7 @@ from ..measure.accumulation import normalized
 from ..measure.numerics import set_tf32
 from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
-from .optimizers import build_optimizer, eager_reason, param_groups, step_eagerly
+from .optimizers import eager_reason, optimizer_for, step_eagerly
 from .quant import load_quantized, prepare
 
 
@@ -64,7 +65,7 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
     checkpointing(model, recipe.gradient_checkpointing)
     # a pure cell hard-casts every weight, the adapter's too, and an fp32 cell over a 16-bit load casts to fp32
     if weights != load_dtype and cell.quant == "none":
-        model.to(weights)
+        cast_as_loaded(model, weights)
     elif weights != load_dtype:  # transformers refuses to cast a quantized model: the adapter is cast alone
         for p in model.parameters():
             if p.requires_grad:
@@ -75,6 +76,24 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         pin_router_fp32(model, device)
     model.train()
     return model
+
+
+def cast_as_loaded(model, dtype) -> None:
+    """Cast a model as from_pretrained(dtype=...) loads one (transformers 5.24 _get_dtype_plan): every
+    parameter and every buffer a checkpoint holds to `dtype`, but the modules transformers keeps in fp32
+    (_keep_in_fp32_modules under fp16, _keep_in_fp32_modules_strict under fp16 and bf16). Buffers computed
+    at init and never saved keep their dtype: RoPE's inv_freq stays fp32, where model.to(bf16) rounds it
+    and turns the rotation of far positions (cosine error up to 1.99 by position 16k)."""
+    import torch
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    keep = set(getattr(base, "_keep_in_fp32_modules_strict", None) or ()) if dtype != torch.float32 else set()
+    if dtype == torch.float16:
+        keep |= set(getattr(base, "_keep_in_fp32_modules", None) or ())
+    saved = set(model.state_dict())
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point() and name in saved and not any(re.search(k, name) for k in keep):
+            t.data = t.data.to(dtype)
 
 
 def precision(cell: Cell, device: str):
@@ -169,7 +188,7 @@ def _optimizer(spec: ProbeSpec, model):
     """The cell's optimizer over the trainable parameters, grouped for weight decay as the Trainer groups
     them; (optimizer, why it steps eagerly or None)."""
     o = spec.recipe.optimizer
-    optimizer = build_optimizer(spec.cell.optimizer, param_groups(model, o.weight_decay), o)
+    optimizer = optimizer_for(spec.cell.optimizer, model, o)
     eager = eager_reason(spec.cell.optimizer, spec.device)
     if eager:
         step_eagerly(optimizer)

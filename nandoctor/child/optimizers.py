@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import importlib
 
-from ..cells import OPTIMIZERS
+from ..cells import OPTIMIZERS, optimizer_kwargs
 from ..config import OptimizerConfig
 
 # torchao compiles its step once per parameter shape: ~40 s for the tiny Llama on 2 CPU cores, more
@@ -32,13 +32,14 @@ def optimizer_class(name: str):
 NO_DECAY_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)")
 
 
-def param_groups(model, weight_decay: float) -> list:
-    """The trainable parameters as the Trainer groups them for its optimizer: weight decay on all but biases
-    and norm weights, which get none. One group with every trainable parameter where there is no decay."""
+def param_groups(model, weight_decay: float, left_out: frozenset = frozenset()) -> list:
+    """The trainable parameters (but those named in `left_out`) as the Trainer groups them for its optimizer:
+    weight decay on all but biases and norm weights, which get none. One group with every trainable parameter
+    where there is no decay."""
     import torch
     from transformers.trainer_pt_utils import get_parameter_names
 
-    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n not in left_out]
     if not weight_decay:
         return [p for _, p in trainable]
     decay = set(get_parameter_names(model, [torch.nn.LayerNorm], list(NO_DECAY_PATTERNS)))
@@ -50,13 +51,28 @@ def param_groups(model, weight_decay: float) -> list:
 
 
 def build_optimizer(name: str, params, o: OptimizerConfig):
-    """The optimizer `name` over `params` (param_groups), with the recipe's hyper-parameters and the row's own flags.
-    Its state follows the parameters' dtype (half in the pure cells, for torch's AdamW). Library defaults
-    stay as the user gets them (bitsandbytes' and torchao's fp32 state for tensors under 4096 elements
-    included), so the memory it reports is the memory the user's run would use."""
-    return optimizer_class(name)(
-        params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **dict(OPTIMIZERS[name].kwargs)
-    )
+    """The optimizer `name` over `params` (param_groups), with the recipe's hyper-parameters as the Trainer
+    passes them to its class and the row's own flags. Its state follows the parameters' dtype (half in the
+    pure cells, for torch's AdamW). Library defaults stay as the user gets them (bitsandbytes' and torchao's
+    fp32 state for tensors under 4096 elements included), so the memory it reports is the memory the user's
+    run would use. A schedule-free optimizer is put in train mode, as the Trainer puts it before each step."""
+    row = OPTIMIZERS[name]
+    optimizer = optimizer_class(name)(params, **optimizer_kwargs(row, o.lr, o.betas, o.eps, o.weight_decay))
+    if row.eval_mode:
+        optimizer.train()
+    return optimizer
+
+
+def optimizer_for(name: str, model, o: OptimizerConfig):
+    """The optimizer `name` over the model's trainable parameters, grouped for weight decay as the Trainer
+    groups them; a split row (muon) gives its class the 2-D hidden matrices and AdamW the rest (muon.py)."""
+    if OPTIMIZERS[name].split == "muon":
+        from .muon import MuonWithAdamW, muon_split
+
+        hidden, split = muon_split(model)
+        muon = [p for n, p in model.named_parameters() if n in hidden]
+        return MuonWithAdamW(muon, param_groups(model, o.weight_decay, frozenset(hidden)), o, split)
+    return build_optimizer(name, param_groups(model, o.weight_decay), o)
 
 
 def step_eagerly(optimizer) -> None:

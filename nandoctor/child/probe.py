@@ -81,6 +81,7 @@ def run_probe(
     mark_built()
     record.fp8_excluded = s.fp8_excluded if spec.cell.precision.fp8 else None
     record.optimizer_eager = s.optimizer_eager
+    record.optimizer_split = getattr(s.optimizer, "split", None)
     log = StepLog(folder / "steps.jsonl" if folder else None, spec.steps)
     record.steps = log.steps
 
@@ -171,6 +172,17 @@ def roundtrip_of(spec: ProbeSpec, s: Setup) -> dict:
     batch = first_step(spec, s)[0][0]
     dtype = getattr(torch, weight_dtype(spec.cell, spec.recipe.model.dtype_on_load))
     try:
-        return roundtrip(s.model, batch, s.autocast, s.attend, dtype, spec.device, spec.recipe.model.trust_remote_code)
+        schedule_free = s.optimizer if spec.cell.optimizer_row.eval_mode else None
+        return roundtrip(
+            s.model,
+            batch,
+            s.autocast,
+            s.attend,
+            dtype,
+            spec.device,
+            spec.recipe.model.trust_remote_code,
+            schedule_free,
+            spec.recipe.optimizer.eval_before_save,
+        )
     except Exception as e:  # noqa: BLE001 -- recorded, judged as a failed round trip
         return {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}

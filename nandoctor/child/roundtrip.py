@@ -154,12 +154,24 @@ def _tied(model) -> bool:
     return head is not None and embed is not None and head.weight.data_ptr() == embed.weight.data_ptr()
 
 
-def roundtrip(model, batch: dict, autocast, attend, dtype, device: str, remote: bool) -> dict:
+def roundtrip(
+    model, batch: dict, autocast, attend, dtype, device: str, remote: bool, optimizer=None, eval_before_save=False
+) -> dict:
     """Live -> merged -> saved and reloaded, measured on `batch`; returns the record's `roundtrip`. The live
-    model is merged in place (the probe ends after it). dtype: what from_pretrained loads the weights in."""
+    model is merged in place (the probe ends after it). dtype: what from_pretrained loads the weights in.
+    optimizer: a schedule-free one, whose eval-mode weights (what the Trainer's evaluate() scores) are
+    measured first; the model is then saved as the run saves it: in train mode (the Trainer's save_model()),
+    or in eval mode where the run calls optimizer.eval() before saving (eval_before_save)."""
     from transformers import AutoModelForCausalLM
 
     repack: dict = {}
+    evaluated = None
+    if optimizer is not None:
+        optimizer.eval()
+        scored = {name: w.clone() for name, w in dense_weights(model)[0].items()}  # the swap back is in place
+        evaluated = _measure(model, batch, autocast, attend, repack), scored
+        if not eval_before_save:
+            optimizer.train()
     live_loss, live_logits = _measure(model, batch, autocast, attend, repack)
     live_weights, updates = dense_weights(model)
     adapter = hasattr(model, "merge_and_unload")
@@ -177,7 +189,7 @@ def roundtrip(model, batch: dict, autocast, attend, dtype, device: str, remote: 
     def logits_change(logits) -> float:
         return float((logits - live_logits).abs().max()) / scale
 
-    return {
+    out = {
         "adapter": adapter,
         "loss": {"live": live_loss, "merged": merged_loss, "reloaded": reloaded_loss},
         "logits_rel_change": {"merged": logits_change(merged_logits), "reloaded": logits_change(reloaded_logits)},
@@ -191,3 +203,12 @@ def roundtrip(model, batch: dict, autocast, attend, dtype, device: str, remote: 
         "dtype": str(dtype).removeprefix("torch."),
         "cpu_repack": repack,
     }
+    if evaluated is not None:
+        (loss, logits), weights = evaluated
+        out["evaluated"] = {
+            "loss": loss,
+            "saved_in": "eval" if eval_before_save else "train",
+            "logits_rel_change": float((reloaded_logits - logits).abs().max()) / max(float(logits.abs().max()), 1e-30),
+            "tensors": _differences(weights, reloaded_weights, {}),
+        }
+    return out

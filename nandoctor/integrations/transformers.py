@@ -33,7 +33,9 @@ def cell_from_training_args(args, model=None, scaled: bool = False) -> Cell:
     row that hard-casts the weights to their dtype, when no autocast flag is set). scaled: the
     accelerator steps the optimizer through a GradScaler (fp16 autocast runs, on a CPU too)."""
     attn = model.config._attn_implementation if model is not None else "sdpa"
-    cell = trainer_cell(args.to_dict(), attn or "sdpa")
+    # the optimizer is the one the Trainer built (on_train_begin reads it), whatever optim= names: an optim=
+    # no optimizer row probes must not raise into the user's training
+    cell = trainer_cell({k: v for k, v in args.to_dict().items() if k != "optim"}, attn or "sdpa")
     weights = str(next(model.parameters()).dtype).replace("torch.", "") if model is not None else "float32"
     pure = next((p.name for p in PRECISIONS.values() if p.weights == weights), None)
     dtype = pure if cell.dtype == "fp32" and pure else cell.dtype

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from ..cells import (
@@ -14,6 +15,7 @@ from ..cells import (
     SHORT_DTYPES,
     Cell,
     compile_of_training_args,
+    optimizer_of_training_args,
     precision_of_training_args,
     reduce_dtype,
     weight_dtype,
@@ -55,16 +57,19 @@ def read_trainer_args(path: str | Path) -> dict:
 def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None = None) -> Cell:
     """The grid cell a TrainingArguments setup runs: bf16=True / fp16=True are autocast (-amp) with
     fp32 master weights unless the model was loaded in half; torch_compile selects inductor; `fsdp`
-    set is FSDP as accelerate builds it for the Trainer (reducing in the autocast dtype). Launched
+    set is FSDP as accelerate builds it for the Trainer (reducing in the autocast dtype); `optim` is the
+    optimizer row that lists it (an optim= no row probes is a NandoctorError saying why). Launched
     with an accelerate config (`accelerate`), that file decides the parallel setup, and the
     precision and compile the TrainingArguments leave unset."""
     precision, compile = precision_of_training_args(trainer_args), compile_of_training_args(trainer_args)
+    optimizer = optimizer_of_training_args(trainer_args)
     if accelerate is not None:
-        return accelerate_cell(
+        cell = accelerate_cell(
             accelerate, attn, None if precision == "fp32" else precision, None if compile == "off" else compile
         )
+        return replace(cell, optimizer=optimizer)
     parallel = parallel_of_accelerate("FSDP", precision, 1) if trainer_args.get("fsdp") else "none"
-    return Cell(precision, attn, compile, parallel=parallel)
+    return Cell(precision, attn, compile, optimizer, parallel=parallel)
 
 
 def adapter_dtype(recipe: Recipe, cell: Cell) -> str | None:
@@ -125,6 +130,7 @@ def setup_facts(
         "attn": cell.attn,
         "compile": cell.compile,
         "optimizer": cell.optimizer,
+        "optimizer_eval_mode": cell.optimizer_row.eval_mode,  # schedule-free: evaluates other weights than it trains
         "uses_bf16": cell.precision.compute == "bfloat16" or trained == "bf16",  # the fp8 cells run in bf16 autocast
         "grad_scaler": cell.precision.scaler,
         "trainable_dtype": trained,

@@ -71,6 +71,8 @@ class ProbeRecord:
     grads_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     optimizer_eager: str | None = None  # why the optimizer step ran eagerly though its library compiles it
+    # a split optimizer (muon): how many tensors each part steps, and the embeddings and head AdamW steps
+    optimizer_split: dict | None = None
     fp8_excluded: dict | None = None  # fp8 cells: {module: why it stayed in high precision}
     forensics: dict | None = None
     # Parallel cells: what the W ranks measured (child/parallel.py): world size, backend, master weight

@@ -88,6 +88,8 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
         recipe = {k: v for k, v in recipe.items() if k not in PARALLEL_FIELDS}
     if cell.quant == "none":  # only a quantized base reads the quant section
         recipe = {k: v for k, v in recipe.items() if k != "quant"}
+    if not cell.optimizer_row.eval_mode and "optimizer" in recipe:  # read by a schedule-free round trip only
+        recipe["optimizer"] = {k: v for k, v in recipe["optimizer"].items() if k != "eval_before_save"}
     if recipe.get("objective", "sft") == "sft":  # only an RL probe reads the rollout section
         recipe = {k: v for k, v in recipe.items() if k not in RL_FIELDS}
     payload = {
