@@ -22,7 +22,7 @@ def test_doctor_reports_this_machine_cleanly(cli):
     report = json.loads(proc.stdout)
     assert proc.returncode == exit_code(report), proc.stderr  # 1 only for a setup finding of severity error
     env = report["environment"]
-    assert set(env["packages"]) == {"flash_attn", "transformer_engine", "torchao", "bitsandbytes"}
+    assert set(env["packages"]) == {"flash_attn", "transformer_engine", "torchao", "bitsandbytes", "schedulefree"}
     assert env["cpu_count"] >= 1 and env["ram_bytes"] > 0
     if env["gpus"]:
         gpu = env["gpus"][0]
