@@ -54,6 +54,24 @@ PACKAGES = {
 
 
 @dataclass(frozen=True)
+class AxisRow:
+    """What every axis value row has: its place in bisect's fastest-first order on each kind of device
+    (0 first; cells.FASTEST_FIRST is derived from it). No place: never a target there unless named (--bad):
+    an opt-in value, one the device cannot run, or one a faster value of the same kind always precedes.
+    - CUDA: lowest precision (tensor cores), fused attention, compile on, the fused AdamW (one kernel for
+      all parameters; what TrainingArguments picks by default with torch >= 2.8).
+    - CPU: no half-precision matmul units, so fp32 is fastest: tiny-llama steps on the 2-core dev machine
+      took 0.15 s in fp32, 0.7 s in bf16-amp and 1.0 s in bf16-pure; the default grid ranked
+      fp32/sdpa:flash and fp32/sdpa:math first by tokens/s. A first inductor step costs ~36 s there, more
+      than a whole short probe, so compile comes last.
+    The 8-bit and 4-bit optimizers save memory, not time, and the fp8 dtypes pay off only on large
+    matmuls: like a parallel setup or a quantized base they are a target only when named
+    (--bad dtype=fp8-rowwise,optimizer=ao-adamw8bit)."""
+
+    speed_rank: dict = field(default_factory=dict, kw_only=True)  # device kind ("cuda" / "cpu") -> place
+
+
+@dataclass(frozen=True)
 class Fp8Recipe:
     """How an fp8 `dtype` value scales and casts. Only the linears fp8 can take run their matmuls in
     fp8, inside bf16 autocast with fp32 master weights."""
@@ -67,7 +85,7 @@ class Fp8Recipe:
 
 
 @dataclass(frozen=True)
-class Precision:
+class Precision(AxisRow):
     """A `dtype` axis value."""
 
     name: str
@@ -85,7 +103,7 @@ class Precision:
 
 
 @dataclass(frozen=True)
-class Attention:
+class Attention(AxisRow):
     """An `attn` axis value."""
 
     name: str
@@ -98,7 +116,7 @@ class Attention:
 
 
 @dataclass(frozen=True)
-class Compilation:
+class Compilation(AxisRow):
     """A `compile` axis value."""
 
     name: str
@@ -109,7 +127,7 @@ class Compilation:
 
 
 @dataclass(frozen=True)
-class Optimizer:
+class Optimizer(AxisRow):
     """An `optimizer` axis value: how the probe builds it, with the recipe's lr and weight_decay and, where the
     Trainer passes them to this class, its betas and eps (`hyper`)."""
 
@@ -136,7 +154,7 @@ FP8_CUDA_ONLY = (
 PRECISIONS = {
     p.name: p
     for p in (
-        Precision("fp32", None, None, "float32", False),
+        Precision("fp32", None, None, "float32", False, speed_rank={"cuda": 5, "cpu": 0}),
         Precision(
             "tf32",
             None,
@@ -147,6 +165,7 @@ PRECISIONS = {
             gpu_features=("tf32",),
             cuda_only="tf32 is a CUDA matmul mode; this device is a CPU",
             training_args={"tf32": True},
+            speed_rank={"cuda": 4},
         ),
         Precision(
             "bf16-amp",
@@ -157,10 +176,31 @@ PRECISIONS = {
             gpu_features=("bf16",),
             training_args={"bf16": True},
             lightning="bf16-mixed",
+            speed_rank={"cuda": 2, "cpu": 1},
         ),
-        Precision("fp16-amp", "float16", None, "float16", True, training_args={"fp16": True}, lightning="16-mixed"),
-        Precision("bf16-pure", None, "bfloat16", "bfloat16", False, gpu_features=("bf16",), lightning="bf16-true"),
-        Precision("fp16-pure", None, "float16", "float16", False, lightning="16-true"),
+        Precision(
+            "fp16-amp",
+            "float16",
+            None,
+            "float16",
+            True,
+            training_args={"fp16": True},
+            lightning="16-mixed",
+            speed_rank={"cuda": 3, "cpu": 2},
+        ),
+        Precision(
+            "bf16-pure",
+            None,
+            "bfloat16",
+            "bfloat16",
+            False,
+            gpu_features=("bf16",),
+            lightning="bf16-true",
+            speed_rank={"cuda": 0, "cpu": 3},
+        ),
+        Precision(
+            "fp16-pure", None, "float16", "float16", False, lightning="16-true", speed_rank={"cuda": 1, "cpu": 4}
+        ),
         # torchao float8 training: torchao's tensorwise recipe casts gradients to e5m2, rowwise keeps e4m3
         # throughout (torchao/float8/config.py Float8LinearConfig.from_recipe_name). Opt-in: a GPU grid
         # would grow from 126 cells, and fp8 pays off on large matmuls, not on a probe-scale model.
@@ -224,18 +264,23 @@ PRECISIONS = {
 ATTENTIONS = {
     a.name: a
     for a in (
-        Attention("eager", "eager"),
-        Attention("sdpa", "sdpa"),
-        Attention("sdpa:math", "sdpa", "MATH"),
+        Attention("eager", "eager", speed_rank={"cuda": 5, "cpu": 3}),
+        Attention("sdpa", "sdpa", speed_rank={"cuda": 4, "cpu": 1}),
+        Attention("sdpa:math", "sdpa", "MATH", speed_rank={"cpu": 2}),  # CUDA: the fused kernels sdpa picks win
         Attention(
             "sdpa:flash",
             "sdpa",
             "FLASH_ATTENTION",
             gpu_features=("sdpa:flash",),
             half_only_cuda="the CUDA flash SDPA kernel takes fp16/bf16 inputs only",
+            speed_rank={"cuda": 0, "cpu": 0},
         ),
         Attention(
-            "sdpa:efficient", "sdpa", "EFFICIENT_ATTENTION", cuda_only="the memory-efficient SDPA kernel is CUDA-only"
+            "sdpa:efficient",
+            "sdpa",
+            "EFFICIENT_ATTENTION",
+            cuda_only="the memory-efficient SDPA kernel is CUDA-only",
+            speed_rank={"cuda": 3},
         ),
         Attention(
             "sdpa:cudnn",
@@ -244,6 +289,7 @@ ATTENTIONS = {
             gpu_features=("sdpa:cudnn",),
             cuda_only="cuDNN SDPA is CUDA-only",
             half_only_cuda="the cuDNN SDPA kernel takes fp16/bf16 inputs only",
+            speed_rank={"cuda": 1},
         ),
         Attention(
             "flash_attention_2",
@@ -252,6 +298,7 @@ ATTENTIONS = {
             cuda_only="flash-attn 2 is CUDA-only",
             half_only_cuda="flash-attn 2 takes fp16/bf16 inputs only",
             package="flash_attn",
+            speed_rank={"cuda": 2},
         ),
     )
 }
@@ -259,15 +306,15 @@ ATTENTIONS = {
 COMPILATIONS = {
     c.name: c
     for c in (
-        Compilation("off", None, 0),
-        Compilation("inductor", "inductor", 2),
-        Compilation("aot_eager", "aot_eager", 1),
+        Compilation("off", None, 0, speed_rank={"cuda": 2, "cpu": 0}),
+        Compilation("inductor", "inductor", 2, speed_rank={"cuda": 0, "cpu": 2}),
+        Compilation("aot_eager", "aot_eager", 1, speed_rank={"cuda": 1, "cpu": 1}),
     )
 }
 
 
 @dataclass(frozen=True)
-class Parallel:
+class Parallel(AxisRow):
     """A `parallel` axis value: how W ranks share one probe's global batch, and in which dtype their
     gradients are reduced. The recommendation writes it as FSDP2 / accelerate / Lightning /
     TrainingArguments settings."""
@@ -296,7 +343,7 @@ FSDP_TRAINING_ARGS = {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version":
 PARALLELS = {
     p.name: p
     for p in (
-        Parallel("none", None, "none"),
+        Parallel("none", None, "none", speed_rank={"cuda": 0, "cpu": 0}),
         Parallel(
             "ddp",
             "ddp",
@@ -343,7 +390,7 @@ PARALLELS = {
 
 
 @dataclass(frozen=True)
-class Quantization:
+class Quantization(AxisRow):
     """A `quant` axis value: how the base model's linears are loaded (bitsandbytes, through
     transformers' BitsAndBytesConfig). A quantized base is frozen: it trains adapters only. Its matmuls
     run in the cell's compute dtype (bnb_4bit_compute_dtype), the recipe's quant section says the rest."""
@@ -371,7 +418,7 @@ class Quantization:
 QUANTIZATIONS = {
     q.name: q
     for q in (
-        Quantization("none", None),
+        Quantization("none", None, speed_rank={"cuda": 0, "cpu": 0}),
         Quantization("nf4", 4, "nf4", "bitsandbytes"),
         Quantization("fp4", 4, "fp4", "bitsandbytes"),
         Quantization("int8", 8, None, "bitsandbytes"),
@@ -397,13 +444,14 @@ SCHEDULE_FREE = (("weight_lr_power", 2.0), ("r", 0.0))
 OPTIMIZERS = {
     o.name: o
     for o in (
-        Optimizer("adamw", "torch.optim:AdamW"),
+        Optimizer("adamw", "torch.optim:AdamW", speed_rank={"cuda": 1, "cpu": 0}),
         Optimizer(
             "adamw-fused",
             "torch.optim:AdamW",
             kwargs=(("fused", True),),
             transformers_optim=("adamw_torch_fused",),
             default_grid=False,
+            speed_rank={"cuda": 0},
         ),
         # the Trainer passes these only lr (and weight decay through its parameter groups): torch's own
         # defaults for the rest (transformers 5.24 _get_sgd, _get_adagrad, _get_rmsprop, _get_adafactor)
@@ -661,14 +709,15 @@ def optimizer_of_training_args(args: dict) -> str:
 LOAD_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 SHORT_DTYPES = {torch_name: short for short, torch_name in LOAD_DTYPES.items()}  # "bfloat16" -> "bf16"
 
-AXES = {
-    "dtype": tuple(PRECISIONS),
-    "attn": tuple(ATTENTIONS),
-    "compile": tuple(COMPILATIONS),
-    "optimizer": tuple(OPTIMIZERS),
-    "parallel": tuple(PARALLELS),
-    "quant": tuple(QUANTIZATIONS),
+TABLES = {
+    "dtype": PRECISIONS,
+    "attn": ATTENTIONS,
+    "compile": COMPILATIONS,
+    "optimizer": OPTIMIZERS,
+    "parallel": PARALLELS,
+    "quant": QUANTIZATIONS,
 }
+AXES = {axis: tuple(table) for axis, table in TABLES.items()}
 # The hardware axes: a kind of machine, named as the executor that places probes on it names it
 # (Cell.hardware). Axis -> (the executor that knows it, what its values are).
 HARDWARE_AXES = {"partition": ("slurm", "SLURM partition"), "node_type": ("ray", "Ray custom resource")}
@@ -682,6 +731,20 @@ DEFAULT_AXES = {
     "parallel": ("none",),
     "quant": ("none",),  # a quantized base trains an adapter only: the user names it (--axis quant=none,nf4)
 }
+
+
+def _fastest_first(kind: str) -> dict[str, tuple[str, ...]]:
+    """axis -> the values that have a place on this kind of device ("cuda" / "cpu"), fastest first."""
+    out = {}
+    for axis, table in TABLES.items():
+        place = {name: row.speed_rank[kind] for name, row in table.items() if kind in row.speed_rank}
+        out[axis] = tuple(sorted(place, key=place.get))
+    return out
+
+
+# What a user would like to train with on each kind of device (AxisRow): bisect's default target is the
+# first combination the device supports (bisect/factors.fastest_cell).
+FASTEST_FIRST = {kind: _fastest_first(kind) for kind in ("cuda", "cpu")}
 
 
 def _lightning_aliases() -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
@@ -21,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 from checkpoints import save_custom_llama
-from conftest import run_cli, unpinned, verdicts
+from conftest import records, run_cli, unpinned, verdicts
 
 SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
 
@@ -32,10 +31,6 @@ SLURM_UP = Path(__file__).parent / "cluster" / "slurm_up.sh"
 EQUAL_GRID = ("--axis", "dtype=fp32,fp16-pure", "--axis", "attn=eager", "--axis", "compile=off", "--steps", "3")
 EQUAL_GRID += ("--set", "forensics_steps=0")
 EQUAL_VERDICTS = {"fp32/eager/off": "stable", "fp16-pure/eager/off": "nonfinite"}
-
-
-def records(run_dir: Path) -> dict:
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 def assert_like_local(out: Path, launch: str, kinds: tuple[str, ...]) -> None:

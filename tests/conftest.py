@@ -329,6 +329,34 @@ def summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
+def record_list(run_dir: Path) -> list[dict]:
+    """The records of a run's results.jsonl as JSON dicts, in the order they were written."""
+    return [json.loads(line) for line in (Path(run_dir) / "results.jsonl").read_text().splitlines()]
+
+
+def records(run_dir: Path) -> dict[str, dict]:
+    """{probe_id: record} of a run's results.jsonl."""
+    return {r["probe_id"]: r for r in record_list(run_dir)}
+
+
+def result_lines(run_dir: Path, complete: bool = False) -> list[str]:
+    """The lines of a run's results.jsonl as written, [] before it exists; complete=True: only those a
+    newline ends (a line a killed run left half-written is not one)."""
+    path = Path(run_dir) / "results.jsonl"
+    if not path.exists():
+        return []
+    return path.read_text().split("\n")[:-1] if complete else path.read_text().splitlines()
+
+
+def strict_json(text: str):
+    """json.loads that refuses the bare NaN / Infinity Python's json writes by default."""
+
+    def refuse(constant):
+        raise ValueError(f"bare {constant} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def verdicts(run_dir: Path) -> dict:
     return {p["probe_id"]: p["verdict"] for p in summary(run_dir)["probes"]}
 

@@ -3,6 +3,7 @@ the re-timing decision and the report words: an analysis and its renderings with
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -28,6 +29,39 @@ def meta(kind: str = "grid", steps: int = 8, **extra) -> dict:
         "seed": 0,
         "jobs": 1,
         **extra,
+    }
+
+
+# The model plan of a small Llama architecture twin, as run.json holds it.
+TWIN_PLAN = {
+    "source": "architecture-twin",
+    "scale": "full",
+    "model_type": "llama",
+    "params": 1,
+    "full_params": 1,
+    "trainable_params": 1,
+    "path": None,
+    "why": "test",
+    "shape": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 176, "vocab": 1024},
+}
+
+
+def twin_meta(n_probes: int, run_id: str = "props", ram_bytes: int = 2**34) -> dict:
+    """A run.json's meta for n_probes probes of the twin on a made-up 2-core host without GPUs
+    (ram_bytes may be any number, e.g. one beyond float range)."""
+    return {
+        "kind": "grid",
+        "run_id": run_id,
+        "created": "now",
+        "command": "nandoctor grid",
+        "recipe": {"name": "tiny-llama"},
+        "model_plan": copy.deepcopy(TWIN_PLAN),  # each meta its own, as each run.json read
+        "steps": 4,
+        "seed": 0,
+        "jobs": 1,
+        "env": {"cpu_count": 2, "ram_bytes": ram_bytes, "gpus": []},
+        "planned": n_probes,
+        "doctor": {"setup": {"cells": []}, "findings": []},
     }
 
 

@@ -3,6 +3,7 @@
 import pytest
 
 from nandoctor.bisect.factors import fastest_cell, parse_assignments, parse_configurations
+from nandoctor.cells import DEFAULT_AXES, FASTEST_FIRST, TABLES
 from nandoctor.config import Recipe
 from nandoctor.errors import NandoctorError
 
@@ -49,6 +50,41 @@ def test_without_bad_the_target_is_the_fastest_cell_the_device_supports():
     # a T4 (sm75) has no bf16 and no flash / cuDNN SDPA: fp16 with the memory-efficient kernel, fused AdamW
     assert fastest_cell(T4).id == "fp16-pure/sdpa:efficient/inductor/adamw-fused"
     assert fastest_cell({**T4, "cxx": None}).compile == "inductor"  # a GPU compiles without a host C++ compiler
+
+
+def test_the_fastest_first_orders_come_from_the_cell_rows_as_they_were_listed():
+    assert FASTEST_FIRST == {
+        "cuda": {
+            "dtype": ("bf16-pure", "fp16-pure", "bf16-amp", "fp16-amp", "tf32", "fp32"),
+            "attn": ("sdpa:flash", "sdpa:cudnn", "flash_attention_2", "sdpa:efficient", "sdpa", "eager"),
+            "compile": ("inductor", "aot_eager", "off"),
+            "optimizer": ("adamw-fused", "adamw"),
+            "parallel": ("none",),
+            "quant": ("none",),
+        },
+        "cpu": {
+            "dtype": ("fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"),
+            "attn": ("sdpa:flash", "sdpa", "sdpa:math", "eager"),
+            "compile": ("off", "aot_eager", "inductor"),
+            "optimizer": ("adamw",),
+            "parallel": ("none",),
+            "quant": ("none",),
+        },
+    }
+
+
+@pytest.mark.parametrize("kind", ["cuda", "cpu"])
+def test_every_default_grid_row_has_a_place_in_the_fastest_first_order(kind):
+    # a new row without a speed_rank would never be bisect's default target; the only rows left out are
+    # those a CPU cannot run and sdpa:math on CUDA, where the fused kernels sdpa picks are faster
+    left_out = {("attn", "sdpa:math")} if kind == "cuda" else set()
+    for axis, table in TABLES.items():
+        places = [row.speed_rank[kind] for row in table.values() if kind in row.speed_rank]
+        assert len(set(places)) == len(places), f"two {axis} rows share a place on {kind}"
+        for value in DEFAULT_AXES[axis]:
+            cannot_run = kind == "cpu" and getattr(table[value], "cuda_only", None)
+            if (axis, value) not in left_out and not cannot_run:
+                assert value in FASTEST_FIRST[kind][axis], f"{axis}={value} has no speed_rank[{kind!r}]"
 
 
 def test_the_optimizer_is_a_factor_like_the_other_axes():

@@ -2,11 +2,9 @@
 timeout_s for the timed steps, counted from the end of the build (then the replay's own). A slow
 build does not eat the steps' budget; a build that never ends is a timeout that says it was the build."""
 
-import json
-
 import pytest
 from checkpoints import save_custom_llama
-from conftest import run_cli, summary
+from conftest import records, run_cli, summary
 
 SLOW_BUILD_CODE = '''
 import time
@@ -60,7 +58,7 @@ def test_a_slow_build_keeps_the_steps_budget_and_a_build_that_never_ends_is_a_bu
         out,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # the hung build is a harness failure
-    recs = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    recs = records(out)
     got = {p["probe_id"]: p for p in summary(out)["probes"]}
     # its 5 s build is longer than the steps' 4 s budget: under one budget from spawn it would time out
     slow = recs["fp32/sdpa/off"]

@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from conftest import ALL_CORES, run_cli, unpinned
+from conftest import ALL_CORES, record_list, run_cli, unpinned
 
 from nandoctor.cells import Cell
 from nandoctor.env import get_cpu_count, get_process_env
@@ -259,7 +259,7 @@ def test_cache_says_in_one_line_that_it_kept_no_probe_sized_down_by_the_load(tmp
 def test_a_warm_probe_records_its_threads_and_the_short_spin(fp32_check):
     out, proc, _ = fp32_check
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (record,) = record_list(out)
     spec = json.loads((out / "probes" / "fp32__eager__off" / "spec.json").read_text())
     used = record["cpu_threads"]
     assert used["planned"] == spec["threads"] and 1 <= used["torch"] <= spec["threads"]
@@ -292,7 +292,7 @@ def test_a_cold_probe_trains_with_the_users_openmp_settings(tmp_path):
         env={"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (record,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (record,) = record_list(out)
     assert record["launch"] == "cold"
     used = record["cpu_threads"]
     assert (used["torch"], used["planned"], used["other_cpu_cores"]) == (1, 1, None)

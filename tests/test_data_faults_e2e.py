@@ -9,7 +9,7 @@ import json
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_main
+from conftest import record_list, run_main
 from userdata_fixtures import prompt_completion_rows, save_chat_tokenizer, sentence, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_a_batch_of_short_rows_is_not_a_spike_next_to_the_memorised_first_batche
         *("--set", "data.labels=completion_only", "--set", "optimizer.lr=0.01"),
     )
     assert probes["fp32/eager/off"]["verdict"] == "stable", probes["fp32/eager/off"]["reason"]
-    steps = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()][0]["steps"]
+    steps = record_list(tmp_path / "run")[0]["steps"]
     assert [s["batch"] for s in steps[:7]] == ["first"] * 4 + ["longest", "most_padded", "fewest_supervised"]
     assert steps[27]["loss"] > 2 * sum(s["loss"] for s in steps[17:27]) / 10  # what the old rule saw
 

@@ -7,6 +7,8 @@ import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from recorded import TWIN_PLAN
+
 from nandoctor.analysis.diff import (
     BIT_IDENTICAL,
     CHANGED,
@@ -44,17 +46,7 @@ ENV = {
     "cpu_model": "AMD EPYC",
     "nccl": None,
 }
-PLAN = {
-    "source": "architecture-twin",
-    "scale": "full",
-    "model_type": "llama",
-    "params": 1,
-    "full_params": 1,
-    "trainable_params": 1,
-    "path": None,
-    "why": "test",
-    "shape": {},
-}
+PLAN = {**TWIN_PLAN, "shape": {}}
 
 
 def falling(n=8, start=8.3, rate=0.1, tokens_per_s=1000.0):

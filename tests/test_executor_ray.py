@@ -19,9 +19,8 @@ from clusters import (
     misbehaving_checkpoint,
     probe_processes,
     ray_skip_reason,
-    records,
 )
-from conftest import run_cli, run_cli_noting_imports, summary, verdicts
+from conftest import records, run_cli, run_cli_noting_imports, summary, verdicts
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(ray_skip_reason() is not None, reason=str(ray_skip_reason()))]
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -24,10 +23,9 @@ from clusters import (
     misbehaving_checkpoint,
     own_slurm,
     probe_processes,
-    records,
     slurm_skip_reason,
 )
-from conftest import ALL_CORES, run_cli, run_cli_noting_imports, summary, verdicts
+from conftest import ALL_CORES, records, result_lines, run_cli, run_cli_noting_imports, summary, verdicts
 
 from nandoctor.report.formatting import fmt_bytes
 
@@ -40,11 +38,6 @@ def slurm_env(tmp_path_factory):
     """This module's own one-node SLURM, on ports free when it starts (beside any other on the host)."""
     with own_slurm(tmp_path_factory.mktemp("slurm")) as env:
         yield env
-
-
-def results(run_dir: Path) -> list[str]:
-    path = run_dir / "results.jsonl"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def job_partitions(env: dict, job_ids: list[str]) -> dict[str, str]:
@@ -88,7 +81,7 @@ def terminated(slurm_env, tmp_path_factory):
     )
     queued = active_slurm_jobs(slurm_env)  # this module's own cluster: every job on it is this test's
     children = probe_processes(out)
-    kept = results(out)
+    kept = result_lines(out)
     gathered = (out / "hardware.json").read_text()
     shim.mkdir()
     (shim / "squeue").write_text(
@@ -128,7 +121,7 @@ def test_sigterm_cancels_every_job_ends_every_probe_and_prints_the_resume_comman
 def test_resume_after_sigterm_keeps_what_was_recorded_and_finishes_like_local(terminated):
     t = terminated
     assert t.resumed.returncode == 0, t.resumed.stdout + t.resumed.stderr  # a numerical failure is a finding
-    assert results(t.out)[: len(t.kept)] == t.kept
+    assert result_lines(t.out)[: len(t.kept)] == t.kept
     assert_like_local(t.out, "slurm", ("main", "spare"))
 
 

@@ -2,11 +2,10 @@
 
 import contextlib
 import io
-import json
 import re
 
 import pytest
-from conftest import run_cli, run_main, summary
+from conftest import record_list, run_cli, run_main, summary
 
 # slow: the end-to-end tests (real probe processes); the bad-input ones end in this process (run_main)
 
@@ -16,7 +15,7 @@ def probe_summary(run_dir, probe_id) -> dict:
 
 
 def forensics_record(run_dir, probe_id) -> dict:
-    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    records = record_list(run_dir)
     return next(r for r in records if r["probe_id"] == probe_id)["forensics"]
 
 

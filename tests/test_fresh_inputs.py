@@ -7,7 +7,7 @@ import os
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_main
+from conftest import record_list, run_main
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.run.fingerprint import probe_fingerprint
@@ -57,7 +57,7 @@ def test_an_edit_of_the_data_file_that_keeps_its_time_is_read(tmp_path):
 
 
 def fingerprints(run_dir) -> dict:
-    records = [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
+    records = record_list(run_dir)
     assert len(records) == len({r["probe_id"] for r in records})  # one record per probe
     return {r["probe_id"]: r["fingerprint"] for r in records}
 

@@ -4,13 +4,9 @@ one GPU, the snapshot replay on the device, and the compile cache. Skipped witho
 import json
 
 import pytest
-from conftest import summary, verdicts
+from conftest import records, summary, verdicts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
-
-
-def records(run_dir):
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")

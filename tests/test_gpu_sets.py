@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 
 import pytest
+from conftest import record_list
 
 from nandoctor.cells import Cell
 from nandoctor.models import plan_model
@@ -159,5 +160,5 @@ def test_on_a_gpu_host_probes_train_on_the_gpu_they_were_given_by_its_uuid(tmp_p
         assert probe["verdict"] == "stable", probe
         log = (probe_dir(out, probe["probe_id"]) / "log.txt").read_text()
         assert f"nandoctor: this probe's GPUs: CUDA_VISIBLE_DEVICES={uuid}\n" in log
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = record_list(out)
     assert {r["device"] for r in records} == {"cuda"}

@@ -1,11 +1,10 @@
 """End to end through the CLI: real tiny models, real autocast / GradScaler / AdamW, real failures."""
 
-import json
 import math
 import re
 
 import pytest
-from conftest import summary, verdicts
+from conftest import record_list, records, strict_json, summary, verdicts
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes
 
@@ -62,7 +61,7 @@ def test_fp32_reference_is_stable_and_ranked_first(precision_run):
 
 def test_every_probe_is_in_results_jsonl_with_its_curve(precision_run):
     out, _ = precision_run
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = record_list(out)
     assert {r["probe_id"] for r in records} == {"fp32/eager/off", "fp16-pure/eager/off", "bf16-pure/eager/off"}
     ref = next(r for r in records if r["probe_id"] == "fp32/eager/off")
     assert len(ref["steps"]) == 16
@@ -76,16 +75,12 @@ def test_every_json_file_of_a_nonfinite_run_is_strict(precision_run):
     """The fp16-pure probe's loss went non-finite in a real child: every JSON file of the run parses with
     a strict parser, the non-finite loss written as the string float() reads back."""
     out, _ = precision_run
-
-    def refuse(constant):
-        raise ValueError(f"bare {constant} in JSON")
-
     files = [p for p in out.rglob("*") if p.suffix in (".json", ".jsonl")]
     assert {"results.jsonl", "run.json", "summary.json"} <= {p.name for p in files}
     for path in files:
         for text in path.read_text().splitlines() if path.suffix == ".jsonl" else [path.read_text()]:
-            json.loads(text, parse_constant=refuse)
-    fp16 = next(json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if "fp16-pure" in line)
+            strict_json(text)
+    fp16 = records(out)["fp16-pure/eager/off"]
     assert fp16["steps"][-1]["loss"] in ("NaN", "Infinity", "-Infinity") and not math.isfinite(
         float(fp16["steps"][-1]["loss"])
     )

@@ -5,7 +5,7 @@ report's savings section says what was measured here."""
 import json
 
 import pytest
-from conftest import needs, summary
+from conftest import needs, records, summary
 
 pytestmark = [pytest.mark.slow, needs("torchao", "bitsandbytes")]  # end to end: real probe processes
 
@@ -35,7 +35,7 @@ def run(tmp_path_factory):
         on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    return out, records(out)
 
 
 def test_the_optimizers_train_and_the_fp8_cells_are_unsupported_and_never_spawned(run):

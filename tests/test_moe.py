@@ -5,6 +5,7 @@ import dataclasses
 
 import pytest
 from checkpoints import save_collapsed_qwen3_moe, save_tied_router_qwen3_moe
+from conftest import record_list
 
 from nandoctor.analysis.verdicts import EXPERT_COLLAPSE, classify, route_flips
 from nandoctor.cells import Cell
@@ -125,12 +126,6 @@ def _findings(run_dir):
     return {f["id"]: f for f in summary(run_dir)["doctor"]["findings"]}
 
 
-def _records(run_dir):
-    import json
-
-    return [json.loads(line) for line in (run_dir / "results.jsonl").read_text().splitlines()]
-
-
 GRID = ["grid", "--model", "qwen3-30b-a3b", "--steps", "8", "--axis", "attn=sdpa", "--axis", "compile=off"]
 
 
@@ -162,14 +157,14 @@ def test_qwen3_moe_grid_reports_expert_load_and_the_load_balancing_loss_off(qwen
     assert "| top-8 of 32 | off " in report  # top-8 of 32 experts, no load-balancing loss
     assert "<svg" in (off / "report.html").read_text().split("Mixture of experts", 1)[1]
     assert "router_aux_loss_coef=0.001) adds it" in report  # the recommendation's code says how
-    for record in _records(off):
+    for record in record_list(off):
         assert len(record["moe"]["layers"]) == 2 and not record["moe"]["aux_loss_in_loss"]
         assert all(s["aux_loss"] is None for s in record["steps"])
 
     on = run_main(*GRID, "--axis", "dtype=fp32", "--set=moe.aux_loss=on", *QUICK_FLAGS, "--out", tmp_path / "on")
     assert on.returncode == 0, on.stderr[-2000:]
     assert "moe-load-balancing-off" not in _findings(tmp_path / "on")
-    for record in _records(tmp_path / "on"):
+    for record in record_list(tmp_path / "on"):
         assert record["moe"]["aux_loss_in_loss"] and record["moe"]["aux_loss_coef"] == 0.001
         assert all(s["aux_loss"] > 0 for s in record["steps"]) and len(record["steps"]) == 8
     assert "output_router_logits=True, router_aux_loss_coef=0.001" in (tmp_path / "on" / "report.md").read_text()
@@ -184,7 +179,7 @@ def test_the_terminal_shows_each_probes_router_figures(qwen3_moe_grid):
 
     proc, off = qwen3_moe_grid
     table = proc.stdout.split("Mixture of experts, the router per probe", 1)[1]
-    by_probe = {r["probe_id"]: r["moe"] for r in _records(off)}
+    by_probe = {r["probe_id"]: r["moe"] for r in record_list(off)}
     for probe, moe in by_probe.items():
         row = next(line for line in table.splitlines() if line.startswith(probe))
         last = [layer["step_last"] for layer in moe["layers"]]

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_main
+from conftest import record_list, result_lines, run_main
 
 from nandoctor.config import set_field
 from nandoctor.models import plan_model, plan_warnings
@@ -252,9 +252,7 @@ def test_ctrl_c_points_to_resume_and_resume_finishes_the_run(tmp_path, cli):
 
     proc = cli("grid", "--resume", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert [json.loads(line)["probe_id"] for line in (out / "results.jsonl").read_text().splitlines()] == [
-        "fp32/eager/off"
-    ]
+    assert [r["probe_id"] for r in record_list(out)] == ["fp32/eager/off"]
 
 
 @pytest.mark.slow
@@ -262,7 +260,7 @@ def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culpri
     out = tmp_path / "run"
     shutil.copytree(fp16_pure_bisect[0], out)  # the shared run stays whole for its other readers
     finished = json.loads((out / "bisect.json").read_text())
-    lines = (out / "results.jsonl").read_text().splitlines()
+    lines = result_lines(out)
     assert len(lines) >= 3, "the bisection must need more probes than it keeps for this test to mean anything"
 
     # as if it had been stopped just before its last probe was recorded: every probe but one is reused
@@ -274,7 +272,7 @@ def test_resumed_bisect_spawns_only_the_missing_probes_and_finds_the_same_culpri
     resumed = cli("bisect", "--resume", out, "--jobs", "2", on_cpu=True)  # where the shared bisection ran
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
 
-    after = (out / "results.jsonl").read_text().splitlines()
+    after = result_lines(out)
     assert after[: len(kept)] == kept
     ran = [json.loads(line)["probe_id"] for line in after[len(kept) :]]
     assert ran == [json.loads(lines[-1])["probe_id"]]

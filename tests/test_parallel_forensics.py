@@ -2,10 +2,8 @@
 own DDP or FSDP2 wrapper, the launcher merges the ranks' replays into the probe's one forensics record,
 and the report names the rank and the first offender (forward, backward, reduction or optimizer step)."""
 
-import json
-
 import pytest
-from conftest import run_cli, summary
+from conftest import records, run_cli, summary
 
 from nandoctor.analysis.forensics import origin, ranks_alike
 from nandoctor.child.launch import merge_forensics
@@ -66,10 +64,6 @@ def test_a_replay_that_raised_or_died_on_one_rank_is_the_forensics_error_naming_
     assert merge_forensics([{}, {}], [1, -11], 1) is None  # failed in the timed steps: there was no replay
 
 
-def _records(run_dir) -> dict:
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
-
-
 @pytest.mark.slow
 def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_rank_and_the_offender(tmp_path):
     """Four gloo ranks: fp16-pure under DDP and FSDP2 (AdamW's eps is 0 in fp16: the optimizer step of
@@ -89,10 +83,10 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
             on_cpu=True,
         )
         assert proc.returncode == 0, proc.stdout + proc.stderr  # the fp32 reference is stable: a configuration
-    records, probes = _records(out), {p["probe_id"]: p for p in summary(out)["probes"]}
+    recs, probes = records(out), {p["probe_id"]: p for p in summary(out)["probes"]}
     for wrapper in ("ddp", "fsdp2-reduce-low"):
         probe_id = f"fp16-pure/eager/off/{wrapper}"
-        f = records[probe_id]["forensics"]
+        f = recs[probe_id]["forensics"]
         assert [r["rank"] for r in f["ranks"]] == [0, 1, 2, 3] and all(r["reproduced"] for r in f["ranks"]), probe_id
         root = probes[probe_id]["forensics"]["origin"]
         assert (root["phase"], root["step"], root["rank"], root["parameter"]) == (
@@ -109,8 +103,8 @@ def test_failing_parallel_probes_replay_on_every_rank_and_the_report_names_the_r
     )
     assert "optimizer step 0 on rank 0 of 4 (ranks 1, 2, 3 alike): model.embed_tokens.weight" in report
 
-    records, probes = _records(amp_out), {p["probe_id"]: p for p in summary(amp_out)["probes"]}
-    amp = records["fp16-amp/eager/off/fsdp2-reduce-low"]
+    recs, probes = records(amp_out), {p["probe_id"]: p for p in summary(amp_out)["probes"]}
+    amp = recs["fp16-amp/eager/off/fsdp2-reduce-low"]
     skipped = [s["step"] for s in amp["steps"] if s["skipped"]]
     assert skipped, "no GradScaler skip: the overflow this test reads did not happen"
     events = [e for e in amp["forensics"]["events"] if e["step"] == skipped[0]]

@@ -3,13 +3,12 @@ row, the one-process probe of the same global batch as their exact reference, a 
 caught by the step-0 gradient agreement, and a rank that segfaults or hangs ending the probe as one
 record with no process left behind."""
 
-import json
 import re
 
 import psutil
 import pytest
 from checkpoints import save_custom_llama
-from conftest import run_cli, summary
+from conftest import records, run_cli, summary
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes, two ranks each
 
@@ -37,10 +36,6 @@ class RankCrashingLlamaForCausalLM(LlamaForCausalLM):
             time.sleep(3600)
         return super().forward(*args, **kwargs)
 '''
-
-
-def records(run_dir) -> dict:
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 def probes(run_dir) -> dict:

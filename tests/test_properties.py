@@ -8,8 +8,10 @@ import math
 import xml.etree.ElementTree as ET
 
 import pandas as pd
+from conftest import strict_json
 from hypothesis import given
 from hypothesis import strategies as st
+from recorded import twin_meta
 
 from nandoctor.analysis.outcomes import analyze_records, ranked_table
 from nandoctor.analysis.ranking import rank
@@ -62,49 +64,6 @@ maybe = st.one_of(st.none(), values)
 CELLS = [Cell("fp32", "eager"), Cell("fp32", "sdpa"), Cell("bf16-amp", "sdpa")]
 
 
-def strict_json(text: str):
-    def refuse(constant):
-        raise ValueError(f"bare {constant} in JSON")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def meta(n_probes: int) -> dict:
-    plan = {
-        "source": "architecture-twin",
-        "scale": "full",
-        "model_type": "llama",
-        "params": 1,
-        "full_params": 1,
-        "trainable_params": 1,
-        "path": None,
-        "why": "test",
-        "shape": {
-            "hidden": 64,
-            "layers": 2,
-            "heads": 4,
-            "kv_heads": 2,
-            "head_dim": 16,
-            "intermediate": 176,
-            "vocab": 1024,
-        },
-    }
-    return {
-        "kind": "grid",
-        "run_id": "props",
-        "created": "now",
-        "command": "nandoctor grid",
-        "recipe": {"name": "tiny-llama"},
-        "model_plan": plan,
-        "steps": 4,
-        "seed": 0,
-        "jobs": 1,
-        "env": {"cpu_count": 2, "ram_bytes": 2**34, "gpus": []},
-        "planned": n_probes,
-        "doctor": {"setup": {"cells": []}, "findings": []},
-    }
-
-
 @st.composite
 def records(draw, cells=CELLS):
     """One real ProbeRecord per cell (the fp32/eager reference first), each with drawn loss, grad-norm,
@@ -152,13 +111,13 @@ def test_a_time_beyond_a_floats_range_is_inf_in_the_probe_table():
         for c, w in zip(CELLS, (None, 1e300, 10**400))
     ]
     assert recs[2].wall_s == math.inf
-    walls = analyze_records(meta(len(recs)), recs).table["wall_s"].tolist()
+    walls = analyze_records(twin_meta(len(recs)), recs).table["wall_s"].tolist()
     assert walls[1:] == [1e300, math.inf] and all(isinstance(w, float) for w in walls[1:])
 
 
 @given(records())
 def test_every_renderer_returns_text_for_any_series(recs):
-    a = analyze_records(meta(len(recs)), recs)
+    a = analyze_records(twin_meta(len(recs)), recs)
     assert render_markdown(a).startswith("# nandoctor grid")
     assert "</html>" in render_html(a)
     ET.fromstring(render_junit(a).split("?>", 1)[1])
@@ -216,8 +175,8 @@ def test_an_all_zero_gradient_series_is_never_stable(losses, with_reference):
 def test_verdicts_do_not_depend_on_the_order_probes_finished(recs, rng):
     shuffled = list(recs)
     rng.shuffle(shuffled)
-    verdicts = {o.probe_id: (o.verdict.name, o.verdict.step) for o in analyze_records(meta(3), recs).outcomes}
-    again = {o.probe_id: (o.verdict.name, o.verdict.step) for o in analyze_records(meta(3), shuffled).outcomes}
+    verdicts = {o.probe_id: (o.verdict.name, o.verdict.step) for o in analyze_records(twin_meta(3), recs).outcomes}
+    again = {o.probe_id: (o.verdict.name, o.verdict.step) for o in analyze_records(twin_meta(3), shuffled).outcomes}
     assert verdicts == again
 
 

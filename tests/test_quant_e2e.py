@@ -9,7 +9,7 @@ import json
 
 import pytest
 from checkpoints import save_llama
-from conftest import run_cli, run_main, verdicts
+from conftest import records, run_cli, run_main, verdicts
 
 pytestmark = pytest.mark.slow
 LORA = ("--set", "adapter.type=lora")
@@ -44,10 +44,6 @@ def quant_grid(large_mlp_checkpoint, tmp_path_factory):
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     return out
-
-
-def records(run_dir) -> dict:
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 def test_every_nf4_record_carries_its_settings_and_its_bases_bytes(quant_grid):

@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import verdicts
+from conftest import record_list, result_lines, verdicts
 
 from nandoctor.analysis.outcomes import analyze
 from nandoctor.record import ProbeRecord, ProbeSpec
@@ -61,11 +61,11 @@ def test_an_old_interrupted_run_resumes_with_only_its_missing_probe(tmp_path, cl
     meta["env"] = collect_doctor().to_dict()  # resume refuses another environment; the format is what is tested here
     meta["axes"]["compile"] = ["off"]  # the CPU default it was made with (a GPU host's default compiles too)
     (run / "run.json").write_text(json.dumps(meta))
-    lines = (run / "results.jsonl").read_text().splitlines()
+    lines = result_lines(run)
     (run / "results.jsonl").write_text("\n".join(lines[:-1]) + "\n")
     proc = cli("grid", "--resume", run)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    ran = [json.loads(line)["probe_id"] for line in (run / "results.jsonl").read_text().splitlines()[3:]]
+    ran = [r["probe_id"] for r in record_list(run)[3:]]
     assert ran == ["fp16-pure/sdpa/off"]
     assert verdicts(run) == EXPECTED
 

@@ -8,7 +8,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_main
+from conftest import record_list, run_main
 from recorded import FIXTURE, meta
 
 from nandoctor.analysis.outcomes import analyze_records
@@ -132,7 +132,7 @@ def test_nandoctor_report_says_first_which_fp32_probe_judged_drift_or_that_none_
     reference it used, or with the sentence that drift was not judged, in its first lines."""
     run = tmp_path / "run"
     shutil.copytree(FIXTURE, run)
-    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    records = record_list(run)
     oom = {"type": "OutOfMemoryError", "message": "CUDA out of memory. Tried to allocate 2.00 GiB", "oom": True}
     for r in records:
         if r["probe_id"] in failed:

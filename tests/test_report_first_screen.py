@@ -10,7 +10,7 @@ import zlib
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import result_lines, run_cli
 
 from nandoctor.analysis.outcomes import analyze
 from nandoctor.report.html import render_html
@@ -131,7 +131,7 @@ def test_overview_draws_coinciding_curves_once_and_failures_up_to_their_step(sma
 def test_interrupted_run_shows_the_cells_it_did_not_reach(small_grid, tmp_path):
     run = tmp_path / "interrupted"
     shutil.copytree(small_grid, run)
-    lines = (run / "results.jsonl").read_text().splitlines()
+    lines = result_lines(run)
     (run / "results.jsonl").write_text("\n".join(lines[:2]) + "\n")
     html = render_html(analyze(run))
     assert html.count('<td class="v-pending"') == 2 and "Interrupted run: 2 of 4 planned probes" in html

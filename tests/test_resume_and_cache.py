@@ -6,7 +6,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_main, summary
+from conftest import record_list, result_lines, run_main, summary
 
 # slow: the end-to-end tests (real probe processes); the refusal ends in this process (run_main)
 
@@ -28,12 +28,6 @@ GRID = (
 )
 
 
-def lines(run_dir):
-    """The complete lines of run_dir/results.jsonl: a line a killed run left half-written is not one."""
-    path = run_dir / "results.jsonl"
-    return path.read_text().split("\n")[:-1] if path.exists() else []
-
-
 @pytest.mark.slow
 def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
     out = tmp_path / "run"
@@ -43,17 +37,17 @@ def test_resume_after_kill_runs_only_the_missing_cells(tmp_path, cli):
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 600
-    while len(lines(out)) < 2 and grid.poll() is None and time.monotonic() < deadline:
+    while len(result_lines(out, complete=True)) < 2 and grid.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     grid.kill()  # SIGKILL: no cleanup, as when a job is preempted
     grid.wait()
-    before = lines(out)
+    before = result_lines(out, complete=True)
     assert 2 <= len(before) < 4, "the run must be interrupted part-way for this test to mean anything"
     done = {json.loads(line)["probe_id"] for line in before}
 
     proc = cli("grid", "--resume", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    after = lines(out)
+    after = result_lines(out, complete=True)
     assert after[: len(before)] == before  # what was recorded stays as it was
     ran = [json.loads(line)["probe_id"] for line in after[len(before) :]]
     assert set(ran) == {"fp32/eager/off", "fp32/sdpa/off", "bf16-amp/eager/off", "bf16-amp/sdpa/off"} - done
@@ -95,8 +89,8 @@ def test_cache_reuses_an_identical_probe_and_reruns_a_changed_one(tmp_path, cli)
     second = cli("grid", *one, "--out", tmp_path / "second", env=env)
     assert second.returncode == 0, second.stdout + second.stderr
     assert f"cache: 1 probe(s) reused from {tmp_path / 'cache' / 'probes.jsonl'}" in second.stdout
-    reused = json.loads(lines(tmp_path / "second")[0])
-    original = json.loads(lines(tmp_path / "first")[0])
+    reused = record_list(tmp_path / "second")[0]
+    original = record_list(tmp_path / "first")[0]
     assert reused["cached_from"] == str(tmp_path / "first")
     assert reused["steps"] == original["steps"] and reused["fingerprint"] == original["fingerprint"]
     assert not (tmp_path / "second" / "probes").exists()  # nothing was spawned

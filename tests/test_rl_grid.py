@@ -2,9 +2,8 @@
 cache, trains on them through the probe's own loop, and records the rollout-training mismatch, which
 orders fp32 < fp16-amp < bf16-amp with bf16 well above fp16 (docs/rl.md)."""
 
-import json
-
 import pytest
+from conftest import records
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes
 
@@ -37,7 +36,7 @@ def run(tmp_path_factory):
         on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}, out
+    return records(out), out
 
 
 def test_every_grpo_probe_records_the_mismatch_of_its_rollouts(run):

@@ -1,12 +1,11 @@
 """A probe that raises, aborts or hangs becomes a classified record; the grid goes on and keeps
 everything. Bad input is one line and exit code 2."""
 
-import json
 import shutil
 
 import pytest
 from checkpoints import save_faulty_llama
-from conftest import run_cli, run_main, summary
+from conftest import record_list, result_lines, run_cli, run_main, summary
 
 # slow: the end-to-end tests (real probe processes); the bad-input ones end in this process (run_main)
 
@@ -67,7 +66,7 @@ def test_a_probe_that_hangs_is_a_timeout(faulty_run):
 @pytest.mark.slow
 def test_the_grid_completes_with_every_result_recorded(faulty_run):
     out, proc = faulty_run
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = record_list(out)
     assert sorted(r["probe_id"] for r in records) == sorted(
         ["fp32/eager/off", "fp32/sdpa/off", "bf16-pure/eager/off", "bf16-pure/sdpa/off"]
     )
@@ -83,7 +82,7 @@ def test_report_rerenders_an_interrupted_run(faulty_run, tmp_path):
     out, _ = faulty_run
     cut = tmp_path / "cut"
     shutil.copytree(out, cut)
-    lines = (cut / "results.jsonl").read_text().splitlines()
+    lines = result_lines(cut)
     (cut / "results.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:40])  # a half-written line
     for name in ("report.md", "report.html", "summary.json"):
         (cut / name).unlink()

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, summary
+from conftest import result_lines, run_cli, summary
 
 from nandoctor.record import ZYGOTE_ENV
 
@@ -50,11 +50,6 @@ def alive(pid: int) -> bool:
         return False
 
 
-def lines(run_dir: Path) -> list[str]:
-    path = run_dir / "results.jsonl"
-    return path.read_text().splitlines() if path.exists() else []
-
-
 def terminate_mid_run(args: list, run_dir: Path, env: dict | None = None) -> tuple[int, str, list[str], set[int]]:
     """Start `nandoctor grid ARGS`, send it SIGTERM once a probe is recorded and another one runs;
     returns its exit code, its stderr, the records it had kept, and the processes it had started."""
@@ -69,13 +64,13 @@ def terminate_mid_run(args: list, run_dir: Path, env: dict | None = None) -> tup
     while True:
         assert proc.poll() is None, "the run ended before it could be interrupted: " + proc.stderr.read()
         assert time.monotonic() < deadline, "no probe recorded within 600 s"
-        done = len(lines(run_dir))
+        done = len(result_lines(run_dir))
         assert done < len(CELLS), "the run went too far to be interrupted in its midst"
         if done and descendants(proc.pid):
             break
         time.sleep(0.05)
     started = descendants(proc.pid)
-    kept = lines(run_dir)
+    kept = result_lines(run_dir)
     proc.send_signal(signal.SIGTERM)
     stderr = proc.communicate(timeout=120)[1]
     return proc.returncode, stderr, kept, started
@@ -93,14 +88,14 @@ def test_sigterm_ends_the_probes_keeps_the_records_says_how_to_resume_and_resume
     while any(alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert [p for p in started if alive(p)] == []  # its workers and probes ended with it
-    after = lines(out)
+    after = result_lines(out)
     assert after[: len(kept)] == kept and len(after) < len(CELLS)  # what was recorded is kept, and no more
 
     # the resume's own processes are not what this test is about: it runs in this one, its worker forked by
     # the session's zygote (a cold probe would import torch and transformers again)
     resumed = run_cli("grid", "--resume", out, env={ZYGOTE_ENV: str(zygote)})
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert lines(out)[: len(kept)] == kept
+    assert result_lines(out)[: len(kept)] == kept
     assert {p["probe_id"] for p in summary(out)["probes"]} == CELLS
     assert {p["verdict"] for p in summary(out)["probes"]} == {"stable"}
 

@@ -5,10 +5,8 @@ fp32 weights."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
-from conftest import run_cli, verdicts
+from conftest import records, run_cli, verdicts
 
 from nandoctor.analysis.verdicts import classify, update_lost
 from nandoctor.cells import Cell, weight_dtype
@@ -57,8 +55,8 @@ def test_a_grid_at_a_learning_rate_bf16_weights_round_away_calls_bf16_pure_stall
         out,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    fp32, pure = records["fp32/eager/off"], records["bf16-pure/eager/off"]
+    recs = records(out)
+    fp32, pure = recs["fp32/eager/off"], recs["bf16-pure/eager/off"]
     assert fp32["forensics"]["weight_dtype"] == "float32" and fp32["forensics"]["steps"][0]["update_loss"] < 0.01
     assert pure["forensics"]["steps"][0]["update_loss"] > 0.9
     fp32_drop = fp32["steps"][0]["loss"] - fp32["steps"][-1]["loss"]

@@ -3,10 +3,11 @@
 strings back into floats, and runs written before (bare NaN in results.jsonl) still read. The files are
 written and read by the real store, cache, step log, result writer and report writers; fast: no probe runs."""
 
-import json
 import math
 import shutil
 from pathlib import Path
+
+from conftest import strict_json as strict
 
 from nandoctor.cells import Cell
 from nandoctor.child.outcome import write as write_result
@@ -19,13 +20,6 @@ from nandoctor.run.store import RETIME_FILE, ResultsStore
 from nandoctor.run.task import read_result, read_steps
 
 OLD_RUN = Path(__file__).parent / "fixtures" / "run-lr30"  # written with bare NaN / Infinity
-
-
-def strict(text: str):
-    def refuse(constant):
-        raise ValueError(f"bare {constant} in JSON")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def strict_lines(path: Path) -> list:

@@ -4,11 +4,9 @@ naming the rows it trained on; and a 2-rank DDP probe of the same rows, packed a
 ranks train exactly the one-process step (token normalisation over every rank, as the Trainer's
 average_tokens_across_devices)."""
 
-import json
-
 import pytest
 from checkpoints import save_llama
-from conftest import cuda_hidden, run_cli, run_warm
+from conftest import cuda_hidden, record_list, run_cli, run_warm
 from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.cells import Cell
@@ -54,7 +52,7 @@ def test_a_grid_on_the_users_chats_names_the_rows_each_probe_trained_on(files):
         out,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = [ProbeRecord.from_dict(json.loads(line)) for line in (out / "results.jsonl").read_text().splitlines()]
+    records = [ProbeRecord.from_dict(r) for r in record_list(out)]
     assert {r.cell.attn for r in records} == {"sdpa", "eager"}
     for r in records:
         assert r.status == "ok" and r.data["source"] == "file" and r.data["kind"] == "messages"

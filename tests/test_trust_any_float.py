@@ -11,6 +11,9 @@ import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from conftest import strict_json
+from recorded import twin_meta
+
 from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cells import Cell
 from nandoctor.cli import main
@@ -45,49 +48,6 @@ PATHOLOGICAL = [
     6.9,
     6.9 + 1e-15,
 ]
-
-
-def strict_json(text: str):
-    def refuse(constant):
-        raise ValueError(f"bare {constant} in JSON")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def meta(n_probes: int) -> dict:
-    plan = {
-        "source": "architecture-twin",
-        "scale": "full",
-        "model_type": "llama",
-        "params": 1,
-        "full_params": 1,
-        "trainable_params": 1,
-        "path": None,
-        "why": "test",
-        "shape": {
-            "hidden": 64,
-            "layers": 2,
-            "heads": 4,
-            "kv_heads": 2,
-            "head_dim": 16,
-            "intermediate": 176,
-            "vocab": 1024,
-        },
-    }
-    return {
-        "kind": "grid",
-        "run_id": "any-float",
-        "created": "now",
-        "command": "nandoctor grid",
-        "recipe": {"name": "tiny-llama"},
-        "model_plan": plan,
-        "steps": 4,
-        "seed": 0,
-        "jobs": 1,
-        "env": {"cpu_count": 2, "ram_bytes": 10**400, "gpus": []},
-        "planned": n_probes,
-        "doctor": {"setup": {"cells": []}, "findings": []},
-    }
 
 
 def record(cell: Cell, values: list, rng: random.Random) -> ProbeRecord:
@@ -154,7 +114,7 @@ def runs(n: int = 30):
 
 def test_every_renderer_takes_any_float():
     for records in runs():
-        a = analyze_records(meta(len(records)), records)
+        a = analyze_records(twin_meta(len(records), "any-float", 10**400), records)
         assert render_markdown(a).startswith("# nandoctor grid")
         assert "</html>" in render_html(a)
         ET.fromstring(render_junit(a).split("?>", 1)[1])

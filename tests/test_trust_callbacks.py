@@ -4,24 +4,17 @@ cannot be created, with a module the watch cannot read, and with a checkpoint th
 
 import contextlib
 import io
-import json
 
 import pytest
 import torch
 from checkpoints import save_dead_llama
+from conftest import strict_json
 from training_runs import QUIET_LIGHTNING, hf_trainer, lightning_fit, tiny_llama
 
 from nandoctor.integrations.watch import CheckFailed
 
 pytestmark = pytest.mark.slow
 REPORTS = {"report.md", "report.html", "junit.xml", "summary.json"}
-
-
-def strict_json(text: str):
-    def refuse(constant):
-        raise ValueError(f"bare {constant} in JSON")
-
-    return json.loads(text, parse_constant=refuse)
 
 
 def nandoctor_lines(stderr: str) -> list[str]:

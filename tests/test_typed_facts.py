@@ -5,6 +5,8 @@ into them and is written back as it was, key for key, so that runs stay readable
 import json
 from pathlib import Path
 
+from conftest import record_list
+
 from nandoctor import jsonio
 from nandoctor.device import DeviceFacts, GpuFacts, NvmlFacts, PackageFacts
 from nandoctor.env import collect_doctor, collect_summary
@@ -60,7 +62,7 @@ def test_the_facts_this_machine_gathers_are_typed_and_round_trip_unchanged():
 def test_an_old_runs_facts_read_typed_and_write_back_as_they_were():
     for run in OLD_RUNS:
         meta = json.loads((run / "run.json").read_text())
-        records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+        records = record_list(run)
         for env in [meta["env"]] + [r["env"] for r in records if r.get("env")]:
             assert same_json(env), run.name
     old = DeviceFacts.from_dict(json.loads((OLD_RUNS[0] / "run.json").read_text())["env"])

@@ -1,18 +1,13 @@
 """Warm workers end to end: real probes forked from a warm worker, real segfaults and hangs."""
 
-import json
 import os
 import signal
 
 import pytest
 from checkpoints import save_crashing_llama
-from conftest import summary, verdicts
+from conftest import records, summary, verdicts
 
 pytestmark = pytest.mark.slow  # end to end: real probe processes
-
-
-def records(run_dir):
-    return {r["probe_id"]: r for r in map(json.loads, (run_dir / "results.jsonl").read_text().splitlines())}
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ Ray client settings aside), and a run killed outright leaves neither its zygote-
 probe behind. Real CLI runs beside a real zygote (this module runs without the session's:
 conftest.SPAWNED_WORKERS)."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from conftest import run_cli
+from conftest import record_list, run_cli
 
 from nandoctor.record import ZYGOTE_ENV
 from nandoctor.run.slots import probe_env
@@ -31,10 +30,6 @@ def zygote_socket(tmp_path_factory):
     yield proc, path
     proc.kill()
     proc.wait()
-
-
-def records(run) -> list[dict]:
-    return [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
 
 
 def workers_of(zygote: subprocess.Popen) -> list[psutil.Process]:
@@ -68,12 +63,12 @@ def test_a_zygote_forked_worker_trains_bit_identically_to_a_spawned_one(zygote_s
     worker = wait_for(lambda: next(iter(workers_of(zygote)), None))  # the zygote forked this run's worker
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
-    assert [r["worker_pid"] for r in records(tmp_path / "zygote")] == [worker.pid]
+    assert [r["worker_pid"] for r in record_list(tmp_path / "zygote")] == [worker.pid]
     spawned = run_cli(*GRID, "--steps", "16", "--out", tmp_path / "spawned", process=True)
     assert spawned.returncode == 0, spawned.stdout[-2000:] + spawned.stderr[-2000:]
     losses = [
         [(s["loss"], s["grad_norm"]) for s in r["steps"]]
-        for r in (records(tmp_path / d)[0] for d in ("zygote", "spawned"))
+        for r in (record_list(tmp_path / d)[0] for d in ("zygote", "spawned"))
     ]
     assert losses[0] == losses[1] and len(losses[0]) == 16
 
@@ -87,7 +82,7 @@ def test_a_run_whose_environment_differs_spawns_its_own_worker(zygote_socket, tm
     assert workers_of(zygote) == []
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
-    assert [r["worker_pid"] for r in records(tmp_path / "run")] == [worker.pid]
+    assert [r["worker_pid"] for r in record_list(tmp_path / "run")] == [worker.pid]
 
 
 @pytest.mark.slow
@@ -102,7 +97,7 @@ def test_a_run_with_its_own_cache_and_cluster_client_settings_is_served_by_the_z
     worker = wait_for(lambda: next(iter(workers_of(zygote)), None))
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, out[-2000:] + err[-2000:]
-    assert [r["worker_pid"] for r in records(tmp_path / "run")] == [worker.pid]
+    assert [r["worker_pid"] for r in record_list(tmp_path / "run")] == [worker.pid]
 
 
 @pytest.mark.slow

@@ -8,42 +8,13 @@ import itertools
 import re
 
 from ..capabilities import cell_support, input_support
-from ..cells import AXES, REFERENCE_CELL, Cell, parse_axis_values
+from ..cells import AXES, FASTEST_FIRST, REFERENCE_CELL, Cell, parse_axis_values
 from ..config import Recipe, dotted_fields, get_field, set_field
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..plan import quantized_without_adapter
 
 BASELINE_AXES = {axis: getattr(REFERENCE_CELL, axis) for axis in AXES}  # every axis, the default optimizer too
-# What a user would like to train with on each kind of device, fastest first. The default target is
-# the first combination the device supports (capabilities.cell_support).
-# - GPU: lowest precision (tensor cores), fused attention, compile on.
-# - CPU: no half-precision matmul units, so fp32 is fastest: tiny-llama steps on the 2-core dev machine
-#   took 0.15 s in fp32, 0.7 s in bf16-amp and 1.0 s in bf16-pure; the default grid ranked
-#   fp32/sdpa:flash and fp32/sdpa:math first by tokens/s. A first inductor step costs ~36 s there, more
-#   than a whole short probe, so compile comes last.
-# - optimizer: fused AdamW on a GPU (one kernel for all parameters; what TrainingArguments picks by
-#   default with torch >= 2.8); the plain one on a CPU. The 8-bit and 4-bit optimizers save memory,
-#   not time, and the fp8 dtypes pay off only on large matmuls: like every opt-in value (not in the
-#   default grid) they are a target only when named (--bad dtype=fp8-rowwise,optimizer=ao-adamw8bit).
-FASTEST_FIRST = {
-    "cuda": {
-        "dtype": ("bf16-pure", "fp16-pure", "bf16-amp", "fp16-amp", "tf32", "fp32"),
-        "attn": ("sdpa:flash", "sdpa:cudnn", "flash_attention_2", "sdpa:efficient", "sdpa", "eager"),
-        "compile": ("inductor", "aot_eager", "off"),
-        "optimizer": ("adamw-fused", "adamw"),
-        "parallel": ("none",),  # a parallel setup is the user's to name (--bad parallel=fsdp2)
-        "quant": ("none",),  # a quantized base saves memory, not time, and trains adapters only: named, not chosen
-    },
-    "cpu": {
-        "dtype": ("fp32", "bf16-amp", "fp16-amp", "bf16-pure", "fp16-pure"),
-        "attn": ("sdpa:flash", "sdpa", "sdpa:math", "eager"),
-        "compile": ("off", "aot_eager", "inductor"),
-        "optimizer": ("adamw",),
-        "parallel": ("none",),
-        "quant": ("none",),
-    },
-}
 
 
 # The factors that say what is trained rather than how it is computed: the batch an optimizer step sees
@@ -81,7 +52,7 @@ def precision_ladder(good: dict, bad: dict, device: DeviceFacts | dict) -> dict[
 
 
 def fastest_cell(device: DeviceFacts | dict) -> Cell:
-    """The first cell of FASTEST_FIRST the device supports, and whose pinned SDPA kernel takes what
+    """The first cell of cells.FASTEST_FIRST the device supports, and whose pinned SDPA kernel takes what
     transformers gives it on unpadded rows (input_support: flash under torch.compile before torch 2.14
     gets a materialised mask); the reference cell where it supports none."""
     device = DeviceFacts.of(device)

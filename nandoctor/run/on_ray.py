@@ -21,12 +21,11 @@ import socket
 import time
 from pathlib import Path
 
-from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..executors import ExecutorConfig
+from .cluster import ClusterPlacement
 from .placed import inputs_not_on_node, missing_inputs, node_facts, run_carried
-from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
-from .planner import Planner
+from .placement import EXITED, Ending, Outcome, PlacedProbe, missing_extra
 
 # How much of a node_type resource one probe asks for: any node that has the resource at all can take
 # it, and the probe's CPUs and GPUs decide how many fit there (a cluster declares node_type_a100: 1 or
@@ -92,7 +91,7 @@ def said(error: Exception) -> str:
 GRACEFUL_CANCEL_S = 10.0
 
 
-class RayPlacement:
+class RayPlacement(ClusterPlacement):
     launch = "ray"
     batches = False  # one task per probe, `parallel` in flight
     grace_s = 60.0  # beyond the probe's budget before a task is cancelled with force
@@ -118,20 +117,15 @@ class RayPlacement:
             raise missing_extra("ray", "ray") from None
         self.ray = ray
         self.started_ray = False
-        # the run plans on a warm worker of this machine, which imports while Ray starts and its facts
-        # tasks run (a resumed run has its plan: its worker starts only if a recipe variant needs one)
-        self.planner = Planner(run_dir, warm, start=not kept)
+        super().__init__(executor, run_dir, kept, warm)  # its planner imports while Ray starts and gathers facts
         try:
             self._connect(executor, address)
         except BaseException:
             self.close()
             raise
         self.resources = parse_resources(executor.option("resources"))
-        self.executor = executor
-        self.queue_wait = executor.option("queue_wait")
         self.remote = ray.remote(run_announced)
         self.task_options = {"max_retries": 0, "num_returns": "streaming", "name": "nandoctor-probe"}
-        self.gather, self.gathered = not kept, dict(kept or {})
         self.run = str(Path(run_dir).resolve())  # what its probes carry as RUN_DIR_ENV, on whatever node
 
     def _connect(self, executor: ExecutorConfig, address: str | None) -> None:
@@ -184,14 +178,14 @@ class RayPlacement:
             return self.gathered
         gather = self.ray.remote(task_facts)
         wait = self.queue_wait
-        for kind in self.executor.hardware or ("",):
+        for kind in self.options.hardware or ("",):
             where = f" on node_type {kind!r}" if kind else ""
             task = gather.options(
                 max_retries=0,
                 num_returns="streaming",
                 name="nandoctor-facts",
                 resources=self._resources(kind),
-                **{**task_size(self.executor, 1), "num_cpus": 1},
+                **{**task_size(self.options, 1), "num_cpus": 1},
             ).remote(self.inputs)
             started, _ = self.ray.wait([task], timeout=wait)  # its first item: it started (queue_wait bounds only that)
             if not started:
@@ -215,29 +209,11 @@ class RayPlacement:
                 )
         return self.gathered
 
-    def fit(self, device: DeviceFacts, probe_bytes: int) -> None:
-        pass  # a task asks for its own resources
-
-    def room(self, probes: list[PlacedProbe]) -> int:
-        return len(probes)  # the loop keeps at most `capacity` in flight
-
-    def threads(self, device: DeviceFacts, ranks: int) -> int:
-        return self.executor.size(ranks)[0]
-
-    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
-        return job_device(self.executor, device, ranks)
-
-    def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        self.planner.preload(model_type, adapter)  # each placed probe is a fresh process: only the planner preloads
-
-    def plan(self, request: dict) -> dict | None:
-        return self.planner.plan(request)  # with the facts the start-up tasks gathered, in the request
-
     def submit(self, probes: list[PlacedProbe]) -> None:
         self.facts()
         for probe in probes:
             resources = self._resources(probe.task.spec.cell.hardware)  # the hardware axis: a node that has it
-            size = task_size(self.executor, probe.ranks)
+            size = task_size(self.options, probe.ranks)
             probe.handle = self.remote.options(**self.task_options, **size, resources=resources).remote(
                 probe.task.spec.to_dict(), probe.task.timeout_s, self.run
             )
@@ -316,7 +292,7 @@ class RayPlacement:
         return [ref for completed, ref in ended.items() if completed not in done]
 
     def close(self) -> None:
-        self.planner.close()
+        super().close()
         if self.started_ray:
             self.ray.shutdown()
             self.started_ray = False

@@ -28,12 +28,11 @@ import uuid
 from pathlib import Path
 
 from .. import jsonio
-from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..executors import ExecutorConfig
+from .cluster import ClusterPlacement
 from .placed import node_facts, run_placed
-from .placement import EXITED, Ending, Outcome, PlacedProbe, job_device, missing_extra
-from .planner import Planner
+from .placement import EXITED, Ending, Outcome, PlacedProbe, missing_extra
 from .store import write_atomic
 from .task import OUTCOME_FILE, last_step
 
@@ -183,7 +182,7 @@ def scancel(jobs: list[str]) -> None:
         pass
 
 
-class SlurmPlacement:
+class SlurmPlacement(ClusterPlacement):
     launch = "slurm"
     batches = True  # all pending probes of a submission go out as one array
     grace_s = 120.0  # beyond the probe's budget before the parent cancels a job (the node enforces it first)
@@ -193,15 +192,11 @@ class SlurmPlacement:
             import submitit
         except ImportError:
             raise missing_extra("slurm", "submitit") from None
-        self.options, self.run_dir = executor, Path(run_dir).resolve()
-        self.gather, self.gathered = not kept, dict(kept or {})
+        super().__init__(executor, run_dir, kept, warm)  # its planner imports while the canaries run
+        self.run_dir = Path(run_dir).resolve()
         self.capacity = executor.option("parallel")  # the array's throttle: SLURM holds the rest in its queue
-        self.queue_wait = executor.option("queue_wait")
         self.queue = SlurmQueue()
         self.canaries = {}  # canary file -> (hardware kind, its job)
-        # the run plans on a warm worker of this machine, which imports while the canaries run (a resumed
-        # run has its plan: its worker starts only if a recipe variant needs one)
-        self.planner = Planner(self.run_dir, warm, start=not kept)
         try:
             self.executor = self._executor(submitit, executor, PARAMETERS)
             # one canary per partition the probes go to (the hardware axis, else the executor's partition),
@@ -297,24 +292,6 @@ class SlurmPlacement:
         canary_file.unlink()
         return facts
 
-    def fit(self, device: DeviceFacts, probe_bytes: int) -> None:
-        pass  # a job asks for its own resources
-
-    def room(self, probes: list[PlacedProbe]) -> int:
-        return len(probes)  # the array's throttle holds back what does not run yet
-
-    def threads(self, device: DeviceFacts, ranks: int) -> int:
-        return self.options.size(ranks)[0]
-
-    def probe_device(self, device: DeviceFacts, ranks: int) -> DeviceFacts:
-        return job_device(self.options, device, ranks)
-
-    def preload(self, model_type: str | None, adapter: bool = False) -> None:
-        self.planner.preload(model_type, adapter)  # each placed probe is a fresh process: only the planner preloads
-
-    def plan(self, request: dict) -> dict | None:
-        return self.planner.plan(request)  # with the facts the canaries gathered, in the request
-
     def submit(self, probes: list[PlacedProbe]) -> None:
         self.facts()  # the shared filesystem is checked before any probe goes out
         budget = max(p.task.budget_s for p in probes)
@@ -391,7 +368,7 @@ class SlurmPlacement:
         self.queue.forget(jobs)
 
     def close(self) -> None:
-        self.planner.close()
+        super().close()
         if self.canaries:
             # a canary still queued or running when the run ends early (a refused partition, Ctrl-C):
             # cancelled, and waited for past COMPLETING so that nothing of this run is left in the queue
