@@ -217,6 +217,10 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(tokenizer=t["pad-eos"]),
         lambda t, p: facts(recipe(pad_token__mask_labels="false"), tokenizer=t["pad-eos"]),
     ),
+    "schedule-free-saved-in-train-mode": (
+        lambda t, p: facts(cell="fp32/sdpa/off/sf-adamw"),
+        lambda t, p: facts(cell="fp32/sdpa/off/adamw"),
+    ),
     "fp16-adamw-eps-below-smallest-normal": (
         lambda t, p: facts(recipe(optimizer__eps="1e-8"), cell="fp16-pure/sdpa/off"),
         lambda t, p: facts(recipe(optimizer__eps="1e-4"), cell="fp16-pure/sdpa/off"),

@@ -5,8 +5,8 @@ the recommendation's data and training settings. Records as the child writes the
 
 import json
 
+from recorded import twin_meta as meta
 from test_setup_verdicts import LEAK, LOSSES
-from test_trust_any_float import meta
 
 from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.cells import Cell
