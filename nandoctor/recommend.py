@@ -369,7 +369,8 @@ VLLM_DTYPES = ("float32", "float16", "bfloat16")
 def grpo_arguments(recipe: Recipe) -> dict:
     """The GRPOConfig settings of the probe's GRPO step beyond TrainingArguments': its loss and
     importance-sampling correction, the sampler's settings (rollout.*), each step's completions as one
-    batch trained once, the head's precision; GRPOConfig checkpoints activations unless told not to."""
+    batch trained once, the head's precision (rollout.lm_head_fp32); GRPOConfig checkpoints activations
+    unless told not to."""
     r = recipe.rollout
     return {
         **GRPO_LOSS,
@@ -379,6 +380,7 @@ def grpo_arguments(recipe: Recipe) -> dict:
         "max_completion_length": r.max_new_tokens,
         "num_generations": r.num_generations,
         "per_device_train_batch_size": r.prompts * r.num_generations,
+        "cast_lm_head_to_fp32": r.lm_head_fp32,  # TRL takes it for an untied head only
         **({} if recipe.gradient_checkpointing != "off" else {"gradient_checkpointing": False}),
     }
 

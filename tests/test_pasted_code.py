@@ -180,6 +180,7 @@ def test_a_grpo_recommendation_pastes_a_grpo_config_with_the_probed_precision_sa
     assert (args.temperature, args.top_p, args.top_k, args.max_completion_length) == (0.7, 1.0, 0, 8)
     assert (args.num_generations, args.per_device_train_batch_size, args.gradient_checkpointing) == (4, 8, False)
     assert (args.loss_type, args.beta, args.lr_scheduler_type.value) == ("dapo", 0.0, "constant")
+    assert args.cast_lm_head_to_fp32 is False  # rollout.lm_head_fp32 off
     tok = AutoTokenizer.from_pretrained(save_chat_tokenizer(tmp_path / "tok"))
     prompts = Dataset.from_list([{"prompt": "the cat sat on"}, {"prompt": "a dog ran to"}])  # 2 prompts x 4: one step
     scope = pasted(rec, tmp_path)
