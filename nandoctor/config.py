@@ -153,7 +153,8 @@ class RolloutConfig:
     """How an objective=grpo probe samples each step's completions (docs/rl.md): `prompts` prompts of
     the data stream's rows, their first `prompt_len` tokens each, `num_generations` completions of
     `max_new_tokens` tokens per prompt, sampled by generate() with a KV cache. top_k 0 and top_p 1.0
-    leave the distribution whole. An sft probe reads none of it."""
+    leave the distribution whole. lm_head_fp32 computes the output head in fp32 for the rollout and the
+    training path alike. An sft probe reads none of it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -162,6 +163,9 @@ class RolloutConfig:
     num_generations: int = 4  # the group GRPO normalises each prompt's rewards over
     prompts: int = 2
     prompt_len: int = 8
+    # the output head's weights, input and matmul in fp32 in both paths (TRL's cast_lm_head_to_fp32,
+    # prime-rl PR #2438): the log-probs then carry no half-precision rounding of the head
+    lm_head_fp32: bool = False
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from .cells import (
     weight_dtype,
 )
 from .config import STORAGE_DTYPES, Recipe, get_field
+from .thresholds import THRESHOLDS
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
 # from the row, {amax_history_len} / {amax_compute_algo} from the recipe's fp8 section (config.Fp8Config).
@@ -87,6 +88,8 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
     cell = Cell.of(config)
     flags = [*model_flags, *input_flags(base)]
     parts = ["nandoctor", "check", *flags, "--dtype", cell.dtype, "--attn", cell.attn, "--compile", cell.compile]
+    if base.objective != Recipe.objective:
+        parts += ["--objective", base.objective]
     if cell.optimizer != DEFAULT_OPTIMIZER:
         parts += ["--optimizer", cell.optimizer]
     if cell.parallel != "none":
@@ -357,6 +360,93 @@ def arguments_line(cell: Cell, recipe: Recipe, lint: dict | None, device: str | 
     return "args = " + call_text("trl.SFTConfig", {**args, **sft_arguments(recipe), **sft}) + "  " + why
 
 
+# -- GRPO (objective=grpo, docs/rl.md) -------------------------------------------------------------------
+
+# The loss and importance-sampling correction the probe trained with (child/rollout.py), as TRL 1.16's
+# GRPOConfig spells them: its defaults, written out so that a later default does not change the run
+GRPO_LOSS = {
+    "loss_type": "dapo",
+    "beta": 0.0,
+    "scale_rewards": "group",
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_max": THRESHOLDS.rollout_ratio_cap,
+}
+# The dtypes vLLM holds weights in; an autocast cell's nearest is its compute dtype (vLLM has no autocast)
+VLLM_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def grpo_arguments(recipe: Recipe) -> dict:
+    """The GRPOConfig settings of the probe's GRPO step beyond TrainingArguments': its loss and
+    importance-sampling correction, the sampler's settings (rollout.*), each step's completions as one
+    batch trained once, the head's precision (rollout.lm_head_fp32); GRPOConfig checkpoints activations
+    unless told not to."""
+    r = recipe.rollout
+    return {
+        **GRPO_LOSS,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+        "top_k": r.top_k,
+        "max_completion_length": r.max_new_tokens,
+        "num_generations": r.num_generations,
+        "per_device_train_batch_size": r.prompts * r.num_generations,
+        "cast_lm_head_to_fp32": r.lm_head_fp32,  # TRL takes it for an untied head only
+        **({} if recipe.gradient_checkpointing != "off" else {"gradient_checkpointing": False}),
+    }
+
+
+def grpo_settings(cell: Cell, recipe: Recipe) -> dict:
+    """What a GRPO recommendation says of precision: the rollout's and the training's (the probe ran both
+    in the cell's), the dtype a vLLM rollout engine should hold the weights in (None where vLLM has none
+    to match), and whether fp16's GradScaler scales the loss."""
+    p = cell.precision
+    weights = weight_dtype(cell, recipe.model.dtype_on_load)
+    held = f"{p.autocast} autocast over {weights} weights" if p.autocast else f"{weights} weights"
+    return {
+        "rollout_precision": cell.dtype,
+        "training_precision": cell.dtype,
+        "precision": held,
+        "vllm_dtype": p.compute if p.compute in VLLM_DTYPES else None,
+        "grad_scaler": p.scaler,
+    }
+
+
+def grpo_code(cell: Cell, recipe: Recipe, device: str | None) -> tuple[list[str], list[str]]:
+    """(the lines before the model's: what precision both sides ran in, the GRPOConfig line; the lines
+    after it: fp16's GradScaler, the vLLM dtype)."""
+    s = grpo_settings(cell, recipe)
+    args = {
+        "output_dir": OUTPUT_DIR,
+        **training_arguments(cell, recipe),
+        **grpo_arguments(recipe),
+        **({"use_cpu": True} if device == "cpu" else {}),
+    }
+    head = [
+        f"# GRPO: rollout and training both in {cell.dtype} ({s['precision']}), as probed: their log-probs then "
+        "differ by the two paths' rounding alone",
+        "args = " + call_text("trl.GRPOConfig", args),
+    ]
+    tail = []
+    if s["grad_scaler"]:
+        tail.append(
+            f"scaler = torch.amp.GradScaler({device or 'cuda'!r})  # fp16 as probed: the loss scaled, unscaled "
+            "before clipping. On a GPU GRPOTrainer (accelerate) does it for fp16=True; a custom loop: "
+            "scaler.scale(loss).backward(), scaler.unscale_(optimizer), clip, scaler.step(optimizer), scaler.update()"
+        )
+        if device == "cpu":  # accelerate 1.15 Accelerator.__init__: native_amp only off the CPU
+            tail.append(
+                "# on a CPU accelerate runs fp16=True in fp32 (no fp16 autocast, no scaler): the probe's fp16 "
+                "step is a custom loop's, under torch.autocast('cpu', dtype=torch.float16)"
+            )
+    if s["vllm_dtype"]:
+        tail.append(
+            f"# vLLM rollouts (use_vllm=True) in the same precision: vllm.LLM(dtype={s['vllm_dtype']!r}), or "
+            f"`trl vllm-serve --dtype {s['vllm_dtype']}` with vllm_mode='server' (GRPOConfig has no vLLM dtype; "
+            "colocate mode passes none, and vLLM takes the checkpoint's)"
+        )
+    return head, tail
+
+
 def checkpoint_name(recipe: Recipe) -> str:
     """What from_pretrained loads: the hub id, else the local directory; a recipe built from an
     architecture alone (tiny-llama) names no checkpoint, so the line says to put the user's own."""
@@ -571,10 +661,12 @@ def recommendation(
     the run's data lint, run.json's "data"; `moe`: the probe record's routing figures, for a mixture of
     experts; `device`: where it was probed, "cpu" or "cuda")."""
     cell = Cell.of(config)
+    grpo = recipe.objective == "grpo"
     quantized = {"quantization_config": Code("bnb_config")} if cell.quant != "none" else {}
     loading = {**model_loading(cell, recipe), **router_loading(moe)}
+    head, tail = grpo_code(cell, recipe, device) if grpo else ([arguments_line(cell, recipe, lint, device)], [])
     lines = [
-        arguments_line(cell, recipe, lint, device),
+        *head,
         *quant_code(cell, recipe),
         "model = "
         + call_text(
@@ -583,6 +675,7 @@ def recommendation(
         ),
         *prepare_code(cell, recipe),
         *router_code(moe, recipe),
+        *tail,
     ]
     a = recipe.adapter
     if a.type != "none":
@@ -597,9 +690,10 @@ def recommendation(
             lora["modules_to_save"] = list(a.modules_to_save)
         lines.append("lora_config = " + call_text("LoraConfig", lora))
         lines.append(f"model = get_peft_model(model, lora_config, autocast_adapter_dtype={a.autocast_adapter_dtype})")
-    lines += data_code(recipe, lint)
-    lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
-    if cell.precision.tf32:
+    if not grpo:  # a GRPO run samples its prompts' completions: no collator, and no Lightning trainer
+        lines += data_code(recipe, lint)
+        lines.append(call_text("lightning.Trainer", lightning_arguments(cell, recipe)))
+    if cell.precision.tf32 and not grpo:
         lines.append('torch.set_float32_matmul_precision("high")  # TF32 matmuls, for Lightning')
     if cell.attention.sdpa_backend:
         lines.append(
@@ -618,5 +712,6 @@ def recommendation(
         "data": data_settings(recipe),
         "training": training_settings(recipe),
         "quantization": quantization(cell, recipe),
+        "grpo": grpo_settings(cell, recipe) if grpo else None,
         "python": lines,
     }

@@ -1,8 +1,8 @@
 """The code a recommendation prints runs as pasted, with only its imports added (IMPORTS), and trains what
-was probed: a few real Trainer (or TRL SFTTrainer) steps on a tiny checkpoint for each kind of
-recommendation (a dense model, LoRA, QLoRA over an nf4 base, a mixture of experts, chat rows labelled
-by TRL's assistant_only_loss), at the probe's constant learning rate and precision. Nothing in the
-printed lines is edited: they write to output_dir 'trained' of the working directory (here tmp_path),
+was probed: a few real Trainer (or TRL SFTTrainer, GRPOTrainer) steps on a tiny checkpoint for each kind
+of recommendation (a dense model, LoRA, QLoRA over an nf4 base, a mixture of experts, chat rows labelled
+by TRL's assistant_only_loss, a GRPO run), at the probe's constant learning rate and precision. Nothing in
+the printed lines is edited: they write to output_dir 'trained' of the working directory (here tmp_path),
 and carry use_cpu=True because they were probed on a CPU. The probe's optimizer groups weight decay as
 the Trainer does (no decay on biases and norm weights)."""
 
@@ -157,3 +157,45 @@ def test_the_probe_decays_the_parameters_the_trainer_decays(ckpt, tmp_path):
     probe, _ = _optimizer(types.SimpleNamespace(cell=cell, recipe=recipe, device="cpu"), model)
     assert decay_of(probe) == trainer_decay == decay_of(scope["optimizer"])
     assert trainer_decay["model.norm.weight"] == 0.0 and trainer_decay["lm_head.weight"] == 0.1
+
+
+def test_a_grpo_recommendation_pastes_a_grpo_config_with_the_probed_precision_sampler_and_correction(ckpt, tmp_path):
+    """objective=grpo: the lines build trl.GRPOConfig with bf16 written, TRL's sequence-mask importance
+    sampling at the cap the probe used, the rollout's sampler settings, each step's completions as one
+    batch; GRPOTrainer then trains three steps on them at the constant lr."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    recipe = set_field(set_field(Recipe(), "model.path", str(ckpt)), "objective", "grpo")
+    recipe = set_field(set_field(recipe, "rollout.temperature", "0.7"), "rollout.max_new_tokens", "8")
+    rec = advised("bf16-amp/sdpa/off", recipe)
+    assert rec["python"][1].startswith("args = trl.GRPOConfig(")
+    assert rec["grpo"]["rollout_precision"] == rec["grpo"]["training_precision"] == "bf16-amp"
+    assert "vllm.LLM(dtype='bfloat16')" in "\n".join(rec["python"])
+    args = pasted(rec, tmp_path)["args"]
+    assert (args.bf16, args.fp16, args.use_cpu, args.output_dir) == (True, False, True, "trained")
+    assert (args.vllm_importance_sampling_correction, args.vllm_importance_sampling_mode) == (True, "sequence_mask")
+    assert args.vllm_importance_sampling_clip_max == 3.0 and args.vllm_importance_sampling_clip_min is None
+    assert (args.temperature, args.top_p, args.top_k, args.max_completion_length) == (0.7, 1.0, 0, 8)
+    assert (args.num_generations, args.per_device_train_batch_size, args.gradient_checkpointing) == (4, 8, False)
+    assert (args.loss_type, args.beta, args.lr_scheduler_type.value) == ("dapo", 0.0, "constant")
+    assert args.cast_lm_head_to_fp32 is False  # rollout.lm_head_fp32 off
+    tok = AutoTokenizer.from_pretrained(save_chat_tokenizer(tmp_path / "tok"))
+    prompts = Dataset.from_list([{"prompt": "the cat sat on"}, {"prompt": "a dog ran to"}])  # 2 prompts x 4: one step
+    scope = pasted(rec, tmp_path)
+
+    def even_ids(completion_ids, **_):
+        return [sum(i % 2 == 0 for i in c) / max(len(c), 1) for c in completion_ids]
+
+    train(scope, recipe, prompts, tmp_path, GRPOTrainer, reward_funcs=even_ids, processing_class=tok)
+
+
+def test_an_fp16_grpo_recommendation_writes_fp16_and_its_grad_scaler(ckpt, tmp_path):
+    recipe = set_field(set_field(Recipe(), "model.path", str(ckpt)), "objective", "grpo")
+    rec = advised("fp16-amp/sdpa/off", recipe)
+    scope = pasted(rec, tmp_path)
+    assert (scope["args"].fp16, scope["args"].bf16) == (True, False)
+    assert isinstance(scope["scaler"], __import__("torch").amp.GradScaler) and scope["scaler"].is_enabled()
+    assert "vllm.LLM(dtype='float16')" in "\n".join(rec["python"])
+    assert "--objective grpo" in rec["command"]

@@ -122,3 +122,30 @@ def test_rollout_mismatch_and_the_steps_reward_and_entropy_survive_the_json_roun
     back = ProbeRecord.from_dict(data)
     assert back.rollout_mismatch == {"engine": "generate", "logp_diff_mean": 1e-7}
     assert (back.steps[0].reward, back.steps[0].entropy) == (0.5, 8.3)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_fp32_head_computes_fp32_logits_under_bf16_autocast_over_bf16_weights(tied):
+    """rollout.lm_head_fp32 (child/rollout.pin_head_fp32): the head's weight is fp32 and its logits are
+    the fp32 matmul of the fp32-cast hidden states, where autocast alone would give bf16 logits; a head
+    tied to the embedding leaves the embedding's output in the layers' bf16."""
+    import torch
+    from checkpoints import TINY
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from nandoctor.child.rollout import pin_head_fp32
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **{**TINY, "tie_word_embeddings": tied})
+    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(input_ids=ids).logits.dtype == torch.bfloat16
+    pin_head_fp32(model, "cpu")
+    hidden = []
+    model.model.norm.register_forward_hook(lambda m, a, out: hidden.append(out))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(input_ids=ids).logits
+        assert model.get_input_embeddings()(ids).dtype == torch.bfloat16
+    assert model.lm_head.weight.dtype == torch.float32 and logits.dtype == torch.float32
+    assert torch.equal(logits, hidden[0].float() @ model.lm_head.weight.T)

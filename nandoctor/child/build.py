@@ -74,6 +74,10 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         from .moe import pin_router_fp32
 
         pin_router_fp32(model, device)
+    if recipe.objective == "grpo" and recipe.rollout.lm_head_fp32:
+        from .rollout import pin_head_fp32
+
+        pin_head_fp32(model, device)
     model.train()
     return model
 

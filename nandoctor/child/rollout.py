@@ -88,6 +88,26 @@ def mismatch_figures(diff, mask, cap: float = SEQUENCE_MASK_CAP) -> dict:
     }
 
 
+def pin_head_fp32(model, device: str) -> None:
+    """rollout.lm_head_fp32: the output head's weights in fp32, its input cast to fp32 and its matmul
+    outside autocast, as TRL's cast_lm_head_to_fp32 does, for generate() and the training forward alike.
+    A head tied to the input embedding shares its weight: the embedding's output is cast back to the
+    dtype the layers after it compute in."""
+    import torch
+
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    held = head.weight.dtype
+    head.float()
+
+    def forward(hidden_states, _head=head):
+        with torch.autocast(device, enabled=False):
+            return torch.nn.functional.linear(hidden_states.float(), _head.weight, _head.bias)
+
+    head.forward = forward
+    if embed is not None and embed.weight is head.weight:
+        embed.register_forward_hook(lambda module, args, out: out.to(held))
+
+
 class Rollouts:
     """The GRPO side of a probe: `steps` is its Setup.data (each step's completions, sampled now),
     `loss` its training loss (train.micro_loss calls it), `annotate` puts each step's reward and

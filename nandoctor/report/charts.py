@@ -179,10 +179,11 @@ def line_chart(
     mark_label: str = "",
     width: int = 420,
     height: int = 180,
+    x_label: str = "step",
 ) -> str:
     """series: [{'label', 'points': [(x, y)], 'dashed': bool, 'color', 'fail_step': int, 'fail_label': str}];
-    a series with a fail_step gets a cross at that step on the top edge. Returns one <svg> element,
-    `height` for the plot plus the legend's rows."""
+    a series with a fail_step gets a cross at that step on the top edge; x_label names the whole-number x
+    axis. Returns one <svg> element, `height` for the plot plus the legend's rows."""
     pad_l, pad_r, pad_t, pad_b = 52, 12, 22, 26
     finite = [(x, _plotted(y, log_y)) for s in series for x, y in s["points"] if _finite(y, log_y)]
     xs = [x for s in series for x, _ in s["points"]] + [
@@ -230,7 +231,9 @@ def line_chart(
     for t in _step_ticks(x_lo, x_hi):
         if t >= x_lo:
             parts.append(f'<text x="{px(t):.1f}" y="{height - 8}" font-size="10" text-anchor="middle">{t}</text>')
-    parts.append(f'<text x="{pad_l - 12}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">step</text>')
+    parts.append(
+        f'<text x="{pad_l - 12}" y="{height - 8}" font-size="10" text-anchor="end" fill="#888">{escape(x_label)}</text>'
+    )
     colors = [s.get("color") or PALETTE[i % len(PALETTE)] for i, s in enumerate(series)]
     for s, color in zip(series, colors):
         pts = [(px(x), py(tf(y))) for x, y in s["points"] if _finite(y, log_y)]

@@ -14,7 +14,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED
 from ..device import DeviceFacts
-from . import bisection, code, data, doctor, failures, forensics, formatting, matrix, moe, parallel, savings, timing
+from . import bisection, code, data, doctor, failures, forensics, formatting, matrix, moe, parallel, rl, savings, timing
 from .charts import PALETTE, as_float, coincident_groups, line_chart
 
 _env = Environment(loader=PackageLoader("nandoctor.report", "templates"), autoescape=select_autoescape(["html", "j2"]))
@@ -166,6 +166,7 @@ def render_html(a: RunAnalysis) -> str:
         savings=savings.section(a),
         parallel={"intro": parallel.INTRO.replace("`", ""), "rows": parallel.parallel_rows(a)},
         moe=moe.moe_context(a),
+        rl=rl.rl_html(a),
     )
 
 

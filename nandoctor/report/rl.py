@@ -1,11 +1,13 @@
 """The RL section (objective=grpo, docs/rl.md): per probe, how far the rollout's log-probs of the
 sampled tokens were from the training path's (rollout_mismatch, as the probe measured it), and what its
-steps' reward and entropy did. A table in report.md, one short line per probe in the terminal. No
+steps' reward and entropy did. A table in report.md, one short line per probe in the terminal, the
+table and a chart of the mean |dlogp| at each completion position (per_position) in report.html. No
 verdict is made here: the figures are shown as measured."""
 
 from __future__ import annotations
 
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
+from .charts import line_chart
 from .formatting import label
 
 READING = (
@@ -84,3 +86,28 @@ def rl_lines(a: RunAnalysis) -> list[str]:
         f"sequence ratio {r['min-max']}  masked {r['masked']}"
         for r in rows
     ]
+
+
+def position_chart(a: RunAnalysis) -> str:
+    """The mean |dlogp| at each completion position, one curve per probe, on a log axis (fp32's 1e-7 and
+    bf16's 1e-3 on one chart; a position whose mean is 0 is not drawn); "" when no probe measured it."""
+    series = [
+        {"label": label(o), "points": list(enumerate(o.record.rollout_mismatch.get("per_position") or []))}
+        for o in rl_outcomes(a)
+    ]
+    series = [s for s in series if s["points"]]
+    if not series:
+        return ""
+    title = "mean |dlogp| at each completion position (0: the first sampled token)"
+    return line_chart(series, title, log_y=True, width=1060, height=260, x_label="token")
+
+
+def rl_html(a: RunAnalysis) -> dict | None:
+    """report.html's section: the reading, the per-probe table and the per-position chart; None without
+    a GRPO probe."""
+    outcomes = rl_outcomes(a)
+    if not outcomes:
+        return None
+    m = outcomes[0].record.rollout_mismatch
+    reading = READING.format(engine=m.get("engine", "?"), cap=m.get("mask_cap", 3.0)).replace("`", "")
+    return {"intro": reading, "rows": rl_rows(a), "svg": position_chart(a)}

@@ -42,6 +42,7 @@ def _probe(o: ProbeOutcome) -> dict:
         "parallel": parallel_facts(o) if o.record.cell.parallel != "none" else None,
         "setup_checks": o.record.setup_checks,
         "moe": moe_facts(o),
+        "rollout_mismatch": o.record.rollout_mismatch,  # objective=grpo: the figures as the probe measured them
         "groups_without_gradient": starved_groups(o.record.steps),
         "trained_rows": [
             {"kind": b.get("kind"), "rows": b.get("rows")} for b in (o.record.data or {}).get("batches") or []
