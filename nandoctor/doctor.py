@@ -45,7 +45,7 @@ def planned_findings(
             "model_type": known.get("model_type"),
             **router_setup_facts(known.get("router")),
         }
-        for rule in evaluate(facts):
+        for rule in evaluate(facts, "setup"):
             fired.setdefault(rule.id, (rule, []))[1].append(cell.id)
     ordered = sorted(fired.values(), key=lambda pair: SEVERITIES.index(pair[0].severity))
     return [{**finding(rule, ids), "scope": finding_scope(ids, cells)} for rule, ids in ordered]
@@ -87,7 +87,7 @@ def doctor_section(
     lint of the recipe's rows)."""
     env = DeviceFacts.of(env)
     if recipe is None:
-        findings = [finding(rule) for rule in evaluate(env_facts(env))]
+        findings = [finding(rule) for rule in evaluate(env_facts(env), "environment")]
     else:
         findings = planned_findings(env, recipe, cells or [], trainer_args, tokenizer, known, lint)
     return {
@@ -183,7 +183,7 @@ def data_lint(recipe: Recipe, attn: str = "sdpa", tokenizer=None, model=None) ->
 
 def judge_lint(measured: dict | None) -> dict | None:
     """The data lint's report from what lint_rows measured: the measured checks judged by the rules the
-    probes are judged by (verdicts.setup_judged), and the findings (userdata/rules.yaml) that fire on
+    probes are judged by (verdicts.setup_judged), and the findings (the data rules of knowledge/rules.yaml) that fire on
     every figure."""
     if measured is None:
         return None

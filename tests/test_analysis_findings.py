@@ -40,3 +40,17 @@ def test_a_probe_named_by_a_warning_is_flagged_and_advice_flags_nothing():
     probe = ProbeRecord("bf16-pure/sdpa/off", Cell("bf16-pure", "sdpa", "off"))
     assert flags_of(probe, [warning, advice]) == ["bf16-weights-without-fp32-master"]
     assert flags_of(ProbeRecord("fp32/sdpa/off", Cell()), [warning]) == []
+
+
+def test_a_merged_rules_old_id_in_an_older_run_json_is_read_as_the_kept_one():
+    """packed-segments-not-isolated was merged into packing-leaks-across-segments: an older run.json
+    that names it joins the probe's finding of the kept rule, once."""
+    planned = {"id": "packed-segments-not-isolated", "severity": "error", "fix": "f", "cells": ["a"]}
+    leaking = ProbeRecord(
+        "fp32/sdpa/off",
+        Cell(),
+        steps=[Step(0, 6.9, 1.0)],
+        setup_checks={"packing_max_logit_diff": 0.77, "packing_floor": 0.0},
+    )
+    (f,) = findings_of({"doctor": {"findings": [planned]}}, [leaking])
+    assert f["id"] == "packing-leaks-across-segments" and f["cells"] == ["a", "fp32/sdpa/off"]

@@ -78,7 +78,7 @@ def test_the_readme_quickstart_runs_the_ci_test_command():
 
 
 # A file path as docs/architecture.md writes one: from the repository root (nandoctor/..., tests/...,
-# bench/...), from the package (run/session.py, userdata/rules.yaml) or a bare module name (session.py).
+# bench/...), from the package (run/session.py, knowledge/rules.yaml) or a bare module name (session.py).
 FILE_PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[\w.-]+\.(?:py|yaml|j2))(?![\w/])")
 
 

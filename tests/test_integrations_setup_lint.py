@@ -149,6 +149,13 @@ def test_rows_with_no_label_and_supervised_padding_are_found_in_the_collated_bat
     assert "https://github.com/huggingface/trl/issues/6668" in " ".join(unsupervised["evidence"])
 
 
+def test_the_live_rules_are_the_rules_of_scope_live():
+    from nandoctor.integrations.setup_lint import LIVE_RULES
+    from nandoctor.knowledge import rules
+
+    assert set(LIVE_RULES) == {r.id for r in rules("live")}
+
+
 def test_a_batch_with_no_supervised_token_is_an_error():
     from nandoctor.integrations.setup_lint import batch_figures, live_findings
 

@@ -10,7 +10,7 @@ from nandoctor.analysis.verdicts import judged_facts
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, set_field
 from nandoctor.data import all_masked_batches
-from nandoctor.knowledge import evaluate, rules
+from nandoctor.knowledge import evaluate, rule_by_id, rules
 from nandoctor.knowledge.facts import env_facts, observed_facts, setup_facts, trainer_cell
 from nandoctor.models import model_config
 from nandoctor.recipes import recipe_by_name
@@ -265,15 +265,15 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("12.0")),
         lambda t, p: facts(cell="fp8-rowwise/sdpa/off", env=gpu("9.0")),
     ),
-    "packed-segments-not-isolated": (
+    "packing-leaks-across-segments": (
         lambda t, p: judged_facts(checked({"packing_max_logit_diff": 0.77, "packing_floor": 0.0})),
         lambda t, p: judged_facts(checked({"packing_max_logit_diff": 2e-7, "packing_floor": 0.0})),
     ),
-    "accumulation-not-token-normalised": (
+    "accumulation-normalised-per-micro-batch": (
         lambda t, p: judged_facts(checked({"accumulation_error": 1.18, "accumulation_floor": 0.0})),
         lambda t, p: judged_facts(checked({"accumulation_error": 8.9e-8, "accumulation_floor": 0.0})),
     ),
-    "trainable-group-gets-no-gradient": (
+    "trainable-group-without-gradient": (
         lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
         lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),
     ),
@@ -329,26 +329,42 @@ def grouped(groups: list[dict]) -> ProbeRecord:
     )
 
 
+KNOWN_ISSUES = ("environment", "setup", "probe")  # the scopes judged on facts (the data lint's and live: figures)
+
+
 def test_every_rule_has_a_case_and_evidence():
-    assert {r.id for r in rules()} == set(CASES)
+    assert {r.id for r in rules(*KNOWN_ISSUES)} == set(CASES)
     assert all(r.evidence and r.fix and r.why for r in rules())
+
+
+def fired(facts: dict, rule_id: str) -> bool:
+    """Whether the rule fires on these facts in a scope it is judged in."""
+    return any(rule_id in [r.id for r in evaluate(facts, s)] for s in rule_by_id(rule_id).scope)
 
 
 @pytest.mark.parametrize("rule_id", sorted(CASES))
 def test_rule_fires_on_the_problem_and_not_without_it(rule_id, tokenizers, tmp_path):
     bad, good = CASES[rule_id]
-    assert rule_id in [r.id for r in evaluate(bad(tokenizers, tmp_path))]
-    assert rule_id not in [r.id for r in evaluate(good(tokenizers, tmp_path))]
+    assert fired(bad(tokenizers, tmp_path), rule_id)
+    assert not fired(good(tokenizers, tmp_path), rule_id)
 
 
 def test_a_clean_cpu_setup_fires_nothing():
-    assert evaluate({**env_facts(CPU), **setup_facts(TINY, Cell("fp32", "sdpa", "off"))}) == []
-    assert evaluate(env_facts(CPU)) == []
+    assert evaluate({**env_facts(CPU), **setup_facts(TINY, Cell("fp32", "sdpa", "off"))}, "setup") == []
+    assert evaluate(env_facts(CPU), "environment") == []
 
 
 def test_unknown_facts_do_not_fire_comparisons():
-    assert [r.id for r in evaluate({"gpu_capability": 7.5})] == ["no-native-bf16"]  # precision unknown: still advised
-    assert evaluate({"cudnn_version": None, "attn": "sdpa:cudnn"}) == []
+    # precision unknown: still advised
+    assert [r.id for r in evaluate({"gpu_capability": 7.5}, "environment")] == ["no-native-bf16"]
+    assert evaluate({"cudnn_version": None, "attn": "sdpa:cudnn"}, "setup") == []
+
+
+def test_a_rule_is_judged_only_in_its_scopes():
+    leak = {"packing_leaks": True}
+    assert [r.id for r in evaluate(leak, "probe")] == ["packing-leaks-across-segments"]
+    assert evaluate(leak, "setup") == [] and evaluate({"rows_misaligned": 3}, "probe") == []
+    assert [r.id for r in evaluate({"rows_misaligned": 3}, "data")] == ["completion-mask-misaligned"]
 
 
 def test_peft_autocast_adapter_dtype_decides_the_dtype_the_adapter_trains_in():
@@ -359,7 +375,7 @@ def test_peft_autocast_adapter_dtype_decides_the_dtype_the_adapter_trains_in():
     def fired(cell, **fields):
         r = recipe(adapter__type="lora", **fields)
         f = facts(r, cell=cell)
-        return f["trainable_dtype"], {rule.id for rule in evaluate(f)}
+        return f["trainable_dtype"], {rule.id for rule in evaluate(f, "setup")}
 
     dtype, ids = fired("bf16-amp/sdpa/off", model__dtype_on_load="bf16")
     assert dtype == "fp32" and "peft-adapters-not-fp32" not in ids

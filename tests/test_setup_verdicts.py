@@ -115,7 +115,7 @@ def test_misconfigured_is_judged_on_the_probe_itself_though_its_reference_shares
     assert a.recommended is None and a.exit_code == 1
     line = failure_line(failure_classes(a)[0])
     assert "misconfigured: packing: one packed forward" in line
-    assert "Fix (rule packed-segments-not-isolated): Pack with DataCollatorWithFlattening" in line
+    assert "Fix (rule packing-leaks-across-segments): Pass position_ids without an attention mask" in line
 
 
 def test_a_lora_group_without_gradient_is_no_learning_while_the_loss_falls():
@@ -134,7 +134,7 @@ def test_a_lora_group_without_gradient_is_no_learning_while_the_loss_falls():
         [record(groups={"adapter": 0.0, "modules_to_save": 0.4}, trainable=trainable, adapter="lora")],
     )
     assert a.recommended is None
-    assert "Fix (rule trainable-group-gets-no-gradient): Use non-reentrant" in failure_line(failure_classes(a)[0])
+    assert "Fix (rule trainable-group-without-gradient): Use non-reentrant" in failure_line(failure_classes(a)[0])
 
 
 def test_a_group_that_overflows_or_learns_once_is_not_starved():

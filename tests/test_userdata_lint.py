@@ -1,5 +1,6 @@
-"""The data lint's own logic: its rule table (public evidence, a reproducing test for each), its
-histograms, and findings on rows no CLI case covers; a clean data set fires nothing."""
+"""The data lint's own logic: its rules (scopes data and live of knowledge/rules.yaml: public evidence,
+a reproducing test for each), its histograms, and findings on rows no CLI case covers; a clean data set
+fires nothing."""
 
 import re
 from pathlib import Path
@@ -9,13 +10,14 @@ from userdata_fixtures import chat_rows, save_chat_tokenizer, write_jsonl
 
 from nandoctor.config import recipe_from_dict
 from nandoctor.doctor import data_lint
-from nandoctor.userdata.lint import data_rules, histogram
+from nandoctor.knowledge import rules
+from nandoctor.userdata.lint import histogram
 
 TESTS = Path(__file__).parent
 
 
 def test_every_rule_has_public_evidence_and_a_test_that_reproduces_it():
-    for rule in data_rules():
+    for rule in rules("data", "live"):
         assert rule.evidence and all(e.startswith("https://") for e in rule.evidence), rule.id
         assert rule.verified_by, rule.id
         for test in rule.verified_by:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from ..knowledge import evaluate, finding, rule_by_id
+from ..knowledge import current_id, evaluate, finding, rule_by_id
 from ..knowledge.facts import observed_facts
 from ..record import ProbeRecord, Step, Throughput
 from ..run.store import BISECT_FILE, RETIME_FILE, ROUNDTRIP_FILE, ResultsStore
@@ -439,11 +439,12 @@ def flags_of(record: ProbeRecord, findings: list[dict]) -> list[str]:
 
 
 def findings_of(meta: RunMeta | dict, records: list[ProbeRecord]) -> list[dict]:
-    """The doctor's findings for the planned setup, plus the rules that fire on what probes showed."""
-    findings = [dict(f) for f in (RunMeta.of(meta).doctor or {}).get("findings", [])]
+    """The doctor's findings for the planned setup (a merged rule's old id read as its kept one), plus
+    the rules that fire on what probes showed."""
+    findings = [{**f, "id": current_id(f["id"])} for f in (RunMeta.of(meta).doctor or {}).get("findings", [])]
     observed: dict[str, list[str]] = {}
     for r in records:
-        for rule in evaluate({**observed_facts(r), **judged_facts(r)}):
+        for rule in evaluate({**observed_facts(r), **judged_facts(r)}, "probe"):
             observed.setdefault(rule.id, []).append(r.probe_id)
     for rule_id, probes in observed.items():
         known = next((f for f in findings if f["id"] == rule_id), None)

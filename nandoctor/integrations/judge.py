@@ -100,7 +100,8 @@ class Judge:
                     # a mixture of experts: its load-balancing loss as the user's model config has it
                     **router_setup_facts(router_facts(run.model.config, run.recipe)),
                     "model_type": getattr(run.model.config, "model_type", None),
-                }
+                },
+                "setup",
             )
             if r.id not in run.moot_rules
         ]

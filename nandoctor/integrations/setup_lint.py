@@ -15,11 +15,11 @@ collated by its own collator, measured as `nandoctor doctor --data` measures the
 
 The packing and accumulation figures are the probes' step-0 setup checks (child/setup_checks.py) on the
 live model: the watch judges them with the grid's verdict (analysis/verdicts.py setup_verdict), and a
-failed one makes the run `misconfigured`. Each finding is a row of userdata/rules.yaml (its severity,
-title, fix and public evidence) with the figure measured here (LIVE_RULES). The measured checks run the
-live model with dropout off and the RNG state restored, so the user's training is unchanged; on several
-ranks they are skipped (a forward of a sharded model is a collective the other ranks would not join), and
-the batch figures stay.
+failed one makes the run `misconfigured`. Each finding is a rule of knowledge/rules.yaml of scope live
+(its condition, severity, title, fix and public evidence) with the figure measured here (LIVE_RULES).
+The measured checks run the live model with dropout off and the RNG state restored, so the user's
+training is unchanged; on several ranks they are skipped (a forward of a sharded model is a collective
+the other ranks would not join), and the batch figures stay.
 
 Importing this module needs torch, not a framework.
 """
@@ -32,18 +32,18 @@ import random
 
 from ..analysis.verdicts import setup_failures, setup_judged
 from ..child.setup_checks import ACCUMULATION_ELEMENTS
-from ..knowledge import SEVERITIES
+from ..knowledge import evaluate
 from ..measure.accumulation import accumulation_figures
 from ..measure.packing import packing_isolation
 from ..measure.reach import gradient_reach
 from ..userdata.encode import IGNORE, segments
-from ..userdata.lint import data_rules, finding
+from ..userdata.lint import finding
 
 LINT_BATCHES = 2  # the trainer's first batches the lint reads
 
-# The rules of userdata/rules.yaml the live figures are judged by, each with the sentence that says its
-# figure here: the rule (its own `when`, severity, title, fix and evidence) decides, as it does for
-# `doctor --data`.
+# The rules of scope live (knowledge/rules.yaml) the live figures are judged by, each with the sentence
+# that says its figure here: the rule (its own `when`, severity, title, fix and evidence) decides, as it
+# does for `doctor --data`.
 LIVE_RULES = {
     "rows-without-supervised-token": (
         "{rows_without_supervised} of the {rows} rows in the trainer's first {batches} batches have no supervised "
@@ -220,14 +220,9 @@ def measured_figures(model, batches: list[dict], micro: int = 1, normalization: 
 
 
 def live_findings(figures: dict) -> list[dict]:
-    """The LIVE_RULES whose own condition holds on the figures, most severe first, as findings (with
-    `figure`) of the rules."""
-    fired = [
-        finding(rule, LIVE_RULES[rule.id].format(**figures))
-        for rule in data_rules()
-        if rule.id in LIVE_RULES and rule.matches(figures)
-    ]
-    return sorted(fired, key=lambda f: SEVERITIES.index(f["severity"]))
+    """The rules of scope live whose own condition holds on the figures, most severe first, as findings
+    with their LIVE_RULES figure."""
+    return [finding(rule, LIVE_RULES[rule.id].format(**figures)) for rule in evaluate(figures, "live")]
 
 
 def lint_live(

@@ -1,5 +1,6 @@
 """The data and setup lint: every row of the user's data measured, with no training, and the findings
-of rules.yaml that the figures fire, each with its measured sentence, a public reference and a fix.
+of the rule table (knowledge/rules.yaml, scope data) that the figures fire, each with its measured
+sentence, a public reference and a fix.
 
 `doctor.data_lint` is what `nandoctor doctor --data` (and every grid, check and bisect) runs: `scan`
 reads the encoded rows (encode.py) column by column from the memory-mapped Arrow file, so its memory
@@ -20,14 +21,9 @@ the rules against the figures and what the judge (analysis/verdicts.setup_judged
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
-
 from ..config import Recipe
-from ..knowledge import OWN_SOURCES, SEVERITIES, SafeLoader, holds
+from ..knowledge import Rule, evaluate
+from ..knowledge import finding as rule_finding
 from .encode import IGNORE
 from .rows import EncodedRows, scan_columns
 
@@ -35,59 +31,15 @@ HISTOGRAM_BINS = 12
 EXAMPLES = 5  # rows named in a finding's figure
 
 
-@dataclass(frozen=True)
-class DataRule:
-    id: str
-    severity: str
-    title: str
-    when: dict
-    figure: str
-    why: str
-    fix: str
-    evidence: tuple
-    verified_by: tuple = ()
-
-    def matches(self, facts: dict) -> bool:
-        return holds(self.when, facts)
-
-
-@functools.cache
-def data_rules() -> tuple[DataRule, ...]:
-    out = []
-    for entry in yaml.load((Path(__file__).parent / "rules.yaml").read_text(), Loader=SafeLoader):
-        rule = DataRule(
-            **{**entry, "evidence": tuple(entry["evidence"]), "verified_by": tuple(entry.get("verified_by") or ())}
-        )
-        if (
-            rule.severity not in SEVERITIES
-            or not rule.evidence
-            or any(e.startswith(OWN_SOURCES) for e in rule.evidence)
-        ):
-            raise ValueError(f"userdata/rules.yaml: rule {rule.id!r} is malformed (severity or evidence)")
-        out.append(rule)
-    return tuple(out)
-
-
-def finding(rule: DataRule, figure: str) -> dict:
-    """One fired rule as a doctor finding, with the sentence of what was measured (`figure`)."""
-    return {
-        "id": rule.id,
-        "severity": rule.severity,
-        "title": rule.title,
-        "figure": " ".join(figure.split()),
-        "why": rule.why,
-        "fix": rule.fix,
-        "evidence": list(rule.evidence),
-        "verified_by": list(rule.verified_by),
-        "cells": [],
-        "scope": "setup",
-    }
+def finding(rule: Rule, figure: str) -> dict:
+    """One fired rule as a doctor finding of the user's own setup, with the sentence of what was
+    measured (`figure`)."""
+    return {**rule_finding(rule, [], figure), "scope": "setup"}
 
 
 def findings(facts: dict) -> list[dict]:
-    """The rules the figures fire, most severe first, as the doctor's findings (with `figure`)."""
-    fired = sorted((r for r in data_rules() if r.matches(facts)), key=lambda r: SEVERITIES.index(r.severity))
-    return [finding(r, r.figure.format(**facts)) for r in fired]
+    """The data rules the figures fire, most severe first, as the doctor's findings (with `figure`)."""
+    return [finding(r, r.figure.format(**facts)) for r in evaluate(facts, "data")]
 
 
 def histogram(values, bins: int = HISTOGRAM_BINS) -> dict:
