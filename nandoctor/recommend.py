@@ -25,7 +25,7 @@ import dataclasses
 import shlex
 
 from .cells import ACCELERATE_MIXED_PRECISION, AXES, DEFAULT_OPTIMIZER, SHORT_DTYPES, Cell, weight_dtype
-from .config import STORAGE_DTYPES, Recipe, get_field
+from .config import STORAGE_DTYPES, Recipe, get_field, load_dtype
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
 # from the row, {amax_history_len} / {amax_compute_algo} from the recipe's fp8 section (config.Fp8Config).
@@ -253,7 +253,7 @@ def training_settings(recipe: Recipe) -> dict:
         "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
         "loss_normalization": recipe.loss_normalization,
         "gradient_checkpointing": recipe.gradient_checkpointing,
-        "dtype_on_load": recipe.model.dtype_on_load,
+        "dtype_on_load": load_dtype(recipe),
         "modules_to_save": list(a.modules_to_save) if a.type != "none" else None,
         "autocast_adapter_dtype": a.autocast_adapter_dtype if a.type != "none" else None,
     }
@@ -356,7 +356,7 @@ def checkpoint_name(recipe: Recipe) -> str:
 def model_loading(cell: Cell, recipe: Recipe) -> dict:
     """Pure cells hold the weights themselves in half precision: load them so (autocast stays off)."""
     return {
-        "dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
+        "dtype": f"torch.{weight_dtype(cell, load_dtype(recipe))}",
         "attn_implementation": cell.attention.implementation,
     }
 
