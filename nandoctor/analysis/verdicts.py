@@ -173,13 +173,58 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             + _leaking_layer_clause(t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff")))
         )
     if judged["accumulation_misweighted"]:
-        norm = c.get("loss_normalization") or "?"
-        out.append(
-            f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
-            f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, differs from "
-            f"the full batch's by {_fmt(c['accumulation_error'])} (relative; cosine "
-            f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
-            f"beyond {t.accumulation_bound(c.get('accumulation_floor')):.2g}"
+        out.append(_accumulation_failure(c, t))
+    return out
+
+
+def misweighted_groups(checks: dict, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The tensor groups (measure/accumulation.py accumulation_groups: router, experts, embeddings,
+    adapter, ...) whose own accumulated gradient differs from the full batch's beyond the bound of their
+    own fp32 floor, in the order measured."""
+    groups = checks.get("accumulation_groups") or {}
+    return [g for g, f in groups.items() if t.accumulation_misweighted(f.get("error"), f.get("floor"))]
+
+
+def accumulation_cause(checks: dict, t: Thresholds = THRESHOLDS) -> str | None:
+    """Why a step's accumulated gradient is misweighted: "balancing_loss" where the router's is and the
+    model adds its load-balancing loss to every micro-batch's loss under token normalisation (the
+    Trainer divides none of them by the steps: it is counted once per micro-batch), "normalisation"
+    for any other misweighted step; None where none is."""
+    bad = misweighted_groups(checks, t)
+    if "router" in bad and checks.get("accumulation_balancing_loss") and checks.get("loss_normalization") == "tokens":
+        return "balancing_loss"
+    whole = t.accumulation_misweighted(checks.get("accumulation_error"), checks.get("accumulation_floor"))
+    return "normalisation" if bad or whole else None
+
+
+def _accumulation_failure(c: dict, t: Thresholds) -> str:
+    """The failed accumulation check in one clause: the whole gradient's figure, each misweighted tensor
+    group's, and the cause with its fix where it is a balancing loss counted per micro-batch."""
+    norm = c.get("loss_normalization") or "?"
+    bound = t.accumulation_bound(c.get("accumulation_floor"))
+    whole = t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+    out = (
+        f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
+        f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, differs from "
+        f"the full batch's by {_fmt(_num(c.get('accumulation_error')))} (relative; cosine "
+        f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
+        + (f"beyond {bound:.2g}" if whole else f"within {bound:.2g} as a whole")
+    )
+    groups = c.get("accumulation_groups") or {}
+    said = [
+        f"the {g}'s own gradient by {_fmt(_num(groups[g].get('error')))} "
+        f"(beyond {t.accumulation_bound(groups[g].get('floor')):.2g})"
+        for g in misweighted_groups(c, t)
+    ]
+    if said:
+        out += f"{'; so does' if whole else ', but'} {', '.join(said)}"
+    if accumulation_cause(c, t) == "balancing_loss":
+        steps = c.get("accumulation_steps", "k")
+        out += (
+            f": the load-balancing loss (router_aux_loss_coef {_fmt(_num(c.get('accumulation_balancing_loss')))}) is "
+            f"added to each of the {steps} micro-batches' token-normalised losses, counted {steps} times a step; "
+            f"fix: count it once a step, model.router_aux_loss_coef = model.config.router_aux_loss_coef / {steps} "
+            "(gradient_accumulation_steps) after from_pretrained"
         )
     return out
 
@@ -205,9 +250,13 @@ def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
         "packing_leaks": t.packing_leaks(c.get("packing_max_logit_diff"), c.get("packing_floor"))
         if "packing_max_logit_diff" in c
         else None,
-        "accumulation_misweighted": t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+        "accumulation_misweighted": (
+            t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+            or bool(misweighted_groups(c, t))
+        )
         if "accumulation_error" in c
         else None,
+        "accumulation_cause": accumulation_cause(c, t),
         # the bounds those decisions applied, for the reports to show beside the figures
         "packing_bound": t.packing_bound(c.get("packing_floor")) if "packing_max_logit_diff" in c else None,
         "accumulation_bound": t.accumulation_bound(c.get("accumulation_floor")) if "accumulation_error" in c else None,

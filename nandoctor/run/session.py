@@ -344,9 +344,7 @@ class Session:
                 or parallel_support(
                     p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks), own.objective
                 )
-                or quant_support(
-                    p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, load_dtype(own))
-                )
+                or quant_support(p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, load_dtype(own)))
             )
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
