@@ -53,3 +53,22 @@ def test_the_same_model_passes_with_the_balancing_loss_off_or_counted_once(case)
     assert max(g["error"] for g in got["accumulation_groups"].values()) < 1e-5, got
     judged = setup_judged(got)
     assert judged["accumulation_misweighted"] is False and judged["accumulation_cause"] is None
+
+
+@pytest.mark.slow  # a probe through the CLI
+def test_check_names_the_router_and_the_balancing_loss_counted_per_micro_batch(tmp_path):
+    from conftest import run_cli, summary
+
+    ckpt = tmp_path / "moe"
+    tiny_qwen3_moe().save_pretrained(ckpt)
+    out = tmp_path / "check"
+    proc = run_cli(
+        "check", "--model", ckpt, "--dtype", "fp32", "--attn", "sdpa", "--steps", "2", "--set", "moe.aux_loss=on",
+        "--set", "gradient_accumulation_steps=2", "--set", "batch_size=4", "--out", out,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if "FAIL the setup passes its step-0 checks" in x)
+    assert "within 0.001 as a whole, but the router's own gradient by" in line  # measured 0.133
+    assert "model.config.router_aux_loss_coef / 2" in line
+    found = {f["id"] for f in summary(out)["doctor"]["findings"]}
+    assert "moe-balancing-loss-counted-per-micro-batch" in found and "accumulation-not-token-normalised" not in found
