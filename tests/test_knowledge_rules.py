@@ -273,6 +273,10 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: judged_facts(checked(BALANCING_COUNTED_TWICE)),
         lambda t, p: judged_facts(checked({**BALANCING_COUNTED_TWICE, "accumulation_balancing_loss": None})),
     ),
+    "fp16-overflow-on-trained-weights": (
+        lambda t, p: facts(cell="fp16-amp/sdpa/off", model_type="gemma3_text"),
+        lambda t, p: facts(cell="bf16-amp/sdpa/off", model_type="gemma3_text"),
+    ),
     "trainable-group-gets-no-gradient": (
         lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
         lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),

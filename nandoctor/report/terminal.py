@@ -63,7 +63,10 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
 def render_terminal(a: RunAnalysis, run_dir) -> str:
     probed, why = common.model_line(a)
     stand_in = common.stand_in_line(a)
-    out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else []), ""]
+    twin = common.twin_caveat_line(a)
+    out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else [])]
+    out += [f"       twin: {twin}"] if twin else []
+    out.append("")
     out += [*common.reference_lines(a), ""] if a.references else []
     rows = common.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
