@@ -151,10 +151,38 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
             GRAD_MISMATCH,
             f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
             f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
-            "computation and reduction explain",
+            "computation and reduction explain" + _parallel_group_clause(facts, tol),
             0,
         )
     return None
+
+
+def _own(group: str) -> str:
+    """ "router's own", "experts' own": a tensor group's name as the owner of its gradient."""
+    return f"{group}' own" if group.endswith("s") else f"{group}'s own"
+
+
+def _parallel_group_clause(facts: dict, tol: float) -> str:
+    """'; by group: router 0.9 (beyond ...)' for the tensor groups whose reduced gradient differs from
+    the one-process one beyond `tol`, and the cause with its fix where the router's does and the model
+    adds a balancing loss to a token-normalised loss that Trainer multiplies by the ranks
+    (average_tokens_across_devices; huggingface/transformers#48690)."""
+    got = facts.get("grad_agreement") or {}
+    groups = got.get("groups") or {}
+    bad = [g for g, err in groups.items() if err is None or not math.isfinite(err) or err > tol]
+    if not bad:
+        return ""
+    bad.sort(key=lambda g: -_num(groups[g]) if math.isfinite(_num(groups[g])) else -math.inf)
+    out = "; by tensor group: the " + ", the ".join(f"{_own(g)} gradient by {_fmt(_num(groups[g]))}" for g in bad)
+    w = facts.get("world_size")
+    if "router" in bad and facts.get("balancing_loss") and facts.get("loss_normalization") == "tokens":
+        out += (
+            f": the load-balancing loss (router_aux_loss_coef {_fmt(_num(facts['balancing_loss']))}) is in each "
+            f"rank's token-normalised loss, which is multiplied by the world size ({w}), so it is counted {w} "
+            f"times; fix: count it once, model.router_aux_loss_coef = model.config.router_aux_loss_coef / {w} "
+            "(the data-parallel ranks) after from_pretrained"
+        )
+    return out
 
 
 def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
@@ -212,7 +240,7 @@ def _accumulation_failure(c: dict, t: Thresholds) -> str:
     )
     groups = c.get("accumulation_groups") or {}
     said = [
-        f"the {g}'s own gradient by {_fmt(_num(groups[g].get('error')))} "
+        f"the {_own(g)} gradient by {_fmt(_num(groups[g].get('error')))} "
         f"(beyond {t.accumulation_bound(groups[g].get('floor')):.2g})"
         for g in misweighted_groups(c, t)
     ]
