@@ -397,12 +397,27 @@ def load_dtype(recipe: Recipe) -> str:
     "auto" what from_pretrained loads by default (transformers 5: dtype="auto"), a local checkpoint's
     saved dtype, or the dtype a recipe's arch names (from_config builds in it); fp32 where neither says,
     a hub id included."""
-    on_load = recipe.model.dtype_on_load
+    m = recipe.model
+    return _resolved(m.dtype_on_load, m.path, m.arch)
+
+
+def with_load_dtype_resolved(recipe: dict) -> dict:
+    """A recipe as data (recipe_to_dict, a record's) with model.dtype_on_load "auto" replaced by the dtype
+    it loads (load_dtype): what a probe trains with, so that a recipe that says "auto" and one written
+    before "auto" was the default (fp32) compare equal where they load alike."""
+    model = recipe.get("model")
+    if not isinstance(model, dict) or model.get("dtype_on_load") != "auto":
+        return recipe
+    resolved = _resolved("auto", model.get("path"), model.get("arch") or {})
+    return {**recipe, "model": {**model, "dtype_on_load": resolved}}
+
+
+def _resolved(on_load: str, path: str | None, arch: dict) -> str:
     if on_load != "auto":
         return on_load
-    if recipe.model.path:
-        return saved_dtype(recipe.model.path) or "fp32"
-    named = recipe.model.arch.get("dtype") or recipe.model.arch.get("torch_dtype")
+    if path:
+        return saved_dtype(path) or "fp32"
+    named = arch.get("dtype") or arch.get("torch_dtype")
     return _SAVED_DTYPES.get(str(named).removeprefix("torch."), "fp32")
 
 

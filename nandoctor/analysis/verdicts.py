@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..cells import REFERENCE_CELL, reference_of
-from ..config import recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict, with_load_dtype_resolved
 from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
@@ -737,6 +737,7 @@ def reference_key(record: ProbeRecord) -> str:
         )
     except NandoctorError:
         pass  # a recipe this version cannot read (a newer one's) is compared as written
+    recipe = with_load_dtype_resolved(recipe)  # "auto" is the dtype it loads
     same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
     same += [record.cell.quant] if record.cell.quant != "none" else []  # a quantized base has its own reference
     return json.dumps(same, sort_keys=True, default=str)
