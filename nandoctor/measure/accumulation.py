@@ -4,7 +4,12 @@ the forward, or each micro-batch's mean over the steps), against the full batch'
 independently: all the step's rows as one batch, the model's own mean loss, one backward. A model that
 ignores num_items_in_batch, or a normalisation that weights the micro-batches' tokens unequally, gives
 a gradient that is not the full batch's; the floor is the full batch's gradient in this precision
-against the same in fp32 (numerics.in_fp32)."""
+against the same in fp32 (numerics.in_fp32). Each tensor group (models.checked_groups: a mixture of
+experts' router and experts, the embeddings, an adapter, the rest) is compared on its own as well: a
+load-balancing loss the model adds to every micro-batch's loss moves the router's gradient by 10% and
+more while the whole gradient moves by 1e-3 or less. The balancing loss is defined on a micro-batch's
+routing, so the full batch's reference counts it once a step: the micro-batches' balancing losses
+averaged, beside the full batch's token loss."""
 
 from __future__ import annotations
 
