@@ -53,3 +53,21 @@ def test_doctor_on_a_bf16_checkpoint_with_bf16_arguments_names_the_missing_fp32_
     for clean in (("--model", ckpts["fp32"]), ("--model", ckpts["bf16"], "--set", "model.dtype_on_load=fp32")):
         report = json.loads(cli("doctor", "--json", *clean, "--trainer-args", args).stdout)
         assert "bf16-weights-without-fp32-master" not in {f["id"] for f in report["findings"]}
+
+
+@pytest.mark.slow  # probes through the CLI
+def test_grid_on_a_bf16_checkpoint_trains_its_amp_cell_on_bf16_weights_and_says_so(cli, ckpts, tmp_path):
+    from conftest import summary
+
+    out = tmp_path / "grid"
+    proc = cli(
+        "grid", "--model", ckpts["bf16"], "--axis", "dtype=bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off",
+        "--steps", "2", "--set", "retime_rounds=0", "--out", out,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    s = summary(out)
+    findings = {f["id"]: f for f in s["doctor"]["findings"]}
+    assert findings["bf16-weights-without-fp32-master"]["cells"] == ["bf16-amp/sdpa/off"]
+    assert "dtype=torch.float32" in findings["bf16-weights-without-fp32-master"]["fix"]
+    record = next(json.loads(line) for line in (out / "results.jsonl").open() if '"bf16-amp/sdpa/off"' in line)
+    assert record["forensics"]["weight_dtype"] == "bfloat16", record.get("forensics")
