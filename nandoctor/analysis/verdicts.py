@@ -304,9 +304,15 @@ def setup_passed(checks: dict, t: Thresholds = THRESHOLDS) -> str:
             "accumulated gradient is the full batch's (relative difference "
             f"{_fmt(_num(checks['accumulation_error']))}, "
             f"bound {t.accumulation_bound(checks.get('accumulation_floor')):.2g}; cosine "
-            f"{_fmt(_num(checks.get('accumulation_cosine')))})"
+            f"{_fmt(_num(checks.get('accumulation_cosine')))})" + _groups_passed(checks)
         )
     return "; ".join(said) or "nothing measured"
+
+
+def _groups_passed(checks: dict) -> str:
+    """', and each tensor group's own (router, experts, ...)' where the check compared them one by one."""
+    groups = list(checks.get("accumulation_groups") or {})
+    return f", and each tensor group's own ({', '.join(groups)})" if groups else ""
 
 
 def _num(x) -> float:
