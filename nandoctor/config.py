@@ -51,7 +51,9 @@ class ModelConfig:
     hub_id: str | None = None  # looked up in the local Hugging Face cache only, never downloaded
     path: str | None = None  # a local checkpoint directory (config.json + safetensors)
     arch: dict = field(default_factory=dict)  # config values for AutoConfig.for_model(model_type, **arch)
-    dtype_on_load: str = "fp32"  # dtype of the master weights for the -amp cells
+    # the dtype the base model is loaded in, the master weights of the -amp cells: "auto" is
+    # from_pretrained's default since transformers 5, a checkpoint's saved dtype (load_dtype)
+    dtype_on_load: str = "auto"
     scale: str = "auto"  # auto: full size when it fits this machine, else a probe-scale twin
     trust_remote_code: bool = False  # local checkpoints with their own modeling code
 
@@ -222,7 +224,7 @@ class Recipe:
             ("data.labels", self.data.labels, LABEL_MASKS),
             ("data.packing", self.data.packing, PACKINGS),
             ("pad_token.policy", self.pad_token.policy, PAD_POLICIES),
-            ("model.dtype_on_load", self.model.dtype_on_load, LOAD_DTYPES),
+            ("model.dtype_on_load", self.model.dtype_on_load, (*LOAD_DTYPES, "auto")),
             ("model.scale", self.model.scale, SCALES),
             ("fp8.amax_compute_algo", self.fp8.amax_compute_algo, AMAX_COMPUTE_ALGOS),
             ("grad_reduce", self.grad_reduce, GRAD_REDUCE_OPS),
@@ -400,6 +402,68 @@ def _set_at(obj, parts: list[str], key: str, value):
         return dataclasses.replace(obj, **{head: _set_at(getattr(obj, head), rest, key, value)})
     typed = typed_value(key, value, _hints(type(obj))[head], text=isinstance(value, str))
     return dataclasses.replace(obj, **{head: typed})
+
+
+def load_dtype(recipe: Recipe) -> str:
+    """The dtype (a LOAD_DTYPES key) the recipe's base model is loaded in: model.dtype_on_load, or for
+    "auto" what from_pretrained loads by default (transformers 5: dtype="auto"), a local checkpoint's
+    saved dtype, or the dtype a recipe's arch names (from_config builds in it); fp32 where neither says,
+    a hub id included."""
+    m = recipe.model
+    return _resolved(m.dtype_on_load, m.path, m.arch)
+
+
+def with_load_dtype_resolved(recipe: dict) -> dict:
+    """A recipe as data (recipe_to_dict, a record's) with model.dtype_on_load "auto" replaced by the dtype
+    it loads (load_dtype): what a probe trains with, so that a recipe that says "auto" and one written
+    before "auto" was the default (fp32) compare equal where they load alike."""
+    model = recipe.get("model")
+    if not isinstance(model, dict) or model.get("dtype_on_load") != "auto":
+        return recipe
+    resolved = _resolved("auto", model.get("path"), model.get("arch") or {})
+    return {**recipe, "model": {**model, "dtype_on_load": resolved}}
+
+
+def _resolved(on_load: str, path: str | None, arch: dict) -> str:
+    if on_load != "auto":
+        return on_load
+    if path:
+        return saved_dtype(path) or "fp32"
+    named = arch.get("dtype") or arch.get("torch_dtype")
+    return _SAVED_DTYPES.get(str(named).removeprefix("torch."), "fp32")
+
+
+_SAVED_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_SAFETENSORS_DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
+
+
+def saved_dtype(path: str) -> str | None:
+    """A checkpoint directory's saved floating dtype as from_pretrained(dtype="auto") reads it: its
+    config.json `dtype` (`torch_dtype` before transformers 5), else the first floating tensor of its
+    first safetensors file; None when neither says (or names a dtype nandoctor does not load)."""
+    import json
+    import struct
+    from pathlib import Path
+
+    root = Path(path)
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    named = config.get("dtype") or config.get("torch_dtype") if isinstance(config, dict) else None
+    if named:
+        return _SAVED_DTYPES.get(str(named).removeprefix("torch."))
+    for file in sorted(root.glob("*.safetensors")):
+        try:
+            with open(file, "rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+        except (OSError, ValueError, struct.error):
+            return None
+        for name, entry in header.items():
+            if name != "__metadata__" and entry.get("dtype") in _SAFETENSORS_DTYPES:
+                return _SAFETENSORS_DTYPES[entry["dtype"]]
+    return None
 
 
 def recipe_from_dict(data: dict, name: str) -> Recipe:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from pathlib import Path
 
 from .cells import PACKAGES
@@ -507,6 +508,31 @@ def checkpointing(model, mode: str) -> None:
 # in full beside it (adapter.modules_to_save, kept under ".modules_to_save."), the input and output
 # embeddings when trained, and every other trainable parameter.
 GROUPS = ("adapter", "modules_to_save", "embeddings", "rest")
+
+
+# The tensor groups the gradient checks compare each on its own (measure/accumulation.py): a mixture of
+# experts' router weights (transformers names the router linear `gate` or `router` under the MoE block)
+# and its experts' weights (routed and shared), then GROUPS. A balancing loss counted once per
+# micro-batch moves the router's gradient by 10-30% while the whole model's moves by 1e-3.
+CHECKED_GROUPS = ("router", "experts", *GROUPS)
+_ROUTER = re.compile(r"\.(gate|router)\.(weight|bias)$")
+_EXPERTS = re.compile(r"\.(experts|shared_experts?)\.")
+
+
+def checked_groups(model) -> dict[str, list[tuple[str, object]]]:
+    """{group: [(name, parameter)]} of the model's trainable parameters in CHECKED_GROUPS order, empty
+    groups left out: trainable_groups with a mixture of experts' router and expert weights taken out
+    of `rest` (a dense model's are trainable_groups')."""
+    groups = trainable_groups(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not expert_count(base.config):
+        return groups
+    out = {g: [] for g in CHECKED_GROUPS}
+    for g, params in groups.items():
+        for name, p in params:
+            moe = "router" if _ROUTER.search(name) else "experts" if _EXPERTS.search(name) else g
+            out[moe if g == "rest" else g].append((name, p))
+    return {g: params for g, params in out.items() if params}
 
 
 def trainable_groups(model) -> dict[str, list[tuple[str, object]]]:

@@ -34,7 +34,7 @@ from .cells import (
     optimizer_kwargs,
     weight_dtype,
 )
-from .config import STORAGE_DTYPES, Recipe, get_field
+from .config import STORAGE_DTYPES, Recipe, get_field, load_dtype
 from .thresholds import THRESHOLDS
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
@@ -265,7 +265,7 @@ def training_settings(recipe: Recipe) -> dict:
         "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
         "loss_normalization": recipe.loss_normalization,
         "gradient_checkpointing": recipe.gradient_checkpointing,
-        "dtype_on_load": recipe.model.dtype_on_load,
+        "dtype_on_load": load_dtype(recipe),
         "modules_to_save": list(a.modules_to_save) if a.type != "none" else None,
         "autocast_adapter_dtype": a.autocast_adapter_dtype if a.type != "none" else None,
     }
@@ -400,7 +400,7 @@ def grpo_settings(cell: Cell, recipe: Recipe) -> dict:
     in the cell's), the dtype a vLLM rollout engine should hold the weights in (None where vLLM has none
     to match), and whether fp16's GradScaler scales the loss."""
     p = cell.precision
-    weights = weight_dtype(cell, recipe.model.dtype_on_load)
+    weights = weight_dtype(cell, load_dtype(recipe))
     held = f"{p.autocast} autocast over {weights} weights" if p.autocast else f"{weights} weights"
     return {
         "rollout_precision": cell.dtype,
@@ -456,7 +456,7 @@ def checkpoint_name(recipe: Recipe) -> str:
 def model_loading(cell: Cell, recipe: Recipe) -> dict:
     """Pure cells hold the weights themselves in half precision: load them so (autocast stays off)."""
     return {
-        "dtype": f"torch.{weight_dtype(cell, recipe.model.dtype_on_load)}",
+        "dtype": f"torch.{weight_dtype(cell, load_dtype(recipe))}",
         "attn_implementation": cell.attention.implementation,
     }
 

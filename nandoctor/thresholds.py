@@ -108,6 +108,11 @@ class Thresholds:
       each (cosine 0.587, norm ratio 1.45: huggingface/transformers PR #34191, #37766); a model that
       ignores num_items_in_batch under the Trainer's token normalisation sums the micro-batches' means:
       its error is at least steps - 1 (3.0 on four equal rows).
+      Each tensor group (models.CHECKED_GROUPS: router, experts, embeddings, adapter, the rest) is held to
+      the same bound against its own floor: a mixture of experts whose balancing loss the Trainer adds to
+      every micro-batch's token-normalised loss (transformers 5.24; NVIDIA-NeMo/Automodel PR #3359,
+      modelscope/ms-swift PR #5823) moves the router's gradient by 0.12 at 2 micro-batches and 0.36 at 4
+      (tiny Qwen3-MoE, 4 rows each), the whole model's by 4e-4 and 9e-4 only.
       Where the packed forward leaks, the same two numbers find the first layer that mixes the segments
       (leaking_layer): its output past the first segment against its first segment's, which no segment
       precedes. Measured on the probe-scale twins packed by position_ids: Qwen3-Next's linear-attention

@@ -35,6 +35,18 @@ def save_llama(path: Path, mlp_scale: dict | None = None, seed: int = 0, **overr
     return path
 
 
+def save_bf16_llama(path: Path, seed: int = 0) -> Path:
+    """A random-init Llama saved in bf16, as most hub checkpoints are: its config.json says
+    dtype=bfloat16, which from_pretrained loads in by default since transformers 5."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **TINY))
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
 def save_dead_llama(path: Path) -> Path:
     """A Llama that cannot learn: lm_head and the final norm's weight are zero. The logits are 0 for
     every token (loss ln(vocab) on any batch), the lm_head's gradient is the logits' gradient times

@@ -273,6 +273,14 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
         lambda t, p: judged_facts(checked({"accumulation_error": 1.18, "accumulation_floor": 0.0})),
         lambda t, p: judged_facts(checked({"accumulation_error": 8.9e-8, "accumulation_floor": 0.0})),
     ),
+    "moe-balancing-loss-counted-per-micro-batch": (
+        lambda t, p: judged_facts(checked(BALANCING_COUNTED_TWICE)),
+        lambda t, p: judged_facts(checked({**BALANCING_COUNTED_TWICE, "accumulation_balancing_loss": None})),
+    ),
+    "fp16-overflow-on-trained-weights": (
+        lambda t, p: facts(cell="fp16-amp/sdpa/off", model_type="gemma3_text"),
+        lambda t, p: facts(cell="bf16-amp/sdpa/off", model_type="gemma3_text"),
+    ),
     "trainable-group-without-gradient": (
         lambda t, p: judged_facts(grouped([{"adapter": None, "modules_to_save": 0.4}] * 3)),
         lambda t, p: judged_facts(grouped([{"adapter": 0.0, "modules_to_save": 0.4}, {"adapter": 0.1, "x": 1.0}])),
@@ -314,6 +322,16 @@ CASES = {  # rule id: (a setup with the problem, a setup without it); each a fun
     ),
     **PARALLEL_CASES,
     **MOE_CASES,
+}
+
+
+# a tiny Qwen3-MoE's figures at 2 micro-batches with its balancing loss on (tests/test_moe_accumulation.py)
+BALANCING_COUNTED_TWICE = {
+    "accumulation_error": 3.8e-4,
+    "accumulation_floor": 0.0,
+    "loss_normalization": "tokens",
+    "accumulation_balancing_loss": 0.001,
+    "accumulation_groups": {"router": {"error": 0.122, "floor": 0.0}, "experts": {"error": 1.6e-4, "floor": 0.0}},
 }
 
 

@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from ..cells import PRECISIONS
-from ..config import recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict, with_load_dtype_resolved
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..record import ProbeRecord, Step
@@ -113,10 +113,11 @@ def _flat(data, prefix: str = "") -> dict[str, str]:
 
 
 def _recipe_today(recipe: dict) -> dict:
-    """The recipe read back with today's defaults, so that a section added since (fp8) is no difference."""
+    """The recipe read back with today's defaults, so that a section added since (fp8) is no difference,
+    and model.dtype_on_load "auto" as the dtype it loads (a run from before "auto" was the default said fp32)."""
     try:
-        return recipe_to_dict(
-            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", ""))
+        return with_load_dtype_resolved(
+            recipe_to_dict(recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", "")))
         )
     except NandoctorError:
         return recipe  # a recipe this version cannot read is compared as written

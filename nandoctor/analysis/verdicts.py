@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 
 from ..cells import REFERENCE_CELL, reference_of
-from ..config import recipe_from_dict, recipe_to_dict
+from ..config import recipe_from_dict, recipe_to_dict, with_load_dtype_resolved
 from ..errors import NandoctorError
 from ..knowledge import diagnose_crash
 from ..record import ProbeRecord, Step
@@ -154,10 +154,38 @@ def parallel_verdict(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> Verdict
             GRAD_MISMATCH,
             f"step-0 gradients differ from the single-process ones by up to {_fmt(err)} "
             f"(relative, {got.get('worst_param')}), beyond the {tol:g} a {coarsest} "
-            "computation and reduction explain",
+            "computation and reduction explain" + _parallel_group_clause(facts, tol),
             0,
         )
     return None
+
+
+def _own(group: str) -> str:
+    """ "router's own", "experts' own": a tensor group's name as the owner of its gradient."""
+    return f"{group}' own" if group.endswith("s") else f"{group}'s own"
+
+
+def _parallel_group_clause(facts: dict, tol: float) -> str:
+    """'; by group: router 0.9 (beyond ...)' for the tensor groups whose reduced gradient differs from
+    the one-process one beyond `tol`, and the cause with its fix where the router's does and the model
+    adds a balancing loss to a token-normalised loss that Trainer multiplies by the ranks
+    (average_tokens_across_devices; huggingface/transformers#48690)."""
+    got = facts.get("grad_agreement") or {}
+    groups = got.get("groups") or {}
+    bad = [g for g, err in groups.items() if err is None or not math.isfinite(err) or err > tol]
+    if not bad:
+        return ""
+    bad.sort(key=lambda g: -_num(groups[g]) if math.isfinite(_num(groups[g])) else -math.inf)
+    out = "; by tensor group: the " + ", the ".join(f"{_own(g)} gradient by {_fmt(_num(groups[g]))}" for g in bad)
+    w = facts.get("world_size")
+    if "router" in bad and facts.get("balancing_loss") and facts.get("loss_normalization") == "tokens":
+        out += (
+            f": the load-balancing loss (router_aux_loss_coef {_fmt(_num(facts['balancing_loss']))}) is in each "
+            f"rank's token-normalised loss, which is multiplied by the world size ({w}), so it is counted {w} "
+            f"times; fix: count it once, model.router_aux_loss_coef = model.config.router_aux_loss_coef / {w} "
+            "(the data-parallel ranks) after from_pretrained"
+        )
+    return out
 
 
 def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]:
@@ -182,13 +210,58 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
             + _leaking_layer_clause(t.leaking_layer(c.get("packing_layers"), c.get("packing_max_logit_diff")))
         )
     if judged["accumulation_misweighted"]:
-        norm = c.get("loss_normalization") or "?"
-        out.append(
-            f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
-            f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, differs from "
-            f"the full batch's by {_fmt(c['accumulation_error'])} (relative; cosine "
-            f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
-            f"beyond {t.accumulation_bound(c.get('accumulation_floor')):.2g}"
+        out.append(_accumulation_failure(c, t))
+    return out
+
+
+def misweighted_groups(checks: dict, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The tensor groups (measure/accumulation.py accumulation_groups: router, experts, embeddings,
+    adapter, ...) whose own accumulated gradient differs from the full batch's beyond the bound of their
+    own fp32 floor, in the order measured."""
+    groups = checks.get("accumulation_groups") or {}
+    return [g for g, f in groups.items() if t.accumulation_misweighted(f.get("error"), f.get("floor"))]
+
+
+def accumulation_cause(checks: dict, t: Thresholds = THRESHOLDS) -> str | None:
+    """Why a step's accumulated gradient is misweighted: "balancing_loss" where the router's is and the
+    model adds its load-balancing loss to every micro-batch's loss under token normalisation (the
+    Trainer divides none of them by the steps: it is counted once per micro-batch), "normalisation"
+    for any other misweighted step; None where none is."""
+    bad = misweighted_groups(checks, t)
+    if "router" in bad and checks.get("accumulation_balancing_loss") and checks.get("loss_normalization") == "tokens":
+        return "balancing_loss"
+    whole = t.accumulation_misweighted(checks.get("accumulation_error"), checks.get("accumulation_floor"))
+    return "normalisation" if bad or whole else None
+
+
+def _accumulation_failure(c: dict, t: Thresholds) -> str:
+    """The failed accumulation check in one clause: the whole gradient's figure, each misweighted tensor
+    group's, and the cause with its fix where it is a balancing loss counted per micro-batch."""
+    norm = c.get("loss_normalization") or "?"
+    bound = t.accumulation_bound(c.get("accumulation_floor"))
+    whole = t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+    out = (
+        f"accumulation: step 0's gradient over {c.get('accumulation_steps', '?')} micro-batches "
+        f"({c.get('accumulation_targets', '?')} loss terms each), loss_normalization={norm}, differs from "
+        f"the full batch's by {_fmt(_num(c.get('accumulation_error')))} (relative; cosine "
+        f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
+        + (f"beyond {bound:.2g}" if whole else f"within {bound:.2g} as a whole")
+    )
+    groups = c.get("accumulation_groups") or {}
+    said = [
+        f"the {_own(g)} gradient by {_fmt(_num(groups[g].get('error')))} "
+        f"(beyond {t.accumulation_bound(groups[g].get('floor')):.2g})"
+        for g in misweighted_groups(c, t)
+    ]
+    if said:
+        out += f"{'; so does' if whole else ', but'} {', '.join(said)}"
+    if accumulation_cause(c, t) == "balancing_loss":
+        steps = c.get("accumulation_steps", "k")
+        out += (
+            f": the load-balancing loss (router_aux_loss_coef {_fmt(_num(c.get('accumulation_balancing_loss')))}) is "
+            f"added to each of the {steps} micro-batches' token-normalised losses, counted {steps} times a step; "
+            f"fix: count it once a step, model.router_aux_loss_coef = model.config.router_aux_loss_coef / {steps} "
+            "(gradient_accumulation_steps) after from_pretrained"
         )
     return out
 
@@ -216,9 +289,13 @@ def setup_judged(checks: dict | None, t: Thresholds = THRESHOLDS) -> dict:
         )
         if "packing_max_logit_diff" in c
         else None,
-        "accumulation_misweighted": t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+        "accumulation_misweighted": (
+            t.accumulation_misweighted(c.get("accumulation_error"), c.get("accumulation_floor"))
+            or bool(misweighted_groups(c, t))
+        )
         if "accumulation_error" in c
         else None,
+        "accumulation_cause": accumulation_cause(c, t),
         # the bounds those decisions applied, for the reports to show beside the figures
         "packing_bound": t.packing_bound(c.get("packing_floor")) if "packing_max_logit_diff" in c else None,
         "accumulation_bound": t.accumulation_bound(c.get("accumulation_floor")) if "accumulation_error" in c else None,
@@ -238,9 +315,15 @@ def setup_passed(checks: dict, t: Thresholds = THRESHOLDS) -> str:
             "accumulated gradient is the full batch's (relative difference "
             f"{_fmt(_num(checks['accumulation_error']))}, "
             f"bound {t.accumulation_bound(checks.get('accumulation_floor')):.2g}; cosine "
-            f"{_fmt(_num(checks.get('accumulation_cosine')))})"
+            f"{_fmt(_num(checks.get('accumulation_cosine')))})" + _groups_passed(checks)
         )
     return "; ".join(said) or "nothing measured"
+
+
+def _groups_passed(checks: dict) -> str:
+    """', and each tensor group's own (router, experts, ...)' where the check compared them one by one."""
+    groups = list(checks.get("accumulation_groups") or {})
+    return f", and each tensor group's own ({', '.join(groups)})" if groups else ""
 
 
 def _num(x) -> float:
@@ -712,6 +795,7 @@ def reference_key(record: ProbeRecord) -> str:
         )
     except NandoctorError:
         pass  # a recipe this version cannot read (a newer one's) is compared as written
+    recipe = with_load_dtype_resolved(recipe)  # "auto" is the dtype it loads
     same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
     same += [record.cell.quant] if record.cell.quant != "none" else []  # a quantized base has its own reference
     return json.dumps(same, sort_keys=True, default=str)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cells import LOAD_DTYPES, Cell, weight_dtype
-from ..config import Recipe
+from ..config import Recipe, load_dtype
 from ..data import DataStream, stream
 from ..measure.accumulation import normalized
 from ..measure.numerics import set_tf32
@@ -33,17 +33,17 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    load_dtype = getattr(torch, LOAD_DTYPES[recipe.model.dtype_on_load])
+    on_load = getattr(torch, LOAD_DTYPES[load_dtype(recipe)])
     attn = cell.attention.implementation
     remote = recipe.model.trust_remote_code
     torch.manual_seed(seed)  # seeds the CUDA generators too: every probe of a run starts from the same weights
-    weights = getattr(torch, weight_dtype(cell, recipe.model.dtype_on_load))
+    weights = getattr(torch, weight_dtype(cell, load_dtype(recipe)))
 
     def twin():
         config = model_config(recipe)
         config = probe_scale(config) if plan.scale == "probe" else config
         return AutoModelForCausalLM.from_config(
-            config, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote
+            config, dtype=on_load, attn_implementation=attn, trust_remote_code=remote
         )
 
     with torch.device(device):  # transformers builds and initialises under the ambient device
@@ -51,7 +51,7 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
             model = load_quantized(plan, recipe, cell, weights, attn, device, twin)
         elif plan.source == "local-weights":
             model = AutoModelForCausalLM.from_pretrained(
-                plan.path, dtype=load_dtype, attn_implementation=attn, trust_remote_code=remote, device_map=device
+                plan.path, dtype=on_load, attn_implementation=attn, trust_remote_code=remote, device_map=device
             )
         else:
             model = twin()
@@ -64,9 +64,9 @@ def build_model(plan: ModelPlan, recipe: Recipe, cell: Cell, seed: int, device: 
         model = apply_adapter(model, recipe)  # peft creates its adapter weights on the ambient device
     checkpointing(model, recipe.gradient_checkpointing)
     # a pure cell hard-casts every weight, the adapter's too, and an fp32 cell over a 16-bit load casts to fp32
-    if weights != load_dtype and cell.quant == "none":
+    if weights != on_load and cell.quant == "none":
         cast_as_loaded(model, weights)
-    elif weights != load_dtype:  # transformers refuses to cast a quantized model: the adapter is cast alone
+    elif weights != on_load:  # transformers refuses to cast a quantized model: the adapter is cast alone
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.data.to(weights)

@@ -24,6 +24,8 @@ from functools import partial
 from pathlib import Path
 
 from .. import jsonio
+from ..measure.accumulation import balancing_coefficient
+from ..models import checked_groups
 from ..record import ProbeRecord, ProbeSpec, Step
 from ..userdata.encode import segments
 from .build import Setup, first_step, restart
@@ -209,13 +211,16 @@ def reduced_gradient(wrapped, inner, step: tuple, s, rank: int) -> dict:
     return grads
 
 
-def agreement(reduced: dict, reference: dict) -> dict:
+def agreement(reduced: dict, reference: dict, groups: dict | None = None) -> dict:
     """How the reduced gradient compares with the one-process one: the largest relative error of a
     parameter's gradient (||g - g_ref|| / ||g_ref||, over the parameters with a non-zero reference) and
-    the ratio of the whole gradients' norms."""
+    the ratio of the whole gradients' norms; with `groups` ({parameter name: its models.checked_groups
+    group}), the same relative error of each group's gradient on its own (`groups`) and the group of
+    the worst parameter (`worst_group`): a router's gradient can be off while the rest agree."""
     import torch
 
     worst, worst_name, num, den = 0.0, None, 0.0, 0.0
+    sums: dict[str, list[float]] = {}
     for name, ref in reference.items():
         got = reduced.get(name.removeprefix("module."))
         if got is None:
@@ -223,16 +228,24 @@ def agreement(reduced: dict, reference: dict) -> dict:
         ref_norm = ref.norm().item()
         num += got.norm().item() ** 2
         den += ref_norm**2
+        group = (groups or {}).get(name.removeprefix("module."))
+        if group is not None:
+            diff, whole = sums.setdefault(group, [0.0, 0.0])
+            sums[group] = [diff + (got - ref).norm().item() ** 2, whole + ref_norm**2]
         if ref_norm > 0:
             rel = (got - ref).norm().item() / ref_norm
             if rel > worst or not torch.isfinite(torch.tensor(rel)):
                 worst, worst_name = rel, name
-    return {
+    out = {
         "max_rel_error": worst,
         "worst_param": worst_name,
         "norm_ratio": (num / den) ** 0.5 if den > 0 else None,
         "params": len(reference),
     }
+    if groups is not None:
+        out["groups"] = {g: (d / w) ** 0.5 if w > 0 else None for g, (d, w) in sums.items()}
+        out["worst_group"] = groups.get((worst_name or "").removeprefix("module."))
+    return out
 
 
 def agree(step: Step, world_size: int) -> None:
@@ -282,6 +295,7 @@ class DistributedRanks(Ranks):
         stream from its start. Records what the ranks run with in record.parallel."""
         micro_batches, items = first_step(spec, s)
         reference = one_process_gradient(s.model, (micro_batches, items), s) if self.rank == 0 else {}
+        groups = {name: g for g, params in checked_groups(s.model).items() for name, _ in params}
         self.wrapped = wrap(s.model, spec)
         mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget
         rows = partial(shard, rank=self.rank, world_size=self.world_size)
@@ -298,7 +312,10 @@ class DistributedRanks(Ranks):
             "rows_per_rank": spec.recipe.batch_size // self.world_size,
             "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
             "reduce_dtype": reduce_dtypes(self.wrapped, spec),
-            "grad_agreement": agreement(reduced, reference) if self.rank == 0 else None,
+            "grad_agreement": agreement(reduced, reference, groups) if self.rank == 0 else None,
+            # a balancing loss each rank adds to a loss the Trainer multiplies by the ranks (tokens)
+            "balancing_loss": balancing_coefficient(s.model),
+            "loss_normalization": s.normalization,
         }
         return s
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..capabilities import cell_packages
 from ..cells import PACKAGES
+from ..config import load_dtype
 from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
@@ -170,7 +171,7 @@ def roundtrip_of(spec: ProbeSpec, s: Setup) -> dict:
     from ..cells import weight_dtype
 
     batch = first_step(spec, s)[0][0]
-    dtype = getattr(torch, weight_dtype(spec.cell, spec.recipe.model.dtype_on_load))
+    dtype = getattr(torch, weight_dtype(spec.cell, load_dtype(spec.recipe)))
     try:
         schedule_free = s.optimizer if spec.cell.optimizer_row.eval_mode else None
         return roundtrip(

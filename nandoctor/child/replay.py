@@ -21,6 +21,7 @@ import time
 import traceback
 
 from ..cells import weight_dtype
+from ..config import load_dtype
 from ..record import ProbeRecord, ProbeSpec, Step
 from .build import Setup, first_step, restart
 from .fp8 import fp8_watch
@@ -43,7 +44,7 @@ def restored(spec: ProbeSpec, s: Setup, snapshot: Snapshot, n_steps: int) -> tup
     cell = spec.cell
     out = {
         "compute_dtype": cell.precision.compute,
-        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+        "weight_dtype": weight_dtype(cell, load_dtype(spec.recipe)),
         "replayed_steps": n_steps,
         "compile": "off",
         "snapshot": {**snapshot.describe(), "restore_seconds": seconds},
@@ -152,7 +153,7 @@ def _header(spec: ProbeSpec, s: Setup, timed: ProbeRecord, snapshot: Snapshot) -
     cell = spec.cell
     out = {
         "compute_dtype": cell.precision.compute,
-        "weight_dtype": weight_dtype(cell, spec.recipe.model.dtype_on_load),
+        "weight_dtype": weight_dtype(cell, load_dtype(spec.recipe)),
         "snapshot": {**snapshot.describe(), "restore_seconds": snapshot.restore(s.model)},
     }
     if cell.precision.compute != "float32":

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from ..analysis.twin import twin_caveat
 from ..api import run_check
 from ..cells import AXES, DEFAULT_OPTIMIZER, Cell
+from ..record import ModelPlan
 from .args import add_model_args, examples, options_from_args, recipe_from_args
 from .lines import finish, listener
 
@@ -53,6 +55,9 @@ def run(args) -> int:
     analysis, checks = run_check(recipe, cell, options_from_args(args, listener(None)))
     for name, passed, detail in checks:
         print(f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}")
+    caveat = twin_caveat(ModelPlan.from_dict(analysis.meta.model_plan), [cell])
+    if caveat:
+        print(f"  note {caveat}")
     if analysis.comparison:
         # the report package (pandas) is loaded by now; imported here, not before the run starts its worker
         from ..report.diff import render_diff_terminal

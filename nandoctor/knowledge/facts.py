@@ -20,7 +20,7 @@ from ..cells import (
     reduce_dtype,
     weight_dtype,
 )
-from ..config import STORAGE_DTYPES, Recipe
+from ..config import STORAGE_DTYPES, Recipe, load_dtype
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..thresholds import THRESHOLDS
@@ -78,10 +78,10 @@ def adapter_dtype(recipe: Recipe, cell: Cell) -> str | None:
     bf16 / fp16 base when adapter.autocast_adapter_dtype (its default), else in the base's load dtype."""
     if recipe.adapter.type == "none":
         return None
-    held = weight_dtype(cell, recipe.model.dtype_on_load)
-    if held != LOAD_DTYPES[recipe.model.dtype_on_load]:  # cast with everything (a pure cell, an fp32 one)
+    held = weight_dtype(cell, load_dtype(recipe))
+    if held != LOAD_DTYPES[load_dtype(recipe)]:  # cast with everything (a pure cell, an fp32 one)
         return SHORT_DTYPES[held]
-    return "fp32" if recipe.adapter.autocast_adapter_dtype else recipe.model.dtype_on_load
+    return "fp32" if recipe.adapter.autocast_adapter_dtype else load_dtype(recipe)
 
 
 def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
@@ -89,11 +89,11 @@ def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     everything, an fp32 cell casts to fp32; otherwise a full fine-tune keeps the load dtype; an adapter its
     adapter_dtype, and peft's modules_to_save copies the load dtype (autocast_adapter_dtype casts the adapter
     layers only)."""
-    held = weight_dtype(cell, recipe.model.dtype_on_load)
-    if held != LOAD_DTYPES[recipe.model.dtype_on_load]:
+    held = weight_dtype(cell, load_dtype(recipe))
+    if held != LOAD_DTYPES[load_dtype(recipe)]:
         return SHORT_DTYPES[held]
     if recipe.adapter.type == "none" or recipe.adapter.modules_to_save:
-        return recipe.model.dtype_on_load
+        return load_dtype(recipe)
     return adapter_dtype(recipe, cell)
 
 
@@ -149,7 +149,7 @@ def setup_facts(
         # the linears see the batch flattened to batch_size * seq_len rows
         "batch_tokens_mod_16": recipe.batch_size * recipe.seq_len % 16,
         "parallel": cell.parallel,
-        "reduce_dtype": SHORT_DTYPES.get(reduce_dtype(cell, recipe.model.dtype_on_load)),  # None: one process
+        "reduce_dtype": SHORT_DTYPES.get(reduce_dtype(cell, load_dtype(recipe))),  # None: one process
     }
     facts.update(quant_facts(recipe, cell, model_config))
     facts.update(tokenizer_facts(tokenizer) if tokenizer is not None else recipe_pad_facts(recipe))
@@ -160,7 +160,7 @@ def quant_facts(recipe: Recipe, cell: Cell, model_config=None) -> dict:
     """The facts of a quantized base (the quant axis; None where the base is not quantized) and of tied
     embeddings trained through modules_to_save (what the round trip checks after training)."""
     quantized = cell.quant != "none"
-    weights = weight_dtype(cell, recipe.model.dtype_on_load)
+    weights = weight_dtype(cell, load_dtype(recipe))
     tied = getattr(model_config, "tie_word_embeddings", None) if model_config is not None else None
     saved = set(recipe.adapter.modules_to_save) if recipe.adapter.type != "none" else set()
     return {

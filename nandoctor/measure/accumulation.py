@@ -4,7 +4,12 @@ the forward, or each micro-batch's mean over the steps), against the full batch'
 independently: all the step's rows as one batch, the model's own mean loss, one backward. A model that
 ignores num_items_in_batch, or a normalisation that weights the micro-batches' tokens unequally, gives
 a gradient that is not the full batch's; the floor is the full batch's gradient in this precision
-against the same in fp32 (numerics.in_fp32)."""
+against the same in fp32 (numerics.in_fp32). Each tensor group (models.checked_groups: a mixture of
+experts' router and experts, the embeddings, an adapter, the rest) is compared on its own as well: a
+load-balancing loss the model adds to every micro-batch's loss moves the router's gradient by 10% and
+more while the whole gradient moves by 1e-3 or less. The balancing loss is defined on a micro-batch's
+routing, so the full batch's reference counts it once a step: the micro-batches' balancing losses
+averaged, beside the full batch's token loss."""
 
 from __future__ import annotations
 
@@ -38,49 +43,84 @@ def micro_loss(model, batch: dict, items, micro_batches: int, normalization: str
     return loss_of(model(**batch)) / micro_batches
 
 
-def block_parameters(model, elements: int | None = None) -> list:
-    """The trainable parameters but the input and output embeddings (a large vocabulary would make
-    each gradient copy the size of the model; the blocks show the weighting all the same), the first
-    ones up to `elements` numbers when given (the check keeps three flat copies of their gradient)."""
-    skip = {
-        id(p)
-        for m in (model.get_input_embeddings(), model.get_output_embeddings())
-        if m is not None
-        for p in m.parameters()
-    }
-    params = [p for p in model.parameters() if p.requires_grad and id(p) not in skip]
-    if elements is None:
-        return params
+def balancing_coefficient(model) -> float | None:
+    """The weight a step should count a mixture of experts' load-balancing loss with: its config's
+    router_aux_loss_coef, when output_router_logits puts the loss in the model's loss; None where the
+    model adds none. transformers adds it to every forward's loss, micro-batch by micro-batch, at the
+    weight the model holds (model.router_aux_loss_coef, the config's unless the user changed it)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    coef = getattr(base.config, "router_aux_loss_coef", None)
+    return float(coef) if coef and getattr(base.config, "output_router_logits", False) else None
+
+
+def compared_parameters(model, elements: int | None = None) -> list[tuple[str, object]]:
+    """[(group, parameter)] of the trainable parameters the check compares, each in its
+    models.checked_groups group: the blocks' first ones up to `elements` numbers when given (the check
+    keeps three flat copies of their gradient), then the input and output embeddings where they fit
+    in what is left (a large vocabulary would make each copy the size of the model)."""
+    from ..models import checked_groups
+
+    grouped = [(g, p) for g, params in checked_groups(model).items() for _, p in params]
+    order = {id(p): i for i, p in enumerate(model.parameters())}
+    grouped.sort(key=lambda gp: order.get(id(gp[1]), 0))
     kept, total = [], 0
-    for p in params:
-        if kept and total + p.numel() > elements:
+    for g, p in grouped:
+        if g == "embeddings":
+            continue
+        if elements is not None and kept and total + p.numel() > elements:
             break
-        kept.append(p)
+        kept.append((g, p))
         total += p.numel()
+    for g, p in grouped:
+        if g == "embeddings" and (elements is None or total + p.numel() <= elements):
+            kept.append((g, p))
+            total += p.numel()
     return kept
 
 
-def _flat_gradient(params: list):
+def _flat_gradients(params: list) -> dict:
+    """{group: the flat fp32 gradient of its parameters}, and "all" for every one of them."""
     import torch
 
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+    flat = [(g, (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()) for g, p in params]
+    out = {g: torch.cat([f for h, f in flat if h == g]) for g in dict.fromkeys(g for g, _ in flat)}
+    out["all"] = torch.cat([f for _, f in flat])
+    return out
 
 
 def _targets(batch: dict) -> int:
     return int((batch["labels"][..., 1:] != IGNORE).sum())
 
 
+def _step_gradient(model, micro_batches: list[dict], full: dict, balancing: float | None) -> None:
+    """The gradient the step should have, into the model's .grad: the full batch's own mean loss, one
+    backward; with a balancing loss, the full batch's token loss alone plus each micro-batch's
+    balancing loss over the number of micro-batches (the loss is defined on a micro-batch's routing:
+    the step counts it once, as Trainer does for a loss normalised per micro-batch)."""
+    if balancing is None:
+        loss_of(model(**full)).backward()
+        return
+    loss_of(model(**full, output_router_logits=False)).backward()
+    for batch in micro_batches:
+        (model(**batch, output_router_logits=True).aux_loss * (balancing / len(micro_batches))).backward()
+
+
 def accumulation_figures(
     model, micro_batches: list[dict], full: dict, normalization: str, elements: int | None = None
 ) -> dict:
-    """The figures of one accumulated step (module docstring) over the trainable block parameters (up to
-    `elements` numbers: block_parameters): `full` holds the micro-batches' rows as one batch.
-    accumulation_error: ||accumulated - full|| / ||full||; accumulation_floor: the same of the full
-    batch's gradient in this precision against fp32; accumulation_cosine and accumulation_norm_ratio
-    of the accumulated gradient to the full batch's. The model's gradients are unset afterwards."""
+    """The figures of one accumulated step (module docstring) over the trainable parameters the check
+    compares (compared_parameters, up to `elements` numbers): `full` holds the micro-batches' rows as one
+    batch. accumulation_error: ||accumulated - full|| / ||full||; accumulation_floor: the same of the
+    full batch's gradient in this precision against fp32; accumulation_cosine and
+    accumulation_norm_ratio of the accumulated gradient to the full batch's; accumulation_groups:
+    {group: {"error", "floor"}} of each models.checked_groups group on its own (a router's gradient can
+    be 10% off while the whole model's is 5e-4 off); accumulation_balancing_loss: the weight of a
+    balancing loss the model adds to each micro-batch's loss (balancing_coefficient), or None. The
+    model's gradients are unset afterwards."""
     import torch
 
-    params = block_parameters(model, elements)
+    params = compared_parameters(model, elements)
+    balancing = balancing_coefficient(model)
     counts = [_targets(b) for b in micro_batches]
     device = micro_batches[0]["input_ids"].device
     items = torch.tensor(sum(counts), device=device)
@@ -88,23 +128,32 @@ def accumulation_figures(
         model.zero_grad(set_to_none=True)
         for batch in micro_batches:  # the gradients add up over the micro-batches, as in training
             micro_loss(model, batch, items, len(micro_batches), normalization).backward()
-        accumulated = _flat_gradient(params)
+        accumulated = _flat_gradients(params)
         model.zero_grad(set_to_none=True)
-        loss_of(model(**full)).backward()
-        whole = _flat_gradient(params)
+        _step_gradient(model, micro_batches, full, balancing)
+        whole = _flat_gradients(params)
         with in_fp32(model):
             model.zero_grad(set_to_none=True)
-            loss_of(model(**{k: v.float() if v.is_floating_point() else v for k, v in full.items()})).backward()
-            reference = _flat_gradient(params)
+            up = [{k: v.float() if v.is_floating_point() else v for k, v in b.items()} for b in micro_batches]
+            _step_gradient(
+                model, up, {k: v.float() if v.is_floating_point() else v for k, v in full.items()}, balancing
+            )
+            reference = _flat_gradients(params)
     model.zero_grad(set_to_none=True)
-    ratio = float(accumulated.norm() / whole.norm())
+    ratio = float(accumulated["all"].norm() / whole["all"].norm())
     return {
         "accumulation_steps": len(micro_batches),
         "accumulation_targets": ", ".join(map(str, counts)),
         "accumulation_tokens": sum(counts),
         "loss_normalization": normalization,
-        "accumulation_error": relative_error(accumulated, whole),
-        "accumulation_floor": relative_error(whole, reference),
-        "accumulation_cosine": cosine(accumulated, whole),
+        "accumulation_error": relative_error(accumulated["all"], whole["all"]),
+        "accumulation_floor": relative_error(whole["all"], reference["all"]),
+        "accumulation_cosine": cosine(accumulated["all"], whole["all"]),
         "accumulation_norm_ratio": ratio if ratio == ratio else None,
+        "accumulation_groups": {
+            g: {"error": relative_error(accumulated[g], whole[g]), "floor": relative_error(whole[g], reference[g])}
+            for g in whole
+            if g != "all"
+        },
+        "accumulation_balancing_loss": balancing,
     }

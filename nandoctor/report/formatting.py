@@ -7,6 +7,7 @@ import math
 
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.speed import grid_throughput
+from ..analysis.twin import twin_caveat
 from ..analysis.verdicts import HARNESS_FAILURES, NO_TARGET, NONFINITE, STABLE, roundtrip_result
 from ..cells import AXES, Cell
 from ..device import DeviceFacts
@@ -221,6 +222,11 @@ def stand_in_line(a: RunAnalysis) -> str | None:
     """'the probes train 32 of the named model's 128 routed experts ...', or None when the probed
     model has the named one's experts and layers (ModelPlan.stand_in)."""
     return ModelPlan.from_dict(a.meta.model_plan).stand_in()
+
+
+def twin_caveat_line(a: RunAnalysis) -> str | None:
+    """What the run's half-precision verdicts on a random-init twin cannot show (analysis.twin), or None."""
+    return twin_caveat(ModelPlan.from_dict(a.meta.model_plan), [o.record.cell for o in a.outcomes])
 
 
 def device_text(env: DeviceFacts) -> str:

@@ -140,6 +140,7 @@ def render_html(a: RunAnalysis) -> str:
         probed=probed,
         why=why,
         stand_in=formatting.stand_in_line(a),
+        twin=formatting.twin_caveat_line(a),
         data=data.data_html(a.meta, a.outcomes),
         panels=panels,
         key=matrix.verdicts_shown(panels),

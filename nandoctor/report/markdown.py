@@ -26,6 +26,7 @@ def render_markdown(a: RunAnalysis) -> str:
     m = a.meta
     probed, why = formatting.model_line(a)
     stand_in = formatting.stand_in_line(a)
+    twin = formatting.twin_caveat_line(a)
     parts = [
         f"# nandoctor {m.kind}: {m.recipe['name']}",
         "",
@@ -37,8 +38,10 @@ def render_markdown(a: RunAnalysis) -> str:
     first = len(a.hardware) if a.hardware and a.meta.kind != "bisect" else 1  # a recommendation per kind of hardware
     parts += [f"**{line}**" for line in head[:first]] + [""] + [f"- {line}" for line in head[first:]] + [""]
     parts += matrix_section(a) + failure_section(a) + code_section(a)
-    parts += ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""] + (
-        [f"Stand-in: {stand_in}.", ""] if stand_in else []
+    parts += (
+        ["## Model", "", f"Probed: {probed}.", "", f"Why: {why}.", ""]
+        + ([f"Stand-in: {stand_in}.", ""] if stand_in else [])
+        + ([f"Twin: {twin}.", ""] if twin else [])
     )
     if m.kind == "bisect" and a.bisection:
         parts += bisection_section(a.bisection)

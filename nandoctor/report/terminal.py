@@ -63,8 +63,11 @@ def unsupported_line(done: int, total: int, records: list[ProbeRecord]) -> str:
 def render_terminal(a: RunAnalysis, run_dir) -> str:
     probed, why = formatting.model_line(a)
     stand_in = formatting.stand_in_line(a)
-    out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else []), ""]
-    out += [*formatting.reference_lines(a), ""] if a.references else []
+    twin = formatting.twin_caveat_line(a)
+    out = [f"model: {probed}", f"       {why}", *([f"       stand-in: {stand_in}"] if stand_in else [])]
+    out.append("")
+    out += [*formatting.reference_lines(a), ""] if a.references else []  # first after the model: what drift means
+    out += [f"twin: {twin}", ""] if twin else []
     rows = formatting.ranking_rows(a)
     out.append(tabulate(rows, headers="keys") if rows else "no stable configuration")
     note = formatting.ranking_note(a)

@@ -25,6 +25,7 @@ import json
 import nandoctor
 
 from ..cells import OPTIMIZERS, PRECISIONS, Cell
+from ..config import with_load_dtype_resolved
 from ..device import DeviceFacts
 from ..digests import checkpoint_stamp, content_digest
 
@@ -76,7 +77,10 @@ def probe_fingerprint(spec: dict, overrides: dict, env: DeviceFacts | dict) -> s
     version and its data files' contents; key order does not matter."""
     env = DeviceFacts.of(env)
     spec = {**LEGACY_SPEC, **{k: v for k, v in spec.items() if k not in NOT_SPEC_NUMERICS}}
-    spec["recipe"] = {k: v for k, v in spec.get("recipe", {}).items() if k not in NOT_NUMERICS}
+    # "auto" is the dtype it loads: a probe keyed before "auto" was the default (fp32) stays cached
+    spec["recipe"] = {
+        k: v for k, v in with_load_dtype_resolved(spec.get("recipe", {})).items() if k not in NOT_NUMERICS
+    }
     # why is prose; refuses follows from the architecture and the transformers version (in the environment);
     # named_shape is the recipe's model, which the recipe already keys
     plan = {k: v for k, v in spec.get("model_plan", {}).items() if k not in ("why", "refuses", "named_shape")}

@@ -14,7 +14,7 @@ from pathlib import Path
 from .. import jsonio
 from ..capabilities import data_masked, emulated_notes, input_support, parallel_support, quant_support
 from ..cells import weight_dtype
-from ..config import PATH_FIELDS, STORAGE_DTYPES, Recipe, get_field, recipe_to_dict
+from ..config import PATH_FIELDS, STORAGE_DTYPES, Recipe, get_field, load_dtype, recipe_to_dict
 from ..device import DeviceFacts
 from ..env import collect_doctor
 from ..errors import NandoctorError
@@ -337,9 +337,7 @@ class Session:
                 or parallel_support(
                     p.cell, own.world_size, own.batch_size, self.placement.probe_device(device, ranks), own.objective
                 )
-                or quant_support(
-                    p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, own.model.dtype_on_load)
-                )
+                or quant_support(p.cell, STORAGE_DTYPES[own.quant.storage], weight_dtype(p.cell, load_dtype(own)))
             )
             if unsupported:
                 records[p.probe_id] = self._keep(ProbeRecord.unsupported(spec, unsupported, p.overrides))
