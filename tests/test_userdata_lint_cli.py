@@ -275,3 +275,25 @@ def test_the_lint_model_prints_no_third_party_lines(tmp_path, files):
     proc = run_cli(*args, *ONE_CELL, process=True)
     assert proc.returncode == 0, proc.stderr
     assert [line for line in proc.stderr.splitlines() if not line.startswith("nandoctor:")] == []
+
+
+def test_pre_tokenized_labels_shifted_by_one_are_an_error(files):
+    """Issue 44: rows whose labels are input_ids[1:] passed the lint and the grid; the model shifts them again
+    and learns the token two ahead. Two such rows of eight are an error naming them; labels equal to the ids
+    (some masked) and a row of one repeated token (both readings fit) are not."""
+    rows = [{"input_ids": list(range(10 + r, 30 + r)), "labels": list(range(10 + r, 30 + r))} for r in range(8)]
+    rows[0]["labels"][:5] = [-100] * 5
+    for r in (2, 5):
+        rows[r]["labels"] = rows[r]["input_ids"][1:] + [-100]
+    rows[6] = {"input_ids": [7] * 20, "labels": [7] * 19 + [-100]}
+    path = write_jsonl(files["dir"] / "shifted.jsonl", rows)
+    code, found, _ = doctor("--data", path, "--model", files["ckpt_no_cache"])
+    shifted = found["labels-already-shifted"]
+    assert code == 1 and shifted["severity"] == "error"
+    assert shifted["figure"].startswith("2 of 8 pre-tokenized rows") and "rows: 2, 5)" in shifted["figure"]
+    for r in (2, 5):
+        rows[r]["labels"] = list(rows[r]["input_ids"])
+    code, found, _ = doctor(
+        "--data", write_jsonl(files["dir"] / "unshifted.jsonl", rows), "--model", files["ckpt_no_cache"]
+    )
+    assert "labels-already-shifted" not in found

@@ -20,6 +20,8 @@ Columns written per row:
   segments                    sequences in the row (position_ids restarting at 0), 1 for most rows
   empty_answer                the row's last assistant turn (a chat's, a completion, an Alpaca output)
                               has no content and no tool call: it trains the model to answer with nothing
+  pre_shifted                 a pre-tokenized row whose given labels are its input_ids shifted by one
+                              (the model shifts them again and learns the token two ahead)
 """
 
 from __future__ import annotations
@@ -192,6 +194,20 @@ def _empty_answer(batch: dict, i: int, kind: str) -> bool:
     return last is not None and _blank(last.get("content")) and not last.get("tool_calls")
 
 
+def _pre_shifted(ids: list, labels: list | None) -> bool:
+    """Whether a row's given labels are its input_ids already shifted by one: label i is token i + 1 at
+    nine in ten supervised positions or more, and token i itself at fewer than half (a row of one repeated
+    token matches both, and says nothing). At least 4 supervised positions."""
+    if labels is None:
+        return False
+    pairs = [(i, y) for i, y in enumerate(labels[:-1]) if y != IGNORE]
+    if len(pairs) < 4:
+        return False
+    ahead = sum(y == ids[i + 1] for i, y in pairs)
+    same = sum(y == ids[i] for i, y in pairs)
+    return ahead >= 0.9 * len(pairs) and same < 0.5 * len(pairs)
+
+
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
@@ -273,6 +289,7 @@ def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str 
             out["position_ids"].append(pos)
     out["misaligned"] = [not a for a in aligned]
     out["empty_answer"] = [_empty_answer(batch, i, enc.kind) for i in range(n)]
+    out["pre_shifted"] = [_pre_shifted(ids_rows[i], given_labels[i]) for i in range(n)]
     out["segments"] = [len(segments(p)) or 1 if p is not None else 1 for p in positions]
     return out
 
@@ -308,6 +325,7 @@ def _features(kind: str, columns: list[str]):
     features.update({k: Value("int32") for k in ("length", "cut", "supervised", "supervised_before_cut")})
     features.update({"content_pad": Value("int32"), "pad_targets": Value("int32")})
     features.update({"misaligned": Value("bool"), "segments": Value("int32"), "empty_answer": Value("bool")})
+    features["pre_shifted"] = Value("bool")
     if kind == "tokens":
         features.update({k: ids for k in ("attention_mask", "position_ids") if k in columns})
     return Features(features)

@@ -9,6 +9,7 @@ stays flat in the file's size:
 - label coverage: supervised tokens per row (a histogram), the rows and in-order batches with none,
   and why (truncation, a chat the completion mask cannot be placed in, nothing to learn to begin with);
 - rows whose last assistant turn is empty (they train the model to answer with nothing);
+- pre-tokenized rows whose labels are already shifted by one (the model shifts them again);
 - special tokens: how often each is content and how often a target (is EOS ever one?);
 - pad token: a pad id that is also content, and padded positions that carry a label;
 - token ids beyond the model's vocabulary;
@@ -113,6 +114,7 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
             "misaligned",
             "segments",
             "empty_answer",
+            "pre_shifted",
         ),
     )
     n, B = len(c["length"]), recipe.batch_size
@@ -120,6 +122,7 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
     cut_to_none = none & (c["supervised_before_cut"] > 0)
     misaligned = c["misaligned"].astype(bool)
     empty_answer = c["empty_answer"].astype(bool)
+    pre_shifted = c["pre_shifted"].astype(bool)
     in_order = np.add.reduceat(c["supervised"], np.arange(0, n, B))  # supervised tokens per batch, in order
     vocab = model_config.vocab_size
     whole = c["length"] + c["cut"]  # each row's length before truncation
@@ -141,6 +144,8 @@ def scan(encoded: EncodedRows, recipe: Recipe, model_config) -> tuple[dict, dict
         "rows_never_supervised": int((none & ~cut_to_none & ~misaligned).sum()),
         "rows_empty_answer": int(empty_answer.sum()),
         "rows_empty_answer_examples": _examples(empty_answer),
+        "rows_pre_shifted": int(pre_shifted.sum()),
+        "rows_pre_shifted_examples": _examples(pre_shifted),
         "batches_in_order": len(in_order),
         "batches_without_supervised": int((in_order == 0).sum()),
         "rows_truncated": int((c["cut"] > 0).sum()),
