@@ -79,3 +79,21 @@ def test_a_gradscaler_that_skipped_every_step_is_nonfinite_not_stable(tmp_path):
     assert fp16["verdict"] == "nonfinite", fp16["reason"]
     assert fp16["reason"].startswith("GradScaler skipped every one of the 6 steps (scale 65536 -> 1024)")
     assert probes["fp32/eager/off"]["verdict"] == "stable"
+
+
+def test_bisect_names_max_length_when_a_longer_one_gives_the_answers_back(files, tmp_path):
+    """Issue 44: bisect refused to name data.max_length for rows whose answers fall past it ("whatever the
+    configuration"), though the max_length=256 baseline trained. When the two configurations differ in how
+    the data is read, a batch with no target is the configuration's doing, and bisect names the field."""
+    rows = prompt_completion_rows(4, seed=1, prompt_words=(30, 40)) + prompt_completion_rows(12)
+    data = write_jsonl(files["dir"] / "cut-bisect.jsonl", rows)
+    out = tmp_path / "run"
+    proc = run_main(
+        "bisect",
+        *("--model", str(files["ckpt"]), "--data", str(data), "--tokenizer", str(files["tok"])),
+        *("--set", "data.labels=completion_only", "--bad", "data.max_length=24", "--good", "data.max_length=256"),
+        *("--steps", "2", "--reruns", "0", "--out", str(out)),
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Culprit (single factor): data.max_length=24 -> no-target" in proc.stdout
+    assert "Recommended: fp32/eager/off data.max_length=256" in proc.stdout

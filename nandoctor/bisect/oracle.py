@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..analysis.outcomes import RunAnalysis
 from ..analysis.ranking import tokens_per_s
-from ..analysis.verdicts import FAIL_ON, STABLE, UNRESOLVED_VERDICTS, References, is_reference
+from ..analysis.verdicts import FAIL_ON, NO_TARGET, STABLE, UNRESOLVED_VERDICTS, References, is_reference
 from ..api import open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell, reference_of
@@ -44,6 +44,12 @@ UNRESOLVED_ADVICE = {
 STAND_IN_ATTN = "sdpa"  # the attention of the fp32 probe run when fp32/eager did not train stably
 
 
+def data_factors(good: dict, bad: dict) -> bool:
+    """Whether the good and bad configurations differ in how the data is read (a data.* field such as
+    data.max_length): a batch with no target is then the configuration's doing, which bisect can name."""
+    return any(k.startswith("data.") and good.get(k) != bad.get(k) for k in {*good, *bad})
+
+
 def resolved(verdict: str, fail_on: tuple[str, ...]) -> bool:
     """A probe that could not say (unsupported, timed out, out of memory, killed) is unresolved: ddmin
     neither passes nor fails it, as git bisect skips an untestable revision, unless the user hunts
@@ -58,8 +64,11 @@ class ProbeOracle:
     STAND_IN_ATTN attention stands in for it (References), and with neither the reports say that drift
     was not judged. Records are cached by probe id, which names the full configuration."""
 
-    def __init__(self, session: Session, recipe: Recipe, fail_on: tuple[str, ...] = ()):
-        self.session, self.recipe, self.fail_on = session, recipe, fail_on
+    def __init__(self, session: Session, recipe: Recipe, fail_on: tuple[str, ...] = (), data: bool = False):
+        """data: the configurations differ in a data.* field (data_factors), so a batch with no target is
+        a failure of the configuration, not of the data whatever the configuration."""
+        self.session, self.recipe = session, recipe
+        self.fail_on = (*fail_on, NO_TARGET) if data else fail_on
         self.records: dict[str, ProbeRecord] = {}
         self.references = References()
 
@@ -166,7 +175,7 @@ def run_bisect(
                 "data": session.data_lint,
             },
         )
-        oracle = ProbeOracle(session, recipe, tuple(fail_on))
+        oracle = ProbeOracle(session, recipe, tuple(fail_on), data_factors(good_cfg, bad_cfg))
         result = Bisection(
             good_cfg,
             bad_cfg,
@@ -199,7 +208,7 @@ def resume_bisect(run_dir, options: RunOptions | None = None, **settings) -> tup
     with session:
         for record in session.resume(0):
             judge(record, quiet=True)
-        oracle = ProbeOracle(session, recipe, tuple(meta.fail_on))
+        oracle = ProbeOracle(session, recipe, tuple(meta.fail_on), data_factors(good_cfg, bad_cfg))
         result = Bisection(
             good_cfg,
             bad_cfg,
