@@ -23,6 +23,11 @@ class Thresholds:
       uses a running window and a multiplier). Kinds apart, since the user's batches lose differently
       every time they come round: a probe of 30 steps over 36 memorised rows and 4 short random ones
       (tests/test_data_faults_e2e.py) saw the short rows at 2.2x the mean of the 10 steps before them.
+    - spike_size_ratio: within a kind, a step is compared only with steps whose batch had a like number of
+      supervised tokens (within 1.5x either way; Step.supervised, the user's data only): the in-order
+      "first" batches of a set whose rows are mostly short and repetitive and sometimes long and random
+      hold easy and hard batches alike (36 against 219-247 targets on the test Llama), and once the easy
+      ones are learnt a hard one stands 2x above a window of easy ones while every batch's loss falls.
     - grad_explode_factor: a grad-norm 10x above the largest seen so far is an explosion (Megatron's
       rerun machinery flags values more than 10x the running maximum as unexpectedly large).
     - rise_nats: a run that ends more than 0.5 nats above where it started has diverged.
@@ -209,6 +214,7 @@ class Thresholds:
     expert_share_even_max: float = 0.125
     route_flip_share: float = 0.05
     emulated_cost: float = 4.0
+    spike_size_ratio: float = 1.5
     stall_update_lost: float = 0.5
     rollout_ratio_cap: float = 3.0
     rollout_reference_tokens: int = 4096

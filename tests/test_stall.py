@@ -87,3 +87,27 @@ def test_a_router_too_lightly_loaded_to_judge_says_collapse_was_not_judged():
     assert spread.name == "stable" and "not judged" not in spread.reason
     dense = probe("fp32/eager/off", 0.0)
     assert "not judged" not in classify(dense).reason
+
+
+def test_a_hard_batch_among_easy_ones_of_its_kind_is_no_spike_and_a_real_spike_still_is():
+    """Issue 44: the in-order "first" batches of a set of mostly short, repetitive rows and some long, random
+    ones: once the easy batches (36 targets) are learnt, a hard one (240) stands 2x above a window of easy
+    ones while every batch's loss falls. Compared with the batches of its size, it is no spike; a hard batch
+    at 3x the hard ones before it is."""
+    from nandoctor.analysis.verdicts import loss_spike
+
+    def steps(last_hard: float) -> list[Step]:
+        out = []
+        for i in range(30):
+            hard = i % 3 == 2
+            loss = (2.4 - 0.01 * i) if hard else max(0.1, 1.5 - 0.1 * i)
+            out.append(Step(i, loss, 1.0, False, None, batch="first", supervised=240 if hard else 36))
+        out.append(Step(30, last_hard, 1.0, False, None, batch="first", supervised=240))
+        return out
+
+    falling = steps(2.1)
+    window = [s.loss for s in falling[20:30]]
+    assert falling[-1].loss > THRESHOLDS.spike_factor * sum(window) / len(window)  # what the old rule saw
+    assert loss_spike(falling) is None
+    spiked = loss_spike(steps(6.5))
+    assert spiked is not None and spiked.step == 30 and spiked.reason.startswith("loss spiked to 6.5 at step 30")

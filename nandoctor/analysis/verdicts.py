@@ -593,11 +593,18 @@ def untargeted(s: Step) -> str:
 def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) -> Verdict | None:
     """A loss above spike_factor x the mean of the previous spike_window steps that trained the same kind
     of batch (Step.batch: the longest rows or the fewest targets of the user's data lose differently
-    from its first batches, every time); steps before `since` count only as history."""
+    from its first batches, every time) of a like size (Step.supervised within spike_size_ratio: a hard
+    batch among easy ones of the same kind is no spike); steps before `since` count only as history."""
     kinds = {s.batch for s in steps}
+
+    def like(a: Step, b: Step) -> bool:
+        if not a.supervised or not b.supervised:  # synthetic batches, or a size not recorded
+            return True
+        return max(a.supervised, b.supervised) <= t.spike_size_ratio * min(a.supervised, b.supervised)
+
     for k in range(since, len(steps)):
         kind = steps[k].batch
-        window = [s.loss for s in steps[:k] if s.batch == kind][-t.spike_window :]
+        window = [s.loss for s in steps[:k] if s.batch == kind and like(s, steps[k])][-t.spike_window :]
         if len(window) < t.spike_min_history:
             continue
         mean = sum(window) / len(window)
