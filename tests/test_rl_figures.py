@@ -149,3 +149,27 @@ def test_an_fp32_head_computes_fp32_logits_under_bf16_autocast_over_bf16_weights
         assert model.get_input_embeddings()(ids).dtype == torch.bfloat16
     assert model.lm_head.weight.dtype == torch.float32 and logits.dtype == torch.float32
     assert torch.equal(logits, hidden[0].float() @ model.lm_head.weight.T)
+
+
+def test_a_routers_choices_are_compared_at_each_completion_tokens_input_position():
+    """RouteCapture.compare on hand-made choices: 2 sequences, a prompt of 3, 3 generated tokens, top-2.
+    The rollout's prefill chose at the prompt's last position, each decode call at its one new token; the
+    training forward at every position. One token differs in layer 0, on the second sequence's second
+    completion token; the third completion token of the first sequence is past its eos (masked)."""
+    import torch
+
+    from nandoctor.child.rollout import RouteCapture
+
+    capture = RouteCapture.__new__(RouteCapture)
+    capture.modules, capture.counts, capture.mode = [("layer0", None)], [[0, 0]], None
+    rows, prompt, length = 2, 3, 6
+    train = torch.tensor([[[0, 1]] * length, [[2, 3]] * length])  # (rows, positions, k)
+    prefill = train[:, :prompt].reshape(rows * prompt, 2)
+    decodes = [train[:, p].clone() for p in (3, 4)]  # inputs: completion tokens 0 and 1
+    decodes[0][1] = torch.tensor([2, 4])  # rollout chose otherwise at the 2nd completion token's input
+    capture.rollout = [[prefill, *decodes]]
+    capture.train = [train.reshape(rows * length, 2)]
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    capture.compare(rows, prompt, length, mask)
+    assert capture.counts == [[1, 5]]
+    assert capture.figures() == {"per_layer": [0.2], "mean": 0.2}

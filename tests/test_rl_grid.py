@@ -123,3 +123,28 @@ def test_an_fp32_lm_head_lowers_bf16s_mismatch(run, tmp_path):
     m = head["rollout_mismatch"]
     assert m["sequences"] == bf16["sequences"] and m["logp_diff_mean"] < bf16["logp_diff_mean"]
     assert m["logp_diff_max"] < bf16["logp_diff_max"]
+
+
+def test_a_mixture_of_experts_records_where_rollout_and_training_route_apart(tmp_path):
+    """Issue 47: for a mixture of experts, the share of completion tokens whose top-k experts differ between
+    the rollout (KV-cache decode) and the training forward, per layer. On a random-init tiny Qwen3-MoE, fp32
+    routes both paths alike; bf16-amp's figures are there for every layer, and report.md shows the column."""
+    from checkpoints import tiny_qwen3_moe
+    from conftest import run_cli
+
+    ckpt = tmp_path / "moe"
+    tiny_qwen3_moe().save_pretrained(ckpt)
+    out = tmp_path / "run"
+    proc = run_cli(
+        "grid",
+        *("--model", ckpt, "--objective", "grpo", "--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa"),
+        *("--axis", "compile=off", "--steps", "2", "--set", "retime_rounds=0", "--set", "forensics_steps=0"),
+        "--out",
+        out,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    figures = {k: r["rollout_mismatch"]["expert_disagreement"] for k, r in records(out).items()}
+    assert figures["fp32/sdpa/off"]["per_layer"] == [0.0, 0.0]
+    bf16 = figures["bf16-amp/sdpa/off"]["per_layer"]
+    assert len(bf16) == 2 and all(0.0 <= s <= 1.0 for s in bf16)
+    assert "experts differ (worst layer)" in (out / "report.md").read_text()

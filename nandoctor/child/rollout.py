@@ -108,6 +108,79 @@ def pin_head_fp32(model, device: str) -> None:
         embed.register_forward_hook(lambda module, args, out: out.to(held))
 
 
+class RouteCapture:
+    """A mixture of experts' token -> expert choices on both paths (moe.routers: the router module of each
+    layer), read by forward hooks that return nothing: during generate() the prefill call and each decode
+    call, during the training forward the whole sequence. `disagreement` compares the top-k sets at each
+    completion token's input position (the position whose logits gave the token: the prompt's last one,
+    then each generated token's), per layer."""
+
+    def __init__(self, model):
+        import torch
+
+        from .moe import _base, routers
+
+        self.modules, self.index = routers(model)
+        self.top_k = getattr(_base(model).config, "num_experts_per_tok", None) or 1
+        self.mode: str | None = None  # "rollout" or "train" while a path runs
+        self.rollout: list[list] = [[] for _ in self.modules]  # per layer: each generate() call's choices
+        self.train: list = [None] * len(self.modules)
+        self.counts = [[0, 0] for _ in self.modules]  # per layer: [tokens that differ, tokens compared]
+        hooks = [torch.compiler.disable(self._hook(i)) for i in range(len(self.modules))]
+        self.handles = [m.register_forward_hook(h) for (_, m), h in zip(self.modules, hooks)]
+
+    def _hook(self, layer: int):
+        def hook(module, inputs, output):
+            if self.mode is None:
+                return
+            import torch
+
+            out = output if isinstance(output, tuple) else (output,)
+            logits = out[self.index].detach()
+            logits = logits.reshape(-1, logits.shape[-1])
+            chosen = out[2].detach() if len(out) == 3 else torch.topk(logits, self.top_k, dim=-1).indices
+            chosen = torch.sort(chosen.reshape(logits.shape[0], -1), dim=-1).values.cpu()
+            if self.mode == "rollout":
+                self.rollout[layer].append(chosen)
+            else:
+                self.train[layer] = chosen
+
+        return hook
+
+    def start(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "rollout":
+            self.rollout = [[] for _ in self.modules]
+
+    def compare(self, rows: int, prompt_len: int, length: int, mask) -> None:
+        """Count, per layer, the completion tokens whose input position chose other experts in training
+        than in the rollout. rows: sequences; length: the trained sequence's; mask: (rows, completion)."""
+        import torch
+
+        self.mode = None
+        for layer, calls in enumerate(self.rollout):
+            if not calls or self.train[layer] is None:
+                continue
+            prefill = calls[0].reshape(rows, -1, calls[0].shape[-1])[:, -1:]  # the prompt's last position
+            decoded = [c.reshape(rows, -1, c.shape[-1])[:, -1:] for c in calls[1:]]
+            rollout = torch.cat([prefill, *decoded], 1)  # (rows, generated positions, k)
+            train = self.train[layer].reshape(rows, length, -1)[:, prompt_len - 1 : length - 1]
+            n = min(rollout.shape[1], train.shape[1], mask.shape[1])
+            differ = (rollout[:, :n] != train[:, :n]).any(-1) & mask[:, :n].bool().cpu()
+            self.counts[layer][0] += int(differ.sum())
+            self.counts[layer][1] += int(mask[:, :n].sum())
+        self.train = [None] * len(self.modules)
+
+    def figures(self) -> dict | None:
+        """{"per_layer": the share of completion tokens whose top-k experts differ, per router layer;
+        "mean"}; None for a dense model."""
+        if not self.modules:
+            return None
+        shares = [d / n if n else None for d, n in self.counts]
+        known = [s for s in shares if s is not None]
+        return {"per_layer": shares, "mean": sum(known) / len(known) if known else None}
+
+
 class Rollouts:
     """The GRPO side of a probe: `steps` is its Setup.data (each step's completions, sampled now),
     `loss` its training loss (train.micro_loss calls it), `annotate` puts each step's reward and
@@ -136,6 +209,7 @@ class Rollouts:
         self.entropies: dict[int, float] = {}
         self.tokens: dict[int, int] = {}
         self.step = 0  # the step being trained
+        self.routes = RouteCapture(model)  # a mixture of experts' choices on both paths; no hooks on a dense one
 
     def steps(self):
         """Endless optimizer steps from step 0, as train.train draws them: ([the step's completions as one
@@ -156,6 +230,7 @@ class Rollouts:
         prompts = self.prompts[index].to(self.device).repeat_interleave(r.num_generations, 0)
         torch.manual_seed(self.seed + step)  # every cell samples from the same random stream
         self.model.eval()
+        self.routes.start("rollout")
         try:
             with torch.inference_mode(), self.autocast():
                 out = self.model.generate(
@@ -177,6 +252,7 @@ class Rollouts:
             rollout_logp = token_logp(torch.stack(out.logits, 1), completion, r.temperature).clone()
         finally:
             self.model.train()
+            self.routes.mode = None
         mask = until_eos(completion, self.eos)
         rewards = reward(completion, mask)
         self.rewards[step], self.tokens[step] = rewards.mean().item(), int(mask.sum())
@@ -196,7 +272,13 @@ class Rollouts:
 
         mask = batch["completion_mask"]
         start = batch["input_ids"].shape[1] - mask.shape[1]
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        self.routes.start("train")
+        try:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        finally:
+            self.routes.mode = None
+        if self.routes.modules:
+            self.routes.compare(mask.shape[0], start, batch["input_ids"].shape[1], mask)
         logits = logits[:, start - 1 : -1].float() / self.config.temperature
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, batch["input_ids"][:, start:].unsqueeze(-1)).squeeze(-1)
@@ -232,4 +314,11 @@ class Rollouts:
         ]
         out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
         per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in self.diffs]
-        return {"engine": ENGINE, "steps": len(self.diffs), **out, "per_step_logp_diff_mean": per_step}
+        experts = self.routes.figures()
+        return {
+            "engine": ENGINE,
+            "steps": len(self.diffs),
+            **out,
+            "per_step_logp_diff_mean": per_step,
+            **({"expert_disagreement": experts} if experts else {}),
+        }

@@ -50,9 +50,20 @@ def rl_rows(a: RunAnalysis) -> list[dict]:
                 "masked": _num(m.get("masked_share"), ".1%"),
                 "reward": f"{_num(first, '.3f')} -> {_num(_last(o, 'reward'), '.3f')}",
                 "entropy": _num(_last(o, "entropy"), ".3f"),
+                **_experts(m),
             }
         )
     return rows
+
+
+def _experts(m: dict) -> dict:
+    """A mixture of experts' column: the share of completion tokens whose top-k experts differ between
+    rollout and training, its worst layer's; nothing for a dense model."""
+    experts = m.get("expert_disagreement")
+    if not experts:
+        return {}
+    known = [s for s in experts.get("per_layer") or [] if isinstance(s, (int, float))]
+    return {"experts differ (worst layer)": _num(max(known), ".1%") if known else "-"}
 
 
 def rl_markdown(a: RunAnalysis) -> list[str]:
@@ -84,6 +95,7 @@ def rl_lines(a: RunAnalysis) -> list[str]:
     return ["", f"rollout ({engine}) vs training log-probs:"] + [
         f"  {r['config']:<{width}}  mean |dlogp| {r['mean abs dlogp']}  k3 KL {r['k3 KL']}  "
         f"sequence ratio {r['min-max']}  masked {r['masked']}"
+        + (f"  experts differ {r['experts differ (worst layer)']}" if "experts differ (worst layer)" in r else "")
         for r in rows
     ]
 
