@@ -29,10 +29,7 @@ from .build import Setup
 from .train import step_tokens
 
 # What each --trainer kind runs: (module, class, its arguments class)
-TRAINERS = {
-    "hf": ("transformers", "Trainer", "TrainingArguments"),
-    "sft": ("trl", "SFTTrainer", "SFTConfig"),
-}
+TRAINERS = {"hf": ("transformers", "Trainer", "TrainingArguments")}
 # Set for every probe whatever the file says: the probe's own run, not the user's outputs
 PROBE_ARGS = {
     "report_to": "none",
@@ -89,17 +86,21 @@ def arguments(spec: ProbeSpec, output_dir: str):
 
 
 def micro_batches(spec: ProbeSpec, s: Setup):
-    """The probe's micro-batches in the own loop's order, as an iterable dataset."""
+    """The probe's micro-batches in the own loop's order, as an iterable dataset, and the collator that
+    hands each one to the model as the own loop does: a floating mask (block_mask packing) in the cell's
+    compute dtype."""
     import torch
 
     dtype = getattr(torch, spec.cell.precision.compute)
 
+    def collate(items: list) -> dict:
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in items[0].items()}
+
     class Stream(torch.utils.data.IterableDataset):
         def __iter__(self):
-            for batch in s.stream:
-                yield batch.to("cpu", dtype)
+            return (b.inputs for b in s.stream)
 
-    return Stream()
+    return Stream(), collate
 
 
 def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
@@ -184,14 +185,13 @@ def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict
     trainer_class = getattr(importlib.import_module(module), name)
     with tempfile.TemporaryDirectory(prefix="nandoctor-trainer-") as out:
         args = arguments(spec, out)
-        extra = {"processing_class": None} if spec.trainer["kind"] == "sft" else {}
+        data, collate = micro_batches(spec, s)
         trainer = trainer_class(
             model=s.model,
             args=args,
-            train_dataset=micro_batches(spec, s),
-            data_collator=lambda items: items[0],
+            train_dataset=data,
+            data_collator=collate,
             callbacks=[probe_callback(spec, s, groups, on_step)],
-            **extra,
         )
         with s.attend():
             trainer.train()

@@ -68,7 +68,12 @@ TRAINER_KEYS = {
     "sft": ("dataset_text_field", "completion_only_loss", "assistant_only_loss"),
 }
 TRAINER_KINDS = ("hf", "sft")  # --trainer: transformers.Trainer, trl.SFTTrainer
-NOT_PROBED_KINDS = {"grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss"}
+TRAINERS_PROBED = ("hf",)
+NOT_PROBED_KINDS = {
+    "sft": "an SFTConfig is not probed by trl.SFTTrainer yet (it takes a `datasets` dataset and loads a tokenizer "
+    "by the model's name, which a twin has not); pass the same fields as a TrainingArguments (--trainer hf)",
+    "grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss",
+}
 
 
 def trainer_of(path: str | Path, kind: str | None = None) -> dict:
@@ -79,8 +84,8 @@ def trainer_of(path: str | Path, kind: str | None = None) -> dict:
     kind = kind or found
     if kind in NOT_PROBED_KINDS:
         raise NandoctorError(f"--trainer-args {str(path)!r}: {NOT_PROBED_KINDS[kind]}")
-    if kind not in TRAINER_KINDS:
-        raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINER_KINDS)}")
+    if kind not in TRAINERS_PROBED:
+        raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINERS_PROBED)}")
     return {"kind": kind, "args": args}
 
 
