@@ -22,6 +22,12 @@ FINFO_MAX = {
 FINFO_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "tf32": 2.0**-10}
 
 
+def replayed(f: dict | None) -> bool:
+    """Forensics that measured something: not a replay that failed ("error") nor one that could not run
+    ("not_run": a probe under the user's trainer, child/probe.py)."""
+    return bool(f) and "error" not in f and "not_run" not in f
+
+
 def origin(forensics: dict | None) -> dict | None:
     """The first event that made the run unrecoverable: the earliest by (step, phase, rank), leaving
     out backward and reduction overflows at steps the GradScaler skipped and recovered from (its

@@ -40,6 +40,11 @@ from .roundtrip import roundtrip
 from .setup_checks import setup_checks
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
+from .trainer import train_with_trainer
+
+# The forensics replay re-runs the timed steps with nandoctor's own loop from a snapshot; under the user's
+# trainer (its schedule, its loss scaling) that would not replay the steps it took, so none is run
+TRAINER_NO_REPLAY = "the probe trained with the user's trainer, which the replay does not re-run yet"
 
 
 def run_probe(
@@ -74,9 +79,11 @@ def run_probe(
     record.trainable_groups = describe(groups)
     norms = GroupNorms(s.scaler, groups)
     s = replace(s, scaler=norms)
-    snapshot = Snapshot.take(s.model, spec.device) if spec.recipe.forensics_steps else None  # FSDP2: this rank's shards
+    replayed = spec.recipe.forensics_steps and not spec.trainer
+    snapshot = Snapshot.take(s.model, spec.device) if replayed else None  # FSDP2: this rank's shards
     backend = spec.cell.compilation.backend
-    forward = ranks.model(s) if backend is None else torch.compile(ranks.model(s), backend=backend)
+    # under the user's trainer, torch_compile compiles (child/trainer.py)
+    forward = ranks.model(s) if backend is None or spec.trainer else torch.compile(ranks.model(s), backend=backend)
     checked = (record.setup_checks or {}).get("seconds", 0.0)
     record.load_s = time.perf_counter() - t0 - (snapshot.seconds if snapshot else 0.0) - checked
     mark_built()
@@ -89,7 +96,8 @@ def run_probe(
     router = router_watch(s.model, spec.steps - 1)  # a mixture of experts: its routing, step by step
 
     def on_step(step: Step) -> bool:
-        step.groups = norms.take()
+        if step.groups is None:  # the user's trainer measured them itself (child/trainer.py)
+            step.groups = norms.take()
         if router:
             step.aux_loss = router.aux.get(step.step)
             router.step = step.step + 1
@@ -105,7 +113,16 @@ def run_probe(
     t1 = time.perf_counter()
     before = host_sample(ranks)
     try:
-        train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
+        if spec.trainer:
+            if ranks.world_size > 1:
+                raise RuntimeError(
+                    "--trainer-args probes run one process; the parallel cells take nandoctor's own loop"
+                )
+            record.trainer = train_with_trainer(spec, s, groups, on_step)
+            if spec.recipe.forensics_steps:
+                record.forensics = {"not_run": TRAINER_NO_REPLAY}
+        else:
+            train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
     finally:
         if watch:
             watch.remove()

@@ -10,6 +10,7 @@ from ..api import Listener, ProbeCache, RunOptions
 from ..config import OBJECTIVES, SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
+from ..knowledge.facts import TRAINER_KINDS, trainer_of, with_trainer_args
 from ..recipes import executor_section, resolve_model
 
 MODEL_FLAGS = (
@@ -24,6 +25,8 @@ MODEL_FLAGS = (
     "objective",
     "data",
     "tokenizer",
+    "trainer_args",
+    "trainer",
 )
 
 
@@ -99,7 +102,26 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "the probe samples, with the rollout's log-prob mismatch measured (recipe fields objective, rollout.*; "
         "docs/rl.md)",
     )
+    p.add_argument(
+        "--trainer-args",
+        metavar="FILE",
+        help="train each probe with your trainer: a TrainingArguments or TRL SFTConfig as JSON (to_json_string()) "
+        "or YAML; each cell's precision, attention and compile are set on it, the rest kept (docs/training-options.md)",
+    )
+    p.add_argument(
+        "--trainer",
+        choices=TRAINER_KINDS,
+        help="the trainer of --trainer-args: hf (transformers.Trainer) or sft (trl.SFTTrainer); default: read from "
+        "the file's keys",
+    )
     add_data_args(p)
+
+
+def trainer_from_args(args) -> dict | None:
+    """The user's trainer of --trainer-args / --trainer ({"kind", "args"}), or None: nandoctor's own loop."""
+    if getattr(args, "trainer", None) and not getattr(args, "trainer_args", None):
+        raise NandoctorError("--trainer names the trainer of --trainer-args FILE; add --trainer-args")
+    return trainer_of(args.trainer_args, args.trainer) if getattr(args, "trainer_args", None) else None
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:
@@ -148,6 +170,7 @@ def options_from_args(args, listener: Listener) -> RunOptions:
         listener=listener,
         baseline=getattr(args, "baseline", None),
         roundtrip=getattr(args, "roundtrip", False),
+        trainer=trainer_from_args(args),
     )
 
 
@@ -170,7 +193,8 @@ def recipe_from_args(args) -> Recipe:
             raise NandoctorError(f"{flag}: {e}") from None
     if args.steps is not None and args.steps <= 0:
         raise NandoctorError(f"--steps must be > 0, got {args.steps}")
-    return recipe.validate()
+    trainer = trainer_from_args(args)
+    return with_trainer_args(recipe, trainer["args"]) if trainer else recipe.validate()
 
 
 def field_flags(args) -> list[tuple[str, str, object]]:

@@ -21,7 +21,8 @@ from ..cells import ALIASES, PRECISIONS, Cell
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..measure.numerics import cuda_matmul_precision
-from .live import LiveRun, local, recipe_of, special_ids
+from ..measure.trainer_step import local
+from .live import LiveRun, recipe_of, special_ids
 from .watch import Watch, guarded
 
 

@@ -122,9 +122,3 @@ def special_ids(tokenizer, model) -> tuple[int | None, int | None]:
         first(getattr(tokenizer, "pad_token_id", None), getattr(config, "pad_token_id", None)),
         first(getattr(tokenizer, "eos_token_id", None), getattr(config, "eos_token_id", None)),
     )
-
-
-def local(p):
-    """This rank's shard of an FSDP2 parameter (a DTensor), or the parameter itself: reading a
-    DTensor whole would be a collective that the other ranks do not join."""
-    return p.to_local() if hasattr(p, "to_local") else p

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from ..child.build import Setup
 from ..child.instruments import hooked_steps, update_event
 from ..child.replay import replay_cost, reproduced
+from ..measure.trainer_step import local
 from ..record import Step
-from .live import LiveRun, local
+from .live import LiveRun
 
 
 def parameter_extremes(named: list) -> object:

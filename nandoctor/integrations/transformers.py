@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from transformers import TrainerCallback
 
 from ..cells import PRECISIONS, Cell
 from ..device import DeviceFacts
 from ..knowledge.facts import trainer_cell
-from .live import LiveRun, autocast_of, local, recipe_of, special_ids
+from ..measure.trainer_step import StepMeter
+from .live import LiveRun, autocast_of, recipe_of, special_ids
 from .watch import Watch, guarded
 
 # accelerate turns fp16=True into autocast and a GradScaler only on an accelerator; on a CPU the run
@@ -56,14 +56,6 @@ def ranks_sharing_tokens(args) -> int:
     return args.n_gpu if args.n_gpu > 1 else max(1, int(args.world_size))
 
 
-class _Step:
-    """What one optimizer step showed the hooks: the micro-batches' inputs and losses, and the
-    norm of each parameter's accumulated gradient (scaled, when a GradScaler is on)."""
-
-    def __init__(self):
-        self.inputs, self.losses, self.norms, self.summed = [], [], {}, False
-
-
 class NandoctorCallback(TrainerCallback):
     """Runs nandoctor's checks inside `Trainer.train()`: the setup and step-0 checks at train start, the
     data and setup lint on the trainer's own first batches (its dataset through its collator),
@@ -82,17 +74,16 @@ class NandoctorCallback(TrainerCallback):
     ):
         self.watch = Watch(every, strict, device)
         self.output_dir = output_dir
-        self.step = None  # what the hooks collect for a step being judged
+        self.meter = StepMeter()  # the hooks' figures of a step being judged
         self.judged = False
         self.handles = []
-        self.share = 1  # ranks_sharing_tokens(args), read at train begin
 
     @guarded
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         scaled = getattr(optimizer, "scaler", None) is not None
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps the torch one
         cell = cell_from_training_args(args, model, scaled)
-        self.share = ranks_sharing_tokens(args)
+        self.meter.share = ranks_sharing_tokens(args)
         recipe = recipe_of(
             "transformers", model, optimizer, args.max_grad_norm, args.seed, cell, args.gradient_accumulation_steps
         )
@@ -119,39 +110,27 @@ class NandoctorCallback(TrainerCallback):
 
     @guarded
     def _inputs(self, module, args, kwargs):
-        if self.step is not None:
-            self.step.inputs.append(kwargs)
+        self.meter.inputs(module, args, kwargs)
 
     @guarded
     def _loss(self, module, args, kwargs, output):
-        loss = getattr(output, "loss", None)
-        if self.step is not None and loss is not None:
-            self.step.losses.append(loss.detach())
-            self.step.summed = "num_items_in_batch" in kwargs  # each micro-batch loss is then a share of the step's
+        self.meter.loss(module, args, kwargs, output)
 
     @guarded
     def _grad(self, p):
-        if self.step is not None:
-            # FSDP2: this rank's shard; a DTensor's whole norm would be a collective a rank whose watch is
-            # off never joins
-            self.step.norms[p] = torch.linalg.vector_norm(local(p.grad), dtype=torch.float32)
+        self.meter.grad(p)
 
     @guarded
     def on_step_begin(self, args, state, control, **kwargs):
-        self.step = _Step() if self.watch.checking(state.global_step) else None
+        self.meter.begin(self.watch.checking(state.global_step))
 
     @guarded
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        step, self.step = self.step, None  # the hooks go quiet: a check that raises leaves nothing collecting
-        if step is None or not step.losses:
+        taken = self.meter.take(optimizer)  # the hooks go quiet: a check that raises leaves nothing collecting
+        if taken is None:
             return
-        scaler = getattr(optimizer, "scaler", None)
-        scale = scaler.get_scale() if scaler is not None and scaler.is_enabled() else None
-        losses = torch.stack(step.losses).float()
-        loss = losses.sum() * self.share if step.summed else losses.mean()
-        grad_norm = torch.linalg.vector_norm(torch.stack(list(step.norms.values())).float()) / (scale or 1.0)
         self.judged = True
-        self.watch.judge(state.global_step, loss.item(), grad_norm.item(), scale, step.inputs[0])
+        self.watch.judge(state.global_step, taken.loss, taken.grad_norm, taken.scale, taken.batch)
 
     def on_step_end(self, args, state, control, **kwargs):
         # not guarded: under DDP / FSDP every rank settles every step, its watch on or off (ranks.py)
@@ -168,4 +147,4 @@ class NandoctorCallback(TrainerCallback):
         """Unhook the model: nothing of nandoctor runs in the user's steps any more."""
         for h in self.handles:
             h.remove()
-        self.handles, self.step = [], None
+        self.handles, self.meter.step = [], None

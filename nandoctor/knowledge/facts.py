@@ -42,16 +42,72 @@ def env_facts(env: DeviceFacts | dict) -> dict:
 
 
 def read_trainer_args(path: str | Path) -> dict:
-    """A TrainingArguments JSON as `TrainingArguments.to_json_string()` writes it."""
+    """A TrainingArguments (or TRL config) file: JSON as `to_json_string()` writes it, or YAML (.yaml, .yml)."""
+    import yaml
+
+    as_yaml = Path(path).suffix in (".yaml", ".yml")
     try:
-        data = json.loads(Path(path).read_text())
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) if as_yaml else json.loads(text)
     except OSError as e:
         raise NandoctorError(f"cannot read --trainer-args {str(path)!r}: {e.strerror}") from None
-    except ValueError as e:
-        raise NandoctorError(f"--trainer-args {str(path)!r} is not valid JSON: {e}") from None
+    except (ValueError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise NandoctorError(
+            f"--trainer-args {str(path)!r} is not valid {'YAML' if as_yaml else 'JSON'}: {first}"
+        ) from None
     if not isinstance(data, dict):
-        raise NandoctorError(f"--trainer-args {str(path)!r}: expected a JSON object of TrainingArguments fields")
+        raise NandoctorError(f"--trainer-args {str(path)!r}: expected a mapping of TrainingArguments fields")
     return data
+
+
+# What each trainer kind's arguments hold that TrainingArguments does not (TRL 1.x SFTConfig, GRPOConfig):
+# how `trainer_of` tells the kind of a file from its keys
+TRAINER_KEYS = {
+    "grpo": ("num_generations", "beta", "epsilon_high"),
+    "sft": ("dataset_text_field", "completion_only_loss", "assistant_only_loss"),
+}
+TRAINER_KINDS = ("hf", "sft")  # --trainer: transformers.Trainer, trl.SFTTrainer
+TRAINERS_PROBED = ("hf",)
+NOT_PROBED_KINDS = {
+    "sft": "an SFTConfig is not probed by trl.SFTTrainer yet (it takes a `datasets` dataset and loads a tokenizer "
+    "by the model's name, which a twin has not); pass the same fields as a TrainingArguments (--trainer hf)",
+    "grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss",
+}
+
+
+def trainer_of(path: str | Path, kind: str | None = None) -> dict:
+    """{"kind": "hf" | "sft", "args": the file's fields}: the trainer a probe runs for --trainer-args
+    `path`; the kind is `kind` (--trainer) or read from the file's keys (TRAINER_KEYS)."""
+    args = read_trainer_args(path)
+    found = next((k for k, keys in TRAINER_KEYS.items() if any(key in args for key in keys)), "hf")
+    kind = kind or found
+    if kind in NOT_PROBED_KINDS:
+        raise NandoctorError(f"--trainer-args {str(path)!r}: {NOT_PROBED_KINDS[kind]}")
+    if kind not in TRAINERS_PROBED:
+        raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINERS_PROBED)}")
+    return {"kind": kind, "args": args}
+
+
+def with_trainer_args(recipe: Recipe, args: dict) -> Recipe:
+    """The recipe as the trainer's arguments set it: the batch of one micro-batch, the micro-batches per
+    step, clipping, and the AdamW hyperparameters the Trainer passes (what the probe's data, its record
+    and the rules read; the trainer itself takes the arguments whole)."""
+    o = recipe.optimizer
+    optimizer = replace(
+        o,
+        lr=float(args.get("learning_rate", o.lr)),
+        betas=(float(args.get("adam_beta1", o.betas[0])), float(args.get("adam_beta2", o.betas[1]))),
+        eps=float(args.get("adam_epsilon", o.eps)),
+        weight_decay=float(args.get("weight_decay", o.weight_decay)),
+    )
+    return replace(
+        recipe,
+        optimizer=optimizer,
+        grad_clip=float(args["max_grad_norm"] or 0.0) if "max_grad_norm" in args else recipe.grad_clip,
+        batch_size=int(args.get("per_device_train_batch_size", recipe.batch_size)),
+        gradient_accumulation_steps=int(args.get("gradient_accumulation_steps", recipe.gradient_accumulation_steps)),
+    ).validate()
 
 
 def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None = None) -> Cell:

@@ -108,6 +108,9 @@ class ProbeRecord:
     # per-sequence importance ratio, masked_share (above mask_cap, TRL's default sequence mask),
     # per_position and per_step_logp_diff_mean. None for an sft probe
     rollout_mismatch: dict | None = None
+    # --trainer-args: the trainer class that trained the probe and the library versions (child/trainer.py:
+    # {"class": "transformers.Trainer", "transformers": ..., "trl": ... or None}); None: nandoctor's own loop
+    trainer: dict | None = None
 
     def __post_init__(self):
         ints_as_floats(self, ("timeout_s", "wall_s", "load_s", "build_s", "train_s", "compile_s", "steady_step_s"))

@@ -76,6 +76,9 @@ class ProbeSpec:
     threads: int  # torch intra-op threads, so that K probes at once do not oversubscribe the cores
     replay_failed_only: bool = False  # the forensics replay only after a non-finite step (`check`: a quick pass)
     roundtrip: bool = False  # after the timed steps: merge, save, reload and compare (check --roundtrip)
+    # --trainer-args: {"kind": "hf" | "sft", "args": the user's arguments as a dict}; the probe trains with
+    # that trainer class (child/trainer.py). None: nandoctor's own loop (child/train.py)
+    trainer: dict | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -89,6 +92,7 @@ class ProbeSpec:
             "threads": self.threads,
             "replay_failed_only": self.replay_failed_only,
             **({"roundtrip": True} if self.roundtrip else {}),  # absent when off: older fingerprints stay
+            **({"trainer": self.trainer} if self.trainer else {}),
         }
 
     @classmethod
@@ -105,4 +109,5 @@ class ProbeSpec:
             data.get("threads") or 1,
             data.get("replay_failed_only", False),
             data.get("roundtrip", False),
+            data.get("trainer"),
         )

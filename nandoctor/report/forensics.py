@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from ..analysis.forensics import FINFO_MAX, headroom, origin, ranks_alike, update_loss
+from ..analysis.forensics import FINFO_MAX, headroom, origin, ranks_alike, replayed, update_loss
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
 from ..analysis.verdicts import UNSUPPORTED, fidelity_curve
 from ..cells import SHORT_DTYPES
@@ -47,7 +47,7 @@ def fmt_fraction(x: float | None) -> str:
 
 def forensics_of(o: ProbeOutcome) -> dict | None:
     f = o.record.forensics
-    return f if f and "error" not in f else None
+    return f if replayed(f) else None
 
 
 def _stats(d: dict) -> str:
@@ -198,6 +198,8 @@ def _replay_note(o: ProbeOutcome) -> str:
         return "not run"
     if "error" in f:
         return f"failed: {f['error']}"
+    if "not_run" in f:
+        return f"not run: {f['not_run']}"
     if f.get("measured_on"):  # a stable eager probe: read-only hooks on its timed step 0, no replay
         return f"none; measured on {f['measured_on']} by read-only hooks"
     cost = f.get("cost") or {}
@@ -287,7 +289,7 @@ def explain_text(o: ProbeOutcome) -> str:
     """What `nandoctor explain` prints for one probe."""
     lines = [f"{label(o)}: {o.verdict.name} — {o.verdict.reason}"]
     f = o.record.forensics
-    if not f or "error" in f:
+    if not replayed(f):
         lines.append("  forensics: " + _replay_note(o))
         return "\n".join(lines)
     limit = FINFO_MAX[f["compute_dtype"]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from ..analysis.forensics import replayed
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis, grid_speed
 from ..analysis.savings import HELD, NOT_HELD, NOT_MEASURED, SavingsRow, is_low_precision, savings
 from ..analysis.verdicts import UNSUPPORTED
@@ -165,7 +166,7 @@ def notes(outcomes: list[ProbeOutcome]) -> list[str]:
 
 def _fp8_forensics(o: ProbeOutcome) -> dict | None:
     f = o.record.forensics
-    return f.get("fp8") if f and "error" not in f else None
+    return f.get("fp8") if replayed(f) else None
 
 
 def cast_rows(o: ProbeOutcome, n: int = SHOWN_CASTS) -> list[dict]:

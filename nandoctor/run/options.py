@@ -55,7 +55,9 @@ class RunOptions:
     executor: where the probes run (None: this machine's slots); listener: who hears about the run;
     baseline: a run directory to compare with (grid, check); roundtrip: the recommended cell (grid) or the
     checked one (check) is merged, saved and reloaded after its steps; replay_failed_only: the forensics
-    replay runs only after a non-finite step (what a check sets)."""
+    replay runs only after a non-finite step (what a check sets); trainer: {"kind", "args"} (--trainer-args,
+    knowledge.facts.trainer_of): every probe trains with that trainer class (child/trainer.py), None: with
+    nandoctor's own loop."""
 
     out: str | os.PathLike | None = None
     jobs: int | None = None
@@ -68,6 +70,7 @@ class RunOptions:
     baseline: str | os.PathLike | None = None
     roundtrip: bool = False
     replay_failed_only: bool = False
+    trainer: dict | None = None
 
     def hooks(self) -> Listener:
         """The listener, or one that hears nothing."""

@@ -63,10 +63,12 @@ def probe_spec(
     threads: int | None = None,
     replay_failed_only: bool = False,
     roundtrip: bool = False,
+    trainer: dict | None = None,
 ) -> ProbeSpec:
     """threads: the probe's CPU threads (its placement's share); by default this host's cores over `jobs`.
     replay_failed_only: the forensics replay runs only after a non-finite step (check); roundtrip: the probe
-    merges, saves and reloads what it trained (check --roundtrip, child/roundtrip.py)."""
+    merges, saves and reloads what it trained (check --roundtrip, child/roundtrip.py); trainer: the user's
+    trainer the probe trains with (RunOptions.trainer)."""
     device = DeviceFacts.of(device)
     return ProbeSpec(
         probe.probe_id,
@@ -79,6 +81,7 @@ def probe_spec(
         threads or threads_per_probe(jobs, device.cpu_count),
         replay_failed_only,
         roundtrip,
+        trainer,
     )
 
 
@@ -127,6 +130,7 @@ class Session:
         hooks = options.hooks()
         self.kind, self.recipe = kind, recipe
         self.replay_failed_only, self.roundtrip = options.replay_failed_only, options.roundtrip
+        self.trainer = options.trainer
         self.steps = options.steps or recipe.steps
         self.short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
         self.executor = options.executor or ExecutorConfig()
@@ -250,7 +254,16 @@ class Session:
         ranks = recipe.world_size if probe.cell.parallel_row.wrapper else 1
         threads = self.placement.threads(device, ranks)
         return probe_spec(
-            recipe, probe, plan, device, steps, self.jobs, threads, self.replay_failed_only, self.roundtrip
+            recipe,
+            probe,
+            plan,
+            device,
+            steps,
+            self.jobs,
+            threads,
+            self.replay_failed_only,
+            self.roundtrip,
+            self.trainer,
         )
 
     def close(self) -> None:

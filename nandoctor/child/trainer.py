@@ -1,0 +1,198 @@
+"""The probe body where the user names a trainer (`--trainer-args`): their own trainer class trains the
+probe's model for the probe's steps, with their arguments, so that what the Trainer does (its optimizer
+and schedule from `optim=` and `lr_scheduler_type`, its loss scaling over accumulated micro-batches,
+accelerate's autocast) is what the probe measures, not an emulation of it.
+
+The cell is mapped onto the arguments through the cell table: the precision row's `training_args`
+(bf16 / fp16 / tf32; a pure cell's model is already held in its dtype by build.py and sets none), the
+compile row's backend (torch_compile), the optimizer row's `optim=`; attention is the model's
+attn_implementation (build.py), with the SDPA backend pinned around train(). What a probe needs and
+the user's file cannot say is set here: max_steps (the probe's steps), a temporary output_dir,
+report_to none, no saving, no evaluation, no progress bar. The data is the probe's own stream: each
+item one micro-batch as the own loop trains it, in its order (an iterable dataset: the Trainer does not
+shuffle it), so per_device_train_batch_size is 1 item and the recipe's batch_size rows are in it.
+
+Each step is measured by the hooks the training callback uses (measure/trainer_step.py) and handed to
+the probe's step log as a record.Step; the log stops the Trainer at an unrecoverable step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+
+from ..cells import PRECISIONS
+from ..measure.trainer_step import StepMeter
+from ..record import ProbeSpec, Step
+from .build import Setup
+from .train import step_tokens
+
+# What each --trainer kind runs: (module, class, its arguments class)
+TRAINERS = {"hf": ("transformers", "Trainer", "TrainingArguments")}
+# Set for every probe whatever the file says: the probe's own run, not the user's outputs
+PROBE_ARGS = {
+    "report_to": "none",
+    "save_strategy": "no",
+    "eval_strategy": "no",
+    "load_best_model_at_end": False,
+    "push_to_hub": False,
+    "disable_tqdm": True,
+    "logging_strategy": "no",
+    "per_device_train_batch_size": 1,  # one item is one of the probe's micro-batches
+    "remove_unused_columns": False,
+    "dataloader_num_workers": 0,
+    "resume_from_checkpoint": None,
+}
+PRECISION_FLAGS = sorted({k for p in PRECISIONS.values() for k in p.training_args})
+
+
+def versions(kind: str) -> dict:
+    """{"class": the trainer's dotted name, "transformers": version, "trl": version or None}."""
+    import transformers
+
+    try:
+        import trl
+
+        trl_version = trl.__version__
+    except ImportError:
+        trl_version = None
+    module, name, _ = TRAINERS[kind]
+    return {"class": f"{module}.{name}", "transformers": transformers.__version__, "trl": trl_version}
+
+
+def arguments(spec: ProbeSpec, output_dir: str):
+    """The user's arguments with the cell mapped onto them and the probe's own settings; an instance of
+    the kind's arguments class. Fields the class does not take (a newer or older version's) are left out."""
+    import importlib
+
+    module, _, args_class = TRAINERS[spec.trainer["kind"]]
+    cls = getattr(importlib.import_module(module), args_class)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    given = {k: v for k, v in spec.trainer["args"].items() if k in fields}
+    cell = spec.cell
+    given.update({k: None if k == "tf32" else False for k in PRECISION_FLAGS})
+    given.update(cell.precision.training_args)
+    given["torch_compile"] = cell.compilation.backend is not None
+    if cell.compilation.backend is not None:
+        given["torch_compile_backend"] = cell.compilation.backend
+    optim = cell.optimizer_row.transformers_optim
+    if not optim:
+        raise RuntimeError(f"the Trainer has no optim= for the {cell.optimizer} optimizer (it takes optimizers=)")
+    if given.get("optim") not in optim:
+        given["optim"] = optim[0]
+    given.update(PROBE_ARGS, output_dir=output_dir, max_steps=spec.steps, use_cpu=spec.device == "cpu")
+    return cls(**given)
+
+
+def micro_batches(spec: ProbeSpec, s: Setup):
+    """The probe's micro-batches in the own loop's order, as an iterable dataset, and the collator that
+    hands each one to the model as the own loop does: a floating mask (block_mask packing) in the cell's
+    compute dtype."""
+    import torch
+
+    dtype = getattr(torch, spec.cell.precision.compute)
+
+    def collate(items: list) -> dict:
+        return {k: v.to(dtype) if v.is_floating_point() else v for k, v in items[0].items()}
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return (b.inputs for b in s.stream)
+
+    return Stream(), collate
+
+
+def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
+    """A TrainerCallback that measures each step with the training callback's hooks and hands it to
+    `on_step` (record.Step -> False to stop), with its time, tokens, batch kind and group norms."""
+    from transformers import TrainerCallback
+
+    meter = StepMeter()
+    accumulation = spec.recipe.gradient_accumulation_steps
+    named_groups = {g: [p for _, p in params] for g, params in groups.items()}
+
+    class ProbeSteps(TrainerCallback):
+        def __init__(self):
+            self.handles, self.t0, self.taken = [], 0.0, None
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.handles = [
+                model.register_forward_pre_hook(meter.inputs, with_kwargs=True),
+                model.register_forward_hook(meter.loss, with_kwargs=True),
+            ]
+            self.handles += [
+                p.register_post_accumulate_grad_hook(meter.grad) for p in model.parameters() if p.requires_grad
+            ]
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            meter.begin()
+            self.t0 = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+            self.taken = (meter.take(optimizer), getattr(optimizer, "scaler", None))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            s.sync()
+            seconds = time.perf_counter() - self.t0
+            (taken, scaler), self.taken = self.taken or (None, None), None
+            if taken is None:
+                return
+            index = state.global_step - 1
+            trained = s.stream.step_batches(index, accumulation)
+            tokens = step_tokens([b.inputs for b in trained])
+            skipped = taken.scale is not None and scaler.get_scale() < taken.scale
+            step = Step(
+                index,
+                taken.loss,
+                taken.grad_norm,
+                skipped,
+                taken.scale,
+                seconds,
+                tokens,
+                tokens / seconds if tokens is not None and seconds > 0 else None,
+            )
+            step.groups = group_norms(taken.norms, named_groups, taken.scale)
+            step.supervised = min(b.supervised for b in trained)
+            step.batch = "+".join(b.kind for b in trained)
+            if not on_step(step):
+                control.should_training_stop = True
+
+        def on_train_end(self, args, state, control, **kwargs):
+            for h in self.handles:
+                h.remove()
+
+    return ProbeSteps()
+
+
+def group_norms(norms: dict, groups: dict, scale: float | None) -> dict:
+    """{group: the unscaled 2-norm of its parameters' gradients, or None where none got one}."""
+    import torch
+
+    out = {}
+    for g, params in groups.items():
+        seen = [norms[p] for p in params if p in norms]
+        out[g] = (torch.linalg.vector_norm(torch.stack(seen)) / (scale or 1.0)).item() if seen else None
+    return out
+
+
+def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict:
+    """Train `s.model` for spec.steps with the user's trainer class (spec.trainer: {"kind", "args"}),
+    each step to `on_step`; returns what the record says of the trainer (`versions`)."""
+    import importlib
+
+    module, name, _ = TRAINERS[spec.trainer["kind"]]
+    trainer_class = getattr(importlib.import_module(module), name)
+    with tempfile.TemporaryDirectory(prefix="nandoctor-trainer-") as out:
+        args = arguments(spec, out)
+        data, collate = micro_batches(spec, s)
+        trainer = trainer_class(
+            model=s.model,
+            args=args,
+            train_dataset=data,
+            data_collator=collate,
+            callbacks=[probe_callback(spec, s, groups, on_step)],
+        )
+        with s.attend():
+            trainer.train()
+    return versions(spec.trainer["kind"])
