@@ -29,7 +29,7 @@ from .build import Setup
 from .train import step_tokens
 
 # What each --trainer kind runs: (module, class, its arguments class)
-TRAINERS = {"hf": ("transformers", "Trainer", "TrainingArguments")}
+TRAINERS = {"hf": ("transformers", "Trainer", "TrainingArguments"), "sft": ("trl", "SFTTrainer", "SFTConfig")}
 # Set for every probe whatever the file says: the probe's own run, not the user's outputs
 PROBE_ARGS = {
     "report_to": "none",
@@ -39,11 +39,12 @@ PROBE_ARGS = {
     "push_to_hub": False,
     "disable_tqdm": True,
     "logging_strategy": "no",
-    "per_device_train_batch_size": 1,  # one item is one of the probe's micro-batches
     "remove_unused_columns": False,
     "dataloader_num_workers": 0,
     "resume_from_checkpoint": None,
 }
+# ... and per kind: SFTTrainer's dataset is rows (child/sft.py), to be drawn in the probe's order
+KIND_ARGS = {"hf": {}, "sft": {"train_sampling_strategy": "sequential", "shuffle_dataset": False}}
 PRECISION_FLAGS = sorted({k for p in PRECISIONS.values() for k in p.training_args})
 
 
@@ -82,6 +83,10 @@ def arguments(spec: ProbeSpec, output_dir: str):
     if given.get("optim") not in optim:
         given["optim"] = optim[0]
     given.update(PROBE_ARGS, output_dir=output_dir, max_steps=spec.steps, use_cpu=spec.device == "cpu")
+    kind = spec.trainer["kind"]
+    # one item of the dataset: one of the probe's micro-batches (hf), one row of one (sft)
+    rows = 1 if kind == "hf" else spec.recipe.batch_size
+    given.update(KIND_ARGS[kind], per_device_train_batch_size=rows)
     return cls(**given)
 
 
@@ -140,7 +145,8 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
                 return
             index = state.global_step - 1
             trained = s.stream.step_batches(index, accumulation)
-            tokens = step_tokens([b.inputs for b in trained])
+            given = taken.micro_batches  # as the trainer collated them (SFTTrainer re-pads, may pack)
+            tokens = step_tokens(list(given))
             skipped = taken.scale is not None and scaler.get_scale() < taken.scale
             step = Step(
                 index,
@@ -153,7 +159,7 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
                 tokens / seconds if tokens is not None and seconds > 0 else None,
             )
             step.groups = group_norms(taken.norms, named_groups, taken.scale)
-            step.supervised = min(b.supervised for b in trained)
+            step.supervised = min(int((b["labels"][..., 1:] != -100).sum()) for b in given)
             step.batch = "+".join(b.kind for b in trained)
             if not on_step(step):
                 control.should_training_stop = True
@@ -178,21 +184,27 @@ def group_norms(norms: dict, groups: dict, scale: float | None) -> dict:
 
 def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict:
     """Train `s.model` for spec.steps with the user's trainer class (spec.trainer: {"kind", "args"}),
-    each step to `on_step`; returns what the record says of the trainer (`versions`)."""
+    each step to `on_step`; returns what the record says of the trainer (`versions`, and for
+    SFTTrainer what it trains differently from the own loop: sft.sft_trains)."""
     import importlib
 
-    module, name, _ = TRAINERS[spec.trainer["kind"]]
+    kind = spec.trainer["kind"]
+    module, name, _ = TRAINERS[kind]
     trainer_class = getattr(importlib.import_module(module), name)
     with tempfile.TemporaryDirectory(prefix="nandoctor-trainer-") as out:
         args = arguments(spec, out)
-        data, collate = micro_batches(spec, s)
-        trainer = trainer_class(
-            model=s.model,
-            args=args,
-            train_dataset=data,
-            data_collator=collate,
-            callbacks=[probe_callback(spec, s, groups, on_step)],
-        )
+        callbacks = [probe_callback(spec, s, groups, on_step)]
+        said = {}
+        if kind == "sft":
+            from .sft import sft_trainer
+
+            trainer, trains = sft_trainer(trainer_class, spec, s, args, callbacks)
+            said["sft_trains"] = trains
+        else:
+            data, collate = micro_batches(spec, s)
+            trainer = trainer_class(
+                model=s.model, args=args, train_dataset=data, data_collator=collate, callbacks=callbacks
+            )
         with s.attend():
             trainer.train()
-    return versions(spec.trainer["kind"])
+    return {**versions(kind), **said}

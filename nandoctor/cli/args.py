@@ -10,7 +10,7 @@ from ..api import Listener, ProbeCache, RunOptions
 from ..config import OBJECTIVES, SCALES, Recipe, set_field, with_paths_resolved
 from ..errors import NandoctorError
 from ..executors import EXECUTOR_OPTIONS, ExecutorConfig, executor_config
-from ..knowledge.facts import TRAINER_KINDS, trainer_of, with_trainer_args
+from ..knowledge.facts import TRAINER_KINDS, trainer_of, with_trainer
 from ..recipes import executor_section, resolve_model
 
 MODEL_FLAGS = (
@@ -194,7 +194,7 @@ def recipe_from_args(args) -> Recipe:
     if args.steps is not None and args.steps <= 0:
         raise NandoctorError(f"--steps must be > 0, got {args.steps}")
     trainer = trainer_from_args(args)
-    return with_trainer_args(recipe, trainer["args"]) if trainer else recipe.validate()
+    return with_trainer(recipe, trainer) if trainer else recipe.validate()
 
 
 def field_flags(args) -> list[tuple[str, str, object]]:

@@ -68,12 +68,8 @@ TRAINER_KEYS = {
     "sft": ("dataset_text_field", "completion_only_loss", "assistant_only_loss"),
 }
 TRAINER_KINDS = ("hf", "sft")  # --trainer: transformers.Trainer, trl.SFTTrainer
-TRAINERS_PROBED = ("hf",)
-NOT_PROBED_KINDS = {
-    "sft": "an SFTConfig is not probed by trl.SFTTrainer yet (it takes a `datasets` dataset and loads a tokenizer "
-    "by the model's name, which a twin has not); pass the same fields as a TrainingArguments (--trainer hf)",
-    "grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss",
-}
+TRAINERS_PROBED = ("hf", "sft")
+NOT_PROBED_KINDS = {"grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss"}
 
 
 def trainer_of(path: str | Path, kind: str | None = None) -> dict:
@@ -87,6 +83,17 @@ def trainer_of(path: str | Path, kind: str | None = None) -> dict:
     if kind not in TRAINERS_PROBED:
         raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINERS_PROBED)}")
     return {"kind": kind, "args": args}
+
+
+def with_trainer(recipe: Recipe, trainer: dict) -> Recipe:
+    """The recipe as --trainer-args sets it (`with_trainer_args`). SFTTrainer packs rows itself, as the
+    SFTConfig's packing / padding_free say, so the probe hands it unpacked rows: data.packing is refused."""
+    if trainer["kind"] == "sft" and recipe.data.packing != "none":
+        raise NandoctorError(
+            f"data.packing={recipe.data.packing} with an SFTConfig: trl.SFTTrainer packs as the SFTConfig says "
+            "(packing, padding_free); leave data.packing at none"
+        )
+    return with_trainer_args(recipe, trainer["args"])
 
 
 def with_trainer_args(recipe: Recipe, args: dict) -> Recipe:

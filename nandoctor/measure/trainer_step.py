@@ -35,6 +35,7 @@ class Measured(NamedTuple):
     scale: float | None  # the GradScaler's scale; None without one
     batch: dict  # the first micro-batch's inputs
     norms: dict  # {parameter: its accumulated gradient's norm, scaled}
+    micro_batches: tuple = ()  # every micro-batch's inputs, as the model was given them
 
 
 class StepMeter:
@@ -80,4 +81,4 @@ class StepMeter:
         losses = torch.stack(step.losses).float()
         loss = losses.sum() * self.share if step.summed else losses.mean()
         grad_norm = torch.linalg.vector_norm(torch.stack(list(step.norms.values())).float()) / (scale or 1.0)
-        return Measured(loss.item(), grad_norm.item(), scale, step.inputs[0], step.norms)
+        return Measured(loss.item(), grad_norm.item(), scale, step.inputs[0], step.norms, tuple(step.inputs))
