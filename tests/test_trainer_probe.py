@@ -1,11 +1,12 @@
-"""`--trainer-args FILE`: each probe trains with the user's own transformers.Trainer (child/trainer.py) for
-the probe's steps, the cell's precision, attention and compile set on their TrainingArguments; where no
-trainer is named the probes run nandoctor's own loop. One verdict for one run, whichever body ran it."""
+"""`--trainer-args FILE`: each probe trains with the user's own transformers.Trainer or trl.SFTTrainer
+(child/trainer.py, child/sft.py) for the probe's steps, the cell's precision, attention and compile set on
+their TrainingArguments / SFTConfig; where no trainer is named the probes run nandoctor's own loop. One
+verdict for one run, whichever body ran it."""
 
 import math
 
 import pytest
-from conftest import record_list, run_cli, verdicts
+from conftest import needs, record_list, run_cli, verdicts
 
 GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "4")
 QUIET = ("--set", "retime_rounds=0")
@@ -29,13 +30,33 @@ def training_args(path, **settings):
     return path
 
 
+def sft_config(path, **settings):
+    """A real TRL SFTConfig as the user saves it (to_json_string()), with its own defaults (bf16=True,
+    gradient_checkpointing=True, max_length 1024) and the own loop's optimizer settings otherwise."""
+    from trl import SFTConfig
+
+    args = SFTConfig(
+        output_dir=str(path.parent / "user-output"),
+        learning_rate=1e-3,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=4,
+        max_grad_norm=1.0,
+        report_to="none",
+        use_cpu=True,  # bf16=True is refused on a host without a GPU otherwise; the file keeps bf16=True
+        **settings,
+    )
+    path.write_text(args.to_json_string())
+    return path
+
+
 @pytest.fixture(scope="module")
 def healthy(tmp_path_factory):
-    """The same healthy tiny grid, once under the user's Trainer and once in nandoctor's own loop."""
+    """The same healthy tiny grid under the user's Trainer, under TRL's SFTTrainer and in nandoctor's own loop."""
     tmp = tmp_path_factory.mktemp("healthy")
     args = training_args(tmp / "args.json")
+    sft = sft_config(tmp / "sft.json")
     runs = {}
-    for body, flags in (("trainer", ("--trainer-args", args)), ("own", ())):
+    for body, flags in (("trainer", ("--trainer-args", args)), ("sft", ("--trainer-args", sft)), ("own", ())):
         out = tmp / body
         done = run_cli("grid", *GRID, *QUIET, *flags, "--out", out)
         assert done.returncode == 0, done.stdout + done.stderr
@@ -100,10 +121,67 @@ def test_yaml_trainer_args_are_read(tmp_path):
     assert (recipe.optimizer.lr, recipe.gradient_accumulation_steps, recipe.grad_clip) == (2e-5, 2, 0.5)
 
 
-def test_an_sft_config_not_yet_probed_is_one_line_and_exit_2(tmp_path):
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_grid_sft_config_trains_every_cell_with_trl_sft_trainer(healthy):
+    import trl
+
+    cells = verdicts(healthy["sft"])
+    assert {cell.split("/")[0] for cell in cells} >= {"fp32", "bf16-amp"}
+    assert set(cells.values()) == {"stable"}
+    for record in record_list(healthy["sft"]):
+        assert record["trainer"]["class"] == "trl.SFTTrainer"
+        assert record["trainer"]["trl"] == trl.__version__
+        assert len(record["steps"]) == 4
+        trains = record["trainer"]["sft_trains"]  # nothing truncated, dropped or packed: the own loop's rows
+        for figure in ("rows", "tokens", "supervised"):
+            assert trains[figure]["trainer"] == trains[figure]["own"], figure
+        assert (trains["packing"], trains["padding_free"]) == (False, False)
+
+
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_sft_trainer_and_trainer_agree_on_every_verdict_of_a_healthy_setup(healthy):
+    assert verdicts(healthy["sft"]) == verdicts(healthy["trainer"]) == verdicts(healthy["own"])
+    own = {r["probe_id"]: r for r in record_list(healthy["own"])}
+    for record in record_list(healthy["sft"]):
+        reference, step = own[record["probe_id"]]["steps"][0], record["steps"][0]
+        assert (step["tokens"], step["supervised"]) == (reference["tokens"], reference["supervised"])
+        assert math.isclose(step["loss"], reference["loss"], rel_tol=1e-5)
+        # fp32: the same gradient; bf16-amp: SFTTrainer's fused LM head differentiates the log-probs its own
+        # way (2e-4 of the grad-norm on tiny-llama)
+        bound = 1e-5 if record["probe_id"].startswith("fp32") else 1e-3
+        assert math.isclose(step["grad_norm"], reference["grad_norm"], rel_tol=bound)
+
+
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_sft_max_length_shorter_than_the_rows_is_trained_and_said(tmp_path):
+    sft = sft_config(tmp_path / "sft.json", max_length=32)  # the probe's rows are 64 tokens
+    grid = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "2", *QUIET)
+    done = run_cli("grid", *grid, "--trainer-args", sft, "--out", tmp_path / "run")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for record in record_list(tmp_path / "run"):
+        trains = record["trainer"]["sft_trains"]
+        assert trains["max_length"] == 32
+        assert trains["tokens"] == {"own": 2 * 4 * 64, "trainer": 2 * 4 * 32}
+        assert trains["rows"] == {"own": 8, "trainer": 8}
+        assert [s["tokens"] for s in record["steps"]] == [4 * 32, 4 * 32]
+
+
+def test_an_sft_config_with_data_packing_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "sft.json"
-    path.write_text('{"learning_rate": 1e-5, "dataset_text_field": "text", "completion_only_loss": null}')
+    path.write_text('{"learning_rate": 1e-5, "dataset_text_field": "text", "packing": true}')
+    done = run_cli("grid", "--trainer-args", path, "--set", "data.packing=position_ids", "--out", tmp_path / "run")
+    assert done.returncode == 2
+    assert "trl.SFTTrainer packs as the SFTConfig says" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_grpo_config_not_yet_probed_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "grpo.json"
+    path.write_text('{"learning_rate": 1e-6, "num_generations": 8, "beta": 0.0}')
     done = run_cli("grid", "--trainer-args", path, "--out", tmp_path / "run")
     assert done.returncode == 2
-    assert "SFTConfig is not probed by trl.SFTTrainer yet" in done.stderr
+    assert "GRPOConfig is not probed by its trainer yet" in done.stderr
     assert "Traceback" not in done.stderr
