@@ -8,9 +8,10 @@ The cell is mapped onto the arguments through the cell table: the precision row'
 compile row's backend (torch_compile), the optimizer row's `optim=`; attention is the model's
 attn_implementation (build.py), with the SDPA backend pinned around train(). What a probe needs and
 the user's file cannot say is set here: max_steps (the probe's steps), a temporary output_dir,
-report_to none, no saving, no evaluation, no progress bar. The data is the probe's own stream: each
-item one micro-batch as the own loop trains it, in its order (an iterable dataset: the Trainer does not
-shuffle it), so per_device_train_batch_size is 1 item and the recipe's batch_size rows are in it.
+report_to none, no saving, no evaluation, no progress bar. The data is the probe's own stream: for the
+Trainer each item one micro-batch as the own loop trains it, in its order (an iterable dataset: the
+Trainer does not shuffle it), so per_device_train_batch_size is 1 item and the recipe's batch_size rows
+are in it; for trl.SFTTrainer (an SFTConfig) the same rows as a `datasets.Dataset` (child/sft.py).
 
 Each step is measured by the hooks the training callback uses (measure/trainer_step.py) and handed to
 the probe's step log as a record.Step; the log stops the Trainer at an unrecoverable step.

@@ -68,7 +68,6 @@ TRAINER_KEYS = {
     "sft": ("dataset_text_field", "completion_only_loss", "assistant_only_loss"),
 }
 TRAINER_KINDS = ("hf", "sft")  # --trainer: transformers.Trainer, trl.SFTTrainer
-TRAINERS_PROBED = ("hf", "sft")
 NOT_PROBED_KINDS = {"grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss"}
 
 
@@ -80,8 +79,8 @@ def trainer_of(path: str | Path, kind: str | None = None) -> dict:
     kind = kind or found
     if kind in NOT_PROBED_KINDS:
         raise NandoctorError(f"--trainer-args {str(path)!r}: {NOT_PROBED_KINDS[kind]}")
-    if kind not in TRAINERS_PROBED:
-        raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINERS_PROBED)}")
+    if kind not in TRAINER_KINDS:
+        raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINER_KINDS)}")
     return {"kind": kind, "args": args}
 
 

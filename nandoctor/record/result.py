@@ -109,7 +109,8 @@ class ProbeRecord:
     # per_position and per_step_logp_diff_mean. None for an sft probe
     rollout_mismatch: dict | None = None
     # --trainer-args: the trainer class that trained the probe and the library versions (child/trainer.py:
-    # {"class": "transformers.Trainer", "transformers": ..., "trl": ... or None}); None: nandoctor's own loop
+    # {"class": "transformers.Trainer", "transformers": ..., "trl": ... or None}, and for trl.SFTTrainer
+    # "sft_trains": what it trains differently from the own loop, child/sft.py); None: nandoctor's own loop
     trainer: dict | None = None
 
     def __post_init__(self):
