@@ -36,12 +36,93 @@ GRAD_MISMATCH = "grad-mismatch"  # a parallel probe's reduced gradient is not th
 # an RL probe (objective=grpo) whose rollout log-probs are too far from the training path's for its
 # completions' importance ratios to stay inside TRL's cap (record.rollout_mismatch; Thresholds.off_policy)
 OFF_POLICY = "off-policy"
-HARNESS_FAILURES = (CRASH, OOM, TIMEOUT, KILLED)  # the probe did not finish its steps
-# Verdicts that say nothing about the configuration's numerics: the probe could not run here, or ran out
-# of time or memory, or was killed from outside. A crash stays a failure: the configuration raised.
-# A batch with no target is the data's fault, whatever the configuration.
-UNRESOLVED_VERDICTS = (UNSUPPORTED, TIMEOUT, OOM, KILLED, NO_TARGET)
-FAIL_ON = (TIMEOUT, OOM, KILLED)  # what bisect's --fail-on may count as a failure
+
+
+@dataclass(frozen=True)
+class VerdictKind:
+    """One verdict, declared once: what every list of verdicts (the lists below, the report's colours and
+    marks, bisect's advice, the probe table's column) reads.
+    - failed: the probe fails with it (a stable one does not, nor one this device cannot run).
+    - unresolved: it says nothing about the configuration's numerics: the probe could not run here, ran out
+      of time or memory, or was killed from outside; or its batch had no target, the data's fault whatever
+      the configuration. A crash is resolved: the configuration raised.
+    - harness: the probe did not finish its steps.
+    - color: (background, text) of its cell in the HTML matrix.
+    - mark: its cell in the Markdown matrix.
+    - advice: what to do when a bisection is left unresolved by it (bisect/oracle.py)."""
+
+    name: str
+    failed: bool
+    color: tuple[str, str]
+    unresolved: bool = False
+    harness: bool = False
+    mark: str = "❌"
+    advice: str = ""
+
+
+_HARNESS_COLOR = ("#c98bd6", "#3f0a4d")
+# In the order of the report's colour key.
+VERDICTS = (
+    VerdictKind(STABLE, False, ("#bfe5b4", "#1b4d14"), mark="✅"),
+    VerdictKind(DRIFT, True, ("#fbe49a", "#5c4a00")),
+    VerdictKind(GRAD_MISMATCH, True, ("#f9c185", "#6b3600")),
+    VerdictKind(DIVERGED, True, ("#f9c185", "#6b3600")),
+    VerdictKind(ZERO_LOSS, True, ("#e7b3e6", "#5a1657")),
+    VerdictKind(NO_LEARNING, True, ("#d9d2c5", "#4a3f2a")),
+    VerdictKind(MISCONFIGURED, True, ("#b9d3f0", "#0f3a66")),
+    VerdictKind(EXPERT_COLLAPSE, True, ("#a9e0dc", "#0c4a45")),
+    VerdictKind(OFF_POLICY, True, ("#f5c6a5", "#6a2e0a")),
+    VerdictKind(
+        NO_TARGET,
+        True,
+        ("#d6e9e4", "#1f4a40"),
+        unresolved=True,
+        advice="fix the data: a batch has no supervised token, whatever the configuration "
+        "(`nandoctor doctor --data` names its rows and why)",
+    ),
+    VerdictKind(NONFINITE, True, ("#f29a9a", "#6d0f0f")),
+    VerdictKind(CRASH, True, _HARNESS_COLOR, harness=True),
+    VerdictKind(
+        OOM,
+        True,
+        _HARNESS_COLOR,
+        unresolved=True,
+        harness=True,
+        advice="use a smaller model (--scale probe) or batch (--set batch_size=...); "
+        "--fail-on oom counts running out of memory as the failure",
+    ),
+    VerdictKind(
+        TIMEOUT,
+        True,
+        _HARNESS_COLOR,
+        unresolved=True,
+        harness=True,
+        advice="give the probe more time (--set timeout_s=...), fewer steps (--steps) "
+        "or a smaller model (--scale probe); --fail-on timeout counts the hang itself as the failure",
+    ),
+    VerdictKind(
+        KILLED,
+        True,
+        _HARNESS_COLOR,
+        unresolved=True,
+        harness=True,
+        advice="something outside killed the probe (the kernel's OOM killer sends SIGKILL): "
+        "free memory or use --scale probe; --fail-on killed counts it as the failure",
+    ),
+    VerdictKind(
+        UNSUPPORTED,
+        False,
+        ("#eeeeee", "#9a9a9a"),
+        unresolved=True,
+        mark="–",
+        advice="choose a --bad / --good this device can run (`nandoctor doctor` lists what it runs)",
+    ),
+)
+VERDICT = {v.name: v for v in VERDICTS}
+HARNESS_FAILURES = tuple(v.name for v in VERDICTS if v.harness)  # the probe did not finish its steps
+UNRESOLVED_VERDICTS = tuple(v.name for v in VERDICTS if v.unresolved)
+# what bisect's --fail-on may count as a failure: a probe stopped from outside its numerics
+FAIL_ON = tuple(v.name for v in VERDICTS if v.harness and v.unresolved)
 CRASH_SIGNALS = {
     "SIGSEGV": "segmentation fault",
     "SIGABRT": "abort",
@@ -59,7 +140,7 @@ class Verdict:
 
     @property
     def failed(self) -> bool:
-        return self.name not in (STABLE, UNSUPPORTED)
+        return VERDICT[self.name].failed
 
 
 def _fmt(x: float) -> str:
