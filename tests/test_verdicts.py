@@ -145,3 +145,13 @@ def test_inside_a_fidelity_bucket_a_cell_flagged_by_a_rule_ranks_below_a_clean_o
         ]
     )
     assert list(rank(rows)["id"]) == ["bf16-amp", "bf16-pure", "far"]
+
+
+def test_every_threshold_says_where_it_comes_from():
+    """Each Thresholds field is named in its docstring, beside its reason."""
+    from dataclasses import fields
+
+    from nandoctor.thresholds import Thresholds
+
+    doc = Thresholds.__doc__
+    assert [f.name for f in fields(Thresholds) if f.name not in doc] == []
