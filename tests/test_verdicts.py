@@ -91,6 +91,16 @@ def test_curve_within_tolerance_of_reference_is_stable():
     assert numeric_verdict(close, ref).name == "stable"
 
 
+def test_a_curve_a_few_hundredths_of_a_nat_off_a_flat_reference_drifts():
+    """The absolute floor of the drift tolerance is 0.02 nats: a reference that barely moves (0.018 nats
+    from its first step to its last quarter, a quarter of which adds 0.0045) leaves a tolerance of 0.024,
+    so a curve 0.05 nats above it has left it, and one 0.015 nats above it has not."""
+    flat = [8.0 - 0.02 * i / 15 for i in range(16)]
+    off = numeric_verdict(curve([loss + 0.05 for loss in flat]), curve(flat))
+    assert off.name == "drift" and "tolerance 0.024" in off.reason
+    assert numeric_verdict(curve([loss + 0.015 for loss in flat]), curve(flat)).name == "stable"
+
+
 def test_harness_statuses_map_to_verdicts():
     assert classify(record("timeout", timeout_s=5)).name == "timeout"
     assert classify(record("signal", signal="SIGSEGV")).name == "crash"
