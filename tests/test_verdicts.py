@@ -165,3 +165,12 @@ def test_every_threshold_says_where_it_comes_from():
 
     doc = Thresholds.__doc__
     assert [f.name for f in fields(Thresholds) if f.name not in doc] == []
+
+
+def test_check_fails_a_gradscaler_that_skipped_every_step():
+    """`check --steps 8` on an fp16-amp loss scaled so far that every step overflowed: the scale never fell
+    below 1, but the optimizer never stepped."""
+    n = 8
+    steps = curve([8.0] * n, grads=[INF] * n, scales=[65536.0 / 2**i for i in range(n)], skipped=[True] * n)
+    checks = {name: ok for name, ok, _ in check_results(record("ok", steps=steps), 256, False)}
+    assert checks["no skipped step beyond GradScaler calibration"] is False
