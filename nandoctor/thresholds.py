@@ -39,7 +39,8 @@ class Thresholds:
       forensics' update_loss) barely trains, whatever its loss curve shows over a short probe: it drifts
       (a stall). Measured on tiny-llama, 24 steps: bf16-pure lost 98% at lr 1e-6, where fp32's own loss had
       not moved (8.309 -> 8.315), so the curve alone called it stable; 0.09% at lr 1e-3; bf16-amp 8e-7.
-    - init_loss_band: a random-init model's first loss should sit within max(1 nat, 10%) of ln(vocab).
+    - init_loss_band_nats / init_loss_band_rel: a random-init model's first loss should sit within
+      max(1 nat, 10%) of ln(vocab).
     - fidelity_bucket: fidelities within 0.5% are treated as equal when ranking, so speed decides.
     - speed_margin: inside a bucket, a probe is faster only by more than 5% of the other's median
       tokens/s, and beyond both spreads (analysis/ranking.py): a few percent is what one idle core more
@@ -49,6 +50,9 @@ class Thresholds:
       measured load could swing two equal probes further (load.unpaired_margin: k busy cores of n, k / n).
       Measured here: a busy loop sharing the probe's core made fp32/eager measure 17% and 25% faster than fp32/sdpa in
       the two interleaved re-timing rounds, where a quiet host measured them 1% and -9% apart.
+    - loaded_cpu_share: a host is loaded while a probe is timed when other processes keep a quarter of its
+      cores busy (or another process runs on its GPU): they then take about that share of the probe's CPU
+      time when its threads use every core, enough to move tokens/s well beyond a quiet host's few percent.
     - spike_min_history: a spike needs at least 3 earlier steps of its kind to compare with (steps 0-2
       of a fresh model fall fast, and a mean of one or two of them is noise).
     - rise_min_steps: a rise is judged only on curves of 4 steps or more.
@@ -81,11 +85,21 @@ class Thresholds:
       reorder a reduction move a loss by ~1e-6). bf16: 0.78% / 3.1%; fp16 and tf32: 0.098% / 0.39%.
     - fidelity_regression: a cell stable in both runs regressed when its fidelity to the fp32
       reference got worse by more than one ranking bucket (0.5 percentage points).
-    - throughput_noise: the relative tokens/s band for a probe whose own steps cannot measure its noise
-      (fewer than 4 timed steps: a `check`); otherwise the band is the interquartile range of the probe's
-      own per-step rates over their median (analysis/diff.py throughput_noise).
+    - throughput_noise / throughput_noise_min_steps: the relative tokens/s band for a probe whose own steps
+      cannot measure its noise (fewer than 4 timed steps: a `check`; quartiles of fewer are not a spread);
+      otherwise the band is the interquartile range of the probe's own per-step rates over their median
+      (analysis/diff.py throughput_noise).
     - memory_noise: peak-memory changes below 5% are noise: two identical CPU grids here moved a probe's
       RSS peak by up to 1.6% (the CUDA allocator's peak is steadier).
+
+    The saved model against the trained one (`check --roundtrip`, child/roundtrip.py, verdicts.roundtrip_differs):
+    - roundtrip_loss_rel / roundtrip_logits_rel: the merged and the reloaded model's loss on the probe's
+      first micro-batch within 1% of the live model's, and their logits within 2% of the largest live logit.
+      Measured on a tiny Llama (LoRA r=8, lr 1e-2, 8 steps): 16-bit bf16-amp logits moved 0.0054 and fp32
+      5e-7; an nf4 base's merge 0.062, losing 14-21% of each update (docs/quantization.md).
+    - roundtrip_update_lost / roundtrip_tensor_rel: a tensor changed by the merge or the reload when it lost
+      more than 10% of its adapter update (nf4's 14-21%), or, without an update to compare with, moved by
+      more than 1e-3 of its norm.
 
     The probe's own setup, measured at step 0 (record.setup_checks; the `misconfigured` verdict), and
     the same figures measured by the data lint (`doctor --data`, every grid, check and bisect) and the
@@ -139,6 +153,9 @@ class Thresholds:
       ViperEkura/AstrAI#57). bf16-amp flipped 0.4% on qwen3-30b-a3b's probe-scale twin here (head_dim 32,
       64 tokens), and 74% on a router built with near-tied logits (tests/checkpoints.py
       save_tied_router_qwen3_moe), which then sent every token to the same two experts.
+    - headroom_min: the callbacks' step-0 headroom check (integrations/judge.py) passes where the dtype's
+      largest finite value is more than 1x the largest |activation| or |gradient| a module produced: at 1x
+      or below the value is at or past the dtype's range.
     - emulated_cost: a compute dtype whose matmul takes more than 4x fp32's time on a CPU host
       (env.get_cpu_matmul_cost) is one this CPU emulates, and a probe in it is announced with that cost
       before it runs. Measured on a 2-core AMD EPYC with avx512_bf16 and no fp16 units: fp16 104x, bf16 0.5x;
@@ -186,6 +203,7 @@ class Thresholds:
     fidelity_bucket: float = 0.005
     speed_margin: float = 0.05
     loaded_speed_margin: float = 0.25
+    loaded_cpu_share: float = 0.25
     spike_min_history: int = 3
     rise_min_steps: int = 4
     tail_fraction: float = 0.25
@@ -199,6 +217,7 @@ class Thresholds:
     golden_floor: float = 1e-5
     fidelity_regression: float = 0.005
     throughput_noise: float = 0.10
+    throughput_noise_min_steps: int = 4
     memory_noise: float = 0.05
     packing_leak_abs: float = 1e-4
     packing_leak_factor: float = 10.0
@@ -215,6 +234,7 @@ class Thresholds:
     route_flip_share: float = 0.05
     emulated_cost: float = 4.0
     spike_size_ratio: float = 1.5
+    headroom_min: float = 1.0
     stall_update_lost: float = 0.5
     rollout_ratio_cap: float = 3.0
     rollout_reference_tokens: int = 4096

@@ -27,7 +27,7 @@ def test_only_the_judge_applies_the_setup_bounds():
         if p.name != "thresholds.py"
         and re.search(r"\.(packing_leaks|accumulation_misweighted|accumulation_bound)\(", p.read_text())
     ]
-    assert callers == ["analysis/verdicts.py"]
+    assert callers == ["analysis/verdicts/setup.py"]
 
 
 @pytest.mark.parametrize(

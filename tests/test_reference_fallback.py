@@ -45,6 +45,20 @@ def test_a_stalled_bf16_pure_curve_is_drift_next_to_a_stable_reference():
     assert refs.judge(probe("bf16-pure/sdpa/off", STALLS)).name == DRIFT
 
 
+def test_a_reference_that_finished_without_training_stably_is_stood_in_for():
+    """A finished fp32/eager probe is a reference only if it trains stably on its own: one whose loss
+    went NaN at step 3 finished all the same, and a curve judged against it would meet NaN at every
+    step and pass; another fp32 probe that trained stands in."""
+    refs = References()
+    broke = probe("fp32/eager/off", FALLS[:3] + [float("nan")] + FALLS[4:])
+    for r in (broke, probe("fp32/sdpa/off", FALLS), probe("bf16-pure/sdpa/off", STALLS)):
+        refs.learn(r)
+    ref = refs.reference(probe("bf16-pure/sdpa/off", STALLS))
+    assert (ref.probe_id, ref.stands_in) == ("fp32/sdpa/off", True)
+    assert "fp32/eager/off ended nonfinite at step 3" in ref.why
+    assert refs.judge(probe("bf16-pure/sdpa/off", STALLS)).name == DRIFT
+
+
 def test_another_fp32_probe_stands_in_when_the_reference_ran_out_of_memory():
     records = [OOMED, probe("fp32/sdpa/off", FALLS), probe("bf16-pure/sdpa/off", STALLS)]
     a = analyze_records(meta(), records)

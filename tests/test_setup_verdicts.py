@@ -204,3 +204,24 @@ def test_on_cuda_clean_packing_and_token_accumulation_are_stable_in_every_precis
             ):
                 record = probe(ckpt, fields, steps=2, cell=cell, device=DEVICE)
                 assert (classify(record).name == MISCONFIGURED) == misconfigured, (cell.id, record.setup_checks)
+
+
+# a tiny Qwen3-MoE's figures at 2 micro-batches with its balancing loss on (tests/test_moe_accumulation.py):
+# the whole gradient inside its bound, the router's own 0.122 off
+ROUTER_MISWEIGHTED = {
+    "accumulation_steps": 2,
+    "accumulation_error": 3.8e-4,
+    "accumulation_floor": 0.0,
+    "loss_normalization": "tokens",
+    "accumulation_balancing_loss": 0.001,
+    "accumulation_groups": {"router": {"error": 0.122, "floor": 0.0}, "experts": {"error": 1.6e-4, "floor": 0.0}},
+}
+
+
+def test_a_router_misweighted_inside_a_whole_gradient_that_passes_is_misconfigured_by_the_balancing_loss():
+    v = classify(record(setup=ROUTER_MISWEIGHTED))
+    assert v.name == "misconfigured"
+    assert "within 0.001 as a whole, but the router's own gradient by 0.122" in v.reason
+    assert "counted 2 times a step" in v.reason  # the cause: the balancing loss under token normalisation
+    per_batch = classify(record(setup={**ROUTER_MISWEIGHTED, "loss_normalization": "micro_batch"}))
+    assert per_batch.name == "misconfigured" and "counted 2 times" not in per_batch.reason

@@ -91,6 +91,16 @@ def test_curve_within_tolerance_of_reference_is_stable():
     assert numeric_verdict(close, ref).name == "stable"
 
 
+def test_a_curve_a_few_hundredths_of_a_nat_off_a_flat_reference_drifts():
+    """The absolute floor of the drift tolerance is 0.02 nats: a reference that barely moves (0.018 nats
+    from its first step to its last quarter, a quarter of which adds 0.0045) leaves a tolerance of 0.024,
+    so a curve 0.05 nats above it has left it, and one 0.015 nats above it has not."""
+    flat = [8.0 - 0.02 * i / 15 for i in range(16)]
+    off = numeric_verdict(curve([loss + 0.05 for loss in flat]), curve(flat))
+    assert off.name == "drift" and "tolerance 0.024" in off.reason
+    assert numeric_verdict(curve([loss + 0.015 for loss in flat]), curve(flat)).name == "stable"
+
+
 def test_harness_statuses_map_to_verdicts():
     assert classify(record("timeout", timeout_s=5)).name == "timeout"
     assert classify(record("signal", signal="SIGSEGV")).name == "crash"
@@ -145,3 +155,22 @@ def test_inside_a_fidelity_bucket_a_cell_flagged_by_a_rule_ranks_below_a_clean_o
         ]
     )
     assert list(rank(rows)["id"]) == ["bf16-amp", "bf16-pure", "far"]
+
+
+def test_every_threshold_says_where_it_comes_from():
+    """Each Thresholds field is named in its docstring, beside its reason."""
+    from dataclasses import fields
+
+    from nandoctor.thresholds import Thresholds
+
+    doc = Thresholds.__doc__
+    assert [f.name for f in fields(Thresholds) if f.name not in doc] == []
+
+
+def test_check_fails_a_gradscaler_that_skipped_every_step():
+    """`check --steps 8` on an fp16-amp loss scaled so far that every step overflowed: the scale never fell
+    below 1, but the optimizer never stepped."""
+    n = 8
+    steps = curve([8.0] * n, grads=[INF] * n, scales=[65536.0 / 2**i for i in range(n)], skipped=[True] * n)
+    checks = {name: ok for name, ok, _ in check_results(record("ok", steps=steps), 256, False)}
+    assert checks["no skipped step beyond GradScaler calibration"] is False

@@ -224,15 +224,15 @@ def golden_values(before: ProbeRecord, after: ProbeRecord, t: Thresholds = THRES
     ]
 
 
-def throughput_noise(record: ProbeRecord) -> float | None:
+def throughput_noise(record: ProbeRecord, t: Thresholds = THRESHOLDS) -> float | None:
     """A probe's own tokens/s noise, relative: the interquartile range of its per-step rates over their
     median. The record's own measured spread (`record.throughput`, over its steady steps) when it has one;
     a record written before throughput was recorded gets it from its steps (step 0 left out); None with
-    fewer than 4 timed steps."""
+    fewer than t.throughput_noise_min_steps timed steps."""
     if record.throughput is not None and math.isfinite(record.throughput.spread):
         return record.throughput.spread
     rates = sorted(s.tokens_per_s for s in record.steps[1:] if s.tokens_per_s)
-    if len(rates) < 4:
+    if len(rates) < t.throughput_noise_min_steps:
         return None
     q1, _, q3 = statistics.quantiles(rates, n=4)
     return (q3 - q1) / statistics.median(rates)
@@ -342,7 +342,7 @@ def compare_cell(
                 for g in moved
             )
     if before.verdict.name == STABLE and after.verdict.name == STABLE:
-        noise = [n for n in (throughput_noise(before.record), throughput_noise(after.record)) if n is not None]
+        noise = [n for n in (throughput_noise(before.record, t), throughput_noise(after.record, t)) if n is not None]
         out.fidelity = Measured(before.fidelity, after.fidelity, t.fidelity_regression, absolute=True)
         out.tokens_per_s = Measured(
             before.tokens_per_s, after.tokens_per_s, max(noise) if noise else t.throughput_noise

@@ -9,11 +9,6 @@ import statistics
 from ..record import ProbeRecord
 from ..thresholds import THRESHOLDS, Thresholds
 
-# Other processes keeping a quarter of the cores busy take about that share of a probe's CPU time
-# when its threads use every core (threads_per_probe), enough to move tokens/s well beyond the
-# few-percent noise of a quiet host.
-LOADED_CPU_SHARE = 0.25
-
 
 def _share(sample: dict) -> float | None:
     cores, count = sample.get("other_cpu_cores"), sample.get("cpu_count") or 1
@@ -24,17 +19,18 @@ def _gpu_others(sample: dict) -> int:
     return max((g.get("other_processes") or 0 for g in sample.get("gpus") or []), default=0)
 
 
-def load_summary(records: list[ProbeRecord], timing: dict | None = None) -> dict | None:
+def load_summary(records: list[ProbeRecord], timing: dict | None = None, t: Thresholds = THRESHOLDS) -> dict | None:
     """{'probes', 'cpu_count', 'other_cpu_cores_median', 'other_cpu_cores_max', 'loaded_probes',
     'loadavg_max', 'gpu_other_processes_max', 'retiming_other_cpu_cores', 'significant'} over the
-    probes that measured their host's load; None when none did (runs written before it was measured)."""
+    probes that measured their host's load (loaded: t.loaded_cpu_share of the cores busy, or another
+    process on a GPU); None when none did (runs written before it was measured)."""
     samples = [r.host_load for r in records if r.host_load]
     retiming = [p["host_load"] for p in (timing or {}).get("probes", []) if p.get("host_load")]
     if not samples and not retiming:
         return None
     every = samples + retiming
     cores = [s["other_cpu_cores"] for s in every if s.get("other_cpu_cores") is not None]
-    loaded = [s for s in every if (_share(s) or 0.0) >= LOADED_CPU_SHARE or _gpu_others(s)]
+    loaded = [s for s in every if (_share(s) or 0.0) >= t.loaded_cpu_share or _gpu_others(s)]
     averages = [s["loadavg"][0] for s in every if s.get("loadavg")]
     retime_cores = [s["other_cpu_cores"] for s in retiming if s.get("other_cpu_cores") is not None]
     return {

@@ -17,7 +17,17 @@ from ..thresholds import THRESHOLDS, Thresholds
 from .load import load_summary, unpaired_margin
 from .ranking import SpeedComparison, compare_speed, order_bucket, paired_ratios, rank, retime_candidates, tie_key
 from .speed import devices, grid_throughput, retimed_throughput, round_medians
-from .verdicts import HARNESS_FAILURES, STABLE, Reference, References, Verdict, fidelity, judged_facts, objective
+from .verdicts import (
+    HARNESS_FAILURES,
+    STABLE,
+    VERDICTS,
+    Reference,
+    References,
+    Verdict,
+    fidelity,
+    judged_facts,
+    objective,
+)
 
 FLAGGING = ("error", "warning")  # finding severities that rank a stable probe below unflagged ones
 
@@ -216,8 +226,7 @@ PROBE_COLUMNS = {
     "gpu": "the GPUs the scheduler gave the probe there; None without",
     "overrides": "the recipe fields set for this probe (a bisection's factors), as a dict",
     "seed": "the probe's seed",
-    "verdict": "stable, nonfinite, zero-loss, diverged, drift, no-learning, misconfigured, no-target, "
-    "expert-collapse, off-policy, grad-mismatch, crash, oom, timeout, killed or unsupported",
+    "verdict": ", ".join(v.name for v in VERDICTS[:-1]) + f" or {VERDICTS[-1].name}",
     "step": "the failing step (the first step the verdict is about); NA when none",
     "reason": "the verdict's one-line reason",
     "fidelity": "mean relative loss error against the fp32 reference of the same recipe and seed (0.01 = 1%); "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..analysis.outcomes import RunAnalysis
 from ..analysis.ranking import tokens_per_s
-from ..analysis.verdicts import FAIL_ON, NO_TARGET, STABLE, UNRESOLVED_VERDICTS, References, is_reference
+from ..analysis.verdicts import FAIL_ON, NO_TARGET, STABLE, UNRESOLVED_VERDICTS, VERDICTS, References, is_reference
 from ..api import open_session, render_run, resumable
 from ..capabilities import cell_support
 from ..cells import AXES, Cell, reference_of
@@ -28,17 +28,7 @@ from .engine import Bisection, BisectResult, Run, Trial
 from .factors import WORKLOAD, fmt_value, parse_configurations, precision_ladder, variant
 
 # What to do when the target or the baseline could not be tested, by the verdict its probes ended with.
-UNRESOLVED_ADVICE = {
-    "timeout": "give the probe more time (--set timeout_s=...), fewer steps (--steps) "
-    "or a smaller model (--scale probe); --fail-on timeout counts the hang itself as the failure",
-    "oom": "use a smaller model (--scale probe) or batch (--set batch_size=...); "
-    "--fail-on oom counts running out of memory as the failure",
-    "killed": "something outside killed the probe (the kernel's OOM killer sends SIGKILL): "
-    "free memory or use --scale probe; --fail-on killed counts it as the failure",
-    "unsupported": "choose a --bad / --good this device can run (`nandoctor doctor` lists what it runs)",
-    "no-target": "fix the data: a batch has no supervised token, whatever the configuration "
-    "(`nandoctor doctor --data` names its rows and why)",
-}
+UNRESOLVED_ADVICE = {v.name: v.advice for v in VERDICTS if v.unresolved}
 
 
 STAND_IN_ATTN = "sdpa"  # the attention of the fp32 probe run when fp32/eager did not train stably

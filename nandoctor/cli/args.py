@@ -121,7 +121,9 @@ def trainer_from_args(args) -> dict | None:
     """The user's trainer of --trainer-args / --trainer ({"kind", "args"}), or None: nandoctor's own loop."""
     if getattr(args, "trainer", None) and not getattr(args, "trainer_args", None):
         raise NandoctorError("--trainer names the trainer of --trainer-args FILE; add --trainer-args")
-    return trainer_of(args.trainer_args, args.trainer) if getattr(args, "trainer_args", None) else None
+    return (
+        trainer_of(args.trainer_args, getattr(args, "trainer", None)) if getattr(args, "trainer_args", None) else None
+    )
 
 
 def add_executor_args(p: argparse.ArgumentParser) -> None:

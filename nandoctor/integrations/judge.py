@@ -24,7 +24,7 @@ from ..knowledge import evaluate, finding
 from ..knowledge.facts import env_facts, router_setup_facts, setup_facts
 from ..models import router_facts
 from ..record import ProbeRecord, Step
-from ..thresholds import THRESHOLDS
+from ..thresholds import THRESHOLDS, Thresholds
 from .live import LiveRun
 
 
@@ -36,7 +36,9 @@ def check_line(name: str, passed: bool, detail: str) -> str:
     return f"  {'ok  ' if passed else 'FAIL'} {name}: {detail}"
 
 
-def headroom_checks(forensics: dict, events: list[dict], scale: float | None = None) -> list[tuple[str, bool, str]]:
+def headroom_checks(
+    forensics: dict, events: list[dict], scale: float | None = None, t: Thresholds = THRESHOLDS
+) -> list[tuple[str, bool, str]]:
     """Activation and gradient headroom of step 0 in the compute dtype: its largest finite value over
     the largest |value| seen, at the tightest module; where a value overflowed, the first module that did.
     With a GradScaler (`scale`, the loss scale step 0 ran at) the hooks see loss-scaled gradients: their
@@ -65,7 +67,7 @@ def headroom_checks(forensics: dict, events: list[dict], scale: float | None = N
             out.append(
                 (
                     name,
-                    r[f"{kind}_headroom"] > 1,
+                    r[f"{kind}_headroom"] > t.headroom_min,
                     f"{r[f'{kind}_headroom']:.3g}x at {r['module']} (largest |{kind}| {r[f'{kind}_absmax']:.4g}"
                     f"{f', loss-scaled by {scale:g}' if scaled else ''})",
                 )

@@ -14,7 +14,7 @@ collated by its own collator, measured as `nandoctor doctor --data` measures the
   trainable groups that got no gradient.
 
 The packing and accumulation figures are the probes' step-0 setup checks (child/setup_checks.py) on the
-live model: the watch judges them with the grid's verdict (analysis/verdicts.py setup_verdict), and a
+live model: the watch judges them with the grid's verdict (analysis/verdicts setup_verdict), and a
 failed one makes the run `misconfigured`. Each finding is a rule of knowledge/rules.yaml of scope live
 (its condition, severity, title, fix and public evidence) with the figure measured here (LIVE_RULES).
 The measured checks run the live model with dropout off and the RNG state restored, so the user's

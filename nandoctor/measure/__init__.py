@@ -1,5 +1,5 @@
 """The torch measurements of a training setup, with no training step taken: figures (numbers with
-their units), never verdicts; analysis/verdicts.py and thresholds.py judge them. One layer, used by
+their units), never verdicts; analysis/verdicts/ and thresholds.py judge them. One layer, used by
 the probe (child/setup_checks.py, child/train.py), the training callbacks (integrations/setup_lint.py)
 and the data lint (lint.py, through doctor.data_lint):
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from ..analysis.outcomes import RunAnalysis
+from ..analysis.verdicts import VERDICTS
 from ..device import DeviceFacts
 from . import bisection, code, failures, formatting, matrix, timing
 from .data import data_markdown
@@ -108,7 +109,7 @@ def bisection_section(b: dict) -> list[str]:
     return parts
 
 
-MARK = {"stable": "✅", "unsupported": "–", matrix.PENDING: "not reached"}  # any other verdict is a failure: ❌
+MARK = {**{v.name: v.mark for v in VERDICTS}, matrix.PENDING: "not reached"}  # the verdict table's marks
 
 
 def _md_cell(c: dict | None) -> str:
@@ -117,7 +118,7 @@ def _md_cell(c: dict | None) -> str:
     if c["verdict"] in ("unsupported", matrix.PENDING):
         return MARK[c["verdict"]]
     sep = " · " if c["verdict"] == "stable" else " "
-    text = f"{MARK.get(c['verdict'], '❌')} {sep.join(c['lines'])}".replace("|", "\\|")
+    text = f"{MARK[c['verdict']]} {sep.join(c['lines'])}".replace("|", "\\|")
     return f"**★ {text}**" if c["recommended"] else text
 
 

@@ -9,33 +9,16 @@ A cell holds the probe of the run's own recipe and seed; probes with recipe over
 from __future__ import annotations
 
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
-from ..analysis.verdicts import STABLE, UNSUPPORTED
+from ..analysis.verdicts import STABLE, UNSUPPORTED, VERDICTS
 from ..cells import AXES, HARDWARE_AXES, Cell
 from .forensics import forensics_of, headroom_applies, tightest_line
 from .formatting import fmt_fidelity, fmt_mismatch, label, recommended_ids
 from .timing import grid_text
 
 PENDING = "pending"  # planned, but the run was interrupted before it ran
-# Background and text colour per verdict, for the HTML matrix (and the screenshot test that looks for them).
-VERDICT_COLORS = {
-    "stable": ("#bfe5b4", "#1b4d14"),
-    "drift": ("#fbe49a", "#5c4a00"),
-    "grad-mismatch": ("#f9c185", "#6b3600"),
-    "diverged": ("#f9c185", "#6b3600"),
-    "zero-loss": ("#e7b3e6", "#5a1657"),
-    "no-learning": ("#d9d2c5", "#4a3f2a"),
-    "misconfigured": ("#b9d3f0", "#0f3a66"),
-    "expert-collapse": ("#a9e0dc", "#0c4a45"),
-    "off-policy": ("#f5c6a5", "#6a2e0a"),
-    "no-target": ("#d6e9e4", "#1f4a40"),
-    "nonfinite": ("#f29a9a", "#6d0f0f"),
-    "crash": ("#c98bd6", "#3f0a4d"),
-    "oom": ("#c98bd6", "#3f0a4d"),
-    "timeout": ("#c98bd6", "#3f0a4d"),
-    "killed": ("#c98bd6", "#3f0a4d"),
-    "unsupported": ("#eeeeee", "#9a9a9a"),
-    PENDING: ("#ffffff", "#777777"),
-}
+# Background and text colour per verdict (the verdict table), for the HTML matrix (and the screenshot test that
+# looks for them).
+VERDICT_COLORS = {**{v.name: v.color for v in VERDICTS}, PENDING: ("#ffffff", "#777777")}
 
 
 def _in_grid(a: RunAnalysis, o: ProbeOutcome) -> bool:
