@@ -160,11 +160,19 @@ MARKS_DIFFER = (
 UNMARKED_TEMPLATE = (
     None,
     "# as probed, labels on each assistant turn and its end-of-turn, -100 elsewhere. The chat template has no "
-    "{% generation %} marks, and trl.SFTConfig(assistant_only_loss=True) alone gets an all-zero mask from "
-    "transformers: nothing would train. Add them around each assistant turn's content and end-of-turn "
-    "({% generation %}...{% endgeneration %}), then trl.SFTConfig(assistant_only_loss=True); or give "
-    "prompt/completion rows (the chat before each assistant turn, that turn) and "
-    "trl.SFTConfig(completion_only_loss=True)",
+    "{{% generation %}} marks, which trl.SFTConfig(assistant_only_loss=True) reads the mask from. {where}, then "
+    "trl.SFTConfig(assistant_only_loss=True); or give prompt/completion rows (the chat before each assistant turn, "
+    "that turn) and trl.SFTConfig(completion_only_loss=True)",
+)
+# where the marks go, from the template's own render (userdata/template.generation_mark_places)
+MARKS_AT = (
+    "In each assistant turn put {{% generation %}} right after {opens!r} and {{% endgeneration %}} right after "
+    "{closes!r}: those marks give the probe's mask (marks elsewhere, such as before a newline that ends the turn, "
+    "train other tokens)"
+)
+MARKS_AROUND = (
+    "Add them around each assistant turn's content and end-of-turn ({% generation %}...{% endgeneration %}), "
+    "where its generation prompt ends and where the turn's text ends"
 )
 UNKNOWN_TEMPLATE = (
     {"assistant_only_loss": True},
@@ -222,7 +230,10 @@ def completion_setting(lint: dict | None) -> tuple[dict | None, str]:
     if not check:
         return UNKNOWN_TEMPLATE
     if not check["generation_marks"]:
-        return UNMARKED_TEMPLATE
+        kwargs, why = UNMARKED_TEMPLATE
+        places = check.get("mark_after")
+        where = MARKS_AT.format(opens=places[0], closes=places[1]) if places else MARKS_AROUND
+        return kwargs, why.format(where=where)
     if not check["rows_checked"]:
         return UNKNOWN_TEMPLATE
     if check["rows_differing"]:
