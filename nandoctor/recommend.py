@@ -143,7 +143,9 @@ COLLATORS = {
 # keyword, then why), or None and what to add. TRL's assistant_only_loss takes its mask from transformers'
 # apply_chat_template(return_assistant_tokens_mask=True), which marks only the {% generation %} spans of
 # the template and returns all zeros for a template without them (Llama 3.1's, Qwen3's and Gemma 3's
-# stock templates), so that nothing would train; the probe placed its mask by rendering each turn's prefix.
+# stock templates; TRL 1.16's SFTTrainer then refuses the template, or swaps in its own marked copy of a
+# stock one, whose marks may differ from the probe's mask); the probe placed its mask by rendering each
+# turn's prefix, from the end of the generation prompt through the turn's text after its content.
 PROMPT_COMPLETION = ({"completion_only_loss": True}, "# labels on the completion only, -100 on the prompt: as probed")
 MARKED_TEMPLATE = (
     {"assistant_only_loss": True},
