@@ -143,7 +143,9 @@ COLLATORS = {
 # keyword, then why), or None and what to add. TRL's assistant_only_loss takes its mask from transformers'
 # apply_chat_template(return_assistant_tokens_mask=True), which marks only the {% generation %} spans of
 # the template and returns all zeros for a template without them (Llama 3.1's, Qwen3's and Gemma 3's
-# stock templates), so that nothing would train; the probe placed its mask by rendering each turn's prefix.
+# stock templates; TRL 1.16's SFTTrainer then refuses the template, or swaps in its own marked copy of a
+# stock one, whose marks may differ from the probe's mask); the probe placed its mask by rendering each
+# turn's prefix, from the end of the generation prompt through the turn's text after its content.
 PROMPT_COMPLETION = ({"completion_only_loss": True}, "# labels on the completion only, -100 on the prompt: as probed")
 MARKED_TEMPLATE = (
     {"assistant_only_loss": True},
@@ -160,11 +162,19 @@ MARKS_DIFFER = (
 UNMARKED_TEMPLATE = (
     None,
     "# as probed, labels on each assistant turn and its end-of-turn, -100 elsewhere. The chat template has no "
-    "{% generation %} marks, and trl.SFTConfig(assistant_only_loss=True) alone gets an all-zero mask from "
-    "transformers: nothing would train. Add them around each assistant turn's content and end-of-turn "
-    "({% generation %}...{% endgeneration %}), then trl.SFTConfig(assistant_only_loss=True); or give "
-    "prompt/completion rows (the chat before each assistant turn, that turn) and "
-    "trl.SFTConfig(completion_only_loss=True)",
+    "{{% generation %}} marks, which trl.SFTConfig(assistant_only_loss=True) reads the mask from. {where}, then "
+    "trl.SFTConfig(assistant_only_loss=True); or give prompt/completion rows (the chat before each assistant turn, "
+    "that turn) and trl.SFTConfig(completion_only_loss=True)",
+)
+# where the marks go, from the template's own render (userdata/template.generation_mark_places)
+MARKS_AT = (
+    "In each assistant turn put {{% generation %}} right after {opens!r} and {{% endgeneration %}} right after "
+    "{closes!r}: those marks give the probe's mask (marks elsewhere, such as before a newline that ends the turn, "
+    "train other tokens)"
+)
+MARKS_AROUND = (
+    "Add them around each assistant turn's content and end-of-turn ({% generation %}...{% endgeneration %}), "
+    "where its generation prompt ends and where the turn's text ends"
 )
 UNKNOWN_TEMPLATE = (
     {"assistant_only_loss": True},
@@ -222,7 +232,10 @@ def completion_setting(lint: dict | None) -> tuple[dict | None, str]:
     if not check:
         return UNKNOWN_TEMPLATE
     if not check["generation_marks"]:
-        return UNMARKED_TEMPLATE
+        kwargs, why = UNMARKED_TEMPLATE
+        places = check.get("mark_after")
+        where = MARKS_AT.format(opens=places[0], closes=places[1]) if places else MARKS_AROUND
+        return kwargs, why.format(where=where)
     if not check["rows_checked"]:
         return UNKNOWN_TEMPLATE
     if check["rows_differing"]:

@@ -10,7 +10,15 @@ import shlex
 import pytest
 from checkpoints import save_llama
 from conftest import run_cli, run_main, summary
-from userdata_fixtures import CHAT_TEMPLATE, chat_rows, save_chat_tokenizer, sentence, write_jsonl
+from userdata_fixtures import (
+    CHAT_TEMPLATE,
+    CHATML_GENERATION_TEMPLATE,
+    CHATML_TEMPLATE,
+    chat_rows,
+    save_chat_tokenizer,
+    sentence,
+    write_jsonl,
+)
 
 from nandoctor.config import recipe_from_dict
 from nandoctor.doctor import data_lint
@@ -27,10 +35,19 @@ MARKED_TEMPLATE = (
     "{% endgeneration %}{% else %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# CHATML_TEMPLATE marked as transformers' own test of return_assistant_tokens_mask marks it (and training code
+# copies): the content and <|im_end|> inside, the newline that ends the turn outside
+CHATML_NEWLINE_OUTSIDE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}"
+    "{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 ONE_CELL = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off")
 
 
 def completion_recipe(tmp_path, template: str):
+    tmp_path.mkdir(exist_ok=True)
     tok = save_chat_tokenizer(tmp_path / "tok", template=template)
     rows = write_jsonl(tmp_path / "chat.jsonl", chat_rows(12, turns=2))
     data = {"source": "file", "path": str(rows), "tokenizer": str(tok), "labels": "completion_only", "max_length": 256}
@@ -76,6 +93,29 @@ def test_a_template_without_generation_marks_is_told_what_to_add(tmp_path):
     assert lines[0].startswith("args = TrainingArguments("), lines  # no TRL setting that trains nothing
     (said,) = [line for line in lines if "assistant_only_loss" in line]
     assert "no {% generation %} marks" in said and "completion_only_loss=True" in said
+
+
+def test_a_chatml_template_without_marks_is_told_the_marks_that_give_the_probes_mask(tmp_path):
+    unmarked = completion_recipe(tmp_path / "unmarked", CHATML_TEMPLATE)
+    (said,) = [line for line in advice(unmarked) if "assistant_only_loss" in line]
+    assert "{% generation %} right after '<|im_start|>assistant\\n'" in said, said
+    assert "{% endgeneration %} right after '<|im_end|>\\n'" in said, said
+    probed, _ = transformers_masks(unmarked)
+    _, advised = transformers_masks(completion_recipe(tmp_path / "advised", CHATML_GENERATION_TEMPLATE))
+    assert advised == probed  # the marks as the advice places them: TRL's mask is the probe's, token for token
+
+    # marks before the newline that ends the turn: that newline, after each assistant turn's <|im_end|>, is the
+    # one difference (12 chats of 2 assistant turns)
+    outside = completion_recipe(tmp_path / "outside", CHATML_NEWLINE_OUTSIDE)
+    _, theirs = transformers_masks(outside)
+    encoded = encoded_rows(outside, model_config(resolve_model(None)))
+    missed = [
+        encoded.tokenizer.convert_ids_to_tokens(row["input_ids"][j - 1 : j + 1])
+        for row, p, t in zip(encoded.rows, probed, theirs)
+        for j in range(len(p))
+        if p[j] != t[j]
+    ]
+    assert missed == [["<|im_end|>", "Ċ"]] * 24, missed
 
 
 @pytest.mark.slow

@@ -13,7 +13,14 @@ import types
 import pytest
 from checkpoints import save_llama, tiny_qwen3_moe
 from conftest import needs
-from userdata_fixtures import GENERATION_TEMPLATE, chat_rows, save_chat_tokenizer, write_jsonl
+from userdata_fixtures import (
+    CHATML_GENERATION_TEMPLATE,
+    CHATML_TEMPLATE,
+    GENERATION_TEMPLATE,
+    chat_rows,
+    save_chat_tokenizer,
+    write_jsonl,
+)
 
 from nandoctor.cells import Cell
 from nandoctor.config import Recipe, recipe_from_dict, set_field
@@ -134,6 +141,46 @@ def test_a_chat_recommendation_pastes_an_sft_config_that_trains_fp32_on_the_assi
     args = scope["args"]
     assert (args.bf16, args.fp16, args.assistant_only_loss, args.gradient_checkpointing) == (False, False, True, False)
     train(scope, recipe, Dataset.from_list(rows), tmp_path, SFTTrainer, processing_class=scope["tokenizer"])
+
+
+def test_chatml_marked_as_advised_pastes_an_sft_config_whose_labels_are_the_probes(ckpt, tmp_path):
+    """A ChatML template without marks was probed; the advice says where the marks go. With them placed so
+    (CHATML_GENERATION_TEMPLATE), the pasted SFTConfig trains with SFTTrainer, and the labels TRL's collator
+    builds are the probe's labels of the unmarked template, token for token (the newline after each turn
+    included)."""
+    import json
+
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    from nandoctor.doctor import data_lint
+    from nandoctor.models import model_config
+    from nandoctor.userdata.encode import IGNORE
+    from nandoctor.userdata.rows import encoded_rows
+
+    rows = chat_rows(ROWS, turns=2)
+    path = str(write_jsonl(tmp_path / "chat.jsonl", rows))
+
+    def recipe_of(template: str, name: str) -> Recipe:
+        tok = str(save_chat_tokenizer(tmp_path / name, template=template))
+        data = {"source": "file", "path": path, "tokenizer": tok, "labels": "completion_only"}
+        return recipe_from_dict({"model": {"path": str(ckpt)}, "data": data}, "r")
+
+    probed = recipe_of(CHATML_TEMPLATE, "unmarked")
+    (said,) = [line for line in advised("fp32/sdpa/off", probed, lint=data_lint(probed))["python"] if "marks" in line]
+    assert "right after '<|im_start|>assistant\\n'" in said and "right after '<|im_end|>\\n'" in said, said
+    marked = recipe_of(CHATML_GENERATION_TEMPLATE, "marked")
+    rec = advised("fp32/sdpa/off", marked, lint=json.loads(json.dumps(data_lint(marked))))
+    assert rec["python"][0].startswith("args = trl.SFTConfig(") and "assistant_only_loss=True" in rec["python"][0]
+    scope = pasted(rec, tmp_path)
+    trainer = train(scope, marked, Dataset.from_list(rows), tmp_path, SFTTrainer, processing_class=scope["tokenizer"])
+
+    encoded = encoded_rows(probed, model_config(probed))
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(ROWS)])
+    for i in range(ROWS):
+        ids, labels = encoded.rows[i]["input_ids"], encoded.rows[i]["labels"]
+        assert batch["input_ids"][i, : len(ids)].tolist() == ids
+        assert batch["labels"][i, : len(ids)].tolist() == labels and IGNORE in labels and set(labels) != {IGNORE}
 
 
 def test_the_probe_decays_the_parameters_the_trainer_decays(ckpt, tmp_path):

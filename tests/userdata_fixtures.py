@@ -26,6 +26,21 @@ GENERATION_TEMPLATE = (
     "{% endgeneration %}{% else %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
+# ChatML, as Qwen's templates write each turn: <|im_start|>role, a newline, the content, <|im_end|>, a newline.
+# <|im_start|> and <|im_end|> become special tokens of a tokenizer saved with it.
+CHATML_TOKENS = ["<|im_start|>", "<|im_end|>"]
+CHATML_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+# CHATML_TEMPLATE with {% generation %} where the recommendation says to put it: after the generation prompt
+# '<|im_start|>assistant\n', and after the turn's '<|im_end|>\n' (as TRL's Qwen3 training template places them)
+CHATML_GENERATION_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}"
+    "{{ m['content'] + '<|im_end|>' + '\\n' }}{% endgeneration %}"
+    "{% else %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 # A template that renders the last assistant turn otherwise than earlier ones, as Qwen3's does (empty
 # <think></think> in the last turn only): in a chat of several turns, the conversation up to an
 # earlier assistant turn is then not a prefix of the whole.
@@ -62,7 +77,8 @@ def save_chat_tokenizer(path: Path, pad: str | None = "<pad>", template: str = C
         eos_token="</s>",
         unk_token="<unk>",
         chat_template=template,
-        additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"],
+        additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"]
+        + [t for t in CHATML_TOKENS if t in template],
         **special,
     )
     fast.save_pretrained(path)

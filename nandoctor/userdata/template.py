@@ -45,18 +45,43 @@ def generation_eos_ids(model_dir: str | None) -> set[int]:
     return {i for i in ids if isinstance(i, int)}
 
 
+# the assistant turn a template is rendered with to find where its marks go (generation_mark_places)
+_ANSWER = "nandoctor answer"
+
+
+def generation_mark_places(tokenizer) -> list[str] | None:
+    """[the text `{% generation %}` goes right after, the text `{% endgeneration %}` goes right after] in
+    an assistant turn, for the template's marks to give exactly the probe's mask (encode._chat_spans): the
+    generation prompt (ChatML's '<|im_start|>assistant\\n') and what the turn renders after its content
+    ('<|im_end|>\\n', the newline included). None where the template fails on a user / assistant chat or
+    renders the prompt otherwise than as a prefix of the turn."""
+    from jinja2 import TemplateError
+
+    user = [{"role": "user", "content": "nandoctor question"}]
+    try:
+        plain = tokenizer.apply_chat_template(user, tokenize=False)
+        prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+        turn = tokenizer.apply_chat_template(user + [{"role": "assistant", "content": _ANSWER}], tokenize=False)
+    except (TemplateError, ValueError, TypeError):
+        return None
+    if not (prompt.startswith(plain) and turn.startswith(prompt) and _ANSWER in turn[len(prompt) :]):
+        return None
+    return [prompt[len(plain) :], turn[turn.rindex(_ANSWER) + len(_ANSWER) :]]
+
+
 def assistant_mask_check(encoded, raw_rows) -> dict:
     """For chat rows labelled completion_only: {"generation_marks": whether the template has
     {% generation %} marks, "rows_checked", "rows_differing": rows (of the first MASK_ROWS) whose
     transformers assistant mask, cut to max_length as the probe cut its row, differs from the probe's
-    labels (None without marks: transformers returns all zeros), "first_differing": the first such row};
+    labels (None without marks: transformers returns all zeros), "first_differing": the first such row,
+    "mark_after": where marks must go to give the probe's mask (generation_mark_places), without marks};
     rows_checked is 0 when transformers could not return the mask (a slow tokenizer)."""
     tokenizer, enc = encoded.tokenizer, encoded.encoding
     marks = bool(GENERATION_MARK.search(template_text(tokenizer)))
     n = min(MASK_ROWS, len(encoded.rows))
     check = {"generation_marks": marks, "rows_checked": n, "rows_differing": None, "first_differing": None}
     if not marks:
-        return check
+        return {**check, "mark_after": generation_mark_places(tokenizer)}
     from jinja2 import TemplateError
 
     differing = []
