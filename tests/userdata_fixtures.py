@@ -78,7 +78,7 @@ def save_chat_tokenizer(path: Path, pad: str | None = "<pad>", template: str = C
         unk_token="<unk>",
         chat_template=template,
         additional_special_tokens=["<|user|>", "<|assistant|>", "<|system|>"]
-        + [t for t in CHATML_TOKENS if t in template],
+        + [t for t in CHATML_TOKENS if t in (template or "")],
         **special,
     )
     fast.save_pretrained(path)
