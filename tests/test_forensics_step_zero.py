@@ -113,5 +113,6 @@ def test_cells_that_keep_the_replay_or_have_none(cell, steps, fields):
     from nandoctor.child.replay import eager_forensics
 
     assert not eager_forensics(spec_for(cell, steps, **fields))
-    assert not eager_forensics(dataclasses.replace(spec_for(Cell("fp32", "sdpa", "off"), 4), replay_failed_only=True))
+    # a check of more than one step measures its step 0 as a grid probe does (it judges a stall alike)
+    assert eager_forensics(dataclasses.replace(spec_for(Cell("fp32", "sdpa", "off"), 4), replay_failed_only=True))
     assert eager_forensics(spec_for(Cell("fp32", "sdpa", "off"), 4))

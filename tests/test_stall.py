@@ -111,3 +111,15 @@ def test_a_hard_batch_among_easy_ones_of_its_kind_is_no_spike_and_a_real_spike_s
     assert loss_spike(falling) is None
     spiked = loss_spike(steps(6.5))
     assert spiked is not None and spiked.step == 30 and spiked.reason.startswith("loss spiked to 6.5 at step 30")
+
+
+@pytest.mark.slow
+def test_check_calls_the_same_stall_the_grid_does(tmp_path):
+    """check judges by the grid's verdict (issue 44): a check of more than one step measures its step 0 as a
+    grid probe does, so bf16-pure at lr 1e-6 fails check as the stall the grid calls drift, and fp32 passes."""
+    args = ("--attn", "eager", "--steps", "8", "--set", "optimizer.lr=1e-6")
+    stalled = run_cli("check", "--dtype", "bf16-pure", *args, "--out", tmp_path / "pure")
+    assert stalled.returncode == 1, stalled.stdout + stalled.stderr
+    assert "FAIL verdict: drift: stalled: step 0's optimizer step lost" in stalled.stdout
+    trains = run_cli("check", "--dtype", "fp32", *args, "--out", tmp_path / "fp32")
+    assert trains.returncode == 0, trains.stdout + trains.stderr

@@ -135,12 +135,12 @@ MEASURED_ON = "timed step 0"  # forensics["measured_on"] of a probe measured wit
 def eager_forensics(spec: ProbeSpec) -> bool:
     """Whether a stable probe of this spec is measured on its timed step 0 rather than replayed: the
     cell runs eagerly without fp8 casts to watch, in one process (a rank's replay also watches its
-    reduction), and step 0 is a warm-up step (at least 2 steps)."""
+    reduction), and step 0 is a warm-up step (at least 2 steps). A check (replay_failed_only) is measured
+    so too: read-only hooks on a step it trains anyway, so that it judges a stall as the grid does."""
     cell = spec.cell
     return (
         spec.recipe.forensics_steps > 0
         and not cell.parallel_row.wrapper
-        and not spec.replay_failed_only
         and cell.compilation.backend is None
         and not cell.precision.fp8
         and spec.steps >= 2
