@@ -14,21 +14,27 @@ def rel(a, b) -> float:
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
+def nf4_lora(path):
+    """The checkpoint at `path` as an fp32-compute nf4 cell's probe builds it, with a LoRA adapter."""
+    from nandoctor.cells import Cell
+    from nandoctor.child.build import build_model
+    from nandoctor.config import Recipe, set_field
+    from nandoctor.record import ModelPlan
+
+    recipe = set_field(set_field(Recipe(), "adapter.type", "lora"), "model.path", str(path))
+    plan = ModelPlan("local-weights", "full", "llama", 1, 1, 1, str(path), "", {})
+    return build_model(plan, recipe, Cell("fp32", "sdpa", "off", quant="nf4"), 0)
+
+
 def main(path: str) -> None:
     import torch
     from bitsandbytes.functional import _convert_weight_packed_for_cpu, dequantize_4bit
 
     from nandoctor.analysis.verdicts import roundtrip_differs
-    from nandoctor.cells import Cell
-    from nandoctor.child.build import build_model
     from nandoctor.child.quant import bnb_layer
     from nandoctor.child.roundtrip import dense_weights, restore_cpu_layout, roundtrip
-    from nandoctor.config import Recipe, set_field
-    from nandoctor.record import ModelPlan
 
-    recipe = set_field(set_field(Recipe(), "adapter.type", "lora"), "model.path", path)
-    plan = ModelPlan("local-weights", "full", "llama", 1, 1, 1, path, "", {})
-    model = build_model(plan, recipe, Cell("fp32", "sdpa", "off", quant="nf4"), 0)
+    model = nf4_lora(path)
     assert type(model.get_base_model().model.layers[0].self_attn.q_proj).__name__ == "Linear4bit"  # peft's
     stored, _ = dense_weights(model)
     layers = [m for m in model.modules() if bnb_layer(m)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from checkpoints import save_llama
 from conftest import run_main
+from repacked_roundtrip import nf4_lora
 
 from nandoctor.analysis.verdicts import roundtrip_differs
 from nandoctor.capabilities import cell_support, quant_support
@@ -134,20 +135,6 @@ def test_a_quantized_base_is_compared_with_the_same_adapter_over_the_16_bit_base
     assert compared[0].base_saving == pytest.approx(1 - 578_304 / 894_208) and checks == []
 
 
-def _nf4_lora(ckpt):
-    from nandoctor.child.build import build_model
-    from nandoctor.record import ModelPlan
-
-    plan = ModelPlan("local-weights", "full", "llama", 1, 1, 1, str(ckpt), "", {})
-    return build_model(plan, lora(ckpt), Cell("fp32", "sdpa", "off", quant="nf4"), 0)
-
-
-def _rel(a, b) -> float:
-    import torch
-
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
-
-
 @pytest.mark.slow
 def test_a_4_bit_weight_repacked_for_the_cpu_kernel_is_compared_as_the_layer_computes_with_it(tmp_path):
     """bitsandbytes repacks a Linear4bit for its AVX512-BF16 kernel on the first forward in eval mode without
@@ -174,7 +161,7 @@ def test_a_4_bit_layer_the_cpu_repack_cannot_take_computes_in_the_stored_layout(
     from nandoctor.child.quant import bnb_layer
     from nandoctor.child.roundtrip import keep_cpu_layout
 
-    model = _nf4_lora(ckpt)
+    model = nf4_lora(ckpt)
     layers = {n: m for n, m in model.named_modules() if bnb_layer(m)}
     for m in layers.values():
         m.support_avx512bf16_for_cpu = True  # as on a CPU with AVX512-BF16
