@@ -34,6 +34,19 @@ def routers(model) -> tuple[list[tuple[str, object]], int]:
     return [(n, m) for n, m in base.named_modules() if isinstance(m, target)], getattr(recorder, "index", 0) or 0
 
 
+def router_choices(output, index: int, top_k: int):
+    """(logits as (tokens, experts), the experts each token chose as (tokens, k)) of a router module's
+    output: its logits at `index`, its chosen experts where the router returns them (a 3-tuple), else the
+    logits' top-k."""
+    import torch
+
+    out = output if isinstance(output, tuple) else (output,)
+    logits = out[index].detach()
+    logits = logits.reshape(-1, logits.shape[-1])
+    chosen = out[2].detach() if len(out) == 3 else torch.topk(logits, top_k, dim=-1).indices
+    return logits, chosen.reshape(logits.shape[0], -1)
+
+
 class RouterWatch:
     """Counts per layer at the steps in `keep`, step 0's choices, and each step's aux loss.
     `step` is set by the caller before each optimizer step (its micro-batches add up)."""
@@ -65,11 +78,7 @@ class RouterWatch:
             if self.step not in self.keep:
                 return
             torch = self.torch
-            out = output if isinstance(output, tuple) else (output,)
-            logits = out[self.index].detach()
-            logits = logits.reshape(-1, logits.shape[-1])
-            indices = out[2].detach() if len(out) == 3 else torch.topk(logits, self.top_k, dim=-1).indices
-            indices = indices.reshape(logits.shape[0], -1)
+            logits, indices = router_choices(output, self.index, self.top_k)
             self.dtype = str(logits.dtype).removeprefix("torch.")
             at = self.layers[self.step][layer]
             counts = torch.bincount(indices.flatten(), minlength=self.experts).tolist()

@@ -118,10 +118,11 @@ class RouteCapture:
     def __init__(self, model):
         import torch
 
+        from ..models import expert_top_k
         from .moe import _base, routers
 
         self.modules, self.index = routers(model)
-        self.top_k = getattr(_base(model).config, "num_experts_per_tok", None) or 1
+        self.top_k = expert_top_k(_base(model).config) or 1
         self.mode: str | None = None  # "rollout" or "train" while a path runs
         self.rollout: list[list] = [[] for _ in self.modules]  # per layer: each generate() call's choices
         self.train: list = [None] * len(self.modules)
@@ -135,11 +136,10 @@ class RouteCapture:
                 return
             import torch
 
-            out = output if isinstance(output, tuple) else (output,)
-            logits = out[self.index].detach()
-            logits = logits.reshape(-1, logits.shape[-1])
-            chosen = out[2].detach() if len(out) == 3 else torch.topk(logits, self.top_k, dim=-1).indices
-            chosen = torch.sort(chosen.reshape(logits.shape[0], -1), dim=-1).values.cpu()
+            from .moe import router_choices
+
+            _, chosen = router_choices(output, self.index, self.top_k)
+            chosen = torch.sort(chosen, dim=-1).values.cpu()
             if self.mode == "rollout":
                 self.rollout[layer].append(chosen)
             else:
