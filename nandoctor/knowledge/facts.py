@@ -134,15 +134,21 @@ def trainer_cell(trainer_args: dict, attn: str = "sdpa", accelerate: dict | None
     return Cell(precision, attn, compile, optimizer, parallel=parallel)
 
 
+def _cast_to(recipe: Recipe, cell: Cell) -> str | None:
+    """The short dtype every weight, the adapter's too, is cast to (a pure cell; an fp32 cell over a 16-bit
+    load), as models.build_model casts them; None where the cell keeps the load dtype."""
+    held = weight_dtype(cell, load_dtype(recipe))
+    return SHORT_DTYPES[held] if held != LOAD_DTYPES[load_dtype(recipe)] else None
+
+
 def adapter_dtype(recipe: Recipe, cell: Cell) -> str | None:
     """The dtype of the adapter's weights, as peft and models.build_model hold them; None without an
     adapter. A pure cell hard-casts them with everything; otherwise peft keeps them in fp32 over a
     bf16 / fp16 base when adapter.autocast_adapter_dtype (its default), else in the base's load dtype."""
     if recipe.adapter.type == "none":
         return None
-    held = weight_dtype(cell, load_dtype(recipe))
-    if held != LOAD_DTYPES[load_dtype(recipe)]:  # cast with everything (a pure cell, an fp32 one)
-        return SHORT_DTYPES[held]
+    if cast := _cast_to(recipe, cell):  # cast with everything (a pure cell, an fp32 one)
+        return cast
     return "fp32" if recipe.adapter.autocast_adapter_dtype else load_dtype(recipe)
 
 
@@ -151,9 +157,8 @@ def trainable_dtype(recipe: Recipe, cell: Cell) -> str:
     everything, an fp32 cell casts to fp32; otherwise a full fine-tune keeps the load dtype; an adapter its
     adapter_dtype, and peft's modules_to_save copies the load dtype (autocast_adapter_dtype casts the adapter
     layers only)."""
-    held = weight_dtype(cell, load_dtype(recipe))
-    if held != LOAD_DTYPES[load_dtype(recipe)]:
-        return SHORT_DTYPES[held]
+    if cast := _cast_to(recipe, cell):
+        return cast
     if recipe.adapter.type == "none" or recipe.adapter.modules_to_save:
         return load_dtype(recipe)
     return adapter_dtype(recipe, cell)
