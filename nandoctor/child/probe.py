@@ -171,8 +171,8 @@ def probe(spec: ProbeSpec, ranks: Ranks, result: Path, folder: Path | None) -> i
         code, snapshot, watch = 1, None, None
     # a check's step 0 measured in the run (no replay); not under --roundtrip, which merges the trained model
     # (the forensics restore the initial weights)
-    measured = watch is not None and watch.step is not None and not spec.roundtrip
-    if snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only or measured):
+    step0_measured = watch is not None and watch.step is not None and not spec.roundtrip
+    if snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only or step0_measured):
         record.forensics = REPLAY_RUNNING
         write(record, result)  # the timed result: the verdict stands whatever the replay does
         record.forensics = forensics_of(spec, record, s, snapshot, watch, ranks)
