@@ -205,10 +205,12 @@ def roundtrip_recommended(session: Session, recipe: Recipe) -> None:
     if best is None:
         return
     cell = best.record.cell
-    session.roundtrip = True
+    options, session.options = session.options, dataclasses.replace(session.options, roundtrip=True)
     own = dataclasses.replace(recipe, forensics_steps=0)
-    record = session.time_only(own, [PlannedProbe(f"{cell.id} roundtrip", cell)], session.steps)[0]
-    session.roundtrip = False
+    try:
+        record = session.time_only(own, [PlannedProbe(f"{cell.id} roundtrip", cell)], session.steps)[0]
+    finally:
+        session.options = options
     figures = {"probe_id": cell.id, "status": record.status, "first_nonfinite": record.first_nonfinite}
     session.store.write_json(ROUNDTRIP_FILE, {**figures, "roundtrip": record.roundtrip})
 

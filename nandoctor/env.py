@@ -418,29 +418,40 @@ def get_cpu_capability() -> str | None:
 COST_MATMUL_SIZE = 256
 
 
-def get_cpu_matmul_cost() -> dict[str, float]:
-    """{compute dtype: the time of a COST_MATMUL_SIZE square matmul in it over fp32's}, for bfloat16 and
-    float16, on one thread of this CPU (two threads on a loaded host wait on each other: fp32's time then
-    swung 100-fold between runs here), the best of several after a warm-up (fp32's takes 0.3 ms: ten
-    tries; a slow one three), so that a moment of load elsewhere does not count. Where a CPU lacks the
-    units for a dtype, torch emulates it, and a probe in that dtype trains about this many times slower."""
+def matmul_seconds(n: int, dtype=None, tries: int = 3, more_within_s: float = 0.0) -> float:
+    """The best time of an n x n matmul in `dtype` (torch's fp32 by default) with torch's threads as they
+    are: one untimed product first, then `tries` timed ones, and more (up to ten) while all of them took
+    under `more_within_s` together. The best, so that a moment of load elsewhere does not count."""
     import time
 
     import torch
 
-    n, best, threads = COST_MATMUL_SIZE, {}, torch.get_num_threads()
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times: list[float] = []
+    while len(times) < tries or (len(times) < 10 and sum(times) < more_within_s):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return max(min(times), 1e-9)
+
+
+def get_cpu_matmul_cost() -> dict[str, float]:
+    """{compute dtype: the time of a COST_MATMUL_SIZE square matmul in it over fp32's}, for bfloat16 and
+    float16, on one thread of this CPU (two threads on a loaded host wait on each other: fp32's time then
+    swung 100-fold between runs here), the best of several (fp32's takes 0.3 ms: up to ten tries while
+    they stay under 20 ms; a slow dtype three), so that a moment of load elsewhere does not count. Where
+    a CPU lacks the units for a dtype, torch emulates it, and a probe in that dtype trains about this
+    many times slower."""
+    import torch
+
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            t0 = time.perf_counter()
-            a @ b
-            times = [time.perf_counter() - t0]
-            while len(times) < 3 or (len(times) < 10 and sum(times) < 0.02):
-                t0 = time.perf_counter()
-                a @ b
-                times.append(time.perf_counter() - t0)
-            best[str(dtype).removeprefix("torch.")] = max(min(times[1:]), 1e-9)
+        best = {
+            str(dtype).removeprefix("torch."): matmul_seconds(COST_MATMUL_SIZE, dtype, tries=3, more_within_s=0.02)
+            for dtype in (torch.float32, torch.bfloat16, torch.float16)
+        }
     finally:
         torch.set_num_threads(threads)
     return {k: round(v / best["float32"], 2) for k, v in best.items() if k != "float32"}

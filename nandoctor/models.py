@@ -18,6 +18,7 @@ from pathlib import Path
 from .cells import PACKAGES
 from .config import Recipe
 from .device import DeviceFacts
+from .env import matmul_seconds
 from .errors import NandoctorError
 from .optional import hidden
 from .recipes import cached_snapshot
@@ -315,21 +316,10 @@ def step_flops(params: int, trainable: int, tokens: int) -> float:
 @functools.cache
 def measured_cpu_flops() -> float:
     """fp32 matmul FLOP/s of this CPU with torch's threads: the best of five 1024x1024 products
-    (the best, so that a moment of load elsewhere does not count; ~0.1 s on the 2-core dev machine).
-    An upper bound on training speed, so --scale auto falls back to probe scale only when even that is too slow."""
-    import time
-
-    import torch
-
+    (~0.1 s on the 2-core dev machine). An upper bound on training speed, so --scale auto falls back to
+    probe scale only when even that is too slow."""
     n = 1024
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    return 2 * n**3 / matmul_seconds(n, tries=5)
 
 
 def device_flops(device: DeviceFacts | dict) -> tuple[float, str]:

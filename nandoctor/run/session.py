@@ -61,15 +61,13 @@ def probe_spec(
     steps: int,
     jobs: int,
     threads: int | None = None,
-    replay_failed_only: bool = False,
-    roundtrip: bool = False,
-    trainer: dict | None = None,
+    options: RunOptions | None = None,
 ) -> ProbeSpec:
     """threads: the probe's CPU threads (its placement's share); by default this host's cores over `jobs`.
-    replay_failed_only: the forensics replay runs only after a non-finite step (check); roundtrip: the probe
-    merges, saves and reloads what it trained (check --roundtrip, child/roundtrip.py); trainer: the user's
-    trainer the probe trains with (RunOptions.trainer)."""
-    device = DeviceFacts.of(device)
+    options: the run's RunOptions, of which the probe reads replay_failed_only (the forensics replay runs
+    only after a non-finite step: check), roundtrip (the probe merges, saves and reloads what it trained:
+    check --roundtrip, child/roundtrip.py) and trainer (the user's trainer the probe trains with)."""
+    device, options = DeviceFacts.of(device), options or RunOptions()
     return ProbeSpec(
         probe.probe_id,
         recipe,
@@ -79,9 +77,9 @@ def probe_spec(
         recipe.seed + probe.seed_offset,
         device.device,
         threads or threads_per_probe(jobs, device.cpu_count),
-        replay_failed_only,
-        roundtrip,
-        trainer,
+        options.replay_failed_only,
+        options.roundtrip,
+        options.trainer,
     )
 
 
@@ -129,8 +127,7 @@ class Session:
         options = options or RunOptions()
         hooks = options.hooks()
         self.kind, self.recipe = kind, recipe
-        self.replay_failed_only, self.roundtrip = options.replay_failed_only, options.roundtrip
-        self.trainer = options.trainer
+        self.options = options
         self.steps = options.steps or recipe.steps
         self.short = refuse_short_probes(kind, self.steps) if kind != "check" and not resume else None
         self.executor = options.executor or ExecutorConfig()
@@ -253,18 +250,7 @@ class Session:
         device = self.device_of(probe.cell.hardware)
         ranks = recipe.world_size if probe.cell.parallel_row.wrapper else 1
         threads = self.placement.threads(device, ranks)
-        return probe_spec(
-            recipe,
-            probe,
-            plan,
-            device,
-            steps,
-            self.jobs,
-            threads,
-            self.replay_failed_only,
-            self.roundtrip,
-            self.trainer,
-        )
+        return probe_spec(recipe, probe, plan, device, steps, self.jobs, threads, self.options)
 
     def close(self) -> None:
         """End every probe still running (cancelling its job) and close the placement."""
