@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .cells import GRAD_REDUCE_OPS, LOAD_DTYPES, parse_axis_values
+from .cells import ATTENTIONS, GRAD_REDUCE_OPS, LOAD_DTYPES, parse_axis_values
 from .errors import NandoctorError, did_you_mean
 from .typed import field_types, typed_value
 
@@ -155,8 +155,9 @@ class RolloutConfig:
     """How an objective=grpo probe samples each step's completions (docs/rl.md): `prompts` prompts of
     the data stream's rows, their first `prompt_len` tokens each, `num_generations` completions of
     `max_new_tokens` tokens per prompt, sampled by generate() with a KV cache. top_k 0 and top_p 1.0
-    leave the distribution whole. lm_head_fp32 computes the output head in fp32 for the rollout and the
-    training path alike. An sft probe reads none of it."""
+    leave the distribution whole. attn is the attention kernel the rollout engine samples with (an `attn`
+    axis value), whatever the cell trains with. lm_head_fp32 computes the output head in fp32 for the
+    rollout and the training path alike. An sft probe reads none of it."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -165,6 +166,10 @@ class RolloutConfig:
     num_generations: int = 4  # the group GRPO normalises each prompt's rewards over
     prompts: int = 2
     prompt_len: int = 8
+    # the engine's own kernel, not the trainer's: generate()'s default attn_implementation (transformers
+    # 5), SDPA with its usual dispatch. A cell that trains with another kernel is scored by a different
+    # computation of the same policy, as a trainer beside vLLM's kernels is
+    attn: str = "sdpa"
     # the output head's weights, input and matmul in fp32 in both paths (TRL's cast_lm_head_to_fp32,
     # prime-rl PR #2438): the log-probs then carry no half-precision rounding of the head
     lm_head_fp32: bool = False
@@ -234,6 +239,7 @@ class Recipe:
             ("moe.aux_loss", self.moe.aux_loss, MOE_AUX_LOSS),
             ("moe.router_dtype", self.moe.router_dtype, MOE_ROUTER_DTYPES),
             ("objective", self.objective, OBJECTIVES),
+            ("rollout.attn", self.rollout.attn, tuple(ATTENTIONS)),
         ]
         for key, value, valid in checks:
             if value not in valid:

@@ -148,3 +148,28 @@ def test_a_mixture_of_experts_records_where_rollout_and_training_route_apart(tmp
     bf16 = figures["bf16-amp/sdpa/off"]["per_layer"]
     assert len(bf16) == 2 and all(0.0 <= s <= 1.0 for s in bf16)
     assert "experts differ (worst layer)" in (out / "report.md").read_text()
+
+
+def test_the_samplers_filters_alone_never_flip_a_verdict(run, tmp_path):
+    """rollout.top_k=5 and rollout.top_p=0.9 choose other tokens, but both log-probs are taken before the
+    filters: each cell's verdict is the module run's (fp32 and fp16-amp stable, bf16-amp off-policy)."""
+    from conftest import run_cli
+
+    default_records, default = run
+    out = tmp_path / "filtered"
+    proc = run_cli(
+        *("grid", "--objective", "grpo", "--axis", "dtype=fp32,fp16-amp,bf16-amp", "--axis", "attn=sdpa"),
+        *("--axis", "compile=off", "--steps", "2", "--set", "retime_rounds=0", "--set", "forensics_steps=0"),
+        *("--set", "rollout.top_k=5", "--set", "rollout.top_p=0.9", "--out", out),
+        on_cpu=True,
+    )
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+
+    def verdicts(folder):
+        return {p["probe_id"]: p["verdict"] for p in json.loads((folder / "summary.json").read_text())["probes"]}
+
+    filtered = records(out)
+    assert verdicts(out) == verdicts(default) and set(CELLS) <= set(verdicts(out))
+    assert verdicts(out)["bf16-amp/sdpa/off"] == "off-policy" and verdicts(out)["fp32/sdpa/off"] == "stable"
+    for cell in CELLS:  # other tokens were sampled: the figures are the filtered run's own
+        assert filtered[cell]["rollout_mismatch"] != default_records[cell]["rollout_mismatch"], cell

@@ -127,3 +127,13 @@ def test_check_shows_the_off_policy_rule_as_a_check():
     assert checks["rollout log-probs match training"] is False
     checks = {name: ok for name, ok, _ in check_results(grpo("fp16-amp", FP16), 4096, True)}
     assert checks["rollout log-probs match training"] is True
+
+
+def test_a_grpo_loss_of_exactly_zero_is_no_zero_loss_fault():
+    # completions that all run to max_new_tokens: each group's advantages sum to 0, and so does the dapo loss
+    # (bf16-amp with the eager kernel on both paths measured mean |dlogp| 0.0 and such a loss on this CPU)
+    exact = grpo("bf16-amp", 0.0)
+    exact.steps = [Step(i, 0.0, 0.5) for i in range(2)]
+    assert classify(exact).name == STABLE
+    exact.recipe = {"name": "tiny-llama", "objective": "sft"}
+    assert classify(exact).name == "zero-loss"

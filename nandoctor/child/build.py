@@ -19,7 +19,7 @@ from ..cells import LOAD_DTYPES, Cell, weight_dtype
 from ..config import Recipe, load_dtype
 from ..data import DataStream, stream
 from ..measure.accumulation import normalized
-from ..measure.numerics import set_tf32
+from ..measure.numerics import sdpa_pin, set_tf32
 from ..models import apply_adapter, apply_moe, checkpointing, model_config, probe_scale
 from ..record import ModelPlan, ProbeSpec
 from .optimizers import eager_reason, optimizer_for, step_eagerly
@@ -117,13 +117,7 @@ def precision(cell: Cell, device: str):
 
 def attention(cell: Cell):
     """A context that pins the SDPA backend for the sdpa:* cells; the others dispatch as usual."""
-    backend_name = cell.attention.sdpa_backend
-    if backend_name is None:
-        return contextlib.nullcontext
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = getattr(SDPBackend, backend_name)
-    return lambda: sdpa_kernel([backend])
+    return sdpa_pin(cell.attention)
 
 
 def within(outer: Callable, inner: Callable) -> Callable:

@@ -2,13 +2,14 @@
 computations of the same policy disagree.
 
 Each step samples completions through the rollout path (the model in eval mode under
-torch.inference_mode, generate() with a KV cache, in the cell's precision: what a rollout engine
-runs) and hands them to the probe's own training loop (train.train) as its one micro-batch. The loop
-scores the same tokens through the training path (train mode, teacher-forced, the cell's precision,
-attention and compile) in `Rollouts.loss`: GRPO's loss as TRL 1.16's GRPOTrainer computes it by
-default (loss_type "dapo", beta 0, one update per generation, the sequence-level importance-sampling
-mask of vllm_importance_sampling_mode "sequence_mask"), with a verifiable toy reward. The difference
-of the two log-probs of each sampled token is the mismatch (`mismatch_figures`).
+torch.inference_mode, generate() with a KV cache, in the cell's precision and with the engine's own
+attention kernel, rollout.attn: what a rollout engine runs) and hands them to the probe's own training
+loop (train.train) as its one micro-batch. The loop scores the same tokens through the training path
+(train mode, teacher-forced, the cell's precision, attention and compile) in `Rollouts.loss`: GRPO's
+loss as TRL 1.16's GRPOTrainer computes it by default (loss_type "dapo", beta 0, one update per
+generation, the sequence-level importance-sampling mask of vllm_importance_sampling_mode
+"sequence_mask"), with a verifiable toy reward. The difference of the two log-probs of each sampled
+token is the mismatch (`mismatch_figures`).
 
 Both log-probs are log_softmax(logits / temperature) of the model's own logits in fp32, before top-k
 or top-p: the sampler's settings shape which tokens are drawn, never the figure.
@@ -16,8 +17,10 @@ or top-p: the sampler's settings shape which tokens are drawn, never the figure.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
+from ..cells import ATTENTIONS
 from ..config import Recipe
 
 ENGINE = "generate"  # the rollout engine a CPU probe runs (vLLM on a GPU host is not wired yet)
@@ -209,6 +212,9 @@ class Rollouts:
         self.entropies: dict[int, float] = {}
         self.tokens: dict[int, int] = {}
         self.step = 0  # the step being trained
+        self.engine_attn = ATTENTIONS[self.config.attn]
+        if self.engine_attn.cuda_only and device != "cuda":
+            raise ValueError(f"rollout.attn={self.config.attn} cannot run here: {self.engine_attn.cuda_only}")
         self.routes = RouteCapture(model)  # a mixture of experts' choices on both paths; no hooks on a dense one
 
     def steps(self):
@@ -232,7 +238,7 @@ class Rollouts:
         self.model.eval()
         self.routes.start("rollout")
         try:
-            with torch.inference_mode(), self.autocast():
+            with self.engine_kernel(), torch.inference_mode(), self.autocast():
                 out = self.model.generate(
                     input_ids=prompts,
                     attention_mask=torch.ones_like(prompts),
@@ -264,6 +270,22 @@ class Rollouts:
             "rollout_logp": rollout_logp,
             "advantages": advantages(rewards, r.num_generations),
         }
+
+    @contextlib.contextmanager
+    def engine_kernel(self):
+        """The rollout engine's attention (rollout.attn) for the span of generate(): the model's
+        attn_implementation switched to the engine's and its SDPA backend pinned, the cell's restored
+        after, so the training forward runs the cell's kernel."""
+        from ..measure.numerics import sdpa_pin
+
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        trained = base.config._attn_implementation
+        base.set_attn_implementation(self.engine_attn.implementation)
+        try:
+            with sdpa_pin(self.engine_attn)():
+                yield
+        finally:
+            base.set_attn_implementation(trained)
 
     def loss(self, model, batch: dict):
         """GRPO's loss of one step's completions, scored through the training path by `model` (the
@@ -317,6 +339,7 @@ class Rollouts:
         experts = self.routes.figures()
         return {
             "engine": ENGINE,
+            "engine_attn": self.config.attn,
             "steps": len(self.diffs),
             **out,
             "per_step_logp_diff_mean": per_step,

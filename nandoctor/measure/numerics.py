@@ -1,4 +1,5 @@
-"""What every measurement shares: dropout off, and the fp32 reference a rounding floor comes from."""
+"""What every measurement shares: dropout off, the fp32 reference a rounding floor comes from, and the SDPA
+backend an attention row pins."""
 
 from __future__ import annotations
 
@@ -151,3 +152,14 @@ def cosine(a, b) -> float | None:
         return None
     value = float(a @ b) / norms
     return max(-1.0, min(1.0, value)) if value == value else None
+
+
+def sdpa_pin(row):
+    """A context factory that pins the SDPA backend of an `attn` row (cells.Attention; sdpa:*); the others
+    dispatch as usual."""
+    if row.sdpa_backend is None:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, row.sdpa_backend)
+    return lambda: sdpa_kernel([backend])

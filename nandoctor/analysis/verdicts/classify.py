@@ -54,7 +54,13 @@ def classify(
     if objective(record) != "sft":  # a GRPO loss is no fidelity figure: the rollout mismatch is judged instead
         reference = None
     v = numeric_verdict(
-        record.steps, reference, t, trainable=record.trainable_groups, adapter=_adapter(record), against=against
+        record.steps,
+        reference,
+        t,
+        trainable=record.trainable_groups,
+        adapter=_adapter(record),
+        against=against,
+        objective=objective(record),
     )
     if v.name == NO_TARGET:
         return Verdict(v.name, v.reason + untargeted_rows(record, v.step), v.step)

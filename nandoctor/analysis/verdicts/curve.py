@@ -65,9 +65,12 @@ def numeric_verdict(
     trainable: dict | None = None,
     adapter: str | None = None,
     against: str = "",
+    objective: str = "sft",
 ) -> Verdict:
     """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given (`against`:
-    the reference's name when another fp32 probe stands in for fp32/eager).
+    the reference's name when another fp32 probe stands in for fp32/eager). objective: the recipe's; a
+    GRPO loss is exactly 0.0 whenever a step's completions all run to the same length (each group's
+    advantages sum to 0), so zero-loss judges an sft curve only.
     Steps before index `since` were judged already (a live run's watch judges each new step once);
     they still count as history for the spike window, the largest grad-norm and the rise.
     trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
@@ -88,7 +91,7 @@ def numeric_verdict(
                 f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled",
                 s.step,
             )
-    for s in steps[since:]:
+    for s in steps[since:] if objective == "sft" else ():
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
     dead = no_learning(steps, t, trainable, adapter)
