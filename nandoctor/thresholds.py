@@ -74,7 +74,10 @@ class Thresholds:
       0.0024 with DDP and 0.014 with FSDP2 (its bf16 param_dtype casts the norms too, autocast does
       not); fp16-amp 0.016 with FSDP2 under both reduce dtypes alike (its fp16 param_dtype, not the
       reduction: scaling bf16's bound by the unit roundoffs, 0.006, called that a mismatch); fp32 1e-6
-      or less. Each bound is about 3x the largest seen.
+      or less. Each bound is about 3x the largest seen. Each tensor group's own error is held to
+      accumulation_bound of its own floor (the one-process gradient in the cell's precision against fp32):
+      a balancing loss counted per rank moves a tiny Qwen3-MoE's router by 1.54 at router_aux_loss_coef
+      0.01 (bf16-amp, floor 0.032), while no group of a correct probe went past 1.4x its floor (FSDP2).
 
     Comparing a run with a baseline (analysis/diff.py, `nandoctor diff`, `--baseline`):
     - golden_loss_eps / golden_grad_eps / golden_floor: how far a step's loss and grad-norm may move

@@ -14,7 +14,12 @@ def parallel_record(
     master=("float32",),
     reduce=("float32",),
     world_size: int = 2,
+    groups: dict | None = None,
+    worst_group: str | None = None,
+    balancing_loss: float | None = None,
 ) -> ProbeRecord:
+    """groups: {tensor group: {"error", "floor"}} as the ranks measure them (child/parallel.agreement), or
+    none measured."""
     c = Cell.parse(cell)
     return ProbeRecord(
         cell,
@@ -30,7 +35,10 @@ def parallel_record(
                 "worst_param": "model.layers.0.mlp.up_proj.weight",
                 "norm_ratio": norm_ratio,
                 "params": 39,
+                **({"groups": groups, "worst_group": worst_group} if groups else {}),
             },
+            "balancing_loss": balancing_loss,
+            "loss_normalization": "tokens",
         },
     )
 

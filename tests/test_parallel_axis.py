@@ -95,6 +95,28 @@ def test_an_error_beyond_what_the_reduce_dtype_explains_fails_and_within_it_pass
     )
 
 
+def test_a_tensor_group_beyond_ten_times_its_fp32_floor_fails_while_the_whole_is_within_its_dtype_tolerance():
+    groups = {"router": {"error": 0.03, "floor": 0.001}, "rest": {"error": 0.0058, "floor": 0.006}}
+    record = parallel_record("bf16-amp/sdpa/off/ddp", max_rel_error=0.03, groups=groups, worst_group="router")
+    verdict = classify(record)
+    assert verdict.name == GRAD_MISMATCH
+    assert "within 0.05 per parameter, but the router's own gradient by 0.03 (beyond 0.01)" in verdict.reason
+    assert "the rest's own" not in verdict.reason and "load-balancing" not in verdict.reason  # no balancing loss
+    groups["router"]["floor"] = 0.004  # bound 0.04: the router's 0.03 is its own rounding
+    assert classify(record).name == "stable"
+
+
+def test_a_router_failing_as_a_whole_inside_its_wide_bf16_floor_still_names_the_balancing_loss_per_rank():
+    # measured: tiny Qwen3-MoE, 2 gloo ranks, bf16-amp DDP, router_aux_loss_coef 0.001 (the router's floor 0.042)
+    groups = {"router": {"error": 0.2448, "floor": 0.0424}, "rest": {"error": 0.0029, "floor": 0.0059}}
+    record = parallel_record(
+        "bf16-amp/sdpa/off/ddp", max_rel_error=0.2878, groups=groups, worst_group="router", balancing_loss=0.001
+    )
+    reason = classify(record).reason
+    assert "in the router), beyond the 0.05 a bfloat16 computation and reduction explain: the load-balancing" in reason
+    assert "counted 2 times" in reason and "model.config.router_aux_loss_coef / 2" in reason
+
+
 def test_a_parallel_probe_is_measured_against_the_one_process_probe_of_its_cell():
     single = ProbeRecord("bf16-amp/sdpa/off", Cell("bf16-amp"), steps=[Step(i, 8.3 - 0.01 * i, 5.0) for i in range(4)])
     parallel = parallel_record("bf16-amp/sdpa/off/fsdp2")

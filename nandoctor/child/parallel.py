@@ -4,9 +4,10 @@ probe body (probe.py) with DistributedRanks, the part of it only W ranks have.
 Every rank builds the same model from the same seed (DDP and FSDP assume identical starts) and trains
 its rows of each global batch: rank r of W takes rows [r B/W, (r+1) B/W) of the batch_size B the
 one-process probe trains, so that probe is this one's exact reference. Before wrapping, rank 0 takes
-the one-process gradient of the first global batch; after wrapping, one backward on each rank's rows
-and the reduction give the gradient the ranks will step with, and rank 0 compares the two (step-0
-gradient agreement). Then the same training loop as a one-process probe runs on the wrapped model;
+the one-process gradient of the first global batch, and the same in fp32 (the floor each tensor group
+is judged against); after wrapping, one backward on each rank's rows and the reduction give the
+gradient the ranks will step with, and rank 0 compares the two (step-0 gradient agreement, as a whole
+and per tensor group). Then the same training loop as a one-process probe runs on the wrapped model;
 each step's loss is the mean over the ranks, its tokens their sum, its grad-norm that of the full
 gradient. The forensics replay runs on every rank, with a watch on the reduction (reduction_watch.py).
 
@@ -211,16 +212,46 @@ def reduced_gradient(wrapped, inner, step: tuple, s, rank: int) -> dict:
     return grads
 
 
-def agreement(reduced: dict, reference: dict, groups: dict | None = None) -> dict:
+def fp32_gradient(model, step: tuple, s) -> dict:
+    """The same one-process gradient with the model and its inputs in fp32 (numerics.in_fp32), no
+    autocast and no SDPA backend pinned: what this precision's rounding alone moves the one-process
+    gradient by is the floor each tensor group's difference is judged against, as the accumulation
+    check's is (measure/accumulation.py). The weights come back bit for bit."""
+    from contextlib import nullcontext
+
+    from ..measure.numerics import fp32_batch, in_fp32
+
+    micro_batches, items = step
+    with in_fp32(model):
+        up = replace(s, autocast=nullcontext, attend=nullcontext)
+        return one_process_gradient(model, ([fp32_batch(b) for b in micro_batches], items), up)
+
+
+def group_errors(got: dict, want: dict, groups: dict) -> dict:
+    """{group: ||got - want|| / ||want||, each models.checked_groups group's gradients together}
+    (`groups`: {parameter name: its group}), over the parameters of `want`; None for a group whose
+    `want` is zero."""
+    sums: dict[str, tuple[float, float]] = {}
+    for name, ref in want.items():
+        key = name.removeprefix("module.")
+        group, g = groups.get(key), got.get(key)
+        if group is None or g is None:
+            continue
+        diff, whole = sums.get(group, (0.0, 0.0))
+        sums[group] = (diff + (g - ref).norm().item() ** 2, whole + ref.norm().item() ** 2)
+    return {g: (d / w) ** 0.5 if w > 0 else None for g, (d, w) in sums.items()}
+
+
+def agreement(reduced: dict, reference: dict, groups: dict | None = None, floors: dict | None = None) -> dict:
     """How the reduced gradient compares with the one-process one: the largest relative error of a
     parameter's gradient (||g - g_ref|| / ||g_ref||, over the parameters with a non-zero reference) and
     the ratio of the whole gradients' norms; with `groups` ({parameter name: its models.checked_groups
-    group}), the same relative error of each group's gradient on its own (`groups`) and the group of
-    the worst parameter (`worst_group`): a router's gradient can be off while the rest agree."""
+    group}), each group's own (`groups`: {group: {"error": group_errors of reduced against reference,
+    "floor": `floors`' figure, the one-process gradient against fp32's (fp32_gradient), or None}}) and
+    the group of the worst parameter (`worst_group`): a router's gradient can be off while the rest agree."""
     import torch
 
     worst, worst_name, num, den = 0.0, None, 0.0, 0.0
-    sums: dict[str, list[float]] = {}
     for name, ref in reference.items():
         got = reduced.get(name.removeprefix("module."))
         if got is None:
@@ -228,10 +259,6 @@ def agreement(reduced: dict, reference: dict, groups: dict | None = None) -> dic
         ref_norm = ref.norm().item()
         num += got.norm().item() ** 2
         den += ref_norm**2
-        group = (groups or {}).get(name.removeprefix("module."))
-        if group is not None:
-            diff, whole = sums.setdefault(group, [0.0, 0.0])
-            sums[group] = [diff + (got - ref).norm().item() ** 2, whole + ref_norm**2]
         if ref_norm > 0:
             rel = (got - ref).norm().item() / ref_norm
             if rel > worst or not torch.isfinite(torch.tensor(rel)):
@@ -243,7 +270,8 @@ def agreement(reduced: dict, reference: dict, groups: dict | None = None) -> dic
         "params": len(reference),
     }
     if groups is not None:
-        out["groups"] = {g: (d / w) ** 0.5 if w > 0 else None for g, (d, w) in sums.items()}
+        errors = group_errors(reduced, reference, groups)
+        out["groups"] = {g: {"error": e, "floor": (floors or {}).get(g)} for g, e in errors.items()}
         out["worst_group"] = groups.get((worst_name or "").removeprefix("module."))
     return out
 
@@ -289,13 +317,17 @@ class DistributedRanks(Ranks):
         )
 
     def prepare(self, spec: ProbeSpec, s: Setup, record: ProbeRecord, mark_built) -> Setup:
-        """Rank 0 takes the one-process gradient of the first global step; the model is wrapped; one
+        """Rank 0 takes the one-process gradient of the first global step, and the same in fp32 (its
+        rounding floor, per tensor group); the model is wrapped; one
         backward of each rank's rows of it and the reduction give the gradient rank 0 compares with it.
         Then an optimizer over the wrapped parameters (FSDP2 replaced them) and this rank's rows of the
         stream from its start. Records what the ranks run with in record.parallel."""
         micro_batches, items = first_step(spec, s)
-        reference = one_process_gradient(s.model, (micro_batches, items), s) if self.rank == 0 else {}
         groups = {name: g for g, params in checked_groups(s.model).items() for name, _ in params}
+        reference, floors = {}, None
+        if self.rank == 0:
+            reference = one_process_gradient(s.model, (micro_batches, items), s)
+            floors = group_errors(reference, fp32_gradient(s.model, (micro_batches, items), s), groups)
         self.wrapped = wrap(s.model, spec)
         mark_built()  # built and wrapped: the first collective (the gradient check) is on the steps' budget
         rows = partial(shard, rank=self.rank, world_size=self.world_size)
@@ -312,7 +344,7 @@ class DistributedRanks(Ranks):
             "rows_per_rank": spec.recipe.batch_size // self.world_size,
             "master_dtype": sorted({_short(p.dtype) for p in s.model.parameters() if p.requires_grad}),
             "reduce_dtype": reduce_dtypes(self.wrapped, spec),
-            "grad_agreement": agreement(reduced, reference, groups) if self.rank == 0 else None,
+            "grad_agreement": agreement(reduced, reference, groups, floors) if self.rank == 0 else None,
             # a balancing loss each rank adds to a loss the Trainer multiplies by the ranks (tokens)
             "balancing_loss": balancing_coefficient(s.model),
             "loss_normalization": s.normalization,

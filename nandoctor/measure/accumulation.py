@@ -17,7 +17,7 @@ import inspect
 
 from ..config import Recipe
 from ..userdata.encode import IGNORE
-from .numerics import cosine, in_fp32, loss_of, relative_error, without_dropout
+from .numerics import cosine, fp32_batch, in_fp32, loss_of, relative_error, without_dropout
 
 
 def normalized(recipe: Recipe, model) -> str:
@@ -134,10 +134,7 @@ def accumulation_figures(
         whole = _flat_gradients(params)
         with in_fp32(model):
             model.zero_grad(set_to_none=True)
-            up = [{k: v.float() if v.is_floating_point() else v for k, v in b.items()} for b in micro_batches]
-            _step_gradient(
-                model, up, {k: v.float() if v.is_floating_point() else v for k, v in full.items()}, balancing
-            )
+            _step_gradient(model, [fp32_batch(b) for b in micro_batches], fp32_batch(full), balancing)
             reference = _flat_gradients(params)
     model.zero_grad(set_to_none=True)
     ratio = float(accumulated["all"].norm() / whole["all"].norm())

@@ -134,6 +134,11 @@ def in_fp32(model):
             t.data = t.data.to(dtype)
 
 
+def fp32_batch(batch: dict) -> dict:
+    """A batch for a model in_fp32: its floating tensors (a float attention mask) in fp32."""
+    return {k: v.float() if v.is_floating_point() else v for k, v in batch.items()}
+
+
 def relative_error(got, want) -> float | None:
     """||got - want|| / ||want|| of two flat tensors, in fp32; None when it is not a number (no gradient
     to compare with, a micro-batch without targets)."""

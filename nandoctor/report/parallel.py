@@ -55,7 +55,8 @@ INTRO = (
     "Each parallel probe trains the same global batch as the one-process probe of its cell, split over its "
     "ranks: that probe is its exact reference (`loss vs 1-process`, mean relative loss error). The step-0 "
     "gradient after the reduction is compared with the one-process gradient of the first batch (largest "
-    "relative error of a parameter's gradient, and the ratio of the norms: 1.0 when the reduction averages)."
+    "relative error of a parameter's gradient, and the ratio of the norms: 1.0 when the reduction averages; "
+    "each tensor group's own error against 10x its fp32 floor in summary.json)."
 )
 
 

@@ -36,12 +36,28 @@ def setup_failures(checks: dict | None, t: Thresholds = THRESHOLDS) -> list[str]
     return out
 
 
+def groups_beyond_floor(groups: dict, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The tensor groups of {group: {"error", "floor"}} whose own gradient differs from its reference
+    beyond accumulation_bound of its own fp32 floor, in the order measured: the one rule of the
+    accumulation check (accumulation_groups) and the parallel-equivalence check (grad_agreement's groups)."""
+    return [g for g, f in groups.items() if t.accumulation_misweighted(f.get("error"), f.get("floor"))]
+
+
+def group_clauses(groups: dict, bad: list[str], t: Thresholds = THRESHOLDS) -> list[str]:
+    """'the router's own gradient by 0.244 (beyond 0.001)' for each of the groups `bad`, the largest first."""
+    order = sorted(bad, key=lambda g: -groups[g]["error"])  # finite: a group beyond its bound has a figure
+    return [
+        f"the {_own(g)} gradient by {_fmt(_num(groups[g].get('error')))} "
+        f"(beyond {t.accumulation_bound(groups[g].get('floor')):.2g})"
+        for g in order
+    ]
+
+
 def misweighted_groups(checks: dict, t: Thresholds = THRESHOLDS) -> list[str]:
     """The tensor groups (measure/accumulation.py accumulation_groups: router, experts, embeddings,
     adapter, ...) whose own accumulated gradient differs from the full batch's beyond the bound of their
     own fp32 floor, in the order measured."""
-    groups = checks.get("accumulation_groups") or {}
-    return [g for g, f in groups.items() if t.accumulation_misweighted(f.get("error"), f.get("floor"))]
+    return groups_beyond_floor(checks.get("accumulation_groups") or {}, t)
 
 
 def accumulation_cause(checks: dict, t: Thresholds = THRESHOLDS) -> str | None:
@@ -69,12 +85,7 @@ def _accumulation_failure(c: dict, t: Thresholds) -> str:
         f"{_fmt(_num(c.get('accumulation_cosine')))}, norm ratio {_fmt(_num(c.get('accumulation_norm_ratio')))}), "
         + (f"beyond {bound:.2g}" if whole else f"within {bound:.2g} as a whole")
     )
-    groups = c.get("accumulation_groups") or {}
-    said = [
-        f"the {_own(g)} gradient by {_fmt(_num(groups[g].get('error')))} "
-        f"(beyond {t.accumulation_bound(groups[g].get('floor')):.2g})"
-        for g in misweighted_groups(c, t)
-    ]
+    said = group_clauses(c.get("accumulation_groups") or {}, misweighted_groups(c, t), t)
     if said:
         out += f"{'; so does' if whole else ', but'} {', '.join(said)}"
     if accumulation_cause(c, t) == "balancing_loss":
