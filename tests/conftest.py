@@ -408,6 +408,7 @@ LONGEST_GROUPS = (
     "frameworks",  # 100
     "test_sigterm",  # 70
     "fp16-pure-bisect",  # 70
+    "test_rl_compile",  # 60 from inductor's cache; a cold one adds its compile, 148 s on a loaded host
     "watch-fits",  # 50
     "test_parallel_probes",  # 50
     "test_parallel_forensics",  # 45

@@ -1,0 +1,64 @@
+"""Issue 47's compile cause shown a configuration it fails and one it passes: the rollout engine never
+compiles, so a trainer compiled with inductor scores the rollout's tokens with other kernels. With the
+eager attention kernel on both paths (rollout.attn=eager), bf16-amp uncompiled scores them bit for bit
+on this CPU (mean |dlogp| 0.0); inductor's fused kernels, which keep their intermediates in fp32 where
+the eager ops round each to bf16, put it at 8.0e-4, past the off-policy bound (docs/rl.md). One bisection
+between the two cells, one inductor compile (seconds once inductor's cache under the nandoctor cache
+directory holds its graphs)."""
+
+import json
+import math
+
+import pytest
+from conftest import run_cli
+
+from nandoctor.thresholds import THRESHOLDS
+
+pytestmark = pytest.mark.slow  # real models sample and score; the bisection spawns probe processes
+
+GOOD, BAD = "bf16-amp/eager/off", "bf16-amp/eager/inductor"
+
+
+@pytest.fixture(scope="module")
+def bisected(tmp_path_factory):
+    """bisect --objective grpo from bf16-amp/eager/off to bf16-amp/eager/inductor against an eager
+    engine: (the finished process, bisect.json, {probe_id: record}, {probe_id: summary probe})."""
+    out = tmp_path_factory.mktemp("rl-compile") / "bisect"
+    proc = run_cli(
+        "bisect",
+        *("--objective", "grpo", "--steps", "2", "--set", "forensics_steps=0", "--set", "rollout.attn=eager"),
+        *("--good", "dtype=bf16-amp,attn=eager,compile=off", "--bad", "dtype=bf16-amp,attn=eager,compile=inductor"),
+        *("--reruns", "0", "--out", out),
+        on_cpu=True,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    probes = {p["probe_id"]: p for p in json.loads((out / "summary.json").read_text())["probes"]}
+    return proc, json.loads((out / "bisect.json").read_text()), records, probes
+
+
+def test_an_inductor_compiled_trainer_is_off_policy_where_the_uncompiled_one_is_not(bisected):
+    """The same tokens, sampled by the same eager engine: only the trainer's compile differs, and the
+    compiled one's figure is past the bound the verdict names, the uncompiled one's inside it."""
+    _, _, records, probes = bisected
+    compiled, eager = records[BAD], records[GOOD]
+    assert compiled["compile_s"] is not None and eager["compile_s"] is None
+    cap = math.log(THRESHOLDS.rollout_ratio_cap)  # the most a 4,096-token completion's log-ratio may reach
+    apart, same = compiled["rollout_mismatch"], eager["rollout_mismatch"]
+    assert apart["engine_attn"] == same["engine_attn"] == "eager"
+    assert apart["tokens"] == same["tokens"] and apart["sequences"] == same["sequences"]
+    assert (
+        THRESHOLDS.rollout_log_ratio(same["logp_diff_mean"])
+        < cap
+        < THRESHOLDS.rollout_log_ratio(apart["logp_diff_mean"])
+    )
+    assert probes[GOOD]["verdict"] == "stable" and probes[BAD]["verdict"] == "off-policy"
+    assert probes[BAD]["reason"].startswith(f"mean |dlogp| {apart['logp_diff_mean']:.2e} between rollout and training")
+
+
+def test_bisect_names_compile_when_only_the_trainer_is_compiled(bisected):
+    proc, result, _, _ = bisected
+    verdicts = {step["outcome"]: step["verdicts"] for step in result["path"]}
+    assert result["status"] == "bisected" and [c["factors"] for c in result["culprits"]] == [["compile"]]
+    assert verdicts == {"fail": ["off-policy"], "pass": ["stable"]}
+    assert "Culprit (single factor): compile=inductor -> off-policy" in proc.stdout
