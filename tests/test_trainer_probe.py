@@ -37,7 +37,7 @@ def sft_config(path, **settings):
 
     args = SFTConfig(
         output_dir=str(path.parent / "user-output"),
-        learning_rate=1e-3,
+        learning_rate=settings.pop("learning_rate", 1e-3),
         lr_scheduler_type="constant",
         per_device_train_batch_size=4,
         max_grad_norm=1.0,
@@ -73,7 +73,7 @@ def test_grid_trainer_args_trains_every_cell_with_the_users_trainer(healthy):
         assert record["trainer"]["class"] == "transformers.Trainer"
         assert record["trainer"]["transformers"]
         assert len(record["steps"]) == 4
-        assert "not_run" in record["forensics"]  # said, not faked: the replay re-runs nandoctor's own loop
+        assert "not_run" in record["forensics"]  # said, not faked: only a failing step is replayed
 
 
 @pytest.mark.slow
@@ -94,16 +94,66 @@ def test_trainer_and_own_loop_agree_on_every_verdict_of_a_healthy_setup(healthy)
         assert record["steps"][0]["groups"].keys() == reference["groups"].keys()
 
 
-@pytest.mark.slow
-def test_trainer_and_own_loop_both_judge_an_exploding_lr_nonfinite(tmp_path):
-    args = training_args(tmp_path / "args.json", learning_rate=1e30)
-    grid = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", *QUIET)
-    trainer = run_cli("grid", *grid, "--trainer-args", args, "--out", tmp_path / "trainer")
-    own = run_cli("grid", *grid, "--set", "optimizer.lr=1e30", "--out", tmp_path / "own")
+EXPLODING = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", *QUIET)
+
+
+@pytest.fixture(scope="module")
+def exploding(tmp_path_factory):
+    """An lr of 1e30 in fp32 under the user's Trainer and in the own loop: the weights reach 1e30 after
+    step 0, and step 1's forward overflows."""
+    tmp = tmp_path_factory.mktemp("exploding")
+    args = training_args(tmp / "args.json", learning_rate=1e30)
+    trainer = run_cli("grid", *EXPLODING, "--trainer-args", args, "--out", tmp / "trainer")
+    own = run_cli("grid", *EXPLODING, "--set", "optimizer.lr=1e30", "--out", tmp / "own")
     assert trainer.returncode == own.returncode == 1, trainer.stdout + trainer.stderr
-    judged = verdicts(tmp_path / "trainer")
+    return {"trainer": tmp / "trainer", "own": tmp / "own"}
+
+
+def origins(run_dir) -> dict[str, str]:
+    """{probe: the origin line `nandoctor explain` prints for it}."""
+    out = {}
+    for probe in verdicts(run_dir):
+        done = run_cli("explain", run_dir, "--probe", probe)
+        assert done.returncode == 0, done.stdout + done.stderr
+        out[probe] = next(
+            (line.strip() for line in done.stdout.splitlines() if line.strip().startswith("origin (")), None
+        )
+    return out
+
+
+@pytest.mark.slow
+def test_trainer_and_own_loop_both_judge_an_exploding_lr_nonfinite(exploding):
+    judged = verdicts(exploding["trainer"])
     assert set(judged.values()) == {"nonfinite"}
-    assert judged == verdicts(tmp_path / "own")
+    assert judged == verdicts(exploding["own"])
+
+
+@pytest.mark.slow
+def test_a_trainer_probe_that_goes_nonfinite_replays_its_failing_step(exploding):
+    for record in record_list(exploding["trainer"]):
+        f = record["forensics"]
+        assert record["trainer"]["class"] == "transformers.Trainer"
+        assert "not_run" not in f and "error" not in f, f
+        assert record["first_nonfinite"]["step"] == 1 and f["replayed_steps"] == 1
+        assert f["reproduced"] is True  # the hooked step retraced the trainer's step 1: loss NaN
+        assert any(e["phase"] == "forward" and e["step"] == 1 for e in f["events"])
+
+
+@pytest.mark.slow
+def test_explain_names_the_module_the_own_loop_names_for_a_failing_trainer_probe(exploding):
+    trainer = origins(exploding["trainer"])
+    assert trainer == origins(exploding["own"])
+    assert all("step 1, model.layers.0.self_attn.q_proj: output holds NaN/inf" in line for line in trainer.values())
+
+
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_an_sft_trainer_probe_that_goes_nonfinite_names_the_module_the_own_loop_names(exploding, tmp_path):
+    sft = sft_config(tmp_path / "sft.json", learning_rate=1e30)
+    done = run_cli("grid", *EXPLODING, "--trainer-args", sft, "--out", tmp_path / "sft")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert {r["trainer"]["class"] for r in record_list(tmp_path / "sft")} == {"trl.SFTTrainer"}
+    assert origins(tmp_path / "sft") == origins(exploding["own"])
 
 
 def test_yaml_trainer_args_are_read(tmp_path):
