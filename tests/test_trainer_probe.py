@@ -3,6 +3,7 @@
 their TrainingArguments / SFTConfig; where no trainer is named the probes run nandoctor's own loop. One
 verdict for one run, whichever body ran it."""
 
+import json
 import math
 
 import pytest
@@ -154,6 +155,34 @@ def test_an_sft_trainer_probe_that_goes_nonfinite_names_the_module_the_own_loop_
     assert done.returncode == 1, done.stdout + done.stderr
     assert {r["trainer"]["class"] for r in record_list(tmp_path / "sft")} == {"trl.SFTTrainer"}
     assert origins(tmp_path / "sft") == origins(exploding["own"])
+
+
+@pytest.mark.slow
+def test_bisect_trainer_args_names_the_lr_factor_it_set_on_the_users_trainer(tmp_path):
+    args = training_args(tmp_path / "args.json")  # lr 1e-3: stable; the target's factor sets 1e30
+    good, bad = "dtype=fp32,attn=sdpa,compile=off", "dtype=bf16-amp,attn=sdpa,compile=off,optimizer.lr=1e30"
+    out = tmp_path / "bisect"
+    flags = ("--steps", "3", "--reruns", "0", *QUIET, "--out", out)
+    done = run_cli("bisect", "--trainer-args", args, "--good", good, "--bad", bad, *flags)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Culprit (single factor): optimizer.lr=1e+30 -> nonfinite" in done.stdout
+    b = json.loads((out / "bisect.json").read_text())
+    assert b["status"] == "bisected" and [c["factors"] for c in b["culprits"]] == [["optimizer.lr"]]
+    assert b["recommended"]["dtype"] == "bf16-amp"  # the factor reverted, the target's precision kept
+    records = record_list(out)
+    assert {r["trainer"]["class"] for r in records} == {"transformers.Trainer"}
+    failed = {r["probe_id"] for r in records if r["first_nonfinite"]}
+    assert failed and all("optimizer.lr=1e+30" in probe for probe in failed)
+
+
+def test_the_recipe_gives_the_trainer_back_the_fields_it_read_from_the_file():
+    from nandoctor.config import Recipe, set_field, trainer_arguments
+    from nandoctor.knowledge.facts import with_trainer_args
+
+    recipe = set_field(set_field(Recipe(), "optimizer.lr", "1e30"), "grad_clip", "0.5")
+    given = trainer_arguments(recipe)
+    assert (given["learning_rate"], given["max_grad_norm"]) == (1e30, 0.5)
+    assert with_trainer_args(Recipe(), given) == recipe.validate()
 
 
 def test_yaml_trainer_args_are_read(tmp_path):

@@ -3,7 +3,9 @@ probe's model for the probe's steps, with their arguments, so that what the Trai
 and schedule from `optim=` and `lr_scheduler_type`, its loss scaling over accumulated micro-batches,
 accelerate's autocast) is what the probe measures, not an emulation of it.
 
-The cell is mapped onto the arguments through the cell table: the precision row's `training_args`
+The recipe's optimizer, clipping and accumulation fields (config.trainer_arguments: read from the file,
+then as a --set or a bisect factor leaves them) are set on the arguments. The cell is mapped onto the
+arguments through the cell table: the precision row's `training_args`
 (bf16 / fp16 / tf32; a pure cell's model is already held in its dtype by build.py and sets none), the
 compile row's backend (torch_compile), the optimizer row's `optim=`; attention is the model's
 attn_implementation (build.py), with the SDPA backend pinned around train(). What a probe needs and
@@ -31,7 +33,7 @@ import traceback
 from dataclasses import dataclass
 
 from ..cells import PRECISIONS, Cell
-from ..config import Recipe
+from ..config import Recipe, trainer_arguments
 from ..measure.trainer_step import StepMeter
 from ..record import ProbeSpec, Step
 from .build import Setup
@@ -81,6 +83,8 @@ def arguments(spec: ProbeSpec, output_dir: str):
     cls = getattr(importlib.import_module(module), args_class)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     given = {k: v for k, v in spec.trainer["args"].items() if k in fields}
+    # the recipe read these from the file; a --set or a bisect factor on them is the recipe's
+    given.update({k: v for k, v in trainer_arguments(spec.recipe).items() if k in fields})
     cell = spec.cell
     given.update({k: None if k == "tf32" else False for k in PRECISION_FLAGS})
     given.update(cell.precision.training_args)
