@@ -22,13 +22,13 @@ from functools import partial
 from pathlib import Path
 
 from ..capabilities import cell_packages
-from ..cells import PACKAGES
+from ..cells import PACKAGES, weight_dtype
 from ..config import load_dtype
 from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
 from . import threads
-from .build import Setup, first_step, setup
+from .build import Setup, first_step, kept_dtypes, setup
 from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
@@ -70,6 +70,7 @@ def run_probe(
     with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
+    record.kept_dtypes = kept_dtypes(s.model, weight_dtype(spec.cell, load_dtype(spec.recipe)))
     if spec.recipe.adapter.type != "none":  # the base as stored, before any wrapper
         record.quant = base_facts(s.model, spec.cell, spec.recipe)
     record.data = {**s.stream.describe(), "micro_batches_per_step": spec.recipe.gradient_accumulation_steps}
@@ -194,8 +195,6 @@ def roundtrip_of(spec: ProbeSpec, s: Setup) -> dict:
     """The round trip of the trained model (roundtrip.py) on the first micro-batch; a failure in it is
     data, {"error": ...}, as any probe failure."""
     import torch
-
-    from ..cells import weight_dtype
 
     batch = first_step(spec, s)[0][0]
     dtype = getattr(torch, weight_dtype(spec.cell, load_dtype(spec.recipe)))
