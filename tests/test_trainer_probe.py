@@ -162,7 +162,7 @@ def test_bisect_trainer_args_names_the_lr_factor_it_set_on_the_users_trainer(tmp
     args = training_args(tmp_path / "args.json")  # lr 1e-3: stable; the target's factor sets 1e30
     good, bad = "dtype=fp32,attn=sdpa,compile=off", "dtype=bf16-amp,attn=sdpa,compile=off,optimizer.lr=1e30"
     out = tmp_path / "bisect"
-    flags = ("--steps", "3", "--reruns", "0", *QUIET, "--out", out)
+    flags = ("--steps", "2", "--reruns", "0", "--set", "forensics_steps=0", *QUIET, "--out", out)
     done = run_cli("bisect", "--trainer-args", args, "--good", good, "--bad", bad, *flags)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Culprit (single factor): optimizer.lr=1e+30 -> nonfinite" in done.stdout
