@@ -346,6 +346,22 @@ def get_field(recipe: Recipe, key: str):
     return obj
 
 
+def trainer_arguments(recipe: Recipe) -> dict:
+    """The TrainingArguments / SFTConfig fields the recipe holds: what --trainer-args sets on the recipe
+    (knowledge.facts.with_trainer_args) and what a probe under the user's trainer gives back to it
+    (child/trainer.py), so that a --set or a bisect factor on these fields reaches the trainer."""
+    o = recipe.optimizer
+    return {
+        "learning_rate": o.lr,
+        "adam_beta1": o.betas[0],
+        "adam_beta2": o.betas[1],
+        "adam_epsilon": o.eps,
+        "weight_decay": o.weight_decay,
+        "max_grad_norm": recipe.grad_clip,
+        "gradient_accumulation_steps": recipe.gradient_accumulation_steps,
+    }
+
+
 @functools.cache
 def _hints(cls) -> dict:
     return field_types(cls)

@@ -404,6 +404,7 @@ LONGEST_GROUPS = (
     "test_executor_slurm",  # 210
     "test_executor_ray",  # 170
     "large-mlp",  # 120
+    "test_trainer_probe",  # 120 (190 in one process on a loaded host): Trainer, SFTTrainer and own-loop grids, a bisect
     "test_warm_workers",  # 75
     "frameworks",  # 100
     "test_sigterm",  # 70

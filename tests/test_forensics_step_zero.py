@@ -33,7 +33,7 @@ def probe(spec: ProbeSpec, monkeypatch=None):
     if monkeypatch:
         monkeypatch.setattr(replay, "replay", lambda *a: pytest.fail("a stable eager probe was replayed"))
     record = ProbeRecord(spec.probe_id, spec.cell)
-    s, snapshot, watch = run_probe(spec, record, ONE_PROCESS, None)
+    s, snapshot, watch, _ = run_probe(spec, record, ONE_PROCESS, None)
     return record, s, snapshot, watch, replay.forensics_of(spec, record, s, snapshot, watch, ONE_PROCESS)
 
 
@@ -85,7 +85,7 @@ def test_the_hooks_leave_losses_and_grad_norms_bit_identical(fp16_amp):
 
     record = fp16_amp[0]
     bare = ProbeRecord(record.probe_id, record.cell)
-    _, snapshot, watch = run_probe(spec_for(record.cell, forensics_steps="0"), bare, ONE_PROCESS, None)
+    _, snapshot, watch, _ = run_probe(spec_for(record.cell, forensics_steps="0"), bare, ONE_PROCESS, None)
     assert snapshot is None and watch is None
     assert [(s.loss, s.grad_norm, s.scale) for s in bare.steps] == [
         (s.loss, s.grad_norm, s.scale) for s in record.steps

@@ -181,7 +181,7 @@ def test_an_fp8_probe_and_its_replay_run_in_process_on_a_cpu(dtype):
     cell = Cell(dtype)
     spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 2, 0, "cpu", 1)
     record = ProbeRecord(spec.probe_id, cell)
-    s, snapshot, _ = run_probe(spec, record, ONE_PROCESS, None)
+    s, snapshot, *_ = run_probe(spec, record, ONE_PROCESS, None)
     assert len(record.steps) == 2 and all(torch.isfinite(torch.tensor(s.loss)) for s in record.steps)
     assert set(record.fp8_excluded) == {"lm_head"}
     assert (

@@ -238,3 +238,23 @@ def test_a_cosine_is_never_printed_above_one():
     assert cosine(grads, grads) == 1.0
     assert cosine(grads, -grads) == -1.0
     assert cosine(grads, torch.zeros_like(grads)) is None
+
+
+@pytest.mark.slow  # a check through the CLI
+def test_check_prints_and_records_an_accumulation_cosine_no_larger_than_one(tmp_path):
+    """tiny-llama's 1.8M-element step-0 gradient, accumulated over 2 micro-batches against the full batch's:
+    torch's fp32 cosine_similarity put them at 1.00033 in summary.json."""
+    import json
+    import re
+
+    from conftest import run_cli
+
+    out = tmp_path / "check"
+    flags = ("--dtype", "fp32", "--attn", "sdpa", "--compile", "off", "--steps", "2")
+    sets = ("--set", "gradient_accumulation_steps=2", "--set", "retime_rounds=0", "--set", "forensics_steps=0")
+    done = run_cli("check", *flags, *sets, "--out", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    printed = [float(x) for x in re.findall(r"cosine (\S+?)[),;]", done.stdout)]
+    assert printed and all(-1 <= c <= 1 for c in printed)
+    recorded = json.loads((out / "results.jsonl").read_text().splitlines()[0])["setup_checks"]["accumulation_cosine"]
+    assert 0.9999 < recorded <= 1.0

@@ -51,7 +51,7 @@ def test_the_replay_builds_no_second_model_and_retraces_the_timed_losses(monkeyp
     monkeypatch.setattr(build, "build_model", lambda *a: built.append(a) or real(*a))
     spec = spec_for(resolve_model("tiny-llama"), Cell("bf16-amp", "sdpa", "off"))
     record = ProbeRecord(spec.probe_id, spec.cell)
-    s, snapshot, _ = run_probe(spec, record, ONE_PROCESS, None)
+    s, snapshot, *_ = run_probe(spec, record, ONE_PROCESS, None)
     # the replay: what compiled and fp8 cells, and failing probes, get
     forensics = forensics_of(spec, record, s, snapshot, None, ONE_PROCESS)
     assert len(built) == 1

@@ -28,3 +28,22 @@ def test_a_bf16_pure_cell_keeps_the_buffers_from_pretrained_keeps(tmp_path):
     assert probed.model.rotary_emb.inv_freq.dtype == torch.float32
     assert {p.dtype for p in probed.parameters()} == {torch.bfloat16}
     assert all(torch.equal(a, b) for a, b in zip(probed.state_dict().values(), loaded.state_dict().values()))
+
+
+def test_grid_bf16_pure_records_and_explains_the_rope_buffers_kept_in_fp32(tmp_path):
+    import json
+
+    from conftest import run_cli
+
+    out = tmp_path / "grid"
+    axes = ("--axis", "dtype=bf16-pure", "--axis", "attn=sdpa", "--axis", "compile=off")
+    done = run_cli(
+        "grid", *axes, "--steps", "2", "--set", "retime_rounds=0", "--set", "forensics_steps=0", "--out", out
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    kept = records["bf16-pure/sdpa/off"]["kept_dtypes"]
+    assert kept == {"model.rotary_emb.inv_freq": "float32", "model.rotary_emb.original_inv_freq": "float32"}
+    assert records["fp32/eager/off"]["kept_dtypes"] == {}
+    said = run_cli("explain", out, "--probe", "bf16-pure/sdpa/off").stdout
+    assert "not in the weight dtype: model.rotary_emb.inv_freq float32" in said

@@ -3,6 +3,7 @@
 their TrainingArguments / SFTConfig; where no trainer is named the probes run nandoctor's own loop. One
 verdict for one run, whichever body ran it."""
 
+import json
 import math
 
 import pytest
@@ -37,7 +38,7 @@ def sft_config(path, **settings):
 
     args = SFTConfig(
         output_dir=str(path.parent / "user-output"),
-        learning_rate=1e-3,
+        learning_rate=settings.pop("learning_rate", 1e-3),
         lr_scheduler_type="constant",
         per_device_train_batch_size=4,
         max_grad_norm=1.0,
@@ -73,7 +74,7 @@ def test_grid_trainer_args_trains_every_cell_with_the_users_trainer(healthy):
         assert record["trainer"]["class"] == "transformers.Trainer"
         assert record["trainer"]["transformers"]
         assert len(record["steps"]) == 4
-        assert "not_run" in record["forensics"]  # said, not faked: the replay re-runs nandoctor's own loop
+        assert "not_run" in record["forensics"]  # said, not faked: only a failing step is replayed
 
 
 @pytest.mark.slow
@@ -94,16 +95,94 @@ def test_trainer_and_own_loop_agree_on_every_verdict_of_a_healthy_setup(healthy)
         assert record["steps"][0]["groups"].keys() == reference["groups"].keys()
 
 
-@pytest.mark.slow
-def test_trainer_and_own_loop_both_judge_an_exploding_lr_nonfinite(tmp_path):
-    args = training_args(tmp_path / "args.json", learning_rate=1e30)
-    grid = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", *QUIET)
-    trainer = run_cli("grid", *grid, "--trainer-args", args, "--out", tmp_path / "trainer")
-    own = run_cli("grid", *grid, "--set", "optimizer.lr=1e30", "--out", tmp_path / "own")
+EXPLODING = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", *QUIET)
+
+
+@pytest.fixture(scope="module")
+def exploding(tmp_path_factory):
+    """An lr of 1e30 in fp32 under the user's Trainer and in the own loop: the weights reach 1e30 after
+    step 0, and step 1's forward overflows."""
+    tmp = tmp_path_factory.mktemp("exploding")
+    args = training_args(tmp / "args.json", learning_rate=1e30)
+    trainer = run_cli("grid", *EXPLODING, "--trainer-args", args, "--out", tmp / "trainer")
+    own = run_cli("grid", *EXPLODING, "--set", "optimizer.lr=1e30", "--out", tmp / "own")
     assert trainer.returncode == own.returncode == 1, trainer.stdout + trainer.stderr
-    judged = verdicts(tmp_path / "trainer")
+    return {"trainer": tmp / "trainer", "own": tmp / "own"}
+
+
+def origins(run_dir) -> dict[str, str]:
+    """{probe: the origin line `nandoctor explain` prints for it}."""
+    out = {}
+    for probe in verdicts(run_dir):
+        done = run_cli("explain", run_dir, "--probe", probe)
+        assert done.returncode == 0, done.stdout + done.stderr
+        out[probe] = next(
+            (line.strip() for line in done.stdout.splitlines() if line.strip().startswith("origin (")), None
+        )
+    return out
+
+
+@pytest.mark.slow
+def test_trainer_and_own_loop_both_judge_an_exploding_lr_nonfinite(exploding):
+    judged = verdicts(exploding["trainer"])
     assert set(judged.values()) == {"nonfinite"}
-    assert judged == verdicts(tmp_path / "own")
+    assert judged == verdicts(exploding["own"])
+
+
+@pytest.mark.slow
+def test_a_trainer_probe_that_goes_nonfinite_replays_its_failing_step(exploding):
+    for record in record_list(exploding["trainer"]):
+        f = record["forensics"]
+        assert record["trainer"]["class"] == "transformers.Trainer"
+        assert "not_run" not in f and "error" not in f, f
+        assert record["first_nonfinite"]["step"] == 1 and f["replayed_steps"] == 1
+        assert f["reproduced"] is True  # the hooked step retraced the trainer's step 1: loss NaN
+        assert any(e["phase"] == "forward" and e["step"] == 1 for e in f["events"])
+
+
+@pytest.mark.slow
+def test_explain_names_the_module_the_own_loop_names_for_a_failing_trainer_probe(exploding):
+    trainer = origins(exploding["trainer"])
+    assert trainer == origins(exploding["own"])
+    assert all("step 1, model.layers.0.self_attn.q_proj: output holds NaN/inf" in line for line in trainer.values())
+
+
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_an_sft_trainer_probe_that_goes_nonfinite_names_the_module_the_own_loop_names(exploding, tmp_path):
+    sft = sft_config(tmp_path / "sft.json", learning_rate=1e30)
+    done = run_cli("grid", *EXPLODING, "--trainer-args", sft, "--out", tmp_path / "sft")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert {r["trainer"]["class"] for r in record_list(tmp_path / "sft")} == {"trl.SFTTrainer"}
+    assert origins(tmp_path / "sft") == origins(exploding["own"])
+
+
+@pytest.mark.slow
+def test_bisect_trainer_args_names_the_lr_factor_it_set_on_the_users_trainer(tmp_path):
+    args = training_args(tmp_path / "args.json")  # lr 1e-3: stable; the target's factor sets 1e30
+    good, bad = "dtype=fp32,attn=sdpa,compile=off", "dtype=bf16-amp,attn=sdpa,compile=off,optimizer.lr=1e30"
+    out = tmp_path / "bisect"
+    flags = ("--steps", "2", "--reruns", "0", "--set", "forensics_steps=0", *QUIET, "--out", out)
+    done = run_cli("bisect", "--trainer-args", args, "--good", good, "--bad", bad, *flags)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Culprit (single factor): optimizer.lr=1e+30 -> nonfinite" in done.stdout
+    b = json.loads((out / "bisect.json").read_text())
+    assert b["status"] == "bisected" and [c["factors"] for c in b["culprits"]] == [["optimizer.lr"]]
+    assert b["recommended"]["dtype"] == "bf16-amp"  # the factor reverted, the target's precision kept
+    records = record_list(out)
+    assert {r["trainer"]["class"] for r in records} == {"transformers.Trainer"}
+    failed = {r["probe_id"] for r in records if r["first_nonfinite"]}
+    assert failed and all("optimizer.lr=1e+30" in probe for probe in failed)
+
+
+def test_the_recipe_gives_the_trainer_back_the_fields_it_read_from_the_file():
+    from nandoctor.config import Recipe, set_field, trainer_arguments
+    from nandoctor.knowledge.facts import with_trainer_args
+
+    recipe = set_field(set_field(Recipe(), "optimizer.lr", "1e30"), "grad_clip", "0.5")
+    given = trainer_arguments(recipe)
+    assert (given["learning_rate"], given["max_grad_norm"]) == (1e30, 0.5)
+    assert with_trainer_args(Recipe(), given) == recipe.validate()
 
 
 def test_yaml_trainer_args_are_read(tmp_path):

@@ -100,6 +100,16 @@ def cast_as_loaded(model, dtype) -> None:
             t.data = t.data.to(dtype)
 
 
+def kept_dtypes(model, weights: str) -> dict:
+    """{name: dtype} of the model's floating parameters and buffers not in the `weights` dtype."""
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    return {
+        n: str(t.dtype).replace("torch.", "")
+        for n, t in tensors
+        if t.is_floating_point() and str(t.dtype) != f"torch.{weights}"
+    }
+
+
 def precision(cell: Cell, device: str):
     """(autocast context factory, GradScaler) for a cell; the scaler is live only where the cell's row
     says so (fp16-amp)."""

@@ -10,7 +10,8 @@ the ranks), with each trainable parameter group's gradient norm (groups.py). The
 the data set's rows each batch held (`data`). It is written whole: before the replay with `forensics`
 set to REPLAY_RUNNING, so that the timed steps alone decide the verdict (the runner gives the replay
 a budget of its own), and again once the replay is done. A spec with replay_failed_only (`nandoctor
-check`) replays only a probe that hit a non-finite step.
+check`) replays only a probe that hit a non-finite step. A probe under the user's trainer replays its
+failing step in process, from the state it started from (trainer.py); a stable one is not measured.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from functools import partial
 from pathlib import Path
 
 from ..capabilities import cell_packages
-from ..cells import PACKAGES
+from ..cells import PACKAGES, weight_dtype
 from ..config import load_dtype
 from ..models import trainable_groups
 from ..optional import hidden
 from ..record import BUILT_FILE, REPLAY_RUNNING, ProbeRecord, ProbeSpec, Step, Throughput
 from . import threads
-from .build import Setup, first_step, setup
+from .build import Setup, first_step, kept_dtypes, setup
 from .groups import GroupNorms, describe
 from .instruments import StepZeroWatch
 from .memory import split_after_first_step
@@ -40,20 +41,21 @@ from .roundtrip import roundtrip
 from .setup_checks import setup_checks
 from .snapshot import Snapshot
 from .train import StepLog, peak_memory, step_times, train
-from .trainer import train_with_trainer
+from .trainer import FailingStep, train_with_trainer
 
-# The forensics replay re-runs the timed steps with nandoctor's own loop from a snapshot; under the user's
-# trainer (its schedule, its loss scaling) that would not replay the steps it took, so none is run
-TRAINER_NO_REPLAY = "the probe trained with the user's trainer, which the replay does not re-run yet"
+# Under the user's trainer only a failing step is replayed (trainer.py): nandoctor's own loop from the initial
+# snapshot would not retrace the steps the trainer took, and the trainer's step 0 is not hooked
+TRAINER_STABLE = "the probe trained with the user's trainer and stayed finite: only a failing step is replayed"
 
 
 def run_probe(
     spec: ProbeSpec, record: ProbeRecord, ranks: Ranks, folder: Path | None
-) -> tuple[Setup, Snapshot | None, StepZeroWatch | None]:
+) -> tuple[Setup, Snapshot | None, StepZeroWatch | None, FailingStep | None]:
     """Build what the spec names, prepare it as `ranks` says and train; fills `record` as it goes.
     `folder` takes steps.jsonl and the built marker (None: neither, as on a rank other than 0). Returns
     the setup and, when the recipe asks for forensics, the snapshot of the model's state before the
-    timed steps and the watch that measured step 0 (None where a stable probe is replayed instead)."""
+    timed steps and the watch that measured step 0 (None where a stable probe is replayed instead), and
+    under the user's trainer its failing step kept for the replay (None where none failed)."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -68,6 +70,7 @@ def run_probe(
     with hidden(p for p in PACKAGES if p not in cell_packages(spec.cell)):  # and not their import noise
         s = setup(spec)
     record.build_s = s.build_s
+    record.kept_dtypes = kept_dtypes(s.model, weight_dtype(spec.cell, load_dtype(spec.recipe)))
     if spec.recipe.adapter.type != "none":  # the base as stored, before any wrapper
         record.quant = base_facts(s.model, spec.cell, spec.recipe)
     record.data = {**s.stream.describe(), "micro_batches_per_step": spec.recipe.gradient_accumulation_steps}
@@ -112,15 +115,16 @@ def run_probe(
     record.cpu_threads = threads.settle(planned, sample)  # sized to the cores other processes left free
     t1 = time.perf_counter()
     before = host_sample(ranks)
+    failing = None
     try:
         if spec.trainer:
             if ranks.world_size > 1:
                 raise RuntimeError(
                     "--trainer-args probes run one process; the parallel cells take nandoctor's own loop"
                 )
-            record.trainer = train_with_trainer(spec, s, groups, on_step)
-            if spec.recipe.forensics_steps:
-                record.forensics = {"not_run": TRAINER_NO_REPLAY}
+            record.trainer, failing = train_with_trainer(spec, s, groups, on_step)
+            if spec.recipe.forensics_steps and failing is None:
+                record.forensics = {"not_run": TRAINER_STABLE}
         else:
             train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
     finally:
@@ -139,7 +143,7 @@ def run_probe(
         measured(record, spec, log, split, ranks.world_size)
         if snapshot and snapshot.where == "cuda":
             record.peak_memory_bytes -= snapshot.bytes  # allocated before training and held through it: not training's
-    return s, snapshot, watch
+    return s, snapshot, watch, failing
 
 
 def measured(record: ProbeRecord, spec: ProbeSpec, log: StepLog, split: dict, devices: int) -> None:
@@ -165,14 +169,18 @@ def probe(spec: ProbeSpec, ranks: Ranks, result: Path, folder: Path | None) -> i
     emitted = WarningLog()
     code = 0
     try:
-        s, snapshot, watch = run_probe(spec, record, ranks, folder)  # held until the process ends
+        s, snapshot, watch, failing = run_probe(spec, record, ranks, folder)  # held until the process ends
     except BaseException as e:  # everything the probe raises becomes data for the verdict
         record.error = error_of(e, emitted)
-        code, snapshot, watch = 1, None, None
+        code, snapshot, watch, failing = 1, None, None, None
     # a check's step 0 measured in the run (no replay); not under --roundtrip, which merges the trained model
     # (the forensics restore the initial weights)
     step0_measured = watch is not None and watch.step is not None and not spec.roundtrip
-    if snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only or step0_measured):
+    if failing is not None:  # under the user's trainer
+        record.forensics = REPLAY_RUNNING
+        write(record, result)
+        record.forensics = failing.forensics(s.attend)
+    elif snapshot is not None and (record.first_nonfinite or not spec.replay_failed_only or step0_measured):
         record.forensics = REPLAY_RUNNING
         write(record, result)  # the timed result: the verdict stands whatever the replay does
         record.forensics = forensics_of(spec, record, s, snapshot, watch, ranks)
@@ -187,8 +195,6 @@ def roundtrip_of(spec: ProbeSpec, s: Setup) -> dict:
     """The round trip of the trained model (roundtrip.py) on the first micro-batch; a failure in it is
     data, {"error": ...}, as any probe failure."""
     import torch
-
-    from ..cells import weight_dtype
 
     batch = first_step(spec, s)[0][0]
     dtype = getattr(torch, weight_dtype(spec.cell, load_dtype(spec.recipe)))

@@ -3,7 +3,9 @@ probe's model for the probe's steps, with their arguments, so that what the Trai
 and schedule from `optim=` and `lr_scheduler_type`, its loss scaling over accumulated micro-batches,
 accelerate's autocast) is what the probe measures, not an emulation of it.
 
-The cell is mapped onto the arguments through the cell table: the precision row's `training_args`
+The recipe's optimizer, clipping and accumulation fields (config.trainer_arguments: read from the file,
+then as a --set or a bisect factor leaves them) are set on the arguments. The cell is mapped onto the
+arguments through the cell table: the precision row's `training_args`
 (bf16 / fp16 / tf32; a pure cell's model is already held in its dtype by build.py and sets none), the
 compile row's backend (torch_compile), the optimizer row's `optim=`; attention is the model's
 attn_implementation (build.py), with the SDPA backend pinned around train(). What a probe needs and
@@ -14,19 +16,28 @@ Trainer does not shuffle it), so per_device_train_batch_size is 1 item and the r
 are in it; for trl.SFTTrainer (an SFTConfig) the same rows as a `datasets.Dataset` (child/sft.py).
 
 Each step is measured by the hooks the training callback uses (measure/trainer_step.py) and handed to
-the probe's step log as a record.Step; the log stops the Trainer at an unrecoverable step.
+the probe's step log as a record.Step; the log stops the Trainer at an unrecoverable step. A step whose
+loss or grad-norm is not finite has the weights and optimizer state it started from kept (before its
+optimizer step), so that an unrecoverable one is replayed after training with the forensics hooks, as
+the training callback replays a live run's (failing_step.py): nandoctor's own loop from the initial
+snapshot would not retrace the steps the trainer took (its schedule, its loss scaling).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tempfile
 import time
+import traceback
+from dataclasses import dataclass
 
-from ..cells import PRECISIONS
+from ..cells import PRECISIONS, Cell
+from ..config import Recipe, trainer_arguments
 from ..measure.trainer_step import StepMeter
 from ..record import ProbeSpec, Step
 from .build import Setup
+from .failing_step import Failure, parameter_extremes, replay, state_copy
 from .train import step_tokens
 
 # What each --trainer kind runs: (module, class, its arguments class)
@@ -72,6 +83,8 @@ def arguments(spec: ProbeSpec, output_dir: str):
     cls = getattr(importlib.import_module(module), args_class)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
     given = {k: v for k, v in spec.trainer["args"].items() if k in fields}
+    # the recipe read these from the file; a --set or a bisect factor on them is the recipe's
+    given.update({k: v for k, v in trainer_arguments(spec.recipe).items() if k in fields})
     cell = spec.cell
     given.update({k: None if k == "tf32" else False for k in PRECISION_FLAGS})
     given.update(cell.precision.training_args)
@@ -109,20 +122,60 @@ def micro_batches(spec: ProbeSpec, s: Setup):
     return Stream(), collate
 
 
+@dataclass
+class TrainerRun:
+    """A probe's run under the user's trainer, as failing_step.replay reads it."""
+
+    cell: Cell
+    recipe: Recipe
+    model: object
+    optimizer: object  # the torch optimizer the trainer steps (accelerate's wrapper taken off)
+    device: str
+    autocast: object  # the cell's autocast context factory, as the own loop's
+
+    @property
+    def step_loss(self):
+        return self.model  # the eager module: a torch_compile cell's replay runs without compiling
+
+
+@dataclass
+class FailingStep:
+    """A probe's first unrecoverable step under the user's trainer, kept for its replay: the run, its
+    trainable (name, parameter) pairs, the failure (the batch and the state the step started from)."""
+
+    run: TrainerRun
+    named: list
+    failure: Failure
+
+    def forensics(self, attend) -> dict:
+        """The step replayed with the forensics hooks (failing_step.replay), under `attend` (the probe's
+        SDPA pin); a failure of the replay is recorded, never turned into the probe's."""
+        try:
+            with attend():
+                return replay(self.run, self.named, self.failure, self.failure.verdict, 1)
+        except Exception as e:
+            return {"error": f"{type(e).__name__}: {str(e)[:500]}", "traceback": traceback.format_exc()[-3000:]}
+
+
 def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
     """A TrainerCallback that measures each step with the training callback's hooks and hands it to
-    `on_step` (record.Step -> False to stop), with its time, tokens, batch kind and group norms."""
+    `on_step` (record.Step -> False to stop), with its time, tokens, batch kind and group norms; with
+    forensics on (forensics_steps), its `failing` is the first unrecoverable step, kept for its replay."""
     from transformers import TrainerCallback
 
     meter = StepMeter()
     accumulation = spec.recipe.gradient_accumulation_steps
     named_groups = {g: [p for _, p in params] for g, params in groups.items()}
+    forensics = spec.recipe.forensics_steps > 0
 
     class ProbeSteps(TrainerCallback):
         def __init__(self):
             self.handles, self.t0, self.taken = [], 0.0, None
+            self.run, self.named, self.kept = None, [], None
+            self.entering = self.earlier = None  # parameter_extremes() at this step's start, and one before
+            self.failing: FailingStep | None = None
 
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
             self.handles = [
                 model.register_forward_pre_hook(meter.inputs, with_kwargs=True),
                 model.register_forward_hook(meter.loss, with_kwargs=True),
@@ -130,13 +183,24 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             self.handles += [
                 p.register_post_accumulate_grad_hook(meter.grad) for p in model.parameters() if p.requires_grad
             ]
+            if forensics:
+                torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+                self.run = TrainerRun(spec.cell, spec.recipe, s.model, torch_optimizer, spec.device, s.autocast)
+                self.named = [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
+                self.entering = self.earlier = parameter_extremes(self.named)
 
         def on_step_begin(self, args, state, control, **kwargs):
             meter.begin()
+            s.sync()  # the last step's parameter_extremes are not this step's time
             self.t0 = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
             self.taken = (meter.take(optimizer), getattr(optimizer, "scaler", None))
+            taken = self.taken[0]
+            if forensics and taken and not (math.isfinite(taken.loss) and math.isfinite(taken.grad_norm)):
+                # may be unrecoverable: keep what the step started from before its optimizer step changes it
+                before = state_copy(self.named, self.run.optimizer)
+                self.kept = Failure(None, taken.batch, before, self.entering, self.earlier, taken.scale)
 
         def on_step_end(self, args, state, control, **kwargs):
             s.sync()
@@ -162,8 +226,13 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             step.groups = group_norms(taken.norms, named_groups, taken.scale)
             step.supervised = min(int((b["labels"][..., 1:] != -100).sum()) for b in given)
             step.batch = "+".join(b.kind for b in trained)
+            kept, self.kept = self.kept, None
             if not on_step(step):
                 control.should_training_stop = True
+                if kept is not None and step.unrecoverable() and self.failing is None:
+                    self.failing = FailingStep(self.run, self.named, dataclasses.replace(kept, verdict=step))
+            elif forensics:
+                self.earlier, self.entering = self.entering, parameter_extremes(self.named)
 
         def on_train_end(self, args, state, control, **kwargs):
             for h in self.handles:
@@ -183,10 +252,11 @@ def group_norms(norms: dict, groups: dict, scale: float | None) -> dict:
     return out
 
 
-def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict:
+def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> tuple[dict, FailingStep | None]:
     """Train `s.model` for spec.steps with the user's trainer class (spec.trainer: {"kind", "args"}),
     each step to `on_step`; returns what the record says of the trainer (`versions`, and for
-    SFTTrainer what it trains differently from the own loop: sft.sft_trains)."""
+    SFTTrainer what it trains differently from the own loop: sft.sft_trains), and the first
+    unrecoverable step kept for its replay (None: none, or forensics off)."""
     import importlib
 
     kind = spec.trainer["kind"]
@@ -194,7 +264,8 @@ def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict
     trainer_class = getattr(importlib.import_module(module), name)
     with tempfile.TemporaryDirectory(prefix="nandoctor-trainer-") as out:
         args = arguments(spec, out)
-        callbacks = [probe_callback(spec, s, groups, on_step)]
+        steps = probe_callback(spec, s, groups, on_step)
+        callbacks = [steps]
         said = {}
         if kind == "sft":
             from .sft import sft_trainer
@@ -208,4 +279,4 @@ def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> dict
             )
         with s.attend():
             trainer.train()
-    return {**versions(kind), **said}
+    return {**versions(kind), **said}, steps.failing

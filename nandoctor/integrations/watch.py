@@ -9,11 +9,11 @@ calls a `Watch` at three points of the run:
 - `judge`: after backward, before the optimizer step, with the step's real loss and pre-clip
   grad-norm: the step-0 checks on the first step, then the probes' verdict rules on the curve so far
   (judge.py). On the first failure it keeps the batch and a copy of the weights and optimizer state
-  the step started from (replay.py);
+  the step started from (child/failing_step.py);
 - `settle`: after every optimizer step, on every rank: the parameters' min / max of a judged step
   (to name an optimizer step that turns them non-finite); the ranks of a DDP / FSDP run agree on
   whether any saw a failure (ranks.py), and then all stop at that step while the lowest failing rank
-  replays the step with forensics hooks (replay.py) and writes the report (failure_report.py).
+  replays the step with forensics hooks (child/failing_step.py) and writes the report (failure_report.py).
   Returns True when training must stop.
 
 nandoctor never breaks the run it watches: every framework hook runs through `guarded`, which turns
@@ -31,6 +31,7 @@ import functools
 import sys
 from pathlib import Path
 
+from ..child.failing_step import Failure, parameter_extremes, replay, state_copy
 from ..device import DeviceFacts
 from ..env import collect_summary
 from ..errors import NandoctorError
@@ -39,7 +40,6 @@ from .failure_report import REPORT_DIR, write_recipe, write_report
 from .judge import CheckFailed, Judge
 from .live import LiveRun, recipe_at
 from .ranks import Ranks
-from .replay import Failure, parameter_extremes, replay, state_copy
 from .setup_lint import LINT_BATCHES, first_batches, lint_live
 
 __all__ = ["CheckFailed", "LiveRun", "Watch", "guarded"]

@@ -98,7 +98,8 @@ def with_trainer(recipe: Recipe, trainer: dict) -> Recipe:
 def with_trainer_args(recipe: Recipe, args: dict) -> Recipe:
     """The recipe as the trainer's arguments set it: the batch of one micro-batch, the micro-batches per
     step, clipping, and the AdamW hyperparameters the Trainer passes (what the probe's data, its record
-    and the rules read; the trainer itself takes the arguments whole)."""
+    and the rules read; the trainer takes the arguments whole, these fields as the recipe then holds them:
+    config.trainer_arguments)."""
     o = recipe.optimizer
     optimizer = replace(
         o,

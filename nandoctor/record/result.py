@@ -108,6 +108,10 @@ class ProbeRecord:
     # per-sequence importance ratio, masked_share (above mask_cap, TRL's default sequence mask),
     # per_position and per_step_logp_diff_mean. None for an sft probe
     rollout_mismatch: dict | None = None
+    # The model's floating parameters and buffers whose dtype is not the cell's weight dtype, as built
+    # (child/build.py cast_as_loaded), {name: dtype}: in a pure cell RoPE's inv_freq and the modules
+    # transformers keeps in fp32, as from_pretrained(dtype=...) leaves them. Records before it: None
+    kept_dtypes: dict | None = None
     # --trainer-args: the trainer class that trained the probe and the library versions (child/trainer.py:
     # {"class": "transformers.Trainer", "transformers": ..., "trl": ... or None}, and for trl.SFTTrainer
     # "sft_trains": what it trains differently from the own loop, child/sft.py); None: nandoctor's own loop

@@ -15,6 +15,7 @@ from .formatting import label
 from .savings import explain_lines
 
 TIGHTEST = 5  # modules listed per probe
+KEPT_SHOWN = 4  # tensors named per probe whose dtype is not the weights'
 # what a first offender's input that is an identity matrix is (child/instruments.is_identity)
 IDENTITY_CALL = (
     "peft's DoRA calls lora_A on torch.eye to read lora_B @ lora_A for its weight norm, so this output is "
@@ -288,6 +289,11 @@ def fidelity_chart(o: ProbeOutcome) -> str:
 def explain_text(o: ProbeOutcome) -> str:
     """What `nandoctor explain` prints for one probe."""
     lines = [f"{label(o)}: {o.verdict.name} — {o.verdict.reason}"]
+    kept = o.record.kept_dtypes
+    if kept:
+        named = ", ".join(f"{n} {d}" for n, d in list(kept.items())[:KEPT_SHOWN])
+        more = f" and {len(kept) - KEPT_SHOWN} more" if len(kept) > KEPT_SHOWN else ""
+        lines.append(f"  not in the weight dtype: {named}{more}")
     f = o.record.forensics
     if not replayed(f):
         lines.append("  forensics: " + _replay_note(o))

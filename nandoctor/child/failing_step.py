@@ -1,6 +1,8 @@
-"""The replay of a live run's failing step: what the watch keeps when a step fails (the batch, and a
-copy of the weights and optimizer state the step started from), and that step trained again on the
-live model with the forensics hooks of child/instruments.py, after which the run's own state is put back.
+"""The replay of a failing step in the process that trained it: what is kept when a step fails (the
+batch, and a copy of the weights and optimizer state the step started from), and that step trained again
+on the model with the forensics hooks of instruments.py, after which the run's own state is put back.
+Two kinds of run use it: a user's run watched by a training callback (integrations/watch.py), and a probe
+that trains with the user's trainer (trainer.py), whose steps nandoctor's own loop cannot replay.
 
 Every read of a parameter here is this rank's own (its FSDP2 shard, `live.local`): a rank never
 starts a collective that the others do not join.
@@ -14,12 +16,11 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..child.build import Setup
-from ..child.instruments import hooked_steps, update_event
-from ..child.replay import replay_cost, reproduced
 from ..measure.trainer_step import local
 from ..record import Step
-from .live import LiveRun
+from .build import Setup
+from .instruments import hooked_steps, update_event
+from .replay import replay_cost, reproduced
 
 
 def parameter_extremes(named: list) -> object:
@@ -60,7 +61,7 @@ def state_restore(named: list, optimizer, saved: dict) -> None:
 class Failure:
     """The first failing step of a live run, as kept for its replay and report."""
 
-    verdict: object
+    verdict: object  # what stopped the run, read for its .step: the watch's Verdict, or a probe's Step
     batch: dict
     before: dict  # state_copy() of the weights and optimizer state the failing step started from
     entering: object  # parameter_extremes() of those weights, or None
@@ -68,11 +69,13 @@ class Failure:
     scale: float | None
 
 
-def replay(run: LiveRun, named: list, failure: Failure, judged: Step, every: int) -> dict:
+def replay(run, named: list, failure: Failure, judged: Step, every: int) -> dict:
     """The failing step again (`judged`, as the watch judged it), from the weights and optimizer state
-    it started from, with the forensics hooks on the live model; `named` are the run's trainable
-    (name, parameter) pairs, `every` the steps between two judged ones. Returns the forensics of a
-    probe record; the model and optimizer are left as the run left them."""
+    it started from, with the forensics hooks on the live model; `run` is what trained it (its
+    step_loss, optimizer, autocast, device, recipe.grad_clip and cell: an integrations.live.LiveRun, or
+    trainer.TrainerRun), `named` its trainable (name, parameter) pairs, `every` the steps between two
+    judged ones. Returns the forensics of a probe record; the model and optimizer are left as the run
+    left them."""
     import torch
 
     k = failure.verdict.step
@@ -106,7 +109,7 @@ def replay(run: LiveRun, named: list, failure: Failure, judged: Step, every: int
     }
 
 
-def earlier_update(run: LiveRun, named: list, failure: Failure, step: int) -> list[dict]:
+def earlier_update(run, named: list, failure: Failure, step: int) -> list[dict]:
     """When the weights the failing step read were already non-finite, an optimizer step before it
     (the judged `step`) made them so: the first such parameter, its extremes one check earlier, and the
     optimizer state that update left (the live state is restored to where the failing step started)."""
