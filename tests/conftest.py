@@ -412,6 +412,7 @@ LONGEST_GROUPS = (
     "test_rl_compile",  # 60 from inductor's cache; a cold one adds its compile, 148 s on a loaded host
     "watch-fits",  # 50
     "test_parallel_probes",  # 50
+    "test_grpo_trainer",  # 50
     "test_parallel_forensics",  # 45
     "test_zygote",  # 45
     "test_fixed_cost",  # 45

@@ -255,12 +255,3 @@ def test_an_sft_config_with_data_packing_is_one_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert "trl.SFTTrainer packs as the SFTConfig says" in done.stderr
     assert "Traceback" not in done.stderr
-
-
-def test_a_grpo_config_not_yet_probed_is_one_line_and_exit_2(tmp_path):
-    path = tmp_path / "grpo.json"
-    path.write_text('{"learning_rate": 1e-6, "num_generations": 8, "beta": 0.0}')
-    done = run_cli("grid", "--trainer-args", path, "--out", tmp_path / "run")
-    assert done.returncode == 2
-    assert "GRPOConfig is not probed by its trainer yet" in done.stderr
-    assert "Traceback" not in done.stderr

@@ -224,13 +224,17 @@ def setup(spec: ProbeSpec) -> Setup:
     optimizer, eager = _optimizer(spec, model)
     batches = stream(spec.recipe, model.config, spec.seed)
     rollouts = None
-    if spec.recipe.objective == "grpo":
+    if spec.recipe.objective == "grpo" and spec.trainer:  # trl.GRPOTrainer samples and trains (child/grpo.py)
+        from .trainer_rollouts import TrainerRollouts
+
+        rollouts = TrainerRollouts(spec.recipe, batches, cell.attn)
+    elif spec.recipe.objective == "grpo":
         from .rollout import Rollouts
 
         rollouts = Rollouts(spec.recipe, model, batches, autocast, device, spec.seed)
     return Setup(
         model,
-        rollouts.steps() if rollouts else _steps(spec, batches),
+        rollouts.steps() if rollouts and not spec.trainer else _steps(spec, batches),
         optimizer,
         autocast,
         scaler,

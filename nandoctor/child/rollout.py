@@ -190,23 +190,12 @@ class Rollouts:
     entropy on its Step, and `figures` is the record's rollout_mismatch over all its steps."""
 
     def __init__(self, recipe: Recipe, model, stream, autocast, device: str, seed: int):
-        import torch
-
         self.config = recipe.rollout
         self.model, self.autocast, self.device, self.seed = model, autocast, device, seed
         self.eos = getattr(model.config, "eos_token_id", None)
         self.eos = self.eos[0] if isinstance(self.eos, list) else self.eos
         self.pad = self.eos if self.eos is not None else 0
-        n = self.config.prompt_len
-        rows = []
-        for batch in stream.batches:  # prompts: rows whose first prompt_len tokens are all real
-            inputs = batch.inputs
-            ids, attended = inputs["input_ids"], inputs.get("attention_mask")
-            whole = attended is None or attended.dim() != 2
-            rows += [ids[i, :n] for i in range(ids.shape[0]) if whole or bool(attended[i, :n].all())]
-        if not rows:
-            raise ValueError(f"no row of the data has {n} real tokens to take a prompt from (rollout.prompt_len)")
-        self.prompts = torch.stack(rows)
+        self.prompts = prompts_of(stream, self.config.prompt_len)
         self.diffs: list = []  # per step: (logp_train - logp_rollout, completion mask), on the CPU
         self.rewards: dict[int, float] = {}
         self.entropies: dict[int, float] = {}
@@ -323,25 +312,46 @@ class Rollouts:
         step.entropy = self.entropies.get(step.step)
 
     def figures(self) -> dict | None:
-        """The record's rollout_mismatch: mismatch_figures over every step's tokens together, with the
-        engine that sampled them and each step's own mean |diff|; None before any step was scored."""
-        import torch
+        """The record's rollout_mismatch over all its steps (`mismatch_record`)."""
+        return mismatch_record(self.diffs, self.config.max_new_tokens, self.config.attn, self.routes.figures())
 
-        if not self.diffs:
-            return None
-        width = self.config.max_new_tokens  # generation stops early once every completion ended
-        padded = [
-            (torch.nn.functional.pad(d, (0, width - d.shape[1])), torch.nn.functional.pad(m, (0, width - m.shape[1])))
-            for d, m in self.diffs
-        ]
-        out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
-        per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in self.diffs]
-        experts = self.routes.figures()
-        return {
-            "engine": ENGINE,
-            "engine_attn": self.config.attn,
-            "steps": len(self.diffs),
-            **out,
-            "per_step_logp_diff_mean": per_step,
-            **({"expert_disagreement": experts} if experts else {}),
-        }
+
+def prompts_of(stream, n: int):
+    """The prompts a GRPO probe samples from: the first `n` tokens of each of the stream's rows whose first
+    `n` tokens are all real, in the stream's order, as one (prompts, n) tensor."""
+    import torch
+
+    rows = []
+    for batch in stream.batches:
+        inputs = batch.inputs
+        ids, attended = inputs["input_ids"], inputs.get("attention_mask")
+        whole = attended is None or attended.dim() != 2
+        rows += [ids[i, :n] for i in range(ids.shape[0]) if whole or bool(attended[i, :n].all())]
+    if not rows:
+        raise ValueError(f"no row of the data has {n} real tokens to take a prompt from (rollout.prompt_len)")
+    return torch.stack(rows)
+
+
+def mismatch_record(diffs: list, width: int, engine_attn: str, experts: dict | None = None) -> dict | None:
+    """The record's rollout_mismatch: mismatch_figures over every step's tokens together, with the engine
+    that sampled them and the attention it sampled with, and each step's own mean |diff|; None before any
+    step was scored. diffs: per step (logp_train - logp_rollout, completion mask), each (sequences,
+    positions) with positions up to `width`."""
+    import torch
+
+    if not diffs:
+        return None
+    padded = [
+        (torch.nn.functional.pad(d, (0, width - d.shape[1])), torch.nn.functional.pad(m, (0, width - m.shape[1])))
+        for d, m in diffs
+    ]
+    out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
+    per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in diffs]
+    return {
+        "engine": ENGINE,
+        "engine_attn": engine_attn,
+        "steps": len(diffs),
+        **out,
+        "per_step_logp_diff_mean": per_step,
+        **({"expert_disagreement": experts} if experts else {}),
+    }

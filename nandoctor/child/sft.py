@@ -38,12 +38,14 @@ def probe_rows(spec: ProbeSpec, s: Setup) -> list[dict]:
 
 
 def vocab_tokenizer(vocab_size: int, pad: int):
-    """A tokenizer whose vocabulary is the model's ids (`<t{id}>`), pad (and eos) the stream's pad id."""
-    from tokenizers import Tokenizer, models
+    """A tokenizer whose vocabulary is the model's ids (`<t{id}>`), pad (and eos) the stream's pad id; a
+    text of such tokens separated by spaces is tokenized back to its ids, adding none."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {f"<t{i}>": i for i in range(vocab_size)}
     word_level = Tokenizer(models.WordLevel(vocab, unk_token=f"<t{pad}>"))
+    word_level.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=word_level, pad_token=f"<t{pad}>", eos_token=f"<t{pad}>")
 
 

@@ -41,7 +41,11 @@ from .failing_step import Failure, parameter_extremes, replay, state_copy
 from .train import step_tokens
 
 # What each --trainer kind runs: (module, class, its arguments class)
-TRAINERS = {"hf": ("transformers", "Trainer", "TrainingArguments"), "sft": ("trl", "SFTTrainer", "SFTConfig")}
+TRAINERS = {
+    "hf": ("transformers", "Trainer", "TrainingArguments"),
+    "sft": ("trl", "SFTTrainer", "SFTConfig"),
+    "grpo": ("trl", "GRPOTrainer", "GRPOConfig"),
+}
 # Set for every probe whatever the file says: the probe's own run, not the user's outputs
 PROBE_ARGS = {
     "report_to": "none",
@@ -55,8 +59,18 @@ PROBE_ARGS = {
     "dataloader_num_workers": 0,
     "resume_from_checkpoint": None,
 }
-# ... and per kind: SFTTrainer's dataset is rows (child/sft.py), to be drawn in the probe's order
-KIND_ARGS = {"hf": {}, "sft": {"train_sampling_strategy": "sequential", "shuffle_dataset": False}}
+# ... and per kind: SFTTrainer's dataset is rows (child/sft.py), to be drawn in the probe's order; GRPOTrainer's
+# is prompts, sampled in the probe's order by generate() (child/grpo.py: vLLM is not wired as a probe's engine)
+KIND_ARGS = {
+    "hf": {},
+    "sft": {"train_sampling_strategy": "sequential", "shuffle_dataset": False},
+    "grpo": {
+        "shuffle_dataset": False,
+        "use_vllm": False,
+        "use_transformers_continuous_batching": False,
+        "log_completions": False,
+    },
+}
 PRECISION_FLAGS = sorted({k for p in PRECISIONS.values() for k in p.training_args})
 
 
@@ -98,9 +112,14 @@ def arguments(spec: ProbeSpec, output_dir: str):
         given["optim"] = optim[0]
     given.update(PROBE_ARGS, output_dir=output_dir, max_steps=spec.steps, use_cpu=spec.device == "cpu")
     kind = spec.trainer["kind"]
-    # one item of the dataset: one of the probe's micro-batches (hf), one row of one (sft)
-    rows = 1 if kind == "hf" else spec.recipe.batch_size
-    given.update(KIND_ARGS[kind], per_device_train_batch_size=rows)
+    given.update(KIND_ARGS[kind])
+    # one item of the dataset: one of the probe's micro-batches (hf), one row of one (sft); a GRPOConfig's
+    # batch counts completions, and is the user's
+    if kind != "grpo":
+        given["per_device_train_batch_size"] = 1 if kind == "hf" else spec.recipe.batch_size
+    elif given.get("generation_batch_size") and given.get("steps_per_generation"):
+        # to_json_string() writes both as __post_init__ derived them, and GRPOConfig takes one
+        given.pop("generation_batch_size")
     return cls(**given)
 
 
@@ -159,27 +178,33 @@ class FailingStep:
 
 def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
     """A TrainerCallback that measures each step with the training callback's hooks and hands it to
-    `on_step` (record.Step -> False to stop), with its time, tokens, batch kind and group norms; with
-    forensics on (forensics_steps), its `failing` is the first unrecoverable step, kept for its replay."""
+    `on_step` (record.Step -> False to stop), with its time, tokens, batch kind and group norms. Its
+    `meter` takes the losses from the model's output, or where the model computes none (a GRPO probe,
+    `s.rollouts` set) from the trainer's training_step (child/grpo.py), and the batch kind is then the
+    rollouts' to say. With forensics on (forensics_steps), its `failing` is the first unrecoverable
+    step, kept for its replay."""
     from transformers import TrainerCallback
 
     meter = StepMeter()
+    losses_from_model = s.rollouts is None
     accumulation = spec.recipe.gradient_accumulation_steps
     named_groups = {g: [p for _, p in params] for g, params in groups.items()}
-    forensics = spec.recipe.forensics_steps > 0
+    # a GRPO step's batch is its rollouts', which the replay cannot take again: no replay there
+    forensics = spec.recipe.forensics_steps > 0 and losses_from_model
 
     class ProbeSteps(TrainerCallback):
         def __init__(self):
-            self.handles, self.t0, self.taken = [], 0.0, None
+            self.handles, self.t0, self.taken, self.meter = [], 0.0, None, meter
             self.run, self.named, self.kept = None, [], None
             self.entering = self.earlier = None  # parameter_extremes() at this step's start, and one before
             self.failing: FailingStep | None = None
 
         def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-            self.handles = [
-                model.register_forward_pre_hook(meter.inputs, with_kwargs=True),
-                model.register_forward_hook(meter.loss, with_kwargs=True),
-            ]
+            if losses_from_model:
+                self.handles = [
+                    model.register_forward_pre_hook(meter.inputs, with_kwargs=True),
+                    model.register_forward_hook(meter.loss, with_kwargs=True),
+                ]
             self.handles += [
                 p.register_post_accumulate_grad_hook(meter.grad) for p in model.parameters() if p.requires_grad
             ]
@@ -209,7 +234,6 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             if taken is None:
                 return
             index = state.global_step - 1
-            trained = s.stream.step_batches(index, accumulation)
             given = taken.micro_batches  # as the trainer collated them (SFTTrainer re-pads, may pack)
             tokens = step_tokens(list(given))
             skipped = taken.scale is not None and scaler.get_scale() < taken.scale
@@ -224,8 +248,9 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
                 tokens / seconds if tokens is not None and seconds > 0 else None,
             )
             step.groups = group_norms(taken.norms, named_groups, taken.scale)
-            step.supervised = min(int((b["labels"][..., 1:] != -100).sum()) for b in given)
-            step.batch = "+".join(b.kind for b in trained)
+            if losses_from_model:  # a GRPO step's are its rollouts' (Setup.rollouts.annotate)
+                step.supervised = min(int((b["labels"][..., 1:] != -100).sum()) for b in given)
+                step.batch = "+".join(b.kind for b in s.stream.step_batches(index, accumulation))
             kept, self.kept = self.kept, None
             if not on_step(step):
                 control.should_training_stop = True
@@ -255,8 +280,9 @@ def group_norms(norms: dict, groups: dict, scale: float | None) -> dict:
 def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> tuple[dict, FailingStep | None]:
     """Train `s.model` for spec.steps with the user's trainer class (spec.trainer: {"kind", "args"}),
     each step to `on_step`; returns what the record says of the trainer (`versions`, and for
-    SFTTrainer what it trains differently from the own loop: sft.sft_trains), and the first
-    unrecoverable step kept for its replay (None: none, or forensics off)."""
+    SFTTrainer and GRPOTrainer what it trains differently from the own loop: sft.sft_trains,
+    grpo.grpo_trains), and the first unrecoverable step kept for its replay (None: none, or forensics
+    off)."""
     import importlib
 
     kind = spec.trainer["kind"]
@@ -272,11 +298,20 @@ def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> tupl
 
             trainer, trains = sft_trainer(trainer_class, spec, s, args, callbacks)
             said["sft_trains"] = trains
+        elif kind == "grpo":
+            from .grpo import grpo_trainer
+
+            trainer, trains = grpo_trainer(trainer_class, spec, s, args, callbacks)
+            said["grpo_trains"] = trains
         else:
             data, collate = micro_batches(spec, s)
             trainer = trainer_class(
                 model=s.model, args=args, train_dataset=data, data_collator=collate, callbacks=callbacks
             )
-        with s.attend():
-            trainer.train()
+        try:
+            with s.attend():
+                trainer.train()
+        finally:
+            if s.rollouts is not None:
+                s.rollouts.remove()
     return {**versions(kind), **said}, steps.failing

@@ -4,6 +4,7 @@ and the recipe, executor and run options they describe."""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..api import Listener, ProbeCache, RunOptions
@@ -105,14 +106,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trainer-args",
         metavar="FILE",
-        help="train each probe with your trainer: a TrainingArguments or TRL SFTConfig as JSON (to_json_string()) "
-        "or YAML; each cell's precision, attention and compile are set on it, the rest kept (docs/training-options.md)",
+        help="train each probe with your trainer: a TrainingArguments, TRL SFTConfig or TRL GRPOConfig as JSON "
+        "(to_json_string()) or YAML; each cell's precision, attention and compile are set on it, the rest kept "
+        "(docs/training-options.md)",
     )
     p.add_argument(
         "--trainer",
         choices=TRAINER_KINDS,
-        help="the trainer of --trainer-args: hf (transformers.Trainer) or sft (trl.SFTTrainer); default: read from "
-        "the file's keys",
+        help="the trainer of --trainer-args: hf (transformers.Trainer), sft (trl.SFTTrainer) or grpo "
+        "(trl.GRPOTrainer); default: read from the file's keys",
     )
     add_data_args(p)
 
@@ -196,6 +198,19 @@ def recipe_from_args(args) -> Recipe:
     if args.steps is not None and args.steps <= 0:
         raise NandoctorError(f"--steps must be > 0, got {args.steps}")
     trainer = trainer_from_args(args)
+    if trainer and trainer["kind"] == "grpo":
+        objective = getattr(args, "objective", None)
+        if objective not in (None, "grpo"):
+            raise NandoctorError(
+                f"--objective {objective} with a GRPOConfig (--trainer-args): trl.GRPOTrainer trains GRPO; "
+                "drop --objective or pass --objective grpo"
+            )
+        if objective is None:
+            print(
+                "nandoctor: note: --trainer-args is a GRPOConfig: every probe runs trl.GRPOTrainer (objective grpo)",
+                file=sys.stderr,
+                flush=True,
+            )
     return with_trainer(recipe, trainer) if trainer else recipe.validate()
 
 

@@ -61,24 +61,43 @@ def read_trainer_args(path: str | Path) -> dict:
     return data
 
 
-# What each trainer kind's arguments hold that TrainingArguments does not (TRL 1.x SFTConfig, GRPOConfig):
-# how `trainer_of` tells the kind of a file from its keys
+# What each trainer kind's arguments hold that TrainingArguments does not (TRL 1.16 SFTConfig, GRPOConfig;
+# loss_type is in both): how `trainer_of` tells the kind of a file from its keys
 TRAINER_KEYS = {
-    "grpo": ("num_generations", "beta", "epsilon_high"),
+    "grpo": (
+        "num_generations",
+        "max_completion_length",
+        "beta",
+        "epsilon_high",
+        "steps_per_generation",
+        "scale_rewards",
+        "vllm_importance_sampling_correction",
+        "vllm_importance_sampling_mode",
+    ),
     "sft": ("dataset_text_field", "completion_only_loss", "assistant_only_loss"),
 }
-TRAINER_KINDS = ("hf", "sft")  # --trainer: transformers.Trainer, trl.SFTTrainer
-NOT_PROBED_KINDS = {"grpo": "a GRPOConfig is not probed by its trainer yet; --objective grpo probes GRPO's loss"}
+TRAINER_KINDS = ("hf", "sft", "grpo")  # --trainer: transformers.Trainer, trl.SFTTrainer, trl.GRPOTrainer
+TRAINER_ARGS = {"hf": "TrainingArguments", "sft": "SFTConfig", "grpo": "GRPOConfig"}  # the arguments class of each
+# TRL 1.16 GRPOConfig's defaults of what sets a GRPO probe's rollout (trl/trainer/grpo_config.py)
+GRPO_DEFAULTS = {
+    "num_generations": 8,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "steps_per_generation": None,  # None: gradient_accumulation_steps
+    "generation_batch_size": None,  # None: per_device_train_batch_size x steps_per_generation
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": 0,
+    "max_completion_length": 512,
+}
 
 
 def trainer_of(path: str | Path, kind: str | None = None) -> dict:
-    """{"kind": "hf" | "sft", "args": the file's fields}: the trainer a probe runs for --trainer-args
+    """{"kind": "hf" | "sft" | "grpo", "args": the file's fields}: the trainer a probe runs for --trainer-args
     `path`; the kind is `kind` (--trainer) or read from the file's keys (TRAINER_KEYS)."""
     args = read_trainer_args(path)
     found = next((k for k, keys in TRAINER_KEYS.items() if any(key in args for key in keys)), "hf")
     kind = kind or found
-    if kind in NOT_PROBED_KINDS:
-        raise NandoctorError(f"--trainer-args {str(path)!r}: {NOT_PROBED_KINDS[kind]}")
     if kind not in TRAINER_KINDS:
         raise NandoctorError(f"unknown --trainer {kind!r}; valid: {', '.join(TRAINER_KINDS)}")
     return {"kind": kind, "args": args}
@@ -86,13 +105,47 @@ def trainer_of(path: str | Path, kind: str | None = None) -> dict:
 
 def with_trainer(recipe: Recipe, trainer: dict) -> Recipe:
     """The recipe as --trainer-args sets it (`with_trainer_args`). SFTTrainer packs rows itself, as the
-    SFTConfig's packing / padding_free say, so the probe hands it unpacked rows: data.packing is refused."""
+    SFTConfig's packing / padding_free say, so the probe hands it unpacked rows: data.packing is refused.
+    A GRPOConfig makes the probe a GRPO one (objective=grpo) whose rollout is the GRPOConfig's (`grpo_rollout`)."""
     if trainer["kind"] == "sft" and recipe.data.packing != "none":
         raise NandoctorError(
             f"data.packing={recipe.data.packing} with an SFTConfig: trl.SFTTrainer packs as the SFTConfig says "
             "(packing, padding_free); leave data.packing at none"
         )
+    if recipe.objective == "grpo" and trainer["kind"] != "grpo":
+        raise NandoctorError(
+            f"objective grpo with a {TRAINER_ARGS[trainer['kind']]} (--trainer-args): give a GRPOConfig to probe "
+            "trl.GRPOTrainer, or drop --trainer-args for nandoctor's own GRPO loop"
+        )
+    if trainer["kind"] == "grpo":
+        recipe = replace(recipe, objective="grpo", rollout=grpo_rollout(recipe.rollout, trainer["args"]))
     return with_trainer_args(recipe, trainer["args"])
+
+
+def grpo_rollout(rollout, args: dict):
+    """The rollout settings a GRPOConfig's fields (TRL's defaults where it leaves one out) give a probe:
+    its sampler (temperature, top_p, top_k, max_completion_length), num_generations, and as many prompts
+    per generation as its generation batch holds groups of num_generations completions. The output head
+    stays as built (lm_head_fp32 off): GRPOTrainer casts it itself where cast_lm_head_to_fp32 says so."""
+    given = {**GRPO_DEFAULTS, **{k: v for k, v in args.items() if k in GRPO_DEFAULTS and v is not None}}
+    per_generation = given["steps_per_generation"] or given["gradient_accumulation_steps"]
+    completions = given["generation_batch_size"] or given["per_device_train_batch_size"] * per_generation
+    groups, left = divmod(int(completions), int(given["num_generations"]))
+    if left or not groups:
+        raise NandoctorError(
+            f"GRPOConfig: a generation batch of {completions} completions is not a whole number of groups of "
+            f"num_generations={given['num_generations']}"
+        )
+    return replace(
+        rollout,
+        temperature=float(given["temperature"]),
+        top_p=float(given["top_p"]),
+        top_k=int(given["top_k"]),
+        max_new_tokens=int(given["max_completion_length"]),
+        num_generations=int(given["num_generations"]),
+        prompts=groups,
+        lm_head_fp32=False,
+    )
 
 
 def with_trainer_args(recipe: Recipe, args: dict) -> Recipe:

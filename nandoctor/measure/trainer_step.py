@@ -60,6 +60,14 @@ class StepMeter:
             self.step.losses.append(loss.detach())
             self.step.summed = "num_items_in_batch" in kwargs
 
+    def micro_batch(self, inputs: dict, loss) -> None:
+        """A micro-batch the trainer's training_step trained, with the loss it returned (its share of the
+        step's loss): for a trainer whose model computes no loss of its own (GRPOTrainer)."""
+        if self.step is not None:
+            self.step.inputs.append(inputs)
+            self.step.losses.append(loss.detach())
+            self.step.summed = True
+
     def grad(self, p) -> None:
         import torch
 
