@@ -46,6 +46,7 @@ from .trainer import FailingStep, train_with_trainer
 # Under the user's trainer only a failing step is replayed (trainer.py): nandoctor's own loop from the initial
 # snapshot would not retrace the steps the trainer took, and the trainer's step 0 is not hooked
 TRAINER_STABLE = "the probe trained with the user's trainer and stayed finite: only a failing step is replayed"
+TRAINER_ROLLOUTS = "a GRPOConfig probe's steps train on their rollouts, which a replay cannot take again"
 
 
 def run_probe(
@@ -124,7 +125,8 @@ def run_probe(
                 )
             record.trainer, failing = train_with_trainer(spec, s, groups, on_step)
             if spec.recipe.forensics_steps and failing is None:
-                record.forensics = {"not_run": TRAINER_STABLE}
+                grpo = spec.trainer["kind"] == "grpo"
+                record.forensics = {"not_run": TRAINER_ROLLOUTS if grpo else TRAINER_STABLE}
         else:
             train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
     finally:
