@@ -103,10 +103,10 @@ def check_command(config: dict, base: Recipe, model_flags: list[str]) -> str:
     return shlex.join(parts)
 
 
-# The flags of a run's command line that choose the model and recipe: a `check` of the recommendation
-# passes them again (bisect's CLI hands them over itself); the data and tokenizer come from the recipe
-# (input_flags), as resolved paths.
-MODEL_FLAG_NAMES = ("--model", "--recipe", "--scale", "--set", "--world-size")
+# The flags of a run's command line that choose the model, the recipe and the user's trainer: a `check` of
+# the recommendation passes them again (bisect's CLI hands them over itself), so that it trains what the
+# run probed; the data and tokenizer come from the recipe (input_flags), as resolved paths.
+MODEL_FLAG_NAMES = ("--model", "--recipe", "--scale", "--set", "--world-size", "--trainer-args", "--trainer")
 
 
 def model_flags_of(command: str, recipe: Recipe) -> list[str]:

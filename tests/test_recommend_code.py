@@ -31,3 +31,17 @@ def test_the_cell_table_holds_data_not_the_code_that_renders_a_recommendation():
 def test_every_row_renders_the_code_it_rendered_from_the_cell_table(cell):
     recipe = set_field(Recipe(world_size=4, batch_size=8), "fp8.amax_history_len", "16")
     assert recommendation(Cell.parse(cell).to_dict(), recipe, recipe, [])["python"] == EXPECTED[cell]
+
+
+def test_the_check_line_of_a_trainer_args_run_trains_with_the_same_trainer():
+    """A grid run with --trainer-args probed the user's trainer: the `nandoctor check` line its report
+    prints passes the same file (and --trainer), or the check would train nandoctor's own loop."""
+    from nandoctor.recommend import model_flags_of
+
+    command = "nandoctor grid --model tiny-llama --trainer-args ./args.json --trainer sft --steps 4 --set lr=1e-4"
+    flags = model_flags_of(command, Recipe())
+    assert flags == ["--model", "tiny-llama", "--trainer-args", "./args.json", "--trainer", "sft", "--set", "lr=1e-4"]
+    assert model_flags_of("nandoctor grid --model tiny-llama --trainer-args=args.json", Recipe())[2:] == [
+        "--trainer-args",
+        "args.json",
+    ]
