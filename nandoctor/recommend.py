@@ -143,14 +143,20 @@ COLLATORS = {
 # keyword, then why), or None and what to add. TRL's assistant_only_loss takes its mask from transformers'
 # apply_chat_template(return_assistant_tokens_mask=True), which marks only the {% generation %} spans of
 # the template and returns all zeros for a template without them (Llama 3.1's, Qwen3's and Gemma 3's
-# stock templates; TRL 1.16's SFTTrainer then refuses the template, or swaps in its own marked copy of a
-# stock one, whose marks may differ from the probe's mask); the probe placed its mask by rendering each
-# turn's prefix, from the end of the generation prompt through the turn's text after its content.
+# stock templates). TRL 1.16's SFTTrainer swaps its own marked training copy in for a stock template without
+# marks, and the probe's labels then follow that copy (userdata/template.trl_training_template); it refuses
+# any other template without marks, for which the probe placed its mask by rendering each turn's prefix,
+# from the end of the generation prompt through the turn's text after its content.
 PROMPT_COMPLETION = ({"completion_only_loss": True}, "# labels on the completion only, -100 on the prompt: as probed")
 MARKED_TEMPLATE = (
     {"assistant_only_loss": True},
     "# labels on the chat template's {{% generation %}} spans, -100 elsewhere: the probe's mask on the {checked} "
     "rows checked",
+)
+TRL_TEMPLATE = (
+    {"assistant_only_loss": True},
+    "# labels follow TRL's training template for {name}, which trl.SFTTrainer swaps in for assistant_only_loss=True "
+    "(the tokenizer's own has no {{% generation %}} marks): the probe's mask on the {checked} rows checked",
 )
 MARKS_DIFFER = (
     None,
@@ -165,6 +171,10 @@ UNMARKED_TEMPLATE = (
     "{{% generation %}} marks, which trl.SFTConfig(assistant_only_loss=True) reads the mask from. {where}, then "
     "trl.SFTConfig(assistant_only_loss=True); or give prompt/completion rows (the chat before each assistant turn, "
     "that turn) and trl.SFTConfig(completion_only_loss=True)",
+)
+NO_TRL = (
+    ". TRL is not installed where nandoctor ran: a stock template TRL knows (qwen2_5, llama3, ...) was not "
+    "recognised, and for one SFTTrainer swaps in its own training template, whose mask may differ from this one"
 )
 # where the marks go, from the template's own render (userdata/template.generation_mark_places)
 MARKS_AT = (
@@ -231,17 +241,20 @@ def completion_setting(lint: dict | None) -> tuple[dict | None, str]:
     check = lint.get("assistant_mask")
     if not check:
         return UNKNOWN_TEMPLATE
-    if not check["generation_marks"]:
+    if not check["generation_marks"] and not check.get("trl_template"):
         kwargs, why = UNMARKED_TEMPLATE
         places = check.get("mark_after")
         where = MARKS_AT.format(opens=places[0], closes=places[1]) if places else MARKS_AROUND
-        return kwargs, why.format(where=where)
+        return kwargs, why.format(where=where) + ("" if check.get("trl_found", True) else NO_TRL)
     if not check["rows_checked"]:
         return UNKNOWN_TEMPLATE
     if check["rows_differing"]:
         kwargs, why = MARKS_DIFFER
         first = check["first_differing"]
         return kwargs, why.format(differing=check["rows_differing"], checked=check["rows_checked"], first=first)
+    if check.get("trl_template"):
+        kwargs, why = TRL_TEMPLATE
+        return kwargs, why.format(name=check["trl_template"], checked=check["rows_checked"])
     kwargs, why = MARKED_TEMPLATE
     return kwargs, why.format(checked=check["rows_checked"])
 

@@ -393,6 +393,7 @@ SHARED_RUNS = {
     "test_trust_callbacks": "frameworks",
     "test_pasted_code": "frameworks",
     "test_one_verdict_every_door": "frameworks",
+    "test_trl_training_template": "frameworks",
 }
 
 

@@ -23,7 +23,8 @@ def source_sentence(source: dict | None, recipe: dict | None = None) -> str:
         return (
             f"Your rows: {source['path']} ({source['rows']} {source['kind'].replace('_', ' + ')} rows), tokenized with "
             f"{source['tokenizer'] or 'no tokenizer (pre-tokenized ids)'}; max_length {source['max_length']} "
-            f"(truncation {source['truncation_side']}), labels by {source['labels']}, "
+            f"(truncation {source['truncation_side']}), labels by {source['labels']}"
+            f"{_on_template(source.get('labels_template'))}, "
             f"padding {source['padding_side']}, packing {source['packing']}, "
             f"pad id {source['pad_id']} ({source['pad']})."
         )
@@ -39,6 +40,10 @@ def source_sentence(source: dict | None, recipe: dict | None = None) -> str:
         f"(pad_fraction {data.get('pad_fraction', 0.0)}), drawn from the seed; not your data. Pass --data PATH "
         "to probe your own rows (docs/data.md)."
     )
+
+
+def _on_template(name: str | None) -> str:
+    return f" (following TRL's training template for {name}, which SFTTrainer swaps in)" if name else ""
 
 
 def histogram_rows(hist: dict, name: str) -> list[dict]:

@@ -58,6 +58,9 @@ class Encoding:
     mask_pad_labels: bool  # pad_token.mask_labels: with labels=pad_id, pad ids get -100
     eos_id: int | None
     special_ids: tuple  # ids whose use as a target is counted
+    # chat rows labelled completion_only: (name, text) of the template TRL's assistant_only_loss renders them
+    # with in place of the tokenizer's own (template.trl_training_template), None where it uses that one
+    trl_template: tuple[str, str] | None = None
 
 
 def _render(tokenizer, messages: list, generation_prompt: bool = False) -> str:
@@ -129,11 +132,14 @@ def generation_marked(tokenizer) -> bool:
     return isinstance(template, str) and GENERATION_MARK.search(template) is not None
 
 
-def _marked_chats(tokenizer, chats: list) -> tuple[list, list]:
+def _marked_chats(tokenizer, chats: list, template: str | None) -> tuple[list, list]:
     """(token ids, supervised flags) of each chat, from one render and one tokenization of the batch with
-    the template's generation marks, as TRL's assistant-only loss reads them: each assistant turn's
-    prefix is not rendered again (_chat_spans does that for templates without marks)."""
-    out = tokenizer.apply_chat_template(chats, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    the generation marks of `template` (None: the tokenizer's own), as TRL's assistant-only loss reads
+    them: each assistant turn's prefix is not rendered again (_chat_spans does that for templates without
+    marks)."""
+    out = tokenizer.apply_chat_template(
+        chats, chat_template=template, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     return out["input_ids"], [[bool(m) for m in mask] for mask in out["assistant_masks"]]
 
 
@@ -231,8 +237,8 @@ def encode_rows(batch: dict, indices: list, tokenizer, enc: Encoding, path: str 
                 "data.labels=completion_only on pre-tokenized rows needs their `labels` column "
                 "(nandoctor cannot tell the completion from the ids alone)"
             )
-    elif enc.kind == "messages" and completion_only and generation_marked(tokenizer):
-        ids_rows, chosen = _marked_chats(tokenizer, batch["messages"])
+    elif enc.kind == "messages" and completion_only and (enc.trl_template or generation_marked(tokenizer)):
+        ids_rows, chosen = _marked_chats(tokenizer, batch["messages"], enc.trl_template and enc.trl_template[1])
         aligned = [True] * n
         given_labels = masks = positions = [None] * n
     else:

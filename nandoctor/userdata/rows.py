@@ -17,7 +17,7 @@ from .collate import Collation, collate
 from .encode import IGNORE, Encoding, check_rows, encode
 from .read import bad_line, builder_of, open_rows, row_kind
 from .select import choose_batches
-from .template import generation_eos_ids, turn_token_ids
+from .template import generation_eos_ids, trl_training_template, turn_token_ids
 from .tokenizer import load_tokenizer, pad_id, tokenizer_dir
 
 
@@ -46,6 +46,7 @@ class EncodedRows:
             "max_length": self.encoding.max_length,
             "truncation_side": self.encoding.truncation_side,
             "labels": self.encoding.labels,
+            "labels_template": self.encoding.trl_template[0] if self.encoding.trl_template else None,
             "padding_side": self.collation.padding_side,
             "packing": self.collation.packing,
         }
@@ -119,6 +120,8 @@ def encoded_rows(recipe: Recipe, model_config, tokenizer=None) -> EncodedRows:
         mask_pad_labels=recipe.pad_token.mask_labels,
         eos_id=eos,
         special_ids=special,
+        # the chats TRL's assistant_only_loss trains: its training template's where it swaps one in
+        trl_template=trl_training_template(tokenizer) if kind == "messages" and d.labels == "completion_only" else None,
     )
     pad_label = IGNORE if d.labels != "pad_id" or recipe.pad_token.mask_labels else pad
     collation = Collation(padding_side=d.padding_side, packing=d.packing, pad_id=pad, pad_label=pad_label)

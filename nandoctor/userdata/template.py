@@ -1,11 +1,13 @@
 """What the tokenizer's chat template says beyond the rows it renders: which special tokens it writes
-between turns (Llama 3's <|eot_id|> and header tokens, counted with bos, eos and pad), and whether the
-`{% generation %}` marks that TRL's assistant_only_loss reads (through transformers'
-apply_chat_template(return_assistant_tokens_mask=True)) label the same tokens as the probe, which
-places its completion mask by rendering each turn's prefix (encode.py)."""
+between turns (Llama 3's <|eot_id|> and header tokens, counted with bos, eos and pad), which template
+TRL's assistant_only_loss trains a chat with (TRL's own training template in place of a stock one
+without marks), and whether the `{% generation %}` marks that TRL's assistant_only_loss reads (through
+transformers' apply_chat_template(return_assistant_tokens_mask=True)) label the same tokens as the
+probe, which places its completion mask by rendering each turn's prefix (encode.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -45,6 +47,39 @@ def generation_eos_ids(model_dir: str | None) -> set[int]:
     return {i for i in ids if isinstance(i, int)}
 
 
+def trl_training_template(tokenizer) -> tuple[str, str] | None:
+    """(name, text) of the chat template trl.SFTTrainer(assistant_only_loss=True) renders chats with in
+    place of the tokenizer's own: for a template without `{% generation %}` marks, the training template
+    that TRL's get_training_chat_template swaps in (sft_trainer.py: `if args.assistant_only_loss and not
+    has_generation_markers(...)`), where the template is one of TRL's stock ones (qwen2_5, llama3, ...),
+    named by its file in trl/chat_templates. None without TRL, for a template with marks (TRL uses it as
+    it is) and for one TRL has no training template for (SFTTrainer then refuses assistant_only_loss)."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template.get("default") if isinstance(template, dict) else template
+    if not isinstance(template, str) or GENERATION_MARK.search(template):
+        return None
+    # TRL compares the template with the stock ones it ships as text; importing it costs seconds of CPU
+    # (trl.chat_template_utils loads transformers' modeling code and accelerate), so only a template that is
+    # one of those files is handed to it
+    spec = importlib.util.find_spec("trl")
+    shipped = Path(spec.origin).parent / "chat_templates" if spec and spec.origin else None
+    if shipped is None or not any(p.read_text(encoding="utf-8") == template for p in shipped.glob("*.jinja")):
+        return None
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        return None
+
+    try:
+        swapped = get_training_chat_template(tokenizer)
+    except ValueError:  # a stock template TRL has no training variant of
+        return None
+    if swapped is None:
+        return None
+    named = (p for p in sorted(shipped.glob("*_training.jinja")) if p.read_text(encoding="utf-8") == swapped)
+    return next((p.name.removesuffix("_training.jinja") for p in named), "a stock template"), swapped
+
+
 # the assistant turn a template is rendered with to find where its marks go (generation_mark_places)
 _ANSWER = "nandoctor answer"
 
@@ -71,17 +106,23 @@ def generation_mark_places(tokenizer) -> list[str] | None:
 
 def assistant_mask_check(encoded, raw_rows) -> dict:
     """For chat rows labelled completion_only: {"generation_marks": whether the template has
-    {% generation %} marks, "rows_checked", "rows_differing": rows (of the first MASK_ROWS) whose
-    transformers assistant mask, cut to max_length as the probe cut its row, differs from the probe's
-    labels (None without marks: transformers returns all zeros), "first_differing": the first such row,
-    "mark_after": where marks must go to give the probe's mask (generation_mark_places), without marks};
-    rows_checked is 0 when transformers could not return the mask (a slow tokenizer)."""
+    {% generation %} marks, "trl_template": the name of TRL's training template the probe's labels
+    follow (trl_training_template: SFTTrainer swaps it in for a stock template without marks) or None,
+    "rows_checked", "rows_differing": rows (of the first MASK_ROWS) whose transformers assistant mask
+    (of that training template where there is one), cut to max_length as the probe cut its row, differs
+    from the probe's labels (None without marks nor training template: transformers returns all zeros),
+    "first_differing": the first such row; without marks nor training template, "mark_after": where
+    marks must go to give the probe's mask (generation_mark_places) and "trl_found": whether TRL is
+    installed}. rows_checked is 0 when transformers could not return the mask (a slow tokenizer)."""
     tokenizer, enc = encoded.tokenizer, encoded.encoding
     marks = bool(GENERATION_MARK.search(template_text(tokenizer)))
+    trl_name, trl_text = enc.trl_template or (None, None)
     n = min(MASK_ROWS, len(encoded.rows))
-    check = {"generation_marks": marks, "rows_checked": n, "rows_differing": None, "first_differing": None}
-    if not marks:
-        return {**check, "mark_after": generation_mark_places(tokenizer)}
+    check = {"generation_marks": marks, "trl_template": trl_name, "rows_checked": n}
+    check.update(rows_differing=None, first_differing=None)
+    if not marks and trl_text is None:
+        trl_found = importlib.util.find_spec("trl") is not None  # without it, no stock template is recognised
+        return {**check, "mark_after": generation_mark_places(tokenizer), "trl_found": trl_found}
     from jinja2 import TemplateError
 
     differing = []
@@ -91,7 +132,11 @@ def assistant_mask_check(encoded, raw_rows) -> dict:
         probed = [t != IGNORE for t in (row["labels"] if row["labels"] is not None else ids)]
         try:
             out = tokenizer.apply_chat_template(
-                raw_rows[i]["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+                raw_rows[i]["messages"],
+                chat_template=trl_text,
+                tokenize=True,
+                return_dict=True,
+                return_assistant_tokens_mask=True,
             )
         except (TemplateError, ValueError, TypeError):  # a slow tokenizer cannot return the mask
             return {**check, "rows_checked": 0}
