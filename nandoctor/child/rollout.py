@@ -22,12 +22,14 @@ import math
 
 from ..cells import ATTENTIONS
 from ..config import Recipe
+from ..thresholds import THRESHOLDS
 
 ENGINE = "generate"  # the rollout engine a CPU probe runs (vLLM on a GPU host is not wired yet)
 # TRL 1.16 GRPOConfig: vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=
 # "sequence_mask", vllm_importance_sampling_clip_max=3.0, clip_min=None: a sequence whose ratio
-# exp(sum of logp_train - logp_rollout) is above 3.0 is left out of the loss (grpo_trainer.py)
-SEQUENCE_MASK_CAP = 3.0
+# exp(sum of logp_train - logp_rollout) is above the cap is left out of the loss (grpo_trainer.py); the
+# cap's one home is Thresholds.rollout_ratio_cap, which the off-policy verdict reads too
+SEQUENCE_MASK_CAP = THRESHOLDS.rollout_ratio_cap
 # GRPOTrainer's advantage: (reward - group mean) / (group std + 1e-4), scale_rewards="group"
 ADVANTAGE_EPS = 1e-4
 QUANTILES = {"min": 0.0, "p10": 0.1, "median": 0.5, "p90": 0.9, "max": 1.0}
