@@ -186,11 +186,16 @@ class OptimizerWatch:
     """Step pre/post hooks: the first parameter an optimizer step turns non-finite, and the fraction of
     elements whose update was meant to move them but rounded away in the stored dtype."""
 
-    def __init__(self, model, optimizer, initial: dict | None = None, deferred: bool = False):
+    def __init__(
+        self, model, optimizer, initial: dict | None = None, deferred: bool = False, elements: int | None = None
+    ):
         self.optimizer = optimizer
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.before = None
         self.initial = initial  # name -> the weights before the first step (a Snapshot's): that step clones nothing
+        # the update loss over the first `elements` of each tensor (a live run's sample: its weights are not
+        # copied whole), `initial` holding those; None: every element
+        self.elements = elements
         # deferred: the post-hook only notes that the step ran, and `take` (after the step's timing) measures;
         # the weights and AdamW's state stay as the step left them until the next one
         self.deferred, self.stepped = deferred, False
@@ -202,7 +207,11 @@ class OptimizerWatch:
         if self.initial is not None:
             self.before, self.initial = [self.initial[n] for n, _ in self.named], None
         else:
-            self.before = [local(p).detach().clone() for _, p in self.named]
+            self.before = [self.kept(local(p).detach()).clone() for _, p in self.named]
+
+    def kept(self, t):
+        """The elements of tensor t the update loss counts."""
+        return t if self.elements is None else t.flatten()[: self.elements]
 
     def _post(self, optimizer, args, kwargs):
         if self.deferred:
@@ -218,13 +227,15 @@ class OptimizerWatch:
         decays = {id(p): g.get("weight_decay", 0.0) for g in self.optimizer.param_groups for p in g["params"]}
         bad = []
         for (_name, p), old in zip(self.named, self.before):
-            now = local(p).detach()
+            whole = local(p).detach()
+            now = self.kept(whole)
             old = old.to(now.device)  # a snapshot in pinned host memory: one parameter at a time
-            bad.append(~torch.isfinite(now).all())
+            bad.append(~torch.isfinite(whole).all())
             state = self.optimizer.state.get(p, {})
             if "exp_avg" not in state:
                 continue  # no gradient yet: AdamW left it alone on purpose
-            moving = dense(local(state["exp_avg"])) != 0  # an element with a non-zero first moment is meant to move
+            # an element with a non-zero first moment is meant to move
+            moving = self.kept(dense(local(state["exp_avg"]))) != 0
             if decays.get(id(p)):  # decay moves every non-zero weight of its group
                 moving = moving | (old != 0)
             lost += (moving & (now == old)).sum()

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..cells import PRECISIONS, Cell
 from ..config import Recipe, trainer_arguments
-from ..measure.trainer_step import StepMeter
+from ..measure.trainer_step import StepMeter, supervised
 from ..record import ProbeSpec, Step
 from .build import Setup
 from .failing_step import Failure, parameter_extremes, replay, state_copy
@@ -249,7 +249,7 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             )
             step.groups = group_norms(taken.norms, named_groups, taken.scale)
             if losses_from_model:  # a GRPO step's are its rollouts' (Setup.rollouts.annotate)
-                step.supervised = min(int((b["labels"][..., 1:] != -100).sum()) for b in given)
+                step.supervised = supervised(given)
                 step.batch = "+".join(b.kind for b in s.stream.step_batches(index, accumulation))
             kept, self.kept = self.kept, None
             if not on_step(step):

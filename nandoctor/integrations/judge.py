@@ -17,7 +17,7 @@ import warnings
 from ..analysis.forensics import headroom
 from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, classify, numeric_verdict, setup_verdict
 from ..capabilities import cell_support
-from ..child.instruments import ModuleWatch
+from ..child.instruments import ModuleWatch, OptimizerWatch
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
@@ -75,6 +75,26 @@ def headroom_checks(
     return out
 
 
+# the elements of each trainable tensor whose step-0 update the callbacks count toward the update loss (a
+# probe counts every element of its own copy; a live run's weights are not copied whole)
+UPDATE_ELEMENTS = 1 << 16
+
+
+def step0_updates(model, optimizer) -> OptimizerWatch:
+    """Optimizer hooks that count, over the first UPDATE_ELEMENTS of each trainable tensor, the elements
+    step 0's update was meant to move and rounding in the weights' dtype left as they were (the probe's
+    update loss, which the stall rule reads): the weights before any step copied to host memory now,
+    compared after the optimizer step (`take`). A step the GradScaler skips measures nothing."""
+    from ..measure.trainer_step import local
+
+    before = {
+        n: local(p).detach().flatten()[:UPDATE_ELEMENTS].to("cpu", copy=True)
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
+    return OptimizerWatch(model, optimizer, initial=before, deferred=True, elements=UPDATE_ELEMENTS)
+
+
 class Judge:
     """The probes' rules on one live run's steps. strict: a failed setup or step-0 check raises
     CheckFailed instead of warning, and a run that does not learn fails."""
@@ -86,6 +106,8 @@ class Judge:
         self.step0: ModuleWatch | None = None  # hooks on every module until the first judged step
         self.warned: set[str] = set()  # the warnings given once per run (no-learning)
         self.setup_checks: dict | None = None  # the probes' step-0 setup checks, measured on the live model
+        self.updates: OptimizerWatch | None = None  # step 0's update loss, until its optimizer step is measured
+        self.forensics: dict | None = None  # the figures of step 0 a probe's forensics hold: its update loss
 
     def setup(self, run: LiveRun, device: DeviceFacts, setup_checks: dict | None = None) -> list[dict]:
         """The setup check of `run` on `device` (env.collect_summary() facts), before any step; then hooks
@@ -120,6 +142,8 @@ class Judge:
         ]
         self._verdict_on(checks, "setup")
         self.step0 = ModuleWatch(run.model)
+        if hasattr(run.optimizer, "register_step_pre_hook"):  # a torch optimizer
+            self.updates = step0_updates(run.model, run.optimizer)
         return findings
 
     @property
@@ -127,11 +151,15 @@ class Judge:
         """No step judged yet: the next judged step is the step-0 check."""
         return self.step0 is not None
 
-    def step(self, step: int, loss: float, grad_norm: float, scale: float | None) -> Verdict:
-        """Judge one step (its loss, pre-clip grad-norm and GradScaler scale, None without one) with the
-        curve so far; returns its Verdict."""
+    def step(
+        self, step: int, loss: float, grad_norm: float, scale: float | None, supervised: int | None = None
+    ) -> Verdict:
+        """Judge one step (its loss, pre-clip grad-norm and GradScaler scale, None without one; the fewest
+        supervised tokens of its micro-batches, None where unknown: 0 makes a 0/0 loss the data's
+        no-target, as a probe's) with the curve so far; returns its Verdict."""
         # a GradScaler skips exactly the steps whose gradients hold inf/nan: calibration, judged by unrecoverable_at
-        record = Step(step, loss, grad_norm, skipped=scale is not None and not math.isfinite(grad_norm), scale=scale)
+        skipped = scale is not None and not math.isfinite(grad_norm)
+        record = Step(step, loss, grad_norm, skipped=skipped, scale=scale, supervised=supervised)
         self.steps.append(record)
         if self.step0 is not None:
             self._check_step0(record)
@@ -160,15 +188,33 @@ class Judge:
 
     def record(self, steps: list[Step] | None = None) -> ProbeRecord:
         """The run judged so far as the probe record the grid judges: its cell, its judged `steps`
-        (default: all) and its setup checks."""
+        (default: all), its setup checks and step 0's update loss."""
         steps = self.steps if steps is None else steps
-        return ProbeRecord(self.run.cell.id, self.run.cell, steps=steps, setup_checks=self.setup_checks)
+        return ProbeRecord(
+            self.run.cell.id, self.run.cell, steps=steps, setup_checks=self.setup_checks, forensics=self.forensics
+        )
+
+    def stepped(self) -> None:
+        """After the optimizer step of the first judged step: its update loss, measured once, as a probe's
+        forensics hold it for the stall rule (classify's stall_verdict)."""
+        updates, self.updates = self.updates, None
+        if updates is None or not self.steps:
+            return
+        try:
+            lost, _ = updates.take()
+        finally:
+            updates.remove()
+        weights = str(updates.named[0][1].dtype).replace("torch.", "") if updates.named else None
+        self.forensics = {"weight_dtype": weights, "steps": [{"step": self.steps[0].step, "update_loss": lost}]}
 
     def unhook(self) -> None:
-        """Take the step-0 hooks off the model, if they are still on."""
+        """Take the step-0 hooks off the model and its optimizer, if they are still on."""
         step0, self.step0 = self.step0, None
         if step0 is not None:
             step0.remove()
+        updates, self.updates = self.updates, None
+        if updates is not None:
+            updates.remove()
 
     def _check_step0(self, record: Step) -> None:
         events = self.step0.end_step(record.step)

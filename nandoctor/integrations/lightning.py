@@ -21,7 +21,7 @@ from ..cells import ALIASES, PRECISIONS, Cell
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..measure.numerics import cuda_matmul_precision
-from ..measure.trainer_step import local
+from ..measure.trainer_step import local, supervised
 from .live import LiveRun, recipe_of, special_ids
 from .watch import Watch, guarded
 
@@ -139,7 +139,13 @@ class NandoctorCallback(Callback):
         if not self.open:  # the first micro-batch of an optimizer step
             self.open = True
             checking = self.watch.checking(trainer.global_step)
-            self.step = SimpleNamespace(batch={"batch": batch, "batch_idx": batch_idx}, losses=[]) if checking else None
+            self.step = (
+                SimpleNamespace(batch={"batch": batch, "batch_idx": batch_idx}, losses=[], micro_batches=[])
+                if checking
+                else None
+            )
+        if self.step is not None:
+            self.step.micro_batches.append(batch)
 
     @guarded
     def on_before_backward(self, trainer, pl_module, loss):
@@ -160,7 +166,14 @@ class NandoctorCallback(Callback):
         # is off never joins
         grads = [local(p.grad) for _, p in self.watch.named if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads) / (scale if still_scaled else 1.0)
-        self.watch.judge(trainer.global_step, loss.item(), grad_norm.item(), scale, self.step.batch)
+        self.watch.judge(
+            trainer.global_step,
+            loss.item(),
+            grad_norm.item(),
+            scale,
+            self.step.batch,
+            supervised(self.step.micro_batches),
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         # not guarded: under DDP / FSDP every rank settles every step, its watch on or off (ranks.py)

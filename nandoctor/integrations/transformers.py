@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 from ..cells import PRECISIONS, Cell
 from ..device import DeviceFacts
 from ..knowledge.facts import trainer_cell
-from ..measure.trainer_step import StepMeter
+from ..measure.trainer_step import StepMeter, supervised
 from .live import LiveRun, autocast_of, recipe_of, special_ids
 from .watch import Watch, guarded
 
@@ -130,7 +130,9 @@ class NandoctorCallback(TrainerCallback):
         if taken is None:
             return
         self.judged = True
-        self.watch.judge(state.global_step, taken.loss, taken.grad_norm, taken.scale, taken.batch)
+        self.watch.judge(
+            state.global_step, taken.loss, taken.grad_norm, taken.scale, taken.batch, supervised(taken.micro_batches)
+        )
 
     def on_step_end(self, args, state, control, **kwargs):
         # not guarded: under DDP / FSDP every rank settles every step, its watch on or off (ranks.py)

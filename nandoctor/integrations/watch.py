@@ -165,9 +165,12 @@ class Watch:
         """Judge this step? The first step always (the step-0 check), then one in `every`."""
         return self.judging.at_step0 or step % self.every == 0
 
-    def judge(self, step: int, loss: float, grad_norm: float, scale: float | None, batch: dict):
-        """Judge one step before its optimizer step; returns its Verdict."""
-        verdict = self.judging.step(step, loss, grad_norm, scale)
+    def judge(
+        self, step: int, loss: float, grad_norm: float, scale: float | None, batch: dict, supervised: int | None = None
+    ):
+        """Judge one step before its optimizer step (`supervised`: the fewest supervised tokens of its
+        micro-batches, measure/trainer_step.supervised); returns its Verdict."""
+        verdict = self.judging.step(step, loss, grad_norm, scale, supervised)
         if self.judging.stops(verdict) and self.failure is None:
             self.failure = Failure(
                 verdict, batch, state_copy(self.named, self.run.optimizer), self.entering, self.earlier, scale
@@ -176,6 +179,7 @@ class Watch:
 
     def end_step(self) -> bool:
         """After the optimizer step of a judged step; True when this rank saw a failure."""
+        self.judging.stepped()
         self.earlier, self.entering = self.entering, parameter_extremes(self.named)
         return self.failure is not None
 

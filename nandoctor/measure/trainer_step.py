@@ -10,6 +10,19 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
+def supervised(batches) -> int | None:
+    """The fewest supervised tokens (labels other than -100 after the causal shift, as transformers' models
+    shift them) of a step's micro-batches: 0 when one of them has no target, so its mean loss is 0/0.
+    None when a batch is no dict with a labels tensor (a training_step of the user's own reads it)."""
+    counts = []
+    for b in batches:
+        labels = b.get("labels") if isinstance(b, dict) else None
+        if not hasattr(labels, "dim") or labels.dim() < 1:
+            return None
+        counts.append(int((labels[..., 1:] != -100).sum()))
+    return min(counts, default=None)
+
+
 def local(p):
     """This rank's shard of an FSDP2 parameter (a DTensor), or the parameter itself: reading a
     DTensor whole would be a collective that the other ranks do not join."""
