@@ -394,6 +394,7 @@ SHARED_RUNS = {
     "test_pasted_code": "frameworks",
     "test_one_verdict_every_door": "frameworks",
     "test_trl_training_template": "frameworks",
+    "test_every_fault_every_door": "frameworks",
 }
 
 
@@ -403,11 +404,12 @@ SHARED_RUNS = {
 # short ones fill in at the end, where a long one left last would run alone on one core.
 LONGEST_GROUPS = (
     "test_executor_slurm",  # 210
+    # 100 before test_every_fault_every_door joined it (that module alone: 132 s with other work on the host)
+    "frameworks",
     "test_executor_ray",  # 170
     "large-mlp",  # 120
     "test_trainer_probe",  # 120 (190 in one process on a loaded host): Trainer, SFTTrainer and own-loop grids, a bisect
     "test_warm_workers",  # 75
-    "frameworks",  # 100
     "test_sigterm",  # 70
     "fp16-pure-bisect",  # 70
     "test_rl_compile",  # 60 from inductor's cache; a cold one adds its compile, 148 s on a loaded host

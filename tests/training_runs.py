@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 from pathlib import Path
 
 import torch
@@ -49,6 +50,21 @@ class MotifRows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], self.labels: self.ids[i], "attention_mask": torch.ones_like(self.ids[i])}
 
 
+class JsonlRows(torch.utils.data.Dataset):
+    """Pre-tokenized rows of a JSONL file (input_ids, labels), as `grid --data` reads the same file: each
+    row a dict of tensors with an attention mask of ones."""
+
+    def __init__(self, path: Path):
+        self.rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        ids, labels = (torch.tensor(self.rows[i][k]) for k in ("input_ids", "labels"))
+        return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
+
+
 def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"):
     """The tiny Llama: random-init from its config, or loaded from a checkpoint directory."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -64,13 +80,15 @@ def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"
     return model
 
 
-def hf_trainer(model, out: Path, callbacks=(), **args):
+def hf_trainer(model, out: Path, callbacks=(), data=None, **args):
+    """A transformers Trainer of `model` on `data` (a Dataset; default MotifRows) with QUIET_TRAINING_ARGS
+    and `args` over them."""
     from transformers import Trainer, TrainingArguments
 
     return Trainer(
         model=model,
         args=TrainingArguments(str(out), **{**QUIET_TRAINING_ARGS, **args}),
-        train_dataset=MotifRows(),
+        train_dataset=MotifRows() if data is None else data,
         callbacks=list(callbacks),
     )
 
@@ -85,9 +103,11 @@ def lightning_fit(
     plugins=(),
     loss_weight: float = 1.0,
     fused: bool | None = None,
+    data=None,
 ):
-    """Trainer.fit() of a LightningModule that wraps the model and logs its loss (times loss_weight);
-    returns (trainer, module). plugins: e.g. a precision plugin, with precision=None."""
+    """Trainer.fit() of a LightningModule that wraps the model and logs its loss (times loss_weight) on
+    `data` (a Dataset, in order, 4 rows a batch; default MotifRows); returns (trainer, module). plugins:
+    e.g. a precision plugin, with precision=None."""
     import lightning as L
 
     class CausalLM(L.LightningModule):
@@ -116,5 +136,5 @@ def lightning_fit(
         callbacks=list(callbacks),
         default_root_dir=str(out),
     )
-    trainer.fit(module, torch.utils.data.DataLoader(MotifRows(), batch_size=4))
+    trainer.fit(module, torch.utils.data.DataLoader(MotifRows() if data is None else data, batch_size=4))
     return trainer, module
