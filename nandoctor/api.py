@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from .analysis.verdicts import FAIL_ON as FAIL_ON
 from .analysis.verdicts import UNSUPPORTED as UNSUPPORTED
-from .analysis.verdicts import References, check_results, roundtrip_check
+from .analysis.verdicts import References, check_results, roundtrip_check, without_reference
 from .capabilities import cell_support
 from .cells import Cell
 from .config import Recipe, recipe_from_dict
@@ -275,7 +275,8 @@ def run_check(recipe: Recipe, cell: Cell, options: RunOptions | None = None, **s
         record = session.run(recipe, [probe])[0]
     analysis = render_run(session.dir, baseline)
     # judged as a grid judges it: the probe's verdict fails the check wherever it is a failure
-    verdict = next(o.verdict for o in analysis.outcomes if o.record.probe_id == record.probe_id)
+    outcome = next(o for o in analysis.outcomes if o.record.probe_id == record.probe_id)
+    verdict = outcome.verdict if outcome.reference else without_reference(outcome.verdict, cell)
     checks = check_results(
         record, session.plan.shape["vocab"], session.plan.source == "architecture-twin", verdict=verdict
     )

@@ -11,7 +11,9 @@ fault is in the data. docs/architecture.md's one-judge table lists the faults an
 - a batch with no target: the first 4 rows' labels are all -100, so step 0's mean loss is 0/0; the data
   lint's error;
 - one row with no target among supervised ones: no step divides by zero, the data lint's warning;
-- a stall: bf16-pure at learning rate 1e-6, where step 0's AdamW update rounds away in the bf16 weights."""
+- a stall: bf16-pure at learning rate 1e-6, where step 0's AdamW update rounds away in the bf16 weights;
+- a drift from fp32, which only the grid judges (it probes the fp32 reference): bf16-pure at 1e-3 is
+  stable in every door, and check and the callback say that they did not judge its drift."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class Fault:
     load: torch.dtype = torch.float32  # the dtype the callback's run loads the checkpoint in
     rule: tuple | None = None  # (rule id, severity) the data lint gives in every door
     said: str = ""  # what every door's reason says
+    unjudged: str = ""  # what check's and the callback's reasons say of a rule they cannot judge, the grid's not
 
 
 FAULTS = (
@@ -98,6 +101,15 @@ FAULTS = (
         load=torch.bfloat16,
         said="stalled: step 0's optimizer step lost ",
     ),
+    Fault(
+        "drift-from-fp32",
+        "bf16-pure",
+        "stable",
+        None,
+        train={"learning_rate": 1e-3},
+        load=torch.bfloat16,
+        unjudged="; drift from fp32 not judged: no fp32 reference",
+    ),
 )
 
 
@@ -132,8 +144,9 @@ def live_rules(findings: list[dict]) -> set[tuple[str, str]]:
     return {(f["id"], f["severity"]) for f in findings if f["id"] in LIVE_RULES}
 
 
-def grid_door(fault: Fault, files, out) -> tuple[dict, set]:
-    """The grid's probe of the fault's cell (summary.json), and its data lint's rules (run.json)."""
+def grid_door(fault: Fault, files, out) -> tuple[dict, dict, set]:
+    """The grid's probe of the fault's cell and every probe (summary.json), and its data lint's rules
+    (run.json)."""
     proc = run_main(
         "grid", "--model", files[fault.checkpoint], "--data", files[fault.rows], "--axis", f"dtype={fault.dtype}",
         "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", STEPS, "--set", "retime_rounds=0",
@@ -142,7 +155,7 @@ def grid_door(fault: Fault, files, out) -> tuple[dict, set]:
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     probes = {p["probe_id"]: p for p in json.loads((out / "summary.json").read_text())["probes"]}
     data = json.loads((out / "run.json").read_text())["data"] or {}
-    return probes[f"{fault.dtype}/sdpa/off"], live_rules(data.get("findings", []))
+    return probes[f"{fault.dtype}/sdpa/off"], probes, live_rules(data.get("findings", []))
 
 
 def check_door(fault: Fault, files, out) -> tuple[str, str, int | None, set]:
@@ -192,7 +205,7 @@ def callback_door(fault: Fault, files, out):
 @pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
 def test_grid_check_and_the_callback_give_the_fault_one_verdict(fault, files):
     d = files["dir"] / fault.name
-    probe, grid_rules = grid_door(fault, files, d / "grid")
+    probe, probes, grid_rules = grid_door(fault, files, d / "grid")
     assert (probe["verdict"], probe["step"]) == (fault.verdict, fault.step), probe["reason"]
 
     name, reason, step, check_rules = check_door(fault, files, d / "check")
@@ -207,5 +220,8 @@ def test_grid_check_and_the_callback_give_the_fault_one_verdict(fault, files):
         reason,
         verdict.reason,
     )
+    if fault.unjudged:  # only the grid probes the fp32 reference a drift is judged against
+        assert fault.unjudged not in probe["reason"] and "fp32/eager/off" in probes
+        assert fault.unjudged in reason and fault.unjudged in verdict.reason
     expected = {fault.rule} if fault.rule else set()
     assert grid_rules == check_rules == callback_rules == expected

@@ -15,7 +15,15 @@ import math
 import warnings
 
 from ..analysis.forensics import headroom
-from ..analysis.verdicts import NO_LEARNING, Verdict, check_results, classify, numeric_verdict, setup_verdict
+from ..analysis.verdicts import (
+    NO_LEARNING,
+    Verdict,
+    check_results,
+    classify,
+    numeric_verdict,
+    setup_verdict,
+    without_reference,
+)
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch, OptimizerWatch
 from ..device import DeviceFacts
@@ -182,9 +190,9 @@ class Judge:
         return verdict.failed and (self.strict or verdict.name != NO_LEARNING)
 
     def verdict(self) -> Verdict | None:
-        """The grid's verdict of the run judged so far (its setup checks, the whole curve); None before
-        any step."""
-        return classify(self.record()) if self.steps else None
+        """The grid's verdict of the run judged so far (its setup checks, the whole curve), with no fp32
+        reference (a stable one says so: without_reference); None before any step."""
+        return without_reference(classify(self.record()), self.run.cell) if self.steps else None
 
     def record(self, steps: list[Step] | None = None) -> ProbeRecord:
         """The run judged so far as the probe record the grid judges: its cell, its judged `steps`

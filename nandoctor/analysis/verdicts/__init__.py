@@ -28,7 +28,16 @@ from .curve import (
 from .harness import CRASH_SIGNALS, harness_verdict, known_crash
 from .moe import collapse_unjudged, collapsed_layers, route_flips, router_verdict, routing_cause
 from .parallel import agreement_tolerance, parallel_verdict
-from .references import Reference, References, fidelity, fidelity_curve, is_reference, reference_key, stand_in_order
+from .references import (
+    Reference,
+    References,
+    fidelity,
+    fidelity_curve,
+    is_reference,
+    reference_key,
+    stand_in_order,
+    without_reference,
+)
 from .rl import objective, rollout_failures, rollout_verdict
 from .roundtrip import roundtrip_check, roundtrip_differs, roundtrip_result
 from .setup import accumulation_cause, misweighted_groups, setup_failures, setup_judged, setup_passed, setup_verdict
@@ -119,6 +128,7 @@ __all__ = [
     "reference_key",
     "Reference",
     "stand_in_order",
+    "without_reference",
     "References",
     "fidelity",
     "fidelity_curve",

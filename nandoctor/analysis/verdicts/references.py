@@ -62,6 +62,15 @@ class Reference:
         return None
 
 
+def without_reference(v: Verdict, cell) -> Verdict:
+    """A verdict reached with no fp32 curve to compare with (a `check` of one cell, a live run a callback
+    watches): a stable one of a cell not computed in fp32 says that its drift from fp32 was not judged,
+    rather than passing for judged."""
+    if v.name != STABLE or cell.precision.compute == "float32":
+        return v
+    return Verdict(v.name, f"{v.reason}; drift from fp32 not judged: no fp32 reference (`nandoctor grid` probes one)")
+
+
 def stand_in_order(record: ProbeRecord) -> tuple:
     """Which fp32 probe stands in for a failed fp32/eager first: compile off, then SDPA's default kernel."""
     return record.cell.compile != REFERENCE_CELL.compile, record.cell.attn != "sdpa", record.probe_id
