@@ -404,7 +404,8 @@ SHARED_RUNS = {
 # short ones fill in at the end, where a long one left last would run alone on one core.
 LONGEST_GROUPS = (
     "test_executor_slurm",  # 210
-    # 100 before test_every_fault_every_door joined it (that module alone: 132 s with other work on the host)
+    # 100 before test_trl_training_template and test_every_fault_every_door joined it (the latter alone:
+    # 48 s on the quiet 2-core host, up to 150 s with other work on it)
     "frameworks",
     "test_executor_ray",  # 170
     "large-mlp",  # 120
