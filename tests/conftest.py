@@ -90,13 +90,19 @@ SPAWNED_WORKERS = {
 
 
 @pytest.fixture(autouse=True, scope="session")
-def zygote(datasets_cache, tmp_path_factory):
+def zygote(request, datasets_cache, tmp_path_factory):
     """One zygote per pytest process (child/zygote.py): the warm worker of each nandoctor run a test
     starts is forked from it, already imported, instead of paying `import torch, transformers` and
     the modeling code again (8-10 s on a 2-core CI host). It serves only runs whose environment is this
     session's; any other run spawns its own worker. Until it has imported (about as long as one worker),
-    runs spawn their own. Yields the socket path."""
+    runs spawn their own. Yields the socket path; None, and no zygote, where the session runs no `slow`
+    test (the fast tier: the few runs it starts spawn their own workers, so the zygote's imports would
+    only take CPU from the tests)."""
     from nandoctor.record import ZYGOTE_ENV
+
+    if not any(item.get_closest_marker("slow") for item in request.session.items):
+        yield None
+        return
     from nandoctor.run.slots import probe_env
 
     path = tmp_path_factory.mktemp("zygote") / "socket"
@@ -434,6 +440,19 @@ def pytest_configure(config):
     one long test (a SLURM bisection) could be left to the end."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collection writes bytecode even where PYTHONDONTWRITEBYTECODE is set (as on this project's VMs):
+    pytest's assert-rewritten test modules (rewriting them all again is 3-4 s of CPU per pytest process
+    on a 2-core CPU) and the nandoctor modules they import, which every process the suite starts then
+    reads instead of compiling them again (`.ci/run`'s compileall does the same before the suite)."""
+    saved, sys.dont_write_bytecode = sys.dont_write_bytecode, False
+    try:
+        return (yield)
+    finally:
+        sys.dont_write_bytecode = saved
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks

@@ -49,6 +49,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a real probe process, started as a cold slot starts it, trains until it is killed
 def test_a_probe_whose_starter_is_killed_stops_training(tmp_path):
     long_probe(tmp_path, steps=100_000)  # hours of steps: it ends only if it is killed
     env = {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -24,17 +25,25 @@ def reference_key(record: ProbeRecord) -> str:
     hardware (Cell.hardware: fp32 itself differs between GPUs). The recipe is read
     back with today's defaults, so that a record written before a recipe section existed (fp8) meets
     the reference a resumed run writes now."""
-    recipe = record.recipe
-    try:
-        recipe = recipe_to_dict(
-            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", ""))
-        )
-    except NandoctorError:
-        pass  # a recipe this version cannot read (a newer one's) is compared as written
-    recipe = with_load_dtype_resolved(recipe)  # "auto" is the dtype it loads
+    recipe = with_load_dtype_resolved(read_back(json.dumps(record.recipe, sort_keys=True, default=str)))
     same = [recipe, record.seed] + ([record.cell.hardware] if record.cell.hardware else [])
     same += [record.cell.quant] if record.cell.quant != "none" else []  # a quantized base has its own reference
     return json.dumps(same, sort_keys=True, default=str)
+
+
+@functools.lru_cache(maxsize=64)
+def read_back(recipe_json: str) -> dict:
+    """A record's recipe (as JSON) read back with today's defaults; as written when this version cannot
+    read it (a newer one's). Cached: every probe of a run has one of a few recipes, and reference_key
+    is asked for each probe many times per analysis (the round trip is most of a tiny grid's analysis).
+    The dict is shared: not to be changed."""
+    recipe = json.loads(recipe_json)
+    try:
+        return recipe_to_dict(
+            recipe_from_dict({k: v for k, v in recipe.items() if k != "name"}, recipe.get("name", ""))
+        )
+    except NandoctorError:
+        return recipe
 
 
 @dataclass(frozen=True)
