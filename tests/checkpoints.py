@@ -261,7 +261,7 @@ def tiny_qwen3_moe(**overrides):
     heads = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     experts = dict(num_experts=8, num_experts_per_tok=2)
     rest = dict(vocab_size=1024, max_position_embeddings=256, tie_word_embeddings=False)
-    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, **heads, **experts, **rest, **overrides))
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**shape, **heads, **experts, **rest, **overrides}))
 
 
 def save_collapsed_qwen3_moe(path: Path, output_router_logits: bool = False) -> Path:

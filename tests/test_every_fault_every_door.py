@@ -13,7 +13,14 @@ fault is in the data. docs/architecture.md's one-judge table lists the faults an
 - one row with no target among supervised ones: no step divides by zero, the data lint's warning;
 - a stall: bf16-pure at learning rate 1e-6, where step 0's AdamW update rounds away in the bf16 weights;
 - a drift from fp32, which only the grid judges (it probes the fp32 reference): bf16-pure at 1e-3 is
-  stable in every door, and check and the callback say that they did not judge its drift."""
+  stable in every door, and check and the callback say that they did not judge its drift;
+- packing that leaks in bf16-pure: modeling code that drops position_ids, its rows packed with
+  position_ids (a Trainer's DataCollatorWithFlattening), weights in bf16 with no autocast flag: the leak
+  is measured against the fp32 floor whatever the cell, so it is `misconfigured` at step 0 as in fp32;
+- a mixture of experts too lightly loaded to judge collapse: 64 experts, top-1, 96 tokens a step (1.5 an
+  expert): stable in every door, each saying that expert collapse was not judged and what batch judges it;
+- a router that collapsed: every token to experts 0 and 1 of 8 (tests/checkpoints.py), `expert-collapse`
+  in every door (the callback judges step 0's routing)."""
 
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from checkpoints import save_llama
+from checkpoints import save_collapsed_qwen3_moe, save_drops_positions_llama, save_llama, tiny_qwen3_moe
 from conftest import run_main
 from training_runs import JsonlRows, hf_trainer, lightning_fit, nandoctor_lightning, nandoctor_transformers, tiny_llama
 
@@ -50,6 +57,7 @@ class Fault:
     framework: str = "transformers"
     train: dict = field(default_factory=dict)  # TrainingArguments for the transformers run
     load: torch.dtype = torch.float32  # the dtype the callback's run loads the checkpoint in
+    packed: bool = False  # the callback's Trainer packs each batch's rows with position_ids (custom modeling code)
     rule: tuple | None = None  # (rule id, severity) the data lint gives in every door
     said: str = ""  # what every door's reason says
     unjudged: str = ""  # what check's and the callback's reasons say of a rule they cannot judge, the grid's not
@@ -110,6 +118,36 @@ FAULTS = (
         load=torch.bfloat16,
         unjudged="; drift from fp32 not judged: no fp32 reference",
     ),
+    Fault(
+        "packing-leak-bf16-pure",
+        "bf16-pure",
+        "misconfigured",
+        0,
+        checkpoint="drops_positions",
+        settings=("model.trust_remote_code=true", "data.packing=position_ids"),
+        load=torch.bfloat16,
+        packed=True,
+        rule=("packing-leaks-across-segments", "error"),
+        said="packing: one packed forward",
+    ),
+    Fault(
+        "collapse-unjudged",
+        "fp32",
+        "stable",
+        None,
+        checkpoint="moe",
+        said="expert collapse not judged: 96 tokens x top-1 over 64 experts is 1.5 assignments per expert, under "
+        "the 8 an even router must give each before an idle expert means collapse; a batch of 512 tokens or more "
+        "judges it",
+    ),
+    Fault(
+        "expert-collapse",
+        "fp32",
+        "expert-collapse",
+        0,
+        checkpoint="collapsed_moe",
+        said="router collapse: layer 0 (model.layers.0.mlp.gate): 6 of 8 experts got no token at step ",
+    ),
 )
 
 
@@ -123,6 +161,13 @@ def write_rows(path, unsupervised: range):
     return path
 
 
+def save_moe(path):
+    """A tiny Qwen3-MoE of 64 experts, top-1: a step of 4 rows of LENGTH tokens gives each expert 1.5
+    assignments, under the expert_min_load that judging collapse needs."""
+    tiny_qwen3_moe(num_experts=64, num_experts_per_tok=1, use_cache=False).save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("every-door")
@@ -131,6 +176,9 @@ def files(tmp_path_factory):
         "plain": save_llama(d / "plain", use_cache=False),
         # backward overflows fp16 at every scale from 65536 down to 2048 (tests/test_check_judges_as_grid.py)
         "overflowing": save_llama(d / "overflowing", mlp_scale={0: (3e-3, 1e5), 1: (3e-3, 1e5)}, use_cache=False),
+        "drops_positions": save_drops_positions_llama(d / "drops-positions", use_cache=False),
+        "moe": save_moe(d / "moe"),
+        "collapsed_moe": save_collapsed_qwen3_moe(d / "collapsed-moe"),
         "clean": write_rows(d / "clean.jsonl", range(0)),
         "no_target": write_rows(d / "no-target.jsonl", range(4)),  # step 0's batch
         "one_unsupervised": write_rows(d / "one-unsupervised.jsonl", range(1, 2)),
@@ -177,7 +225,7 @@ def check_door(fault: Fault, files, out) -> tuple[str, str, int | None, set]:
 def callback_door(fault: Fault, files, out):
     """The callback's verdict on a real run of the same setup (the one its summary line says: a failure
     that stopped the run, else the whole run's), and its lint's rules."""
-    model = tiny_llama(fault.load, path=files[fault.checkpoint])
+    model = tiny_llama(fault.load, path=files[fault.checkpoint], trust_remote_code=fault.packed)
     data = JsonlRows(files[fault.rows])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the lint's and the step-0 check's warnings: the verdict is the point
@@ -189,9 +237,20 @@ def callback_door(fault: Fault, files, out):
             callback = nandoctor_lightning().NandoctorCallback()
             lightning_fit(model, out, None, [callback], max_steps=STEPS, plugins=[plugin], data=data)
         else:
+            from transformers import DataCollatorWithFlattening
+
             callback = nandoctor_transformers().NandoctorCallback()
+            # packed: the modeling code names neither input_ids nor labels (**kwargs): keep the columns
+            packing = {"data_collator": DataCollatorWithFlattening(), "remove_unused_columns": False}
             trainer = hf_trainer(
-                model, out, [callback], data, max_steps=STEPS, train_sampling_strategy="sequential", **fault.train
+                model,
+                out,
+                [callback],
+                data,
+                max_steps=STEPS,
+                train_sampling_strategy="sequential",
+                **(packing if fault.packed else {}),
+                **fault.train,
             )
             trainer.train()
     watch = callback.watch

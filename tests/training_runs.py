@@ -65,13 +65,16 @@ class JsonlRows(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": labels, "attention_mask": torch.ones_like(ids)}
 
 
-def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"):
-    """The tiny Llama: random-init from its config, or loaded from a checkpoint directory."""
+def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa", trust_remote_code: bool = False):
+    """The tiny Llama: random-init from its config, or loaded from a checkpoint directory (one with its own
+    modeling code: trust_remote_code)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
     if path is not None:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation=attn, trust_remote_code=trust_remote_code
+        )
     else:
         model = AutoModelForCausalLM.from_config(
             AutoConfig.for_model("llama", **TINY), dtype=dtype, attn_implementation=attn
@@ -80,15 +83,16 @@ def tiny_llama(dtype=torch.float32, path: Path | None = None, attn: str = "sdpa"
     return model
 
 
-def hf_trainer(model, out: Path, callbacks=(), data=None, **args):
-    """A transformers Trainer of `model` on `data` (a Dataset; default MotifRows) with QUIET_TRAINING_ARGS
-    and `args` over them."""
+def hf_trainer(model, out: Path, callbacks=(), data=None, data_collator=None, **args):
+    """A transformers Trainer of `model` on `data` (a Dataset; default MotifRows) through `data_collator`
+    (default: the Trainer's) with QUIET_TRAINING_ARGS and `args` over them."""
     from transformers import Trainer, TrainingArguments
 
     return Trainer(
         model=model,
         args=TrainingArguments(str(out), **{**QUIET_TRAINING_ARGS, **args}),
         train_dataset=MotifRows() if data is None else data,
+        data_collator=data_collator,
         callbacks=list(callbacks),
     )
 

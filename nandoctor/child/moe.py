@@ -56,6 +56,7 @@ class RouterWatch:
 
         self.torch = torch
         base = _base(model)
+        self.config = base.config  # its load-balancing loss, as figures() reads it
         self.experts, self.top_k = expert_count(base.config), expert_top_k(base.config) or 1
         self.modules, self.index = routers(model)
         self.keep = {0, last_step}
@@ -102,10 +103,11 @@ class RouterWatch:
             h.remove()
         self.handles = []
 
-    def figures(self, coef: float | None, aux_on: bool) -> dict:
+    def figures(self) -> dict:
         """The record's `moe`: per layer and kept step the tokens per expert, experts with none, the tokens
         routed (rows), the largest share of them one expert took, the mean router entropy (nats); the router's
-        dtype, step 0's choices, and the aux loss of each step (None where the loss held none)."""
+        dtype, step 0's choices, whether the config puts the load-balancing loss in the loss
+        (output_router_logits) and its weight, and whether any step's loss held it."""
         layers = []
         for i, (name, _) in enumerate(self.modules):
             row = {"layer": i, "module": name}
@@ -125,8 +127,8 @@ class RouterWatch:
             "experts": self.experts,
             "top_k": self.top_k,
             "router_dtype": self.dtype,
-            "aux_loss_on": aux_on,
-            "aux_loss_coef": coef,
+            "aux_loss_on": bool(getattr(self.config, "output_router_logits", False)),
+            "aux_loss_coef": getattr(self.config, "router_aux_loss_coef", None),
             "aux_loss_in_loss": bool(self.aux),
             "layers": layers,
             "step0_choices": self.choices,

@@ -134,10 +134,7 @@ def run_probe(
             watch.remove()
         if router:
             router.remove()
-            record.moe = router.figures(
-                getattr(s.model.config, "router_aux_loss_coef", None),
-                bool(getattr(s.model.config, "output_router_logits", False)),
-            )
+            record.moe = router.figures()
         if s.rollouts:
             record.rollout_mismatch = s.rollouts.figures()
         record.train_s = time.perf_counter() - t1

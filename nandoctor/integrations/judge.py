@@ -1,7 +1,8 @@
 """The probes' rules judging a live run: the setup check before any step (can this device run the
 cell; the knowledge rules that fire on the setup), the step-0 checks of `nandoctor check` on the first
 judged step (with its activation and gradient headroom, from hooks on every module, and the probes'
-step-0 setup checks measured on the live model: packing, accumulation), then the grid's verdict
+step-0 setup checks measured on the live model: packing, accumulation; a mixture of experts' routing at
+that step, from the probes' router hooks, child/moe.py), then the grid's verdict
 (analysis/verdicts: misconfigured, nonfinite, zero-loss, spike, divergence) on the curve so far at every
 judged step, and classify's verdict on the whole run at its end.
 
@@ -26,6 +27,7 @@ from ..analysis.verdicts import (
 )
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch, OptimizerWatch
+from ..child.moe import RouterWatch, router_watch
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
@@ -116,6 +118,8 @@ class Judge:
         self.setup_checks: dict | None = None  # the probes' step-0 setup checks, measured on the live model
         self.updates: OptimizerWatch | None = None  # step 0's update loss, until its optimizer step is measured
         self.forensics: dict | None = None  # the figures of step 0 a probe's forensics hold: its update loss
+        self.routing: RouterWatch | None = None  # a mixture of experts' router hooks, until the first judged step
+        self.moe: dict | None = None  # the routing of the first judged step, as a probe's record.moe holds it
 
     def setup(self, run: LiveRun, device: DeviceFacts, setup_checks: dict | None = None) -> list[dict]:
         """The setup check of `run` on `device` (env.collect_summary() facts), before any step; then hooks
@@ -150,6 +154,8 @@ class Judge:
         ]
         self._verdict_on(checks, "setup")
         self.step0 = ModuleWatch(run.model)
+        # its first step's routing only: a collapse is judged on it (or said unjudged) as on a probe's
+        self.routing = router_watch(run.model, 0)
         if hasattr(run.optimizer, "register_step_pre_hook"):  # a torch optimizer
             self.updates = step0_updates(run.model, run.optimizer)
         return findings
@@ -196,10 +202,16 @@ class Judge:
 
     def record(self, steps: list[Step] | None = None) -> ProbeRecord:
         """The run judged so far as the probe record the grid judges: its cell, its judged `steps`
-        (default: all), its setup checks and step 0's update loss."""
+        (default: all), its setup checks, step 0's update loss and, for a mixture of experts, step 0's
+        routing."""
         steps = self.steps if steps is None else steps
         return ProbeRecord(
-            self.run.cell.id, self.run.cell, steps=steps, setup_checks=self.setup_checks, forensics=self.forensics
+            self.run.cell.id,
+            self.run.cell,
+            steps=steps,
+            setup_checks=self.setup_checks,
+            forensics=self.forensics,
+            moe=self.moe,
         )
 
     def stepped(self) -> None:
@@ -223,6 +235,9 @@ class Judge:
         updates, self.updates = self.updates, None
         if updates is not None:
             updates.remove()
+        routing, self.routing = self.routing, None
+        if routing is not None:
+            routing.remove()
 
     def _check_step0(self, record: Step) -> None:
         events = self.step0.end_step(record.step)
@@ -233,6 +248,10 @@ class Judge:
             "gradient_absmax": self.step0.gradient_absmax,
         }
         self.step0 = None
+        routing, self.routing = self.routing, None
+        if routing is not None:
+            routing.remove()
+            self.moe = routing.figures()
         checks = check_results(self.record([record]), self.run.vocab, self.run.random_init) + headroom_checks(
             f, events, record.scale
         )
