@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from conftest import needs, record_list, run_cli, verdicts
+from conftest import needs, record_list, records, run_cli, summary, verdicts
 
 GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "4")
 QUIET = ("--set", "retime_rounds=0")
@@ -93,6 +93,47 @@ def test_trainer_and_own_loop_agree_on_every_verdict_of_a_healthy_setup(healthy)
         assert math.isclose(record["steps"][0]["loss"], reference["loss"], rel_tol=1e-5)
         assert math.isclose(record["steps"][0]["grad_norm"], reference["grad_norm"], rel_tol=1e-4)
         assert record["steps"][0]["groups"].keys() == reference["groups"].keys()
+
+
+STALLING = ("--axis", "dtype=fp32,bf16-pure", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "4", *QUIET)
+
+
+@pytest.fixture(scope="module")
+def stalling(tmp_path_factory):
+    """An lr of 1e-6 under the user's Trainer (the file names only it and the batch) and in the own loop:
+    bf16-pure's step-0 AdamW update rounds away in the bf16 weights, over 4 steps too few for the loss to show it."""
+    tmp = tmp_path_factory.mktemp("stalling")
+    args = tmp / "args.json"
+    args.write_text(json.dumps({"learning_rate": 1e-6, "per_device_train_batch_size": 4}))
+    trainer = run_cli("grid", *STALLING, "--trainer-args", args, "--out", tmp / "trainer")
+    own = run_cli("grid", *STALLING, "--set", "optimizer.lr=1e-6", "--set", "batch_size=4", "--out", tmp / "own")
+    for done in (trainer, own):
+        assert done.returncode == 0, done.stdout + done.stderr
+    return {"trainer": tmp / "trainer", "own": tmp / "own"}
+
+
+@pytest.mark.slow
+def test_trainer_and_own_loop_both_judge_bf16_pure_at_lr_1e_6_stalled(stalling):
+    judged = {}
+    for body, out in stalling.items():
+        probes = {p["probe_id"]: p for p in summary(out)["probes"]}
+        assert probes["fp32/sdpa/off"]["verdict"] == "stable", body
+        pure = probes["bf16-pure/sdpa/off"]
+        assert pure["verdict"] == "drift" and pure["reason"].startswith("stalled: step 0's optimizer step lost"), body
+        judged[body] = {p: (v["verdict"], v["reason"].split(":")[0]) for p, v in probes.items()}
+    assert judged["trainer"] == judged["own"]
+    trainer, own = records(stalling["trainer"]), records(stalling["own"])
+    for probe in ("fp32/sdpa/off", "bf16-pure/sdpa/off"):  # the same AdamW step 0 on the same weights: one figure
+        measured = [r[probe]["forensics"]["steps"][0]["update_loss"] for r in (trainer, own)]
+        assert math.isclose(*measured, abs_tol=0.01), (probe, measured)
+
+
+@pytest.mark.slow
+def test_explain_shows_the_update_loss_a_stable_trainer_probe_measured(stalling):
+    done = run_cli("explain", stalling["trainer"], "--probe", "bf16-pure/sdpa/off")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "update loss (bfloat16 weights): 98% at step 0" in done.stdout, done.stdout
+    assert "only a failing step is replayed" in done.stdout
 
 
 EXPLODING = ("--axis", "dtype=fp32", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3", *QUIET)

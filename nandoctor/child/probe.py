@@ -11,7 +11,8 @@ the data set's rows each batch held (`data`). It is written whole: before the re
 set to REPLAY_RUNNING, so that the timed steps alone decide the verdict (the runner gives the replay
 a budget of its own), and again once the replay is done. A spec with replay_failed_only (`nandoctor
 check`) replays only a probe that hit a non-finite step. A probe under the user's trainer replays its
-failing step in process, from the state it started from (trainer.py); a stable one is not measured.
+failing step in process, from the state it started from (trainer.py); a stable one is not replayed, and
+its forensics hold only step 0's update loss, measured on the trainer's own optimizer step.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from .moe import router_watch
 from .outcome import WarningLog, built, error_of, write
 from .quant import base_facts
 from .ranks import Ranks, host_sample, probe_load
-from .replay import eager_forensics, forensics_of
+from .replay import MEASURED_ON, eager_forensics, forensics_of
 from .roundtrip import roundtrip
 from .setup_checks import setup_checks
 from .snapshot import Snapshot
@@ -44,7 +45,7 @@ from .train import StepLog, peak_memory, step_times, train
 from .trainer import FailingStep, train_with_trainer
 
 # Under the user's trainer only a failing step is replayed (trainer.py): nandoctor's own loop from the initial
-# snapshot would not retrace the steps the trainer took, and the trainer's step 0 is not hooked
+# snapshot would not retrace the steps the trainer took; its step 0 has only the optimizer's hooks on it
 TRAINER_STABLE = "the probe trained with the user's trainer and stayed finite: only a failing step is replayed"
 TRAINER_ROLLOUTS = "a GRPOConfig probe's steps train on their rollouts, which a replay cannot take again"
 
@@ -123,10 +124,11 @@ def run_probe(
                 raise RuntimeError(
                     "--trainer-args probes run one process; the parallel cells take nandoctor's own loop"
                 )
-            record.trainer, failing = train_with_trainer(spec, s, groups, on_step)
+            record.trainer, failing, updates = train_with_trainer(spec, s, groups, on_step)
             if spec.recipe.forensics_steps and failing is None:
                 grpo = spec.trainer["kind"] == "grpo"
-                record.forensics = {"not_run": TRAINER_ROLLOUTS if grpo else TRAINER_STABLE}
+                step0 = {**updates, "measured_on": MEASURED_ON} if updates else {}
+                record.forensics = {**step0, "not_run": TRAINER_ROLLOUTS if grpo else TRAINER_STABLE}
         else:
             train(forward, s, spec.recipe.grad_clip, spec.steps, watch.on_step(on_step) if watch else on_step)
     finally:

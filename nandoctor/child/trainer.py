@@ -39,6 +39,7 @@ from ..record import ProbeSpec, Step
 from .build import Setup
 from .failing_step import Failure, parameter_extremes, replay, state_copy
 from .train import step_tokens
+from .update_loss import step0_updates, update_figures
 
 # What each --trainer kind runs: (module, class, its arguments class)
 TRAINERS = {
@@ -182,7 +183,9 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
     `meter` takes the losses from the model's output, or where the model computes none (a GRPO probe,
     `s.rollouts` set) from the trainer's training_step (child/grpo.py), and the batch kind is then the
     rollouts' to say. With forensics on (forensics_steps), its `failing` is the first unrecoverable
-    step, kept for its replay."""
+    step, kept for its replay (not a GRPO step's), and its `updates` step 0's update loss as a probe's
+    forensics hold it (update_loss.update_figures; None where it measured none), counted over every
+    element as the own loop counts it."""
     from transformers import TrainerCallback
 
     meter = StepMeter()
@@ -191,6 +194,7 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
     named_groups = {g: [p for _, p in params] for g, params in groups.items()}
     # a GRPO step's batch is its rollouts', which the replay cannot take again: no replay there
     forensics = spec.recipe.forensics_steps > 0 and losses_from_model
+    measures_updates = spec.recipe.forensics_steps > 0
 
     class ProbeSteps(TrainerCallback):
         def __init__(self):
@@ -198,6 +202,8 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             self.run, self.named, self.kept = None, [], None
             self.entering = self.earlier = None  # parameter_extremes() at this step's start, and one before
             self.failing: FailingStep | None = None
+            self.watch = None  # the update-loss hooks until step 0's optimizer step is measured
+            self.updates: dict | None = None
 
         def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
             if losses_from_model:
@@ -208,8 +214,10 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
             self.handles += [
                 p.register_post_accumulate_grad_hook(meter.grad) for p in model.parameters() if p.requires_grad
             ]
+            torch_optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper taken off
+            if measures_updates and hasattr(torch_optimizer, "register_step_pre_hook"):  # a torch optimizer
+                self.watch = step0_updates(s.model, torch_optimizer, elements=None)
             if forensics:
-                torch_optimizer = getattr(optimizer, "optimizer", optimizer)
                 self.run = TrainerRun(spec.cell, spec.recipe, s.model, torch_optimizer, spec.device, s.autocast)
                 self.named = [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
                 self.entering = self.earlier = parameter_extremes(self.named)
@@ -230,6 +238,9 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
         def on_step_end(self, args, state, control, **kwargs):
             s.sync()
             seconds = time.perf_counter() - self.t0
+            watch, self.watch = self.watch, None
+            if watch is not None:  # after step 0's optimizer step, outside its time
+                self.updates = update_figures(watch, state.global_step - 1)
             (taken, scaler), self.taken = self.taken or (None, None), None
             if taken is None:
                 return
@@ -262,6 +273,8 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
         def on_train_end(self, args, state, control, **kwargs):
             for h in self.handles:
                 h.remove()
+            if self.watch is not None:
+                self.watch.remove()
 
     return ProbeSteps()
 
@@ -277,12 +290,14 @@ def group_norms(norms: dict, groups: dict, scale: float | None) -> dict:
     return out
 
 
-def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> tuple[dict, FailingStep | None]:
+def train_with_trainer(
+    spec: ProbeSpec, s: Setup, groups: dict, on_step
+) -> tuple[dict, FailingStep | None, dict | None]:
     """Train `s.model` for spec.steps with the user's trainer class (spec.trainer: {"kind", "args"}),
     each step to `on_step`; returns what the record says of the trainer (`versions`, and for
     SFTTrainer and GRPOTrainer what it trains differently from the own loop: sft.sft_trains,
-    grpo.grpo_trains), and the first unrecoverable step kept for its replay (None: none, or forensics
-    off)."""
+    grpo.grpo_trains), the first unrecoverable step kept for its replay (None: none, or forensics
+    off) and step 0's update loss (probe_callback's `updates`)."""
     import importlib
 
     kind = spec.trainer["kind"]
@@ -314,4 +329,4 @@ def train_with_trainer(spec: ProbeSpec, s: Setup, groups: dict, on_step) -> tupl
         finally:
             if s.rollouts is not None:
                 s.rollouts.remove()
-    return {**versions(kind), **said}, steps.failing
+    return {**versions(kind), **said}, steps.failing, steps.updates

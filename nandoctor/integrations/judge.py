@@ -28,6 +28,7 @@ from ..analysis.verdicts import (
 from ..capabilities import cell_support
 from ..child.instruments import ModuleWatch, OptimizerWatch
 from ..child.moe import RouterWatch, router_watch
+from ..child.update_loss import step0_updates, update_figures
 from ..device import DeviceFacts
 from ..errors import NandoctorError
 from ..knowledge import evaluate, finding
@@ -83,26 +84,6 @@ def headroom_checks(
                 )
             )
     return out
-
-
-# the elements of each trainable tensor whose step-0 update the callbacks count toward the update loss (a
-# probe counts every element of its own copy; a live run's weights are not copied whole)
-UPDATE_ELEMENTS = 1 << 16
-
-
-def step0_updates(model, optimizer) -> OptimizerWatch:
-    """Optimizer hooks that count, over the first UPDATE_ELEMENTS of each trainable tensor, the elements
-    step 0's update was meant to move and rounding in the weights' dtype left as they were (the probe's
-    update loss, which the stall rule reads): the weights before any step copied to host memory now,
-    compared after the optimizer step (`take`). A step the GradScaler skips measures nothing."""
-    from ..measure.trainer_step import local
-
-    before = {
-        n: local(p).detach().flatten()[:UPDATE_ELEMENTS].to("cpu", copy=True)
-        for n, p in model.named_parameters()
-        if p.requires_grad
-    }
-    return OptimizerWatch(model, optimizer, initial=before, deferred=True, elements=UPDATE_ELEMENTS)
 
 
 class Judge:
@@ -218,14 +199,12 @@ class Judge:
         """After the optimizer step of the first judged step: its update loss, measured once, as a probe's
         forensics hold it for the stall rule (classify's stall_verdict)."""
         updates, self.updates = self.updates, None
-        if updates is None or not self.steps:
+        if updates is None:
             return
-        try:
-            lost, _ = updates.take()
-        finally:
+        if not self.steps:
             updates.remove()
-        weights = str(updates.named[0][1].dtype).replace("torch.", "") if updates.named else None
-        self.forensics = {"weight_dtype": weights, "steps": [{"step": self.steps[0].step, "update_loss": lost}]}
+            return
+        self.forensics = update_figures(updates, self.steps[0].step)
 
     def unhook(self) -> None:
         """Take the step-0 hooks off the model and its optimizer, if they are still on."""

@@ -158,7 +158,7 @@ def tightest_line(o: ProbeOutcome) -> str | None:
 def summary_row(o: ProbeOutcome) -> dict:
     f = forensics_of(o)
     uf = (f or {}).get("underflow")
-    ul = update_loss(f)
+    ul = update_loss(o.record.forensics)  # a probe under the user's trainer measures it without a replay
     root = origin(f)
     return {
         "config": label(o),
@@ -199,6 +199,8 @@ def _replay_note(o: ProbeOutcome) -> str:
         return "not run"
     if "error" in f:
         return f"failed: {f['error']}"
+    if "not_run" in f and f.get("measured_on"):  # a stable probe under the user's trainer
+        return f"no replay ({f['not_run']}); its update loss measured on {f['measured_on']} by read-only hooks"
     if "not_run" in f:
         return f"not run: {f['not_run']}"
     if f.get("measured_on"):  # a stable eager probe: read-only hooks on its timed step 0, no replay
@@ -297,6 +299,12 @@ def explain_text(o: ProbeOutcome) -> str:
     f = o.record.forensics
     if not replayed(f):
         lines.append("  forensics: " + _replay_note(o))
+        measured = [s for s in (f or {}).get("steps", []) if s.get("update_loss") is not None]
+        if measured:  # a stable probe under the user's trainer: step 0's update loss alone
+            lines.append(
+                f"  update loss ({f['weight_dtype']} weights): {fmt_fraction(measured[0]['update_loss'])} "
+                f"at step {measured[0]['step']}"
+            )
         return "\n".join(lines)
     limit = FINFO_MAX[f["compute_dtype"]]
     lines.append(
@@ -336,10 +344,24 @@ def explain_text(o: ProbeOutcome) -> str:
 
 
 def forensics_summary(o: ProbeOutcome) -> dict | None:
-    """The forensics as data for summary.json."""
+    """The forensics as data for summary.json; a probe with no replay has its update loss alone, where it
+    measured it (a stable probe under the user's trainer)."""
     f = forensics_of(o)
     if not f:
-        return None
+        ul = update_loss(o.record.forensics)
+        if ul is None:
+            return None
+        return {
+            "compute_dtype": None,
+            "origin": None,
+            "first_offenders": {},
+            "tightest": [],
+            "underflow": None,
+            "update_loss": ul,
+            "reproduced": None,
+            "measured_on": o.record.forensics.get("measured_on"),
+            "cost": None,
+        }
     rows = headroom(f)
     return {
         "compute_dtype": f["compute_dtype"],
