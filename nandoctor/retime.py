@@ -18,8 +18,11 @@ others while their first retime_rounds rounds fit, and when not even those two f
 
 How many rounds: the recipe's retime_rounds at least; then, as pyperf calibrates its runs, two more at
 a time for as long as the fastest cell's gain over another is above the speed margin on average but not
-yet at the one-sided 95% lower bound of its per-round ratio (analysis.ranking.undecided), and another two
-rounds still fit in the budget at the rounds' own cost so far. A busy host swings the per-round ratios,
+yet at the one-sided 95% lower bound of its per-round ratio (analysis.ranking.undecided), more rounds
+can still change the recommendation (`settled`: the tie order's first among the cells not proven slower
+than the fastest is one of those open gaps), and another two rounds still fit in the budget at the
+rounds' own cost so far. Gaps that cannot change the recommendation stay "not told apart" in the
+ranking: the user's wall time goes to the question they asked. A busy host swings the per-round ratios,
 so it takes more rounds to tell a real gap from the swing; a quiet one seldom needs more than the first.
 
 It says what it does (`on_news`, a RetimeNews each): before the first rounds, before each two added,
@@ -37,8 +40,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from .analysis.outcomes import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first
-from .analysis.ranking import paired_ratios, ratio_interval, undecided
+from .analysis.outcomes import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first, tie_order_key
+from .analysis.ranking import paired_ratios, ratio_interval, told_apart, undecided
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
@@ -53,7 +56,8 @@ RETIME_MOST_CELLS = 3  # bounds the cost of the first rounds: 6 short probes at 
 # about). A tiny model's 8-cell grid trains ~10 s on a quiet 2-core CPU: ~1.5 s of rounds.
 RETIME_SHARE = 0.15
 RETIME_SAY_S = 9.0  # while rounds run, a line at least this often (the scheduler looks every second)
-DECIDED, BUDGET, OVER_BUDGET = "decided", "budget", "over budget"  # why the re-timing stopped
+# why the re-timing stopped
+DECIDED, SETTLED, BUDGET, OVER_BUDGET = "decided", "settled", "budget", "over budget"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +156,33 @@ def open_gaps(timing: dict, world: dict[str, int]) -> list[tuple[str, str, objec
     return [(lead, c, ratio_interval(paired_ratios(rounds, lead, c))) for c in more if c != lead]
 
 
+def settled(timing: dict, world: dict[str, int], more: list[str]) -> bool:
+    """Whether more rounds can no longer change which cell is recommended: of the re-timed cells not
+    proven slower than the fastest, the tie order's first (timing["tie_order"]) is the fastest itself or
+    one within the margin of it, not one of the open gaps (`more`). False without a tie order (a
+    retime.json written before it was kept)."""
+    order = timing.get("tie_order")
+    if not order:
+        return False
+    pooled = retimed_throughput(timing, world)
+    lead = max(pooled, key=lambda cell: pooled[cell].median)
+    slower = set(told_apart(round_medians(timing, world), lead))
+    first = next((cell for cell in order if cell not in slower), None)
+    return first is not None and (first == lead or first not in more)
+
+
 def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: float | None = None) -> list[str]:
     """The cells to re-time in two more rounds (still_open), or [] with timing["stopped"] set: DECIDED
-    when no gap is open, BUDGET when two more rounds of them, at the rounds' mean cost per probe so far,
-    would end past budget_s (by default timing["budget_s"]). Pure: retime.json so far in."""
+    when no gap is open, SETTLED when the open gaps cannot change the recommendation (`settled`), BUDGET
+    when two more rounds of them, at the rounds' mean cost per probe so far, would end past budget_s (by
+    default timing["budget_s"]). Pure: retime.json so far in."""
     budget_s = timing["budget_s"] if budget_s is None else budget_s
     more = still_open(timing, world)
     if not more:
         timing["stopped"] = DECIDED
+        return []
+    if settled(timing, world, more):
+        timing["stopped"] = SETTLED
         return []
     per_probe = elapsed_s / max(1, len(timing["probes"]))
     if elapsed_s + per_probe * 2 * len(more) > budget_s:
@@ -204,6 +227,8 @@ def retime_leaders(session: Session, recipe: Recipe, on_news=None) -> dict | Non
     t0 = time.monotonic()
     tick = Ticker(on_news, t0, budget_s, train_s)
     base = {"min_rounds": rounds, "budget_s": budget_s, "budget_share": RETIME_SHARE, "grid_train_s": train_s}
+    # the fixed tie order of the re-timed cells, which picks between those the rounds do not tell apart
+    base["tie_order"] = [o.probe_id for o in sorted(leaders, key=tie_order_key)]
     if not leaders:
         wanted = [o.probe_id for kind, _ in speed_candidates(grid, RETIME_MOST_CELLS) for o in by_priority(kind)[:2]]
         if estimate <= budget_s or len(wanted) < 2:  # the grid's probes alone tell them apart

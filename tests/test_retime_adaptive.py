@@ -13,7 +13,7 @@ from recorded import busy, meta, probe, timing_of
 
 from nandoctor.analysis.outcomes import analyze_records
 from nandoctor.report import timing
-from nandoctor.retime import BUDGET, DECIDED, interleaved, plan_more
+from nandoctor.retime import BUDGET, DECIDED, SETTLED, interleaved, plan_more
 
 FAST, PLAIN = "bf16-amp/eager/off", "fp32/sdpa/off"
 GRID = [probe(FAST, [500] + [3000] * 15, host=busy(1.8)), probe(PLAIN, [500] + [2200] * 15, host=busy(1.8))]
@@ -134,3 +134,27 @@ def test_recorded_rounds_that_swing_tenfold_go_on_until_the_mean_ratio_is_within
         "fp32/eager/off",
         "fp32/sdpa:math/off",
     ]
+
+
+def test_rounds_stop_once_they_cannot_change_the_recommendation():
+    """The recorded quiet grid: after two rounds fp32/sdpa/off is the fastest and first in the tie order,
+    so the open gap (to bf16-amp/sdpa/off) can only move a cell below it between "not told apart" and
+    "slower": no more rounds (they took 6 of the 9.9 s on the 2026-11-27 quiet bench), and the two rounds
+    recommend what four did."""
+    timed = RECORDED["adaptive-quiet"]
+    world = {cell: 1 for cell in timed["cells"]}
+    two = {**first_rounds(timed, 2), "tie_order": [PLAIN, "bf16-amp/sdpa/off", "bf16-amp/eager/off"]}
+    assert plan_more(two, world, elapsed_s=3.0, budget_s=BUDGET_S) == [] and two["stopped"] == SETTLED
+    a = analyze_records(meta(steps=16), grid_of(two), two)
+    assert a.recommended.probe_id == PLAIN
+    assert [(o.probe_id, o.speed_class) for o in a.ranking][0] == (PLAIN, 0)
+    assert "more rounds could no longer change the recommended configuration" in timing.retime_intro(a)
+
+
+def test_rounds_go_on_while_the_recommendation_hinges_on_an_open_gap():
+    """FAST leads by 1.45x and 1.20x, unproven; the tie order puts PLAIN first, so proving the gap would
+    change the recommendation from PLAIN to FAST: two more rounds are asked for."""
+    timed = {**timing_of(rounds_at([1.45, 1.20]), host=busy(1.8)), "tie_order": [PLAIN, FAST]}
+    assert plan_more(timed, WORLD, elapsed_s=10.0, budget_s=BUDGET_S) == [FAST, PLAIN] and "stopped" not in timed
+    led = {**timing_of(rounds_at([1.45, 1.20]), host=busy(1.8)), "tie_order": [FAST, PLAIN]}
+    assert plan_more(led, WORLD, elapsed_s=10.0, budget_s=BUDGET_S) == [] and led["stopped"] == SETTLED

@@ -396,9 +396,14 @@ def analyze_records(meta: RunMeta | dict, records: list[ProbeRecord], timing: di
     return analysis
 
 
+def tie_order_key(o: ProbeOutcome) -> tuple:
+    """A probe's place in the fixed tie order (ranking.tie_key of its cell and id)."""
+    return tie_key({**o.record.cell.to_dict(), "probe_id": o.probe_id})
+
+
 def tie_first(outcomes: list[ProbeOutcome]) -> ProbeOutcome:
-    """The one of these the fixed tie order puts first, whatever their speeds (ranking.tie_key)."""
-    return min(outcomes, key=lambda o: tie_key({**o.record.cell.to_dict(), "probe_id": o.probe_id}))
+    """The one of these the fixed tie order puts first, whatever their speeds."""
+    return min(outcomes, key=tie_order_key)
 
 
 def speed_buckets(a: RunAnalysis) -> list[list[ProbeOutcome]]:

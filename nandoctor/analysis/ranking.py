@@ -240,6 +240,17 @@ def undecided(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = TH
     return out
 
 
+def told_apart(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = THRESHOLDS) -> list[str]:
+    """The re-timed probes the interleaved rounds prove slower than `lead`: the one-sided 95% lower bound
+    of lead's per-round ratio over theirs is above 1 + speed_margin (compare_speed's rule on rounds)."""
+    out = []
+    for other in rounds:
+        interval = ratio_interval(paired_ratios(rounds, lead, other)) if other != lead else None
+        if interval is not None and interval.low > 1 + t.speed_margin:
+            out.append(other)
+    return out
+
+
 def retime_candidates(
     speeds: dict[str, tuple[float, float, float]],
     tie_first: str | None,

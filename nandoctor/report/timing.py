@@ -367,6 +367,8 @@ def retime_intro(a: RunAnalysis) -> str:
     t = a.timing
     stopped = {
         "decided": "every gap to the fastest was proven at its lower bound or within the margin on average",
+        "settled": "more rounds could no longer change the recommended configuration (the gaps still open are "
+        "between configurations it does not hinge on)",
         "budget": f"its budget of {budget_text(t)} was spent",
     }.get(t.get("stopped"))
     return (
