@@ -34,7 +34,7 @@ from .cells import (
     optimizer_kwargs,
     weight_dtype,
 )
-from .config import STORAGE_DTYPES, Recipe, get_field, load_dtype
+from .config import STORAGE_DTYPES, Recipe, get_field, load_dtype, trainer_arguments
 from .thresholds import THRESHOLDS
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
@@ -325,18 +325,16 @@ def loss_code(recipe: Recipe) -> list[str]:
 
 
 def training_arguments(cell: Cell, recipe: Recipe) -> dict:
-    o = recipe.optimizer
+    # the optimizer's and clipping's fields as a probe under the user's trainer is given them (one mapping)
+    given = trainer_arguments(recipe)
+    accumulation = given.pop("gradient_accumulation_steps")
     args = {
         "bf16": False,  # both written: TRL's SFTConfig turns bf16 on by itself where the device has it
         "fp16": False,
         **cell.precision.training_args,
-        "learning_rate": o.lr,
+        "learning_rate": given.pop("learning_rate"),
         "lr_scheduler_type": "constant",  # the probe steps at one lr: no warm-up, no decay (the Trainer's is linear)
-        "adam_beta1": o.betas[0],
-        "adam_beta2": o.betas[1],
-        "adam_epsilon": o.eps,
-        "weight_decay": o.weight_decay,
-        "max_grad_norm": recipe.grad_clip,
+        **given,
         "per_device_train_batch_size": recipe.batch_size,
         "seed": recipe.seed,
     }
@@ -346,8 +344,8 @@ def training_arguments(cell: Cell, recipe: Recipe) -> dict:
         args.update(torch_compile=True, torch_compile_backend=cell.compilation.backend)
     if cell.parallel_row.wrapper:  # one rank's rows of the global batch; launched with torchrun / accelerate
         args.update(cell.parallel_row.training_args, per_device_train_batch_size=recipe.batch_size // recipe.world_size)
-    if recipe.gradient_accumulation_steps > 1:
-        args["gradient_accumulation_steps"] = recipe.gradient_accumulation_steps
+    if accumulation > 1:
+        args["gradient_accumulation_steps"] = accumulation
         if recipe.loss_normalization == "tokens":  # num_items_in_batch over every rank's tokens
             args["average_tokens_across_devices"] = True
     if recipe.gradient_checkpointing != "off":

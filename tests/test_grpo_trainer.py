@@ -7,6 +7,7 @@ import json
 
 import pytest
 from conftest import needs, record_list, run_cli, verdicts
+from training_runs import saved_arguments
 
 GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "3")
 QUIET = ("--set", "retime_rounds=0")
@@ -17,20 +18,9 @@ def grpo_config(path, **settings):
     tokens per step, TRL's defaults otherwise (bf16=True, loss_type dapo, beta 0)."""
     from trl import GRPOConfig
 
-    args = GRPOConfig(
-        output_dir=str(path.parent / "user-output"),
-        learning_rate=1e-3,
-        lr_scheduler_type="constant",
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=16,
-        max_grad_norm=1.0,
-        report_to="none",
-        use_cpu=True,  # bf16=True is refused on a host without a GPU otherwise; the file keeps bf16=True
-        **settings,
-    )
-    path.write_text(args.to_json_string())
-    return path
+    per_step = {"per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 16}
+    # use_cpu: bf16=True is refused on a host without a GPU otherwise; the file keeps bf16=True
+    return saved_arguments(GRPOConfig, path, **{**per_step, "use_cpu": True, **settings})
 
 
 @pytest.fixture(scope="module")

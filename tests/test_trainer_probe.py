@@ -8,6 +8,7 @@ import math
 
 import pytest
 from conftest import needs, record_list, records, run_cli, summary, verdicts
+from training_runs import saved_arguments
 
 GRID = ("--axis", "dtype=fp32,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", "4")
 QUIET = ("--set", "retime_rounds=0")
@@ -18,17 +19,7 @@ def training_args(path, **settings):
     lr 1e-3, no schedule, 4 rows per batch, clipping at 1."""
     from transformers import TrainingArguments
 
-    args = TrainingArguments(
-        output_dir=str(path.parent / "user-output"),
-        learning_rate=settings.pop("learning_rate", 1e-3),
-        lr_scheduler_type="constant",
-        per_device_train_batch_size=4,
-        max_grad_norm=1.0,
-        report_to="none",
-        **settings,
-    )
-    path.write_text(args.to_json_string())
-    return path
+    return saved_arguments(TrainingArguments, path, **{"per_device_train_batch_size": 4, **settings})
 
 
 def sft_config(path, **settings):
@@ -36,18 +27,8 @@ def sft_config(path, **settings):
     gradient_checkpointing=True, max_length 1024) and the own loop's optimizer settings otherwise."""
     from trl import SFTConfig
 
-    args = SFTConfig(
-        output_dir=str(path.parent / "user-output"),
-        learning_rate=settings.pop("learning_rate", 1e-3),
-        lr_scheduler_type="constant",
-        per_device_train_batch_size=4,
-        max_grad_norm=1.0,
-        report_to="none",
-        use_cpu=True,  # bf16=True is refused on a host without a GPU otherwise; the file keeps bf16=True
-        **settings,
-    )
-    path.write_text(args.to_json_string())
-    return path
+    # use_cpu: bf16=True is refused on a host without a GPU otherwise; the file keeps bf16=True
+    return saved_arguments(SFTConfig, path, **{"per_device_train_batch_size": 4, "use_cpu": True, **settings})
 
 
 @pytest.fixture(scope="module")

@@ -142,3 +142,13 @@ def lightning_fit(
     )
     trainer.fit(module, torch.utils.data.DataLoader(MotifRows() if data is None else data, batch_size=4))
     return trainer, module
+
+
+def saved_arguments(config, path, **settings):
+    """A real TrainingArguments or TRL config (`config`, the class) as the user saves it
+    (to_json_string()), written to `path`: the own loop's optimizer settings (lr 1e-3 unless given, no
+    schedule, clipping at 1), no reports, `settings` over them."""
+    own_loop = {"learning_rate": 1e-3, "lr_scheduler_type": "constant", "max_grad_norm": 1.0, "report_to": "none"}
+    args = config(output_dir=str(path.parent / "user-output"), **{**own_loop, **settings})
+    path.write_text(args.to_json_string())
+    return path
