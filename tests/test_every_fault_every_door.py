@@ -20,7 +20,11 @@ fault is in the data. docs/architecture.md's one-judge table lists the faults an
 - a mixture of experts too lightly loaded to judge collapse: 64 experts, top-1, 96 tokens a step (1.5 an
   expert): stable in every door, each saying that expert collapse was not judged and what batch judges it;
 - a router that collapsed: every token to experts 0 and 1 of 8 (tests/checkpoints.py), `expert-collapse`
-  in every door (the callback judges step 0's routing)."""
+  in every door (the callback judges step 0's routing);
+- a loss spike: fp32 at learning rate 0.1, constant, unclipped, 4 steps (a Trainer schedules its learning
+  rate linearly unless told; the probe keeps it constant); steps 0-2 train one repeated row (loss 6.91,
+  6.85, 3.54), step 3 four new rows of the same length (13.64, 2.4x their mean): `diverged` at step 3,
+  the grad-norm staying under 10x its largest before (51.6 after 13.3), so no explosion comes first."""
 
 from __future__ import annotations
 
@@ -61,6 +65,7 @@ class Fault:
     rule: tuple | None = None  # (rule id, severity) the data lint gives in every door
     said: str = ""  # what every door's reason says
     unjudged: str = ""  # what check's and the callback's reasons say of a rule they cannot judge, the grid's not
+    steps: int = STEPS
 
 
 FAULTS = (
@@ -148,15 +153,29 @@ FAULTS = (
         checkpoint="collapsed_moe",
         said="router collapse: layer 0 (model.layers.0.mlp.gate): 6 of 8 experts got no token at step ",
     ),
+    Fault(
+        "loss-spike",
+        "fp32",
+        "diverged",
+        3,
+        rows="memorised",
+        settings=("optimizer.lr=0.1", "grad_clip=0"),
+        train={"learning_rate": 0.1, "max_grad_norm": 0.0, "lr_scheduler_type": "constant"},
+        said="loss spiked to ",
+        steps=4,
+    ),
 )
 
 
-def write_rows(path, unsupervised: range):
-    """ROWS rows of LENGTH random ids, labels = input_ids, except the rows in `unsupervised`: all -100."""
+def write_rows(path, unsupervised: range = range(0), repeated: range = range(0)):
+    """ROWS rows of LENGTH random ids, labels = input_ids, except the rows in `unsupervised`: all -100.
+    The rows in `repeated` repeat the first row."""
     rng = random.Random(0)
+    drawn = []
+    for i in range(ROWS):
+        drawn.append(drawn[0] if i in repeated and drawn else [rng.randrange(10, 1000) for _ in range(LENGTH)])
     with open(path, "w") as f:
-        for i in range(ROWS):
-            ids = [rng.randrange(10, 1000) for _ in range(LENGTH)]
+        for i, ids in enumerate(drawn):
             f.write(json.dumps({"input_ids": ids, "labels": [-100] * LENGTH if i in unsupervised else ids}) + "\n")
     return path
 
@@ -179,9 +198,10 @@ def files(tmp_path_factory):
         "drops_positions": save_drops_positions_llama(d / "drops-positions", use_cache=False),
         "moe": save_moe(d / "moe"),
         "collapsed_moe": save_collapsed_qwen3_moe(d / "collapsed-moe"),
-        "clean": write_rows(d / "clean.jsonl", range(0)),
+        "clean": write_rows(d / "clean.jsonl"),
         "no_target": write_rows(d / "no-target.jsonl", range(4)),  # step 0's batch
         "one_unsupervised": write_rows(d / "one-unsupervised.jsonl", range(1, 2)),
+        "memorised": write_rows(d / "memorised.jsonl", repeated=range(12)),  # steps 0-2 train one row, 3 new ones
     }
 
 
@@ -197,7 +217,7 @@ def grid_door(fault: Fault, files, out) -> tuple[dict, dict, set]:
     (run.json)."""
     proc = run_main(
         "grid", "--model", files[fault.checkpoint], "--data", files[fault.rows], "--axis", f"dtype={fault.dtype}",
-        "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", STEPS, "--set", "retime_rounds=0",
+        "--axis", "attn=sdpa", "--axis", "compile=off", "--steps", fault.steps, "--set", "retime_rounds=0",
         *[a for s in fault.settings for a in ("--set", s)], "--out", out,
     )  # fmt: skip
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -211,7 +231,7 @@ def check_door(fault: Fault, files, out) -> tuple[str, str, int | None, set]:
     rules."""
     proc = run_main(
         "check", "--model", files[fault.checkpoint], "--data", files[fault.rows], "--dtype", fault.dtype,
-        "--attn", "sdpa", "--steps", STEPS, *[a for s in fault.settings for a in ("--set", s)], "--out", out,
+        "--attn", "sdpa", "--steps", fault.steps, *[a for s in fault.settings for a in ("--set", s)], "--out", out,
     )  # fmt: skip
     said = next((line for line in proc.stdout.splitlines() if " verdict: " in line), None)
     assert said is not None, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -235,7 +255,7 @@ def callback_door(fault: Fault, files, out):
             # Lightning makes no scaler on a CPU ("16-mixed" becomes bf16): the plugin is given one
             plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
             callback = nandoctor_lightning().NandoctorCallback()
-            lightning_fit(model, out, None, [callback], max_steps=STEPS, plugins=[plugin], data=data)
+            lightning_fit(model, out, None, [callback], max_steps=fault.steps, plugins=[plugin], data=data)
         else:
             from transformers import DataCollatorWithFlattening
 
@@ -247,7 +267,7 @@ def callback_door(fault: Fault, files, out):
                 out,
                 [callback],
                 data,
-                max_steps=STEPS,
+                max_steps=fault.steps,
                 train_sampling_strategy="sequential",
                 **(packing if fault.packed else {}),
                 **fault.train,

@@ -74,6 +74,19 @@ def test_grad_norm_explosion_is_diverged():
     assert v.name == "diverged" and "exploded" in v.reason
 
 
+def test_a_whole_curve_names_the_earlier_of_an_explosion_and_a_spike_as_a_live_run_meets_them():
+    """An unclipped lr 0.7 on the tiny Llama's random rows: the grad-norm explodes at step 1, the loss
+    spikes at step 3; a callback judging step by step stops at step 1, and so must the grid's verdict."""
+    losses, grads = [6.94, 27.0, 23.0, 60.0], [1.5, 1000.0, 800.0, 900.0]
+    whole = numeric_verdict(curve(losses, grads), None)
+    live = next(
+        v
+        for k in range(4)
+        if (v := numeric_verdict(curve(losses[: k + 1], grads[: k + 1]), None, since=k)).name != "stable"
+    )
+    assert (whole.step, live.step) == (1, 1) and "exploded" in whole.reason and whole.reason == live.reason
+
+
 def test_loss_rising_half_a_nat_is_diverged():
     assert numeric_verdict(curve([8.0, 8.2, 8.4, 8.6, 8.8, 9.0, 9.2, 9.4]), None).name == "diverged"
 

@@ -97,23 +97,12 @@ def numeric_verdict(
     dead = no_learning(steps, t, trainable, adapter)
     if dead:
         return dead
-    spike = loss_spike(steps, t, since)
-    if spike:
-        return spike
+    # the earlier of a spike and an explosion, a spike first at the same step: what a live run judging
+    # step by step meets first
+    jumps = [v for v in (loss_spike(steps, t, since), grad_explosion(steps, t, since)) if v]
+    if jumps:
+        return min(jumps, key=lambda v: v.step)
     losses = [s.loss for s in steps]
-    counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
-    largest = max(counted, default=None)
-    for s in steps[since:]:
-        if s.skipped or not math.isfinite(s.grad_norm):
-            continue
-        if largest is not None and largest > 0 and s.grad_norm > t.grad_explode_factor * largest:
-            return Verdict(
-                DIVERGED,
-                f"grad-norm exploded to {_fmt(s.grad_norm)} at step {s.step}, "
-                f"{s.grad_norm / largest:.0f}x the largest before",
-                s.step,
-            )
-        largest = max(largest or 0.0, s.grad_norm)
     q = _tail(len(losses), t)
     end = sum(losses[-q:]) / q
     if len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
@@ -181,6 +170,25 @@ def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) ->
                 f"{loss / mean:.1f}x the mean of the previous {len(window)} steps{of}",
                 steps[k].step,
             )
+    return None
+
+
+def grad_explosion(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) -> Verdict | None:
+    """A grad-norm above grad_explode_factor x the largest of the steps before it (skipped and non-finite
+    ones aside); steps before `since` count only as history."""
+    counted = [s.grad_norm for s in steps[:since] if not s.skipped and math.isfinite(s.grad_norm)]
+    largest = max(counted, default=None)
+    for s in steps[since:]:
+        if s.skipped or not math.isfinite(s.grad_norm):
+            continue
+        if largest is not None and largest > 0 and s.grad_norm > t.grad_explode_factor * largest:
+            return Verdict(
+                DIVERGED,
+                f"grad-norm exploded to {_fmt(s.grad_norm)} at step {s.step}, "
+                f"{s.grad_norm / largest:.0f}x the largest before",
+                s.step,
+            )
+        largest = max(largest or 0.0, s.grad_norm)
     return None
 
 
