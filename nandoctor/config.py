@@ -209,6 +209,10 @@ class Recipe:
     # training time (its first step always runs): on a CPU that emulates the cell's dtype a replay to the
     # failure cost as much again as the probe, and a compiled cell's eager replay can cost more.
     forensics_share: float = 1.0
+    # ... but may always take this long: a tiny probe's replay costs more in fixed work (restoring the
+    # weights, hooking every module) than its steps trained (0.17 s), and a share of those alone stopped it
+    # before its failure on a loaded host
+    forensics_min_s: float = 10.0
     # A grid re-times the cells speed decides between, back to back and interleaved (retime.py), in this
     # many rounds; 0: off (a CI run where speed is not the question), speed then comes from each cell's
     # own grid probe, and the report says so.
@@ -275,6 +279,8 @@ class Recipe:
             )
         if self.forensics_steps < 0:
             raise NandoctorError(f"recipe {self.name!r}: forensics_steps must be >= 0, got {self.forensics_steps!r}")
+        if not self.forensics_min_s >= 0:
+            raise NandoctorError(f"recipe {self.name!r}: forensics_min_s must be >= 0, got {self.forensics_min_s!r}")
         self._validate_rollout()
         if not 0.0 <= self.data.pad_fraction < 1.0:
             raise NandoctorError(

@@ -83,7 +83,8 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, ra
     rank replays its own rows on its wrapper, with its reduction watch, and stops where its peers do)."""
     t0 = time.perf_counter()
     n_steps = replayed_steps(spec, timed)
-    budget = spec.recipe.forensics_share * sum(st.time_s or 0.0 for st in timed.steps)
+    recipe = spec.recipe
+    budget = max(recipe.forensics_share * sum(st.time_s or 0.0 for st in timed.steps), recipe.forensics_min_s)
     s, out = restored(spec, s, snapshot, n_steps)
     if spec.cell.precision.compute != "float32":
         if ranks.underflow_note:
@@ -112,7 +113,12 @@ def replay(spec: ProbeSpec, timed: ProbeRecord, s: Setup, snapshot: Snapshot, ra
     if casts:
         out["fp8"] = {"recipe": spec.cell.dtype, "casts": casts.stats, "excluded": s.fp8_excluded}
     if "stopped_at" in out:
-        out["budget"] = {"share": spec.recipe.forensics_share, "seconds": budget, "stopped_at": out.pop("stopped_at")}
+        out["budget"] = {
+            "share": recipe.forensics_share,
+            "min_s": recipe.forensics_min_s,
+            "seconds": budget,
+            "stopped_at": out.pop("stopped_at"),
+        }
     return finished(spec, timed, ranks.mark(out), t0)
 
 

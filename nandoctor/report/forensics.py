@@ -214,8 +214,9 @@ def _replay_note(o: ProbeOutcome) -> str:
     budget = f.get("budget")
     if budget:
         text += (
-            f", stopped after step {budget['stopped_at']}: its budget ({budget['share']:g}x the timed steps' "
-            f"{budget['seconds']:.3g} s, --set forensics_share=...) ran out"
+            f", stopped after step {budget['stopped_at']}: its budget ({budget['share']:g}x the timed steps' time, "
+            f"at least {budget.get('min_s', 0):g} s: {budget['seconds']:.3g} s; --set forensics_share=... or "
+            "forensics_min_s=...) ran out"
         )
     return text + ("" if f.get("reproduced") else ", DID NOT reproduce the timed losses")
 

@@ -56,6 +56,7 @@ LEGACY_SPEC = {"stop_on_nonfinite": True}
 NOT_NUMERICS = (
     "forensics_timeout_s",
     "forensics_share",
+    "forensics_min_s",
     "build_timeout_s",
     "retime_rounds",
 )  # recipe fields that decide no number of the probe
