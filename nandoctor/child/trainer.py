@@ -215,7 +215,7 @@ def probe_callback(spec: ProbeSpec, s: Setup, groups: dict, on_step):
                 p.register_post_accumulate_grad_hook(meter.grad) for p in model.parameters() if p.requires_grad
             ]
             torch_optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper taken off
-            if measures_updates and hasattr(torch_optimizer, "register_step_pre_hook"):  # a torch optimizer
+            if measures_updates:
                 self.watch = step0_updates(s.model, torch_optimizer, elements=None)
             if forensics:
                 self.run = TrainerRun(spec.cell, spec.recipe, s.model, torch_optimizer, spec.device, s.autocast)

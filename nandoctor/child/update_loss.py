@@ -14,11 +14,14 @@ from .instruments import OptimizerWatch, local
 UPDATE_ELEMENTS = 1 << 16
 
 
-def step0_updates(model, optimizer, elements: int | None = UPDATE_ELEMENTS) -> OptimizerWatch:
+def step0_updates(model, optimizer, elements: int | None = UPDATE_ELEMENTS) -> OptimizerWatch | None:
     """Optimizer hooks that count, over the first `elements` of each trainable tensor (None: all), the
     elements step 0's update was meant to move and rounding in the weights' dtype left as they were: the
     weights before any step copied to host memory now, compared after the optimizer step
-    (`update_figures`). A step the GradScaler skips measures nothing."""
+    (`update_figures`). A step the GradScaler skips measures nothing. None for an optimizer that is not a
+    torch one (no step hooks to put on it)."""
+    if not hasattr(optimizer, "register_step_pre_hook"):
+        return None
     watch = OptimizerWatch(model, optimizer, deferred=True, elements=elements)
     watch.initial = {n: watch.kept(local(p).detach()).to("cpu", copy=True) for n, p in watch.named}
     return watch

@@ -137,8 +137,7 @@ class Judge:
         self.step0 = ModuleWatch(run.model)
         # its first step's routing only: a collapse is judged on it (or said unjudged) as on a probe's
         self.routing = router_watch(run.model, 0)
-        if hasattr(run.optimizer, "register_step_pre_hook"):  # a torch optimizer
-            self.updates = step0_updates(run.model, run.optimizer)
+        self.updates = step0_updates(run.model, run.optimizer)
         return findings
 
     @property

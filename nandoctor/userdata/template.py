@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import re
 from pathlib import Path
 
-from .encode import IGNORE
+from .encode import GENERATION_MARK, IGNORE
 
-GENERATION_MARK = re.compile(r"\{%-?\s*generation\s*-?%\}")
 # Rows whose two masks are compared: the first ones of the file (each check renders one chat).
 MASK_ROWS = 32
 
