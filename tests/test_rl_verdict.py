@@ -137,3 +137,39 @@ def test_a_grpo_loss_of_exactly_zero_is_no_zero_loss_fault():
     assert classify(exact).name == STABLE
     exact.recipe = {"name": "tiny-llama", "objective": "sft"}
     assert classify(exact).name == "zero-loss"
+
+
+# GRPO losses as four steps of bf16-amp under vLLM measured them on an H200 (docs/gpu/2026-11-28-h200-rl.md):
+# a surrogate of either sign around 0, whose step 3 is 7.7x the mean of the steps before it
+H200_GRPO_LOSSES = [-0.01291, 0.00488, 0.00953, 0.00384]
+
+
+def test_a_grpo_curve_is_not_judged_by_the_size_of_its_surrogate_loss():
+    measured = grpo("fp32", 0.0)  # a mismatch inside the bound: only the curve could fail it
+    measured.steps = [Step(i, loss, 0.5) for i, loss in enumerate(H200_GRPO_LOSSES)]
+    assert classify(measured).name == STABLE
+    rising = grpo("fp32", 0.0)  # a rise of a nat: a surrogate's value, no sign of a breaking run
+    rising.steps = [Step(i, loss, 0.5) for i, loss in enumerate([-0.5, 0.1, 0.3, 0.6, 0.6, 0.6])]
+    assert classify(rising).name == STABLE
+    for sft in (measured, rising):
+        sft.recipe = {"name": "tiny-llama", "objective": "sft"}
+        assert classify(sft).name == "diverged"  # the same curve read as an sft loss
+
+
+def test_a_grpo_curve_is_still_judged_by_its_grad_norm_and_finiteness():
+    exploding = grpo("fp32", 0.0)
+    exploding.steps = [Step(i, loss, g) for i, (loss, g) in enumerate(zip(H200_GRPO_LOSSES, [0.5, 0.5, 0.5, 400.0]))]
+    assert classify(exploding).name == "diverged"
+    broken = grpo("fp32", 0.0)
+    broken.steps = [Step(0, 0.001, 0.5), Step(1, float("nan"), 0.5)]
+    assert classify(broken).name == "nonfinite"
+
+
+def test_a_grpo_loss_at_0_every_step_is_no_sign_that_nothing_learns():
+    # every completion as long as the others at every step: the surrogate is 0.0 throughout
+    flat = grpo("fp32", 0.0)
+    flat.steps = [Step(i, 0.0, 0.5) for i in range(6)]
+    assert classify(flat).name == STABLE
+    dead = grpo("fp32", 0.0)  # no gradient at all is still no learning
+    dead.steps = [Step(i, 0.0, 0.0) for i in range(6)]
+    assert classify(dead).name == "no-learning"

@@ -41,7 +41,7 @@ def check_results(
         out.append(("grad-norm finite at step 0", math.isfinite(s0.grad_norm), f"grad-norm {_fmt(s0.grad_norm)}"))
     if objective(record) == "sft":  # a GRPO loss may be 0.0 (curve.numeric_verdict)
         out.append(("loss is not 0.0", s0.loss != 0.0, f"loss {_fmt(s0.loss)}"))
-    dead = no_learning(record.steps, t, record.trainable_groups, _adapter(record))
+    dead = no_learning(record.steps, t, record.trainable_groups, _adapter(record), objective(record))
     out.append(
         (
             "gradients reach the weights",

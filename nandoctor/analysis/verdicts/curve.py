@@ -68,9 +68,12 @@ def numeric_verdict(
     objective: str = "sft",
 ) -> Verdict:
     """Classify a finished loss / grad-norm curve, against the fp32 reference curve when given (`against`:
-    the reference's name when another fp32 probe stands in for fp32/eager). objective: the recipe's; a
-    GRPO loss is exactly 0.0 whenever a step's completions all run to the same length (each group's
-    advantages sum to 0), so zero-loss judges an sft curve only.
+    the reference's name when another fp32 probe stands in for fp32/eager). objective: the recipe's. A
+    GRPO loss is a policy-gradient surrogate around 0 of either sign (each group's advantages sum to 0;
+    it is exactly 0.0 whenever a step's completions all run to the same length), so its size, a spike of
+    it, its rise and its distance from fp32's say nothing of the run: zero-loss, the loss spike, the rise
+    and the drift judge an sft curve only, and a grpo curve is judged by nonfinite, no-learning and the
+    grad-norm explosion (its rollout mismatch by the off-policy rule).
     Steps before index `since` were judged already (a live run's watch judges each new step once);
     they still count as history for the spike window, the largest grad-norm and the rise.
     trainable / adapter: the record's trainable_groups and adapter type, for naming a group that got
@@ -91,25 +94,26 @@ def numeric_verdict(
                 f"GradScaler scale fell below {t.min_scale:g} at step {s.step}: gradients overflow fp16 even unscaled",
                 s.step,
             )
-    for s in steps[since:] if objective == "sft" else ():
+    sft = objective == "sft"
+    for s in steps[since:] if sft else ():
         if s.loss == 0.0:
             return Verdict(ZERO_LOSS, f"loss is exactly 0.0 at step {s.step}", s.step)
-    dead = no_learning(steps, t, trainable, adapter)
+    dead = no_learning(steps, t, trainable, adapter, objective)
     if dead:
         return dead
     # the earlier of a spike and an explosion, a spike first at the same step: what a live run judging
     # step by step meets first
-    jumps = [v for v in (loss_spike(steps, t, since), grad_explosion(steps, t, since)) if v]
+    jumps = [v for v in (loss_spike(steps, t, since) if sft else None, grad_explosion(steps, t, since)) if v]
     if jumps:
         return min(jumps, key=lambda v: v.step)
     losses = [s.loss for s in steps]
     q = _tail(len(losses), t)
     end = sum(losses[-q:]) / q
-    if len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
+    if sft and len(losses) >= t.rise_min_steps and end > losses[0] + t.rise_nats:
         return Verdict(
             DIVERGED, f"loss rose from {_fmt(losses[0])} to {_fmt(end)} (mean of the last {q} steps)", steps[-1].step
         )
-    if reference:
+    if reference and sft:
         n = min(len(steps), len(reference))
         q = _tail(n, t)
         ref = [s.loss for s in reference[:n]]
@@ -209,11 +213,16 @@ def never_stepped(steps: list[Step], t: Thresholds = THRESHOLDS) -> Verdict | No
 
 
 def no_learning(
-    steps: list[Step], t: Thresholds = THRESHOLDS, trainable: dict | None = None, adapter: str | None = None
+    steps: list[Step],
+    t: Thresholds = THRESHOLDS,
+    trainable: dict | None = None,
+    adapter: str | None = None,
+    objective: str = "sft",
 ) -> Verdict | None:
     """The no-learning verdict of a finite curve, judged on the curve itself (its fp32 reference may be
     as dead): a grad-norm of exactly 0 at every step, a trainable group with no gradient at any step
-    (group_no_learning), or a loss that never moves; else None."""
+    (group_no_learning), or, for an sft loss, a loss that never moves (a GRPO surrogate sits at 0.0 when
+    every completion has the same length, whatever the weights learn); else None."""
     counted = [s for s in steps if not s.skipped]
     if counted and all(s.grad_norm == 0.0 for s in counted):
         n = len(counted)
@@ -228,8 +237,10 @@ def no_learning(
     if starved:
         return starved
     losses = [s.loss for s in steps]
-    if len(losses) >= t.no_learning_min_steps and all(
-        abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses
+    if (
+        objective == "sft"
+        and len(losses) >= t.no_learning_min_steps
+        and all(abs(x - losses[0]) <= t.no_learning_loss_rel * abs(losses[0]) for x in losses)
     ):
         return Verdict(
             NO_LEARNING,
