@@ -19,7 +19,7 @@ from .doctor import doctor_section, judge_lint, lint_lines
 from .env import collect_doctor
 from .errors import NandoctorError
 from .executors import ExecutorConfig, with_hardware
-from .plan import PlannedProbe, plan_grid, quantized_without_adapter
+from .plan import PlannedProbe, engine_without_gpu, plan_grid, quantized_without_adapter
 from .record import ModelPlan, ProbeRecord
 from .run.cache import ProbeCache as ProbeCache
 from .run.cache import default_cache_dir as default_cache_dir
@@ -71,6 +71,7 @@ def open_session(
         from . import report  # noqa: F401 -- the analysis and renderers (pandas), while the first worker still imports
 
         session.prepare()
+        engine_without_gpu(recipe, session.device)  # every door: grid, check and bisect
         # the user's rows are linted before any probe (stored in run.json's "data"); a run goes on either
         # way, and its probes show the consequences
         session.data_lint = None if resume else judge_lint(session.lint())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,11 @@ MOE_ROUTER_DTYPES = ("compute", "fp32")
 # What a probe's step optimizes (docs/rl.md): the supervised loss of the data stream, or GRPO's policy
 # gradient on completions the probe samples itself (child/rollout.py)
 OBJECTIVES = ("sft", "grpo")
+# the engine that samples a grpo probe's rollouts (child/vllm_engine.py): auto is vllm on a probe that runs
+# on a CUDA GPU where vllm imports (and can hold the weights as trained), generate() otherwise, said in the record
+ROLLOUT_ENGINES = ("auto", "generate", "vllm")
+# the dtypes vLLM holds weights in; an autocast cell's engine holds its compute dtype (vLLM has no autocast)
+VLLM_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,10 @@ class RolloutConfig:
     # the output head's weights, input and matmul in fp32 in both paths (TRL's cast_lm_head_to_fp32,
     # prime-rl PR #2438): the log-probs then carry no half-precision rounding of the head
     lm_head_fp32: bool = False
+    engine: str = "auto"  # ROLLOUT_ENGINES
+    # vLLM's attention backend by its name in vLLM (TRITON_ATTN, FLASH_ATTN, FLEX_ATTENTION, ...); auto:
+    # the one vLLM picks for the GPU and dtype. generate() reads `attn` instead
+    vllm_attention: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -244,6 +254,7 @@ class Recipe:
             ("moe.router_dtype", self.moe.router_dtype, MOE_ROUTER_DTYPES),
             ("objective", self.objective, OBJECTIVES),
             ("rollout.attn", self.rollout.attn, tuple(ATTENTIONS)),
+            ("rollout.engine", self.rollout.engine, ROLLOUT_ENGINES),
         ]
         for key, value, valid in checks:
             if value not in valid:
@@ -310,6 +321,11 @@ class Recipe:
         r = self.rollout
         if not 0.0 < r.top_p <= 1.0:
             raise NandoctorError(f"recipe {self.name!r}: rollout.top_p must be in (0, 1], got {r.top_p!r}")
+        if r.vllm_attention != "auto" and not re.fullmatch(r"[A-Z][A-Z0-9_]*", r.vllm_attention):
+            raise NandoctorError(
+                f"recipe {self.name!r}: rollout.vllm_attention={r.vllm_attention!r} is not valid; valid: auto, "
+                "or a vLLM attention backend's name (TRITON_ATTN, FLASH_ATTN, FLEX_ATTENTION, ...)"
+            )
         if r.top_k < 0:
             raise NandoctorError(f"recipe {self.name!r}: rollout.top_k must be >= 0 (0: off), got {r.top_k!r}")
         if self.objective == "grpo" and r.prompt_len > self.seq_len:

@@ -63,6 +63,16 @@ def quantized_without_adapter(recipe: Recipe, cells) -> None:
         )
 
 
+def engine_without_gpu(recipe: Recipe, device: DeviceFacts) -> None:
+    """rollout.engine=vllm asks for vLLM, which samples on a CUDA GPU only: on a host without one it is
+    the user's error, said before any probe runs (auto lets generate() stand in and says so)."""
+    if recipe.objective == "grpo" and recipe.rollout.engine == "vllm" and device.device != "cuda":
+        raise NandoctorError(
+            f"rollout.engine=vllm samples with vLLM, which needs a CUDA GPU; this host has none "
+            f"(device {device.device or 'unknown'}): use rollout.engine=auto or generate"
+        )
+
+
 def plan_grid(
     recipe: Recipe,
     device: DeviceFacts | dict,

@@ -34,7 +34,7 @@ from .cells import (
     optimizer_kwargs,
     weight_dtype,
 )
-from .config import STORAGE_DTYPES, Recipe, get_field, load_dtype, trainer_arguments
+from .config import STORAGE_DTYPES, VLLM_DTYPES, Recipe, get_field, load_dtype, trainer_arguments
 from .thresholds import THRESHOLDS
 
 # The fp8 conversion a user writes, by the row's Fp8Recipe.package: {torchao_recipe} / {te_format} come
@@ -396,8 +396,6 @@ GRPO_LOSS = {
     "vllm_importance_sampling_mode": "sequence_mask",
     "vllm_importance_sampling_clip_max": THRESHOLDS.rollout_ratio_cap,
 }
-# The dtypes vLLM holds weights in; an autocast cell's nearest is its compute dtype (vLLM has no autocast)
-VLLM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def grpo_arguments(recipe: Recipe) -> dict:

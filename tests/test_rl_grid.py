@@ -48,6 +48,8 @@ def test_every_grpo_probe_records_the_mismatch_of_its_rollouts(run):
     for probe_id, r in records.items():
         m = r["rollout_mismatch"]
         assert r["status"] == "ok" and m["engine"] == "generate" and m["steps"] == 2, probe_id
+        # auto on a CPU: generate() stands in for vLLM, and the record says so
+        assert m["engine_why"] == "generate() stands in for vLLM: vLLM runs on a CUDA GPU; this probe runs on cpu"
         assert m["sequences"] == 2 * 2 * 4 and m["tokens"] > 0  # 2 steps x 2 prompts x 4 generations
         assert m["ratio"]["min"] <= m["ratio"]["p10"] <= m["ratio"]["median"] <= m["ratio"]["p90"] <= m["ratio"]["max"]
         assert m["masked_share"] == 0.0 and m["k3_kl"] >= 0.0
@@ -73,6 +75,7 @@ def test_report_md_shows_each_probes_mismatch_as_measured(run):
     report = (out / "report.md").read_text()
     section = report.split("## RL: rollout vs training log-probs")[1].split("\n## ")[0]
     assert "`generate`" in section
+    assert "Rollout engine: `generate`, attention sdpa (generate() stands in for vLLM: " in section
     for probe_id, r in records.items():
         row = next(line for line in section.splitlines() if line.startswith(f"| {probe_id} "))
         assert format(r["rollout_mismatch"]["logp_diff_mean"], ".2e") in row

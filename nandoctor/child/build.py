@@ -231,7 +231,7 @@ def setup(spec: ProbeSpec) -> Setup:
     elif spec.recipe.objective == "grpo":
         from .rollout import Rollouts
 
-        rollouts = Rollouts(spec.recipe, model, batches, autocast, device, spec.seed)
+        rollouts = Rollouts(spec.recipe, model, batches, autocast, device, spec.seed, cell.precision.compute)
     return Setup(
         model,
         rollouts.steps() if rollouts and not spec.trainer else _steps(spec, batches),

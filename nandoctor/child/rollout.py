@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 from ..cells import ATTENTIONS
 from ..config import Recipe
 from ..thresholds import THRESHOLDS
 
-ENGINE = "generate"  # the rollout engine a CPU probe runs (vLLM on a GPU host is not wired yet)
+ENGINE = "generate"  # the rollout engine of a CPU probe, and of one vLLM cannot run (vllm_engine.choose)
 # TRL 1.16 GRPOConfig: vllm_importance_sampling_correction=True, vllm_importance_sampling_mode=
 # "sequence_mask", vllm_importance_sampling_clip_max=3.0, clip_min=None: a sequence whose ratio
 # exp(sum of logp_train - logp_rollout) is above the cap is left out of the loss (grpo_trainer.py); the
@@ -191,7 +192,9 @@ class Rollouts:
     `loss` its training loss (train.micro_loss calls it), `annotate` puts each step's reward and
     entropy on its Step, and `figures` is the record's rollout_mismatch over all its steps."""
 
-    def __init__(self, recipe: Recipe, model, stream, autocast, device: str, seed: int):
+    def __init__(self, recipe: Recipe, model, stream, autocast, device: str, seed: int, compute: str = "float32"):
+        from .vllm_engine import VllmEngine, choose
+
         self.config = recipe.rollout
         self.model, self.autocast, self.device, self.seed = model, autocast, device, seed
         self.eos = getattr(model.config, "eos_token_id", None)
@@ -203,10 +206,20 @@ class Rollouts:
         self.entropies: dict[int, float] = {}
         self.tokens: dict[int, int] = {}
         self.step = 0  # the step being trained
-        self.engine_attn = ATTENTIONS[self.config.attn]
-        if self.engine_attn.cuda_only and device != "cuda":
-            raise ValueError(f"rollout.attn={self.config.attn} cannot run here: {self.engine_attn.cuda_only}")
         self.routes = RouteCapture(model)  # a mixture of experts' choices on both paths; no hooks on a dense one
+        self.engine, self.engine_why = choose(recipe, device, model, bool(self.routes.modules))
+        self.vllm, self.engine_start_s = None, None
+        if self.engine == "vllm":
+            rows = self.config.prompts * self.config.num_generations
+            started = time.perf_counter()
+            self.vllm = VllmEngine(model, self.config, compute, seed, rows, device)
+            self.engine_start_s = time.perf_counter() - started
+            self.engine_attn_name = self.vllm.backend
+        else:
+            self.engine_attn = ATTENTIONS[self.config.attn]
+            if self.engine_attn.cuda_only and device != "cuda":
+                raise ValueError(f"rollout.attn={self.config.attn} cannot run here: {self.engine_attn.cuda_only}")
+            self.engine_attn_name = self.config.attn
 
     def steps(self):
         """Endless optimizer steps from step 0, as train.train draws them: ([the step's completions as one
@@ -226,6 +239,11 @@ class Rollouts:
         index = (torch.arange(r.prompts) + step * r.prompts) % len(self.prompts)
         prompts = self.prompts[index].to(self.device).repeat_interleave(r.num_generations, 0)
         torch.manual_seed(self.seed + step)  # every cell samples from the same random stream
+        if self.vllm is not None:
+            self.vllm.push(self.model)  # the engine samples from the weights the trainer holds now
+            completion, rollout_logp = self.vllm.sample(prompts, step, self.eos, self.pad)
+            sequences = torch.cat([prompts, completion], 1)
+            return self._batch(step, prompts, sequences, completion, rollout_logp)
         self.model.eval()
         self.routes.start("rollout")
         try:
@@ -250,6 +268,13 @@ class Rollouts:
         finally:
             self.model.train()
             self.routes.mode = None
+        return self._batch(step, prompts, sequences, completion, rollout_logp)
+
+    def _batch(self, step: int, prompts, sequences, completion, rollout_logp) -> dict:
+        """Step `step`'s training batch of sampled completions, with their rewards and advantages."""
+        import torch
+
+        r = self.config
         mask = until_eos(completion, self.eos)
         rewards = reward(completion, mask)
         self.rewards[step], self.tokens[step] = rewards.mean().item(), int(mask.sum())
@@ -315,7 +340,15 @@ class Rollouts:
 
     def figures(self) -> dict | None:
         """The record's rollout_mismatch over all its steps (`mismatch_record`)."""
-        return mismatch_record(self.diffs, self.config.max_new_tokens, self.config.attn, self.routes.figures())
+        return mismatch_record(
+            self.diffs,
+            self.config.max_new_tokens,
+            self.engine_attn_name,
+            self.routes.figures(),
+            engine=self.engine,
+            engine_why=self.engine_why,
+            engine_start_s=self.engine_start_s,
+        )
 
 
 def prompts_of(stream, n: int):
@@ -334,7 +367,15 @@ def prompts_of(stream, n: int):
     return torch.stack(rows)
 
 
-def mismatch_record(diffs: list, width: int, engine_attn: str, experts: dict | None = None) -> dict | None:
+def mismatch_record(
+    diffs: list,
+    width: int,
+    engine_attn: str,
+    experts: dict | None = None,
+    engine: str = ENGINE,
+    engine_why: str | None = None,
+    engine_start_s: float | None = None,
+) -> dict | None:
     """The record's rollout_mismatch: mismatch_figures over every step's tokens together, with the engine
     that sampled them and the attention it sampled with, and each step's own mean |diff|; None before any
     step was scored. diffs: per step (logp_train - logp_rollout, completion mask), each (sequences,
@@ -350,7 +391,9 @@ def mismatch_record(diffs: list, width: int, engine_attn: str, experts: dict | N
     out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
     per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in diffs]
     return {
-        "engine": ENGINE,
+        "engine": engine,
+        **({"engine_why": engine_why} if engine_why else {}),
+        **({"engine_start_s": engine_start_s} if engine_start_s is not None else {}),
         "engine_attn": engine_attn,
         "steps": len(diffs),
         **out,

@@ -23,6 +23,21 @@ def rl_outcomes(a: RunAnalysis) -> list[ProbeOutcome]:
     return [o for o in a.outcomes if o.record.rollout_mismatch]
 
 
+def engine_names(a: RunAnalysis) -> str:
+    """The rollout engines the probes ran, by name (vllm, generate)."""
+    return ", ".join(dict.fromkeys(o.record.rollout_mismatch.get("engine", "?") for o in rl_outcomes(a)))
+
+
+def engine_notes(a: RunAnalysis) -> list[str]:
+    """Which engine sampled, with which attention, and why that engine (a stand-in says what it stands in
+    for): one line per distinct engine and reason."""
+    seen = dict.fromkeys(
+        (m.get("engine", "?"), m.get("engine_attn", "?"), m.get("engine_why"))
+        for m in (o.record.rollout_mismatch for o in rl_outcomes(a))
+    )
+    return [f"Rollout engine: `{e}`, attention {attn}" + (f" ({why})." if why else ".") for e, attn, why in seen]
+
+
 def _num(x, spec: str = ".2e") -> str:
     return "-" if not isinstance(x, (int, float)) else format(x, spec)
 
@@ -74,11 +89,13 @@ def rl_markdown(a: RunAnalysis) -> list[str]:
     if not outcomes:
         return []
     m = outcomes[0].record.rollout_mismatch
-    reading = READING.format(engine=m.get("engine", "?"), cap=m.get("mask_cap", 3.0))
+    reading = READING.format(engine=engine_names(a), cap=m.get("mask_cap", 3.0))
     return [
         "## RL: rollout vs training log-probs",
         "",
         reading,
+        "",
+        *engine_notes(a),
         "",
         tabulate(rl_rows(a), headers="keys", tablefmt="github", disable_numparse=True),
         "",
@@ -90,7 +107,7 @@ def rl_lines(a: RunAnalysis) -> list[str]:
     rows = rl_rows(a)
     if not rows:
         return []
-    engine = rl_outcomes(a)[0].record.rollout_mismatch.get("engine", "?")
+    engine = engine_names(a)
     width = max(len(r["config"]) for r in rows)
     return ["", f"rollout ({engine}) vs training log-probs:"] + [
         f"  {r['config']:<{width}}  mean |dlogp| {r['mean abs dlogp']}  k3 KL {r['k3 KL']}  "
@@ -121,5 +138,6 @@ def rl_html(a: RunAnalysis) -> dict | None:
     if not outcomes:
         return None
     m = outcomes[0].record.rollout_mismatch
-    reading = READING.format(engine=m.get("engine", "?"), cap=m.get("mask_cap", 3.0)).replace("`", "")
+    reading = READING.format(engine=engine_names(a), cap=m.get("mask_cap", 3.0))
+    reading = " ".join([reading, *engine_notes(a)]).replace("`", "")
     return {"intro": reading, "rows": rl_rows(a), "svg": position_chart(a)}
