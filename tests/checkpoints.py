@@ -64,6 +64,29 @@ def save_dead_llama(path: Path) -> Path:
     return path
 
 
+RESIDUAL_SCALE, HEAD_SCALE = 0.1, 12.0  # save_peaky_llama's weights
+
+
+def save_peaky_llama(path: Path, seed: int = 0) -> Path:
+    """A Llama shaped like a trained policy where the output head's rounding counts (docs/rl.md): each layer
+    adds little to its residual stream (attention's o_proj and the MLP's down_proj x RESIDUAL_SCALE, GPT-2's
+    scaled init of the residual projections taken further: the layers move the stream by about 5% of its
+    RMS), and the head's logits are large (lm_head x HEAD_SCALE: logit std 1.9, up to 9, a mean token
+    entropy of 5.1 nats of ln(1024) = 6.9, where the random init's logits have std 0.16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    save_llama(path, seed=seed)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.mul_(RESIDUAL_SCALE)
+            layer.mlp.down_proj.weight.mul_(RESIDUAL_SCALE)
+        model.lm_head.weight.mul_(HEAD_SCALE)
+    model.save_pretrained(path)
+    return path
+
+
 # Layer 1's MLP scaled so that down_proj's output passes 65504 (fp16's largest finite value) while
 # fp32 and bf16 (8-bit exponent) hold it; measured on the 4 synthetic batches: max |down_proj| is
 # 2.1e5 to 3.2e5 (with factors 100/300 it was 4.7e4 to 7.1e4: only some batches overflow).
