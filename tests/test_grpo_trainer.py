@@ -71,6 +71,7 @@ def test_grpo_trainer_probes_record_the_mismatch_of_their_own_rollouts(grid):
         # GRPOTrainer samples with the model's own attention: the cell's
         assert (m["engine"], m["engine_attn"], m["steps"]) == ("generate", probe_id.split("/")[1], 3), probe_id
         assert m["sequences"] == 3 * 8 and len(m["per_step_logp_diff_mean"]) == 3
+        assert m["mask_cap"] == 3.0  # the GRPOConfig's default vllm_importance_sampling_clip_max
         assert 0 < m["tokens"] == sum(s["supervised"] for s in r["steps"])
     fp32, bf16 = (records[c]["rollout_mismatch"]["logp_diff_mean"] for c in ("fp32/sdpa/off", "bf16-amp/sdpa/off"))
     assert fp32 < 1e-6 < 1e-4 < bf16, (fp32, bf16)
@@ -131,3 +132,20 @@ def test_an_objective_the_trainer_file_cannot_train_is_one_line_and_exit_2(tmp_p
     done = run_cli("grid", "--trainer-args", path, "--objective", objective, "--out", tmp_path / "run")
     assert done.returncode == 2
     assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@needs("trl", "datasets")
+def test_the_grpo_configs_own_sequence_cap_is_the_one_the_probe_judges_by(tmp_path):
+    # TRL masks a completion whose ratio is above vllm_importance_sampling_clip_max: at 1.0 it drops every
+    # completion whose sampled tokens the trainer finds likelier at all, even fp32's (mean |dlogp| ~3e-7),
+    # which the default cap 3.0 passes (the module's grid)
+    config = grpo_config(tmp_path / "grpo.json", vllm_importance_sampling_clip_max=1.0)
+    cell = ("--dtype", "fp32", "--attn", "sdpa", "--compile", "off", "--steps", "3")
+    done = run_cli("check", *cell, *QUIET, "--trainer-args", config, "--trainer", "grpo", "--out", tmp_path / "c")
+    assert done.returncode == 1, done.stdout + done.stderr
+    [r] = record_list(tmp_path / "c")
+    m = r["rollout_mismatch"]
+    assert m["mask_cap"] == 1.0 and m["masked_share"] > 0 and m["logp_diff_mean"] < 1e-6
+    assert m["engine_why"] == "trl.GRPOTrainer samples with its own generate() (the probe sets use_vllm=False)"
+    assert "off-policy" in done.stdout and "beyond TRL's sequence cap 1 " in done.stdout

@@ -53,6 +53,7 @@ def grpo_trainer(trainer_class, spec: ProbeSpec, s: Setup, args, callbacks: list
     )
     measure_losses(trainer, callbacks[0].meter, rollouts)
     rollouts.watch(s.model, trainer.eos_token_ids)
+    rollouts.cap = float(trainer.args.vllm_importance_sampling_clip_max)  # the cap the user's run masks at
     return trainer, grpo_trains(trainer)
 
 

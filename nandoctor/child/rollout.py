@@ -375,6 +375,7 @@ def mismatch_record(
     engine: str = ENGINE,
     engine_why: str | None = None,
     engine_start_s: float | None = None,
+    cap: float = SEQUENCE_MASK_CAP,
 ) -> dict | None:
     """The record's rollout_mismatch: mismatch_figures over every step's tokens together, with the engine
     that sampled them and the attention it sampled with, and each step's own mean |diff|; None before any
@@ -388,8 +389,8 @@ def mismatch_record(
         (torch.nn.functional.pad(d, (0, width - d.shape[1])), torch.nn.functional.pad(m, (0, width - m.shape[1])))
         for d, m in diffs
     ]
-    out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]))
-    per_step = [mismatch_figures(d, m)["logp_diff_mean"] for d, m in diffs]
+    out = mismatch_figures(torch.cat([d for d, _ in padded]), torch.cat([m for _, m in padded]), cap)
+    per_step = [mismatch_figures(d, m, cap)["logp_diff_mean"] for d, m in diffs]
     return {
         "engine": engine,
         **({"engine_why": engine_why} if engine_why else {}),

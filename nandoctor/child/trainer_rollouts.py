@@ -15,7 +15,10 @@ from __future__ import annotations
 import copy
 
 from ..config import Recipe
-from .rollout import mismatch_record, prompts_of, reward, token_logp
+from .rollout import SEQUENCE_MASK_CAP, mismatch_record, prompts_of, reward, token_logp
+
+# why a GRPOTrainer probe's rollouts come from generate(): the probe sets use_vllm=False (child/trainer.py)
+ENGINE_WHY = "trl.GRPOTrainer samples with its own generate() (the probe sets use_vllm=False)"
 
 
 def text_of(ids) -> str:
@@ -40,6 +43,7 @@ class TrainerRollouts:
         self.tokens = 0
         self.trained: list = []  # the attention masks of the training forwards since training_step last returned
         self.model, self.handle = None, None
+        self.cap = SEQUENCE_MASK_CAP  # the GRPOConfig's vllm_importance_sampling_clip_max, once the trainer is built
 
     def dataset(self, steps: int):
         """The prompts of `steps` optimizer steps, rollout.prompts each, in the own loop's order."""
@@ -137,4 +141,4 @@ class TrainerRollouts:
 
     def figures(self) -> dict | None:
         """The record's rollout_mismatch (rollout.mismatch_record) over every training forward's tokens."""
-        return mismatch_record(self.diffs, self.config.max_new_tokens, self.attn)
+        return mismatch_record(self.diffs, self.config.max_new_tokens, self.attn, engine_why=ENGINE_WHY, cap=self.cap)
