@@ -93,7 +93,8 @@ class VllmEngine:
     (rows, longest completion) on `device`, completions that stop early padded with `pad`."""
 
     def __init__(self, model, config, compute: str, seed: int, rows: int, device: str):
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+        # the engine core in this process, whatever the environment says: push() reaches its model here
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         self.config, self.seed, self.device = config, seed, device
         self.dir = tempfile.mkdtemp(prefix="nandoctor-vllm-")
         weakref.finalize(self, shutil.rmtree, self.dir, True)  # the checkpoint goes with the engine
