@@ -17,6 +17,7 @@ publishes the timed result once every rank has written its own.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import replace
@@ -227,19 +228,33 @@ def fp32_gradient(model, step: tuple, s) -> dict:
         return one_process_gradient(model, ([fp32_batch(b) for b in micro_batches], items), up)
 
 
+def _norms(got: dict, want: dict) -> list[tuple[str, float, float, float]]:
+    """(name, ||got - want||, ||want||, ||got||) of each parameter of `want` that `got` holds too (a DDP
+    model's "module." prefix read through)."""
+    out = []
+    for name, ref in want.items():
+        g = got.get(name.removeprefix("module."))
+        if g is not None:
+            out.append((name, (g - ref).norm().item(), ref.norm().item(), g.norm().item()))
+    return out
+
+
+def _group_errors(norms: list, groups: dict) -> dict:
+    sums: dict[str, tuple[float, float]] = {}
+    for name, diff_norm, ref_norm, _ in norms:
+        group = groups.get(name.removeprefix("module."))
+        if group is None:
+            continue
+        diff, whole = sums.get(group, (0.0, 0.0))
+        sums[group] = (diff + diff_norm**2, whole + ref_norm**2)
+    return {g: (d / w) ** 0.5 if w > 0 else None for g, (d, w) in sums.items()}
+
+
 def group_errors(got: dict, want: dict, groups: dict) -> dict:
     """{group: ||got - want|| / ||want||, each models.checked_groups group's gradients together}
     (`groups`: {parameter name: its group}), over the parameters of `want`; None for a group whose
     `want` is zero."""
-    sums: dict[str, tuple[float, float]] = {}
-    for name, ref in want.items():
-        key = name.removeprefix("module.")
-        group, g = groups.get(key), got.get(key)
-        if group is None or g is None:
-            continue
-        diff, whole = sums.get(group, (0.0, 0.0))
-        sums[group] = (diff + (g - ref).norm().item() ** 2, whole + ref.norm().item() ** 2)
-    return {g: (d / w) ** 0.5 if w > 0 else None for g, (d, w) in sums.items()}
+    return _group_errors(_norms(got, want), groups)
 
 
 def agreement(reduced: dict, reference: dict, groups: dict | None = None, floors: dict | None = None) -> dict:
@@ -248,21 +263,16 @@ def agreement(reduced: dict, reference: dict, groups: dict | None = None, floors
     the ratio of the whole gradients' norms; with `groups` ({parameter name: its models.checked_groups
     group}), each group's own (`groups`: {group: {"error": group_errors of reduced against reference,
     "floor": `floors`' figure, the one-process gradient against fp32's (fp32_gradient), or None}}) and
-    the group of the worst parameter (`worst_group`): a router's gradient can be off while the rest agree."""
-    import torch
-
-    worst, worst_name, num, den = 0.0, None, 0.0, 0.0
-    for name, ref in reference.items():
-        got = reduced.get(name.removeprefix("module."))
-        if got is None:
-            continue
-        ref_norm = ref.norm().item()
-        num += got.norm().item() ** 2
-        den += ref_norm**2
+    the group of the worst parameter (`worst_group`): a router's gradient can be off while the rest agree.
+    Each parameter's norms are taken once, for both."""
+    norms = _norms(reduced, reference)
+    worst, worst_name = 0.0, None
+    for name, diff_norm, ref_norm, _ in norms:
         if ref_norm > 0:
-            rel = (got - ref).norm().item() / ref_norm
-            if rel > worst or not torch.isfinite(torch.tensor(rel)):
+            rel = diff_norm / ref_norm
+            if rel > worst or not math.isfinite(rel):
                 worst, worst_name = rel, name
+    num, den = sum(n[3] ** 2 for n in norms), sum(n[2] ** 2 for n in norms)
     out = {
         "max_rel_error": worst,
         "worst_param": worst_name,
@@ -270,7 +280,7 @@ def agreement(reduced: dict, reference: dict, groups: dict | None = None, floors
         "params": len(reference),
     }
     if groups is not None:
-        errors = group_errors(reduced, reference, groups)
+        errors = _group_errors(norms, groups)
         out["groups"] = {g: {"error": e, "floor": (floors or {}).get(g)} for g, e in errors.items()}
         out["worst_group"] = groups.get((worst_name or "").removeprefix("module."))
     return out
