@@ -7,6 +7,7 @@ only; rendering lives in the report modules.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -442,7 +443,13 @@ def get_cpu_matmul_cost() -> dict[str, float]:
     swung 100-fold between runs here), the best of several (fp32's takes 0.3 ms: up to ten tries while
     they stay under 20 ms; a slow dtype three), so that a moment of load elsewhere does not count. Where
     a CPU lacks the units for a dtype, torch emulates it, and a probe in that dtype trains about this
-    many times slower."""
+    many times slower. Measured once a process: the CPU's units do not change, and each collect_doctor
+    would otherwise spend ~60 ms on it again."""
+    return dict(_measured_matmul_cost())
+
+
+@functools.cache
+def _measured_matmul_cost() -> dict[str, float]:
     import torch
 
     threads = torch.get_num_threads()

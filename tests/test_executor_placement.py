@@ -160,7 +160,7 @@ def test_a_placed_probe_runs_as_world_size_ranks_only_on_the_parallel_axis():
 class OneRunsOneWaits(Scheduled):
     """A scheduler that runs the first probe for `runs_s` seconds and never starts the second."""
 
-    queue_wait = 0.5
+    queue_wait = 0.2
 
     def __init__(self, runs_s: float):
         self.runs_s, self.cancelled, self.jobs = runs_s, [], 0
@@ -199,18 +199,18 @@ def test_the_queue_wait_counts_only_while_none_of_the_runs_probes_runs(tmp_path)
     from nandoctor.run.store import ResultsStore
     from nandoctor.run.task import ProbeTask
 
-    placement = OneRunsOneWaits(runs_s=0.8)
+    placement = OneRunsOneWaits(runs_s=0.4)
     spec = planned_spec(Cell("fp32", "eager", "off"))
     tasks = [ProbeTask(replace(spec, probe_id=name), 60.0) for name in ("first", "second")]
     start = time.monotonic()
     records = {r.probe_id: r for r in Scheduler(placement, ResultsStore(tmp_path), retries=0).run(tasks)}
-    # "second" waited behind "first" (0.8 s, longer than its queue wait), then 0.5 s more with nothing running
-    assert 1.3 <= time.monotonic() - start < 5
+    # "second" waited behind "first" (0.4 s, longer than its queue wait), then 0.2 s more with nothing running
+    assert 0.6 <= time.monotonic() - start < 5
     assert placement.cancelled == ["second"]
     assert records["second"].status == "lost"
     assert records["second"].reason == (
         "the scheduler lost this probe on its one attempt (retries=0) "
-        "(NOT_STARTED: still queued after 0.5 s (queue_wait): Priority)"
+        "(NOT_STARTED: still queued after 0.2 s (queue_wait): Priority)"
     )
 
 

@@ -21,13 +21,16 @@ GIVEN = "GPU-5d1e0c5a-aaaa,3,MIG-9b0c1d2e-bbbb,GPU-77c3f1de-cccc"  # a user's or
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_bytes": 80 * 2**30, "capability": [9, 0]}
 FOUR_GPUS = {"device": "cuda", "cpu_count": 16, "gpus": [H100] * 4, "torch": "2.13.0"}
 
-# What each fake probe does in place of training: note its GPUs and its lifetime next to its spec.
+# What each fake probe does in place of training: note its GPUs and its lifetime next to its spec. It lives
+# 0.4 s, ten times the spread of one wave's starts here (the probes a slot frees start within 0.04 s of each
+# other), so that probes the scheduler lets run at once are seen at once, and a probe put on GPUs that
+# another still holds is seen to overlap it.
 PROBE = """
 import json, os, sys, time
 from pathlib import Path
 spec = Path(sys.argv[1])
 start = time.time()
-time.sleep(float(os.environ.get("NANDOCTOR_FAKE_PROBE_S", "1.0")))
+time.sleep(0.4)
 (spec.parent / "ran.json").write_text(json.dumps({"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
     "run": os.environ.get("NANDOCTOR_RUN_DIR"), "start": start, "end": time.time()}))
 """

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import parsed
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nandoctor"
 FOUNDATION = {
@@ -99,7 +100,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """Every module `name` imports: nandoctor modules resolved, other top-level packages by name."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.Import):
             out.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

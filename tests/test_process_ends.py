@@ -66,7 +66,7 @@ def test_a_warm_worker_that_never_finishes_importing_ends_its_probe_as_a_lost_re
     from nandoctor.run.store import ResultsStore
 
     monkeypatch.setattr(slots, "WORKER_COMMAND", SLEEPER)  # an import that hangs
-    monkeypatch.setattr(local, "READY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(local, "READY_TIMEOUT_S", 0.2)  # a sleeper is never ready, however long it is given
     start = time.monotonic()
     placement = local.LocalPlacement(ExecutorConfig(), tmp_path, jobs=1)
     workers = []
@@ -76,7 +76,7 @@ def test_a_warm_worker_that_never_finishes_importing_ends_its_probe_as_a_lost_re
         workers.append(placement.slots[0].worker_pid)
     assert time.monotonic() - start < 30  # a record, not a hang
     assert record.status == "lost" and record.launch == "warm"
-    not_ready = "NOT_READY: its warm worker did not finish importing within 0.5 s"
+    not_ready = "NOT_READY: its warm worker did not finish importing within 0.2 s"
     assert record.reason == f"the scheduler lost this probe on all 2 attempts ({not_ready}; {not_ready})"
     assert harness_verdict(record).name == "killed"
     assert not any(alive(pid) for pid in workers)  # each was replaced, then closed

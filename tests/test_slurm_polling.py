@@ -79,7 +79,7 @@ def cluster(tmp_path, monkeypatch):
     home.mkdir()
     for name, code in (("sbatch", SBATCH), ("squeue", SQUEUE), ("scancel", SCANCEL), ("srun", SRUN)):
         shim = home / name
-        shim.write_text(f"#!{sys.executable}\n{code}")
+        shim.write_text(f"#!{sys.executable} -S\n{code}")
         shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
     (home / "states.json").write_text("{}")
     monkeypatch.setenv("FAKE_SLURM", str(home))

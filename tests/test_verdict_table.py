@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from conftest import parsed
+
 import nandoctor.analysis.verdicts as verdicts
 from nandoctor.analysis.outcomes import PROBE_COLUMNS
 from nandoctor.analysis.verdicts import (
@@ -30,7 +32,7 @@ def verdicts_made() -> set[str]:
     """The name of every Verdict(...) the package constructs, resolved through the verdicts module."""
     made = set()
     for path in PACKAGE.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Verdict" and node.args:
                 first = node.args[0]
                 if isinstance(first, ast.Name) and first.id.isupper():
@@ -93,7 +95,7 @@ def test_no_module_keeps_a_list_of_verdicts_of_its_own():
     for path in PACKAGE.rglob("*.py"):
         if path == TABLE:
             continue
-        for node in ast.parse(path.read_text()).body:
+        for node in parsed(path).body:
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 if isinstance(node.value, (ast.Dict, ast.Tuple, ast.List, ast.Set)) and _names_in(node.value) >= 2:
                     own.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")

@@ -159,9 +159,24 @@ def loss_spike(steps: list[Step], t: Thresholds = THRESHOLDS, since: int = 0) ->
             return True
         return max(a.supervised, b.supervised) <= t.spike_size_ratio * min(a.supervised, b.supervised)
 
+    def previous(k: int) -> list[float]:
+        """The losses of the last spike_window steps before k of its kind and a like size, in step order,
+        read backwards from k until the window is full: a long run costs steps x window, not steps squared.
+        A window that is not positive keeps the slice [-spike_window:] of every earlier match."""
+        kind, now = steps[k].batch, steps[k]
+        if t.spike_window <= 0:
+            return [s.loss for s in steps[:k] if s.batch == kind and like(s, now)][-t.spike_window :]
+        latest: list[float] = []
+        for j in range(k - 1, -1, -1):
+            if steps[j].batch == kind and like(steps[j], now):
+                latest.append(steps[j].loss)
+                if len(latest) == t.spike_window:
+                    break
+        return latest[::-1]
+
     for k in range(since, len(steps)):
         kind = steps[k].batch
-        window = [s.loss for s in steps[:k] if s.batch == kind and like(s, steps[k])][-t.spike_window :]
+        window = previous(k)
         if len(window) < t.spike_min_history:
             continue
         mean = sum(window) / len(window)
