@@ -344,6 +344,16 @@ def summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 
 
+def bisection(run_dir: Path) -> dict:
+    """A bisect run's bisect.json."""
+    return json.loads((Path(run_dir) / "bisect.json").read_text())
+
+
+def summary_probes(run_dir: Path) -> dict[str, dict]:
+    """{probe_id: the probe as summary.json shows it}."""
+    return {p["probe_id"]: p for p in summary(run_dir)["probes"]}
+
+
 def record_list(run_dir: Path) -> list[dict]:
     """The records of a run's results.jsonl as JSON dicts, in the order they were written."""
     return [json.loads(line) for line in (Path(run_dir) / "results.jsonl").read_text().splitlines()]

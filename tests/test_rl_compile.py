@@ -6,11 +6,10 @@ the eager ops round each to bf16, put it at 8.0e-4, past the off-policy bound (d
 between the two cells, one inductor compile (seconds once inductor's cache under the nandoctor cache
 directory holds its graphs)."""
 
-import json
 import math
 
 import pytest
-from conftest import run_cli
+from conftest import bisection, records, run_cli, summary_probes
 
 from nandoctor.thresholds import THRESHOLDS
 
@@ -32,9 +31,7 @@ def bisected(tmp_path_factory):
         on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    probes = {p["probe_id"]: p for p in json.loads((out / "summary.json").read_text())["probes"]}
-    return proc, json.loads((out / "bisect.json").read_text()), records, probes
+    return proc, bisection(out), records(out), summary_probes(out)
 
 
 def test_an_inductor_compiled_trainer_is_off_policy_where_the_uncompiled_one_is_not(bisected):

@@ -115,23 +115,9 @@ def test_vllm_samples_the_rollouts_on_a_gpu_and_orders_the_precisions_as_generat
 
     out = tmp_path / "run"
     proc = run_cli(
-        "grid",
-        "--objective",
-        "grpo",
-        "--axis",
-        "dtype=fp32,fp16-amp,bf16-amp",
-        "--axis",
-        "attn=sdpa",
-        "--axis",
-        "compile=off",
-        "--steps",
-        "4",
-        "--set",
-        "rollout.engine=vllm",
-        "--set",
-        "retime_rounds=0",
-        "--out",
-        out,
+        *("grid", "--objective", "grpo", "--steps", "4", "--out", out),
+        *("--axis", "dtype=fp32,fp16-amp,bf16-amp", "--axis", "attn=sdpa", "--axis", "compile=off"),
+        *("--set", "rollout.engine=vllm", "--set", "retime_rounds=0"),
     )
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     found = records(out)

@@ -6,11 +6,10 @@ the stream, so the head's casts turn that difference into whole bf16 steps of la
 against the sdpa engine is off-policy with a bf16 head (mean |dlogp| 5.0e-4 on this CPU) and stable with
 rollout.lm_head_fp32 (1.35e-4), and bisect names the head. One bisection between the two configurations."""
 
-import json
 import math
 
 import pytest
-from conftest import run_cli
+from conftest import bisection, records, run_cli, summary_probes
 
 from nandoctor.thresholds import THRESHOLDS
 
@@ -37,9 +36,7 @@ def bisected(tmp_path_factory):
         on_cpu=True,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    records = {r["probe_id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
-    probes = {p["probe_id"]: p for p in json.loads((out / "summary.json").read_text())["probes"]}
-    return proc, json.loads((out / "bisect.json").read_text()), records, probes
+    return proc, bisection(out), records(out), summary_probes(out)
 
 
 def test_a_bf16_head_is_off_policy_where_an_fp32_head_is_stable(bisected):
