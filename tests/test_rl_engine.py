@@ -63,6 +63,20 @@ def test_an_adapter_or_a_quantized_base_keeps_generate():
     assert "quantized base" in unavailable(recipe(), "cuda", quantized, moe=False)
 
 
+@needs("torchao")
+def test_an_fp8_recipes_layers_keep_generate():
+    import torch
+    from torchao.float8 import convert_to_float8_training
+
+    model = convert_to_float8_training(torch.nn.Sequential(torch.nn.Linear(32, 32)))
+    why = unavailable(recipe(), "cuda", model, moe=False)
+    assert why == "the trainer's torchao Float8Linear layers are not the engine's"
+    assert unavailable(recipe(), "cuda", torch.nn.Sequential(torch.nn.Linear(32, 32)), moe=False) in (
+        None,
+        "vllm is not installed",
+    )
+
+
 def test_a_tempered_distribution_without_filters_can_be_sampled_by_vllm():
     why = unavailable(recipe(temperature=0.7), "cuda", DENSE, moe=False)
     assert why is None if HAS_VLLM else why == "vllm is not installed"

@@ -7,8 +7,8 @@ token's log-prob is the one vLLM's own sampler reports: the engine's kernels, it
 rounding. The training path then scores the same tokens as it does for generate()'s rollouts.
 
 `choose` decides which engine a probe runs and says why; a probe that cannot run vLLM (no CUDA,
-vllm not installed, an adapter or a quantized base whose weights the engine would not hold as
-trained, a mixture of experts whose routing vLLM does not report back, an fp32 head vLLM has no
+vllm not installed, an adapter, a quantized base or an fp8 recipe's layers whose weights the engine
+would not hold as trained, a mixture of experts whose routing vLLM does not report back, an fp32 head vLLM has no
 switch for) runs generate() under `auto` and says so in its record.
 """
 
@@ -39,6 +39,11 @@ def unavailable(recipe, device: str, model, moe: bool) -> str | None:
         return f"a {recipe.adapter.type} adapter is not merged into the engine's weights"
     if getattr(model, "hf_quantizer", None) is not None:
         return "a quantized base is not loaded into the engine as the trainer holds it"
+    converted = (
+        next((type(m) for m in model.modules() if _foreign(type(m))), None) if hasattr(model, "modules") else None
+    )
+    if converted is not None:
+        return f"the trainer's {converted.__module__.split('.')[0]} {converted.__name__} layers are not the engine's"
     if moe:
         return "vLLM does not report a mixture of experts' routing back, so expert disagreement would go unmeasured"
     if r.lm_head_fp32:
@@ -51,6 +56,11 @@ def unavailable(recipe, device: str, model, moe: bool) -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return "vllm is not installed"
     return None
+
+
+def _foreign(cls) -> bool:
+    """A layer an fp8 training recipe put in the model (torchao's Float8Linear, Transformer Engine's)."""
+    return cls.__module__.startswith(("torchao.", "transformer_engine."))
 
 
 def choose(recipe, device: str, model, moe: bool) -> tuple[str, str]:
