@@ -1,38 +1,43 @@
-"""Before a grid names a winner on speed, time the cells that speed decides between again, back to back
-and interleaved, the way careful benchmarks compare two programs: a few short probes per cell, in
-rounds A B C, then C B A, on one slot, so that whatever else the host does in those seconds weighs
-on every cell alike. The grid's own probes ran minutes apart, each under whatever load there was then.
+"""Before a grid names a winner on speed, time the cells that speed decides between again, back to back and
+interleaved, the way careful benchmarks compare two programs: a few short probes per cell, in rounds A B
+C, then C B A, on one slot, so that whatever else the host does in those seconds weighs on every cell
+alike. The grid's own probes ran minutes apart, each under whatever load there was then.
 
-Which cells (`choose`): analysis.outcomes.speed_candidates, per kind of hardware, from the recommended one's
-fidelity bucket: the RETIME_MOST_CELLS fastest by their grid probes' tokens/s (never the first few of the
-tie order: on a loaded host the wide margin leaves the tie order to decide nearly every place), less those
-the fastest beats on the grid's own probes beyond the loaded margin (ranking.compare_speed, at least
-Thresholds.loaded_speed_margin, wider when the grid's probes measured more load: load.unpaired_margin);
-the tie order's first takes the last place when the grid cannot tell it from the slowest of the others
-kept, since a tie would pick it. Then the budget: the re-timing may take RETIME_SHARE of the grid's summed training
-time (its probes' train_s), so that it costs the same share of a tiny grid as of a large one and grows
-with a loaded host's slower grid. Each cell's round is estimated from its grid probe (start-up, first step
-and RETIME_STEPS - 1 steady steps); the fastest and the tie order's first are kept (by_priority), the
-others while their first retime_rounds rounds fit, and when not even those two fit nothing is re-timed
-("over budget", said with the estimate): the grid's own probes decide.
+Which cells (`choose`): analysis.outcomes.speed_candidates, per kind of hardware, from the recommended
+one's fidelity bucket: the RETIME_MOST_CELLS fastest by their grid probes' tokens/s (never the first few
+of the tie order: on a loaded host the wide margin leaves the tie order to decide nearly every place),
+less those the fastest beats on the grid's own probes beyond the loaded margin (ranking.compare_speed,
+at least Thresholds.loaded_speed_margin, wider when the grid's probes measured more load:
+load.unpaired_margin); the tie order's first takes the last place when the grid cannot tell it from the
+slowest of the others kept, since a tie would pick it. Then the budget: the re-timing may take
+RETIME_SHARE of the grid's summed training time (its probes' train_s), so that it costs the same share
+of a tiny grid as of a large one and grows with a loaded host's slower grid. Each cell's round is
+estimated from its grid probe (start-up, first step and RETIME_STEPS - 1 steady steps); the fastest and
+the tie order's first are kept (by_priority), the others while their first retime_rounds rounds fit, and
+when not even those two fit nothing is re-timed ("over budget", said with the estimate): the grid's own
+probes decide.
 
-How many rounds: the recipe's retime_rounds at least; then, as pyperf calibrates its runs, two more at
-a time for as long as the fastest cell's gain over another is above the speed margin on average but not
+How many rounds: the recipe's retime_rounds at least; then, as pyperf calibrates its runs, two more at a
+time for as long as the fastest cell's gain over another is above the speed margin on average but not
 yet at the one-sided 95% lower bound of its per-round ratio (analysis.ranking.undecided), more rounds
 can still change the recommendation (`settled`: the tie order's first among the cells not proven slower
-than the fastest is one of those open gaps), and another two rounds still fit in the budget at the
-rounds' own cost so far. Gaps that cannot change the recommendation stay "not told apart" in the
-ranking: the user's wall time goes to the question they asked. A busy host swings the per-round ratios,
-so it takes more rounds to tell a real gap from the swing; a quiet one seldom needs more than the first.
+than the fastest is one of those open gaps), another two rounds still fit in the budget at the rounds'
+own cost so far, and the rounds that fit could prove one of the open gaps were its per-round mean and
+swing so far to hold (`out_of_reach`: a 1.09x gap whose two rounds swing to a 0.48x lower bound is not
+proven by two more, and those rounds would only spend the user's time). Gaps that cannot change the
+recommendation stay "not told apart" in the ranking: the user's wall time goes to the question they
+asked. A busy host swings the per-round ratios, so it takes more rounds to tell a real gap from the
+swing; a quiet one seldom needs more than the first.
 
 It says what it does (`on_news`, a RetimeNews each): before the first rounds, before each two added,
 when it re-times nothing, and, while a round runs, at least every RETIME_SAY_S, so that no ten seconds
 pass without a line; no two lines are the same.
 
-What is kept: retime.json beside results.jsonl (the probes' folders under retime/), every round's
-steps, throughput and host load, the rounds run, the budget and why the re-timing stopped ("decided",
-"budget" or "over budget"); the analysis then ranks those cells on their pooled rounds and compares
-them round by round (analysis.speed). Runs probes, so it sits with the API, not in the analysis.
+What is kept: retime.json beside results.jsonl (the probes' folders under retime/), every round's steps,
+throughput and host load, the rounds run, the budget and why the re-timing stopped ("decided",
+"settled", "budget", "out of reach" or "over budget"); the analysis then ranks those cells on their
+pooled rounds and compares them round by round (analysis.speed). Runs probes, so it sits with the API,
+not in the analysis.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import dataclasses
 import time
 
 from .analysis.outcomes import ProbeOutcome, RunAnalysis, analyze, speed_candidates, tie_first, tie_order_key
-from .analysis.ranking import paired_ratios, ratio_interval, told_apart, undecided
+from .analysis.ranking import paired_ratios, provable, ratio_interval, told_apart, undecided
 from .analysis.speed import devices, retimed_throughput, round_medians
 from .config import Recipe
 from .plan import PlannedProbe
@@ -57,7 +62,9 @@ RETIME_MOST_CELLS = 3  # bounds the cost of the first rounds: 6 short probes at 
 RETIME_SHARE = 0.15
 RETIME_SAY_S = 9.0  # while rounds run, a line at least this often (the scheduler looks every second)
 # why the re-timing stopped
-DECIDED, SETTLED, BUDGET, OVER_BUDGET = "decided", "settled", "budget", "over budget"
+DECIDED, SETTLED, BUDGET, OVER_BUDGET, OUT_OF_REACH = "decided", "settled", "budget", "over budget", "out of reach"
+# the most two-round batches plan_more projects over when the rounds so far cost nothing measurable
+MOST_BATCHES = 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +182,8 @@ def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: f
     """The cells to re-time in two more rounds (still_open), or [] with timing["stopped"] set: DECIDED
     when no gap is open, SETTLED when the open gaps cannot change the recommendation (`settled`), BUDGET
     when two more rounds of them, at the rounds' mean cost per probe so far, would end past budget_s (by
-    default timing["budget_s"]). Pure: retime.json so far in."""
+    default timing["budget_s"]), OUT_OF_REACH when the rounds that do fit could not prove any open gap at
+    the swing the rounds so far show (`out_of_reach`). Pure: retime.json so far in."""
     budget_s = timing["budget_s"] if budget_s is None else budget_s
     more = still_open(timing, world)
     if not more:
@@ -185,10 +193,26 @@ def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: f
         timing["stopped"] = SETTLED
         return []
     per_probe = elapsed_s / max(1, len(timing["probes"]))
-    if elapsed_s + per_probe * 2 * len(more) > budget_s:
+    batch = per_probe * 2 * len(more)
+    if elapsed_s + batch > budget_s:
         timing["stopped"] = BUDGET
         return []
+    if out_of_reach(timing, world, more, int((budget_s - elapsed_s) // batch) if batch > 0 else MOST_BATCHES):
+        timing["stopped"] = OUT_OF_REACH
+        return []
     return more
+
+
+def out_of_reach(timing: dict, world: dict[str, int], more: list[str], batches: int) -> bool:
+    """Whether no gap still open (`more`) could be proven in the rounds the budget has left, `batches` of
+    two: each gap's per-round ratios so far, their mean and swing held, would still leave its lower bound
+    at or under the margin after them (ranking.provable). Rounds that could not decide are not run."""
+    rounds = round_medians(timing, world)
+    pooled = retimed_throughput(timing, world)
+    lead = max(pooled, key=lambda cell: pooled[cell].median)
+    done = max((p["round"] for p in timing["probes"]), default=0)
+    reach = done + 2 * batches
+    return not any(provable(paired_ratios(rounds, lead, c), reach) for c in more if c != lead)
 
 
 class Ticker:

@@ -164,6 +164,18 @@ def ratio_interval(ratios: list[float] | None) -> RatioInterval | None:
     return RatioInterval(math.exp(mean), math.exp(mean - bound), math.exp(mean + bound), tuple(ratios))
 
 
+def provable(ratios: list[float] | None, rounds: int, t: Thresholds = THRESHOLDS) -> bool:
+    """Whether `rounds` interleaved rounds could prove the gain the per-round `ratios` show so far, were
+    their mean and swing to hold: the one-sided 95% lower bound (ratio_interval's) at that many rounds above
+    1 + speed_margin. True where the ratios cannot say (fewer than two): nothing rules the gain out."""
+    if not ratios or len(ratios) < 2 or min(ratios) <= 0:
+        return True
+    logs = [math.log(r) for r in ratios]
+    n = max(rounds, len(logs))
+    quantile = T95[n - 2] if n - 1 <= len(T95) else NORMAL95
+    return statistics.fmean(logs) - quantile * statistics.stdev(logs) / math.sqrt(n) > math.log(1 + t.speed_margin)
+
+
 ROUNDS, MARGIN, SPREAD = "rounds", "margin", "spread"  # which rule decided a comparison
 
 

@@ -215,7 +215,7 @@ def unresolved_line(a: RunAnalysis) -> str | None:
     """When the adaptive re-timing spent its budget with a gap neither proven nor within the margin: which
     (their per-round figures are in the tie line, said once)."""
     t = a.timing
-    if not t or t.get("stopped") != "budget":
+    if not t or t.get("stopped") not in ("budget", "out of reach"):
         return None
     timed = [o for o in a.ranking if o.retimed]
     if len(timed) < 2:
@@ -370,6 +370,8 @@ def retime_intro(a: RunAnalysis) -> str:
         "settled": "more rounds could no longer change the recommended configuration (the gaps still open are "
         "between configurations it does not hinge on)",
         "budget": f"its budget of {budget_text(t)} was spent",
+        "out of reach": "the rounds left in its budget could not have proven the gaps still open at the swing its "
+        "rounds showed",
     }.get(t.get("stopped"))
     return (
         "Speed decided the recommendation, so the configurations of equal fidelity were re-timed back to back, "
