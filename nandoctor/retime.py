@@ -139,41 +139,42 @@ def interleaved(cells: list[str], rounds: int, first: int = 1) -> list[tuple[str
     return [(cell, r) for r in range(first, first + rounds) for cell in (cells if r % 2 else cells[::-1])]
 
 
+def standing(timing: dict, world: dict[str, int]) -> tuple[dict, str | None]:
+    """The rounds so far (analysis.speed.round_medians) and the fastest re-timed cell by its pooled rounds
+    (None with fewer than two cells re-timed): what every decision on more rounds starts from."""
+    rounds = round_medians(timing, world)
+    pooled = retimed_throughput(timing, world)
+    lead = max(pooled, key=lambda cell: pooled[cell].median) if len(pooled) >= 2 else None
+    return rounds, lead
+
+
 def still_open(timing: dict, world: dict[str, int]) -> list[str]:
     """The cells the next rounds would re-time: the fastest re-timed cell and those it may be faster than
     by more than the margin but the rounds cannot yet tell (ranking.undecided); [] when every gap is
     decided."""
-    rounds = round_medians(timing, world)
-    pooled = retimed_throughput(timing, world)
-    if len(pooled) < 2:
-        return []
-    lead = max(pooled, key=lambda cell: pooled[cell].median)
-    others = undecided(rounds, lead)
+    rounds, lead = standing(timing, world)
+    others = undecided(rounds, lead) if lead else []
     return [cell for cell in timing["cells"] if cell == lead or cell in others] if others else []
 
 
 def open_gaps(timing: dict, world: dict[str, int]) -> list[tuple[str, str, object]]:
     """(fastest, other, RatioInterval) for each gap still_open, for the line that says why rounds are added."""
     more = still_open(timing, world)
-    rounds = round_medians(timing, world)
-    pooled = retimed_throughput(timing, world)
     if not more:
         return []
-    lead = max(pooled, key=lambda cell: pooled[cell].median)
+    rounds, lead = standing(timing, world)
     return [(lead, c, ratio_interval(paired_ratios(rounds, lead, c))) for c in more if c != lead]
 
 
-def settled(timing: dict, world: dict[str, int], more: list[str]) -> bool:
+def settled(timing: dict, rounds: dict, lead: str, more: list[str]) -> bool:
     """Whether more rounds can no longer change which cell is recommended: of the re-timed cells not
-    proven slower than the fastest, the tie order's first (timing["tie_order"]) is the fastest itself or
-    one within the margin of it, not one of the open gaps (`more`). False without a tie order (a
-    retime.json written before it was kept)."""
+    proven slower than the fastest (`lead`, with the `rounds` so far: standing), the tie order's first
+    (timing["tie_order"]) is the fastest itself or one within the margin of it, not one of the open gaps
+    (`more`). False without a tie order (a retime.json written before it was kept)."""
     order = timing.get("tie_order")
     if not order:
         return False
-    pooled = retimed_throughput(timing, world)
-    lead = max(pooled, key=lambda cell: pooled[cell].median)
-    slower = set(told_apart(round_medians(timing, world), lead))
+    slower = set(told_apart(rounds, lead))
     first = next((cell for cell in order if cell not in slower), None)
     return first is not None and (first == lead or first not in more)
 
@@ -189,7 +190,8 @@ def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: f
     if not more:
         timing["stopped"] = DECIDED
         return []
-    if settled(timing, world, more):
+    rounds, lead = standing(timing, world)
+    if settled(timing, rounds, lead, more):
         timing["stopped"] = SETTLED
         return []
     per_probe = elapsed_s / max(1, len(timing["probes"]))
@@ -197,21 +199,19 @@ def plan_more(timing: dict, world: dict[str, int], elapsed_s: float, budget_s: f
     if elapsed_s + batch > budget_s:
         timing["stopped"] = BUDGET
         return []
-    if out_of_reach(timing, world, more, int((budget_s - elapsed_s) // batch) if batch > 0 else MOST_BATCHES):
+    batches = int((budget_s - elapsed_s) // batch) if batch > 0 else MOST_BATCHES
+    if out_of_reach(timing, rounds, lead, more, batches):
         timing["stopped"] = OUT_OF_REACH
         return []
     return more
 
 
-def out_of_reach(timing: dict, world: dict[str, int], more: list[str], batches: int) -> bool:
+def out_of_reach(timing: dict, rounds: dict, lead: str, more: list[str], batches: int) -> bool:
     """Whether no gap still open (`more`) could be proven in the rounds the budget has left, `batches` of
-    two: each gap's per-round ratios so far, their mean and swing held, would still leave its lower bound
-    at or under the margin after them (ranking.provable). Rounds that could not decide are not run."""
-    rounds = round_medians(timing, world)
-    pooled = retimed_throughput(timing, world)
-    lead = max(pooled, key=lambda cell: pooled[cell].median)
-    done = max((p["round"] for p in timing["probes"]), default=0)
-    reach = done + 2 * batches
+    two: each gap's per-round ratios so far (`rounds`, against `lead`: standing), their mean and swing
+    held, would still leave its lower bound at or under the margin after them (ranking.provable). Rounds
+    that could not decide are not run."""
+    reach = max((p["round"] for p in timing["probes"]), default=0) + 2 * batches
     return not any(provable(paired_ratios(rounds, lead, c), reach) for c in more if c != lead)
 
 
