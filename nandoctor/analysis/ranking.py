@@ -159,9 +159,15 @@ def ratio_interval(ratios: list[float] | None) -> RatioInterval | None:
     if not ratios or len(ratios) < 2 or min(ratios) <= 0:
         return None
     logs = [math.log(r) for r in ratios]
-    mean, n = statistics.fmean(logs), len(logs)
-    bound = (T95[n - 2] if n - 1 <= len(T95) else NORMAL95) * statistics.stdev(logs) / math.sqrt(n)
+    mean, bound = statistics.fmean(logs), log_bound(logs, len(logs))
     return RatioInterval(math.exp(mean), math.exp(mean - bound), math.exp(mean + bound), tuple(ratios))
+
+
+def log_bound(logs: list[float], rounds: int) -> float:
+    """The one-sided 95% half-width of the mean of per-round log ratios at `rounds` rounds, their swing
+    (standard deviation) as `logs` show it: Student's t over the rounds' own noise."""
+    quantile = T95[rounds - 2] if rounds - 1 <= len(T95) else NORMAL95
+    return quantile * statistics.stdev(logs) / math.sqrt(rounds)
 
 
 def provable(ratios: list[float] | None, rounds: int, t: Thresholds = THRESHOLDS) -> bool:
@@ -171,9 +177,7 @@ def provable(ratios: list[float] | None, rounds: int, t: Thresholds = THRESHOLDS
     if not ratios or len(ratios) < 2 or min(ratios) <= 0:
         return True
     logs = [math.log(r) for r in ratios]
-    n = max(rounds, len(logs))
-    quantile = T95[n - 2] if n - 1 <= len(T95) else NORMAL95
-    return statistics.fmean(logs) - quantile * statistics.stdev(logs) / math.sqrt(n) > math.log(1 + t.speed_margin)
+    return statistics.fmean(logs) - log_bound(logs, max(rounds, len(logs))) > math.log(1 + t.speed_margin)
 
 
 ROUNDS, MARGIN, SPREAD = "rounds", "margin", "spread"  # which rule decided a comparison
@@ -239,28 +243,27 @@ def paired_ratios(rounds: dict[str, dict[int, float]] | None, a: str, b: str) ->
     return ratios if len(ratios) >= 2 else None
 
 
+def _intervals(rounds: dict[str, dict[int, float]], lead: str):
+    """(other, RatioInterval of lead's per-round ratio over other's) for each other re-timed probe whose
+    rounds give one."""
+    for other in rounds:
+        interval = ratio_interval(paired_ratios(rounds, lead, other)) if other != lead else None
+        if interval is not None:
+            yield other, interval
+
+
 def undecided(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = THRESHOLDS) -> list[str]:
     """The re-timed probes the interleaved rounds cannot yet tell from `lead` (the fastest of them): the
     geometric mean of lead's per-round ratio over theirs is above 1 + speed_margin, but the one-sided 95%
     lower bound is not. More rounds may prove that gain; a cell whose mean ratio is already within the
     margin is a tie that more rounds would only confirm, so it is not listed (retime.py stops for it)."""
-    out = []
-    for other in rounds:
-        interval = ratio_interval(paired_ratios(rounds, lead, other)) if other != lead else None
-        if interval is not None and interval.ratio > 1 + t.speed_margin >= interval.low:
-            out.append(other)
-    return out
+    return [other for other, i in _intervals(rounds, lead) if i.ratio > 1 + t.speed_margin >= i.low]
 
 
 def told_apart(rounds: dict[str, dict[int, float]], lead: str, t: Thresholds = THRESHOLDS) -> list[str]:
     """The re-timed probes the interleaved rounds prove slower than `lead`: the one-sided 95% lower bound
     of lead's per-round ratio over theirs is above 1 + speed_margin (compare_speed's rule on rounds)."""
-    out = []
-    for other in rounds:
-        interval = ratio_interval(paired_ratios(rounds, lead, other)) if other != lead else None
-        if interval is not None and interval.low > 1 + t.speed_margin:
-            out.append(other)
-    return out
+    return [other for other, i in _intervals(rounds, lead) if i.low > 1 + t.speed_margin]
 
 
 def retime_candidates(
