@@ -282,14 +282,19 @@ class Thresholds:
         times that length (None for a figure that is absent or not finite)."""
         return logp_diff_mean * self.rollout_reference_tokens if _finite(logp_diff_mean) else None
 
+    def mask_cap(self, cap) -> float:
+        """The sequence-mask cap a run masked at: its own (a GRPOConfig's vllm_importance_sampling_clip_max,
+        as the record's rollout_mismatch.mask_cap holds it) where it is a positive number, else
+        rollout_ratio_cap."""
+        return float(cap) if _finite(cap) and cap > 0 else self.rollout_ratio_cap
+
     def off_policy(self, logp_diff_mean, masked_share, cap: float | None = None) -> list[str]:
         """Why a rollout's mismatch is beyond the bounds: 'extrapolated' when the ratio bound at
         rollout_reference_tokens leaves [1/cap, cap], 'masked' when some of the probe's own completions
         crossed the cap; [] when neither (or nothing was measured). cap: the run's own sequence-mask cap
         (a GRPOConfig's vllm_importance_sampling_clip_max), rollout_ratio_cap where it has none."""
         bound = self.rollout_log_ratio(logp_diff_mean)
-        cap = cap if _finite(cap) and cap > 0 else self.rollout_ratio_cap
-        out = ["extrapolated"] if bound is not None and bound > math.log(cap) else []
+        out = ["extrapolated"] if bound is not None and bound > math.log(self.mask_cap(cap)) else []
         return out + (["masked"] if _finite(masked_share) and masked_share > 0 else [])
 
     def unjudged(self, steps: int) -> list[str]:

@@ -7,6 +7,7 @@ verdict is made here: the figures are shown as measured."""
 from __future__ import annotations
 
 from ..analysis.outcomes import ProbeOutcome, RunAnalysis
+from ..thresholds import THRESHOLDS
 from .charts import line_chart
 from .formatting import label
 
@@ -89,7 +90,7 @@ def rl_markdown(a: RunAnalysis) -> list[str]:
     if not outcomes:
         return []
     m = outcomes[0].record.rollout_mismatch
-    reading = READING.format(engine=engine_names(a), cap=m.get("mask_cap", 3.0))
+    reading = READING.format(engine=engine_names(a), cap=THRESHOLDS.mask_cap(m.get("mask_cap")))
     return [
         "## RL: rollout vs training log-probs",
         "",
@@ -138,6 +139,6 @@ def rl_html(a: RunAnalysis) -> dict | None:
     if not outcomes:
         return None
     m = outcomes[0].record.rollout_mismatch
-    reading = READING.format(engine=engine_names(a), cap=m.get("mask_cap", 3.0))
+    reading = READING.format(engine=engine_names(a), cap=THRESHOLDS.mask_cap(m.get("mask_cap")))
     reading = " ".join([reading, *engine_notes(a)]).replace("`", "")
     return {"intro": reading, "rows": rl_rows(a), "svg": position_chart(a)}

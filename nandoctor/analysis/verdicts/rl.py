@@ -19,9 +19,7 @@ def rollout_failures(mismatch: dict | None, t: Thresholds = THRESHOLDS) -> list[
     """One clause per way an RL probe's rollout mismatch (record.rollout_mismatch) is beyond the bounds
     (Thresholds.off_policy), each with its figures; [] when inside them or not measured."""
     m = mismatch or {}
-    mean, masked = m.get("logp_diff_mean"), m.get("masked_share")
-    cap = m.get("mask_cap") if isinstance(m.get("mask_cap"), (int, float)) and m["mask_cap"] > 0 else None
-    cap = cap or t.rollout_ratio_cap  # the run's own cap (a GRPOConfig's), TRL's default where it has none
+    mean, masked, cap = m.get("logp_diff_mean"), m.get("masked_share"), t.mask_cap(m.get("mask_cap"))
     out = []
     for cause in t.off_policy(mean, masked, cap):
         if cause == "extrapolated":
