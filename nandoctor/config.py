@@ -49,7 +49,7 @@ OBJECTIVES = ("sft", "grpo")
 # on a CUDA GPU where vllm imports (and can hold the weights as trained), generate() otherwise, said in the record
 ROLLOUT_ENGINES = ("auto", "generate", "vllm")
 # the dtypes vLLM holds weights in; an autocast cell's engine holds its compute dtype (vLLM has no autocast)
-VLLM_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+VLLM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)

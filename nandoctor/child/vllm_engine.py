@@ -21,8 +21,6 @@ import shutil
 import tempfile
 import weakref
 
-from ..config import VLLM_DTYPES
-
 # the engine's KV cache, fixed: vLLM then sizes nothing from the GPU's free memory, which other probes
 # packed on the same GPU change while it would measure it
 KV_CACHE_BYTES = 1 << 30
@@ -115,7 +113,7 @@ class VllmEngine:
         with _trainer_settings():
             self.llm = LLM(
                 model=self.dir,
-                dtype=VLLM_DTYPES[compute],
+                dtype=compute,  # a cell's compute dtype is one vLLM holds (config.VLLM_DTYPES)
                 seed=seed,
                 enforce_eager=True,  # no CUDA graphs to capture: a probe samples a few batches
                 skip_tokenizer_init=True,  # prompts go in as token ids, completions come back as ids

@@ -197,38 +197,37 @@ class Judge:
     def stepped(self) -> None:
         """After the optimizer step of the first judged step: its update loss, measured once, as a probe's
         forensics hold it for the stall rule (classify's stall_verdict)."""
-        updates, self.updates = self.updates, None
-        if updates is None:
-            return
         if not self.steps:
-            updates.remove()
+            self._take_off("updates")
             return
-        self.forensics = update_figures(updates, self.steps[0].step)
+        updates, self.updates = self.updates, None
+        if updates is not None:
+            self.forensics = update_figures(updates, self.steps[0].step)  # which takes its hooks off
 
     def unhook(self) -> None:
         """Take the step-0 hooks off the model and its optimizer, if they are still on."""
-        step0, self.step0 = self.step0, None
-        if step0 is not None:
-            step0.remove()
-        updates, self.updates = self.updates, None
-        if updates is not None:
-            updates.remove()
-        routing, self.routing = self.routing, None
-        if routing is not None:
-            routing.remove()
+        for held in ("step0", "updates", "routing"):
+            self._take_off(held)
+
+    def _take_off(self, held: str):
+        """The hooks held in attribute `held`, taken off the model (or optimizer) and no longer held; None
+        where none were."""
+        hooks = getattr(self, held)
+        setattr(self, held, None)
+        if hooks is not None:
+            hooks.remove()
+        return hooks
 
     def _check_step0(self, record: Step) -> None:
         events = self.step0.end_step(record.step)
-        self.step0.remove()
+        step0 = self._take_off("step0")
         f = {
             "compute_dtype": self.run.cell.precision.compute,
-            "activation_absmax": self.step0.activation_absmax,
-            "gradient_absmax": self.step0.gradient_absmax,
+            "activation_absmax": step0.activation_absmax,
+            "gradient_absmax": step0.gradient_absmax,
         }
-        self.step0 = None
-        routing, self.routing = self.routing, None
+        routing = self._take_off("routing")
         if routing is not None:
-            routing.remove()
             self.moe = routing.figures()
         checks = check_results(self.record([record]), self.run.vocab, self.run.random_init) + headroom_checks(
             f, events, record.scale
