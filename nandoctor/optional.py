@@ -21,7 +21,10 @@ import sys
 # anything else imports transformers: transformers caches is_scipy_available() and is_sklearn_available(),
 # and a process that asked them before (a test process, the planner) would then fail to import those
 # modules. A module that imports either itself later still gets it.
-UNUSED_BY_PROBES = ("scipy", "sklearn")
+# Likewise boto3 (accelerate's SageMaker config imports it wherever it is installed) and trio (an HTTP
+# client's optional async backend, under transformers' hub code): a probe makes no network call, and the
+# two cost a warm worker 0.3-0.5 s of its import on a 2-core CPU (bench/RESULTS.md).
+UNUSED_BY_PROBES = ("scipy", "sklearn", "boto3", "trio")
 
 
 @contextlib.contextmanager

@@ -134,31 +134,38 @@ def test_a_grids_stable_probes_are_not_replayed_and_still_get_their_headroom(sma
     assert "none; measured on timed step 0 by read-only hooks" in (Path(run_dir) / "report.md").read_text()
 
 
+UNUSED = ("scipy", "sklearn", "boto3", "trio")  # where installed, as all four are on the development VM
+
+
 @pytest.mark.slow
-def test_the_warm_workers_import_leaves_out_scipy_and_sklearn_which_no_probe_uses():
+def test_the_warm_workers_import_leaves_out_what_no_probe_uses_and_freezes_what_it_imported():
     # transformers imports scipy.optimize for its object-detection losses only; transformers 5.17 imports
     # sklearn.metrics (and through it scipy and an OpenMP pool) for assisted generation where scikit-learn
-    # is installed, as on the GPU host's image
+    # is installed, as on the GPU host's image; accelerate imports boto3 for its SageMaker config, and the
+    # hub's HTTP client trio for an async backend
     code = (
-        "import sys; from nandoctor.child.worker import preload; preload(); preload('llama'); "
-        "print(sorted({'scipy', 'sklearn'} & set(sys.modules)))"
+        "import gc, json, sys; from nandoctor.child.worker import preload; preload(); preload('llama'); "
+        f"print(json.dumps([sorted(set({UNUSED!r}) & set(sys.modules)), gc.get_freeze_count(), gc.isenabled()]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
-    assert out.splitlines()[-1] == "[]"
+    imported, frozen, collecting = json.loads(out.splitlines()[-1])
+    assert imported == []
+    # torch's and transformers' objects are out of every later collection, and the collector is on again
+    assert frozen > 100_000 and collecting
 
 
 # a cold probe (`python -m nandoctor.child SPEC RESULT`, as the SLURM and Ray executors and --cold start it),
-# saying at its exit which of scipy and sklearn it had imported
+# saying at its exit which of the packages no probe uses it had imported
 COLD_PROBE = textwrap.dedent("""
     import atexit, runpy, sys
-    atexit.register(lambda: print(sorted({"scipy", "sklearn"} & set(sys.modules))))
+    atexit.register(lambda: print(sorted({"scipy", "sklearn", "boto3", "trio"} & set(sys.modules))))
     sys.argv = ["nandoctor.child", *sys.argv[1:]]
     runpy.run_module("nandoctor.child", run_name="__main__", alter_sys=True)
 """)
 
 
 @pytest.mark.slow
-def test_a_cold_probe_imports_what_a_warm_worker_does_and_leaves_out_scipy_and_sklearn(tmp_path):
+def test_a_cold_probe_imports_what_a_warm_worker_does_and_leaves_out_what_no_probe_uses(tmp_path):
     from nandoctor import jsonio
     from nandoctor.cells import Cell
     from nandoctor.models import plan_model

@@ -11,13 +11,23 @@ die_with_parent()
 if parent_gone(os.environ.pop(PARENT_ENV, None), os.getppid()):
     sys.exit(1)  # it died while this process started: nobody waits for this probe's result
 
+import json  # noqa: E402
+
 from .worker import preload  # noqa: E402
 
-# What a warm worker imports before its first fork, hiding what it hides (worker.preload): a cold probe
-# then trains on the same imports as a warm one, and skips scipy's second of import on a 2-core CPU. An
-# import that fails here fails again inside the probe, which records it as a warm probe's would be.
+# What a warm worker imports before its first fork, its model's modeling code and peft for an adapter
+# included (the spec says which), hiding what it hides (worker.preload): a cold probe then trains on the
+# same imports as a warm one, and skips what no probe uses (scipy's second of import on a 2-core CPU). An
+# import that fails here, or a spec that does not read, fails again inside the probe, which records it as
+# a warm probe's would be.
 try:
-    preload()
+    with open(sys.argv[1]) as f:
+        spec = json.load(f)
+    model_type, adapter = spec["model_plan"]["model_type"], spec["recipe"]["adapter"]["type"] != "none"
+except Exception:
+    model_type, adapter = None, False
+try:
+    preload(model_type, adapter)
 except Exception:
     pass
 
