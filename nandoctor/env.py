@@ -21,6 +21,10 @@ from .device import DeviceFacts
 # Every probe process of one run carries its run directory in this variable (set by the scheduler): a
 # process whose environment holds the same value is the run's own, not another user's load.
 RUN_DIR_ENV = "NANDOCTOR_RUN_DIR"
+# ... and the process that runs the session as "PID:START" (its start time as psutil gives it, so that a
+# probe on another node, where that pid is some other process, matches nothing): the runner is the run's
+# own too, though it was started without RUN_DIR_ENV
+RUNNER_ENV = "NANDOCTOR_RUNNER"
 VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 # The OpenMP settings that decide how a probe's CPU threads run: how an idle one waits (the standard
 # name, GNU libgomp's and Intel's), and how many (torch's default). Both libraries read them when they load.
@@ -159,9 +163,21 @@ def get_process_env(pid: int, name: str) -> str | None:
     return None
 
 
+def get_own_process_key() -> tuple | None:
+    """This process as get_run_cpu_s keys the run's processes: (pid, start time); None without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        return (os.getpid(), psutil.Process().create_time())
+    except psutil.Error:
+        return None
+
+
 def get_run_cpu_s() -> dict | None:
     """{(pid, start time): CPU seconds} of this run's other processes (RUN_DIR_ENV holding this process's
-    value, this process excluded); {} outside a run, None without psutil."""
+    value, and the runner RUNNER_ENV names; this process excluded); {} outside a run, None without psutil."""
     try:
         import psutil
     except ImportError:
@@ -169,18 +185,33 @@ def get_run_cpu_s() -> dict | None:
     run = os.environ.get(RUN_DIR_ENV)
     if not run:
         return {}
-    out = {}
-    for pid in psutil.pids():
-        if pid == os.getpid() or get_process_env(pid, RUN_DIR_ENV) != run:
-            continue
+
+    def cpu_s(pid: int) -> tuple[tuple, float] | None:
         try:
             proc = psutil.Process(pid)
             with proc.oneshot():
                 t = proc.cpu_times()
-                out[(pid, proc.create_time())] = t.user + t.system
+                return (pid, proc.create_time()), t.user + t.system
         except psutil.Error:  # ended meanwhile
-            continue
+            return None
+
+    own = (cpu_s(pid) for pid in psutil.pids() if pid != os.getpid() and get_process_env(pid, RUN_DIR_ENV) == run)
+    out = dict(found for found in own if found)
+    runner = runner_key()
+    if runner and runner not in out and runner[0] != os.getpid():
+        found = cpu_s(runner[0])
+        if found and found[0] == runner:  # on another node that pid is some other process
+            out[runner] = found[1]
     return out
+
+
+def runner_key() -> tuple | None:
+    """(pid, start time) of the run's runner, from RUNNER_ENV; None outside a run or when it does not read."""
+    try:
+        pid, start = os.environ[RUNNER_ENV].split(":")
+        return (int(pid), float(start))
+    except (KeyError, ValueError):
+        return None
 
 
 def get_host_sample(cpus: set[int] | None = None) -> dict:
@@ -208,7 +239,8 @@ def cpu_cores_between(before: dict, after: dict) -> tuple[float | None, float | 
 def host_load(before: dict) -> dict:
     """Other processes' use of the host since `before` (a get_host_sample): the cores they kept busy on
     average (None without psutil), the load averages now, and the GPUs' use by other processes. This
-    run's own other processes (its sibling probes, RUN_DIR_ENV) are not "other": the cores they kept busy
+    run's own other processes (its sibling probes and warm workers, RUN_DIR_ENV, and its runner, RUNNER_ENV)
+    are not "other": the cores they kept busy
     are `run_cpu_cores`, apart. (A sibling that ended within the window took its CPU time with it: that
     time stays in `other_cpu_cores`.)"""
     after = get_host_sample()

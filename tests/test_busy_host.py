@@ -176,6 +176,65 @@ def test_a_cuda_probe_and_a_rank_keep_their_planned_threads(no_openmp_settings, 
     assert threads.start(cpu, 2) == (2, None)  # a rank of two: half the probe's threads, as planned
 
 
+def sample_in_a_fork() -> dict | None:
+    """What threads.inherited_sample() gives a child this process forks (as a warm worker forks a probe)."""
+    from nandoctor import jsonio
+    from nandoctor.child import threads
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read)
+            sample = threads.inherited_sample()
+            if sample:  # JSON has no tuple keys: [pid, start, CPU seconds] per process
+                sample = {**sample, "run_s": [[*key, cpu] for key, cpu in sample["run_s"].items()]}
+            os.write(write, jsonio.dumps(sample).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)
+
+
+def test_a_probe_a_warm_worker_forks_measures_from_the_workers_idle_moment(monkeypatch):
+    """note_idle in this process (as a warm worker, idle, samples the host), then a real fork: the child
+    starts its window at that sample, its own CPU from zero and this process's among the run's; a sample
+    older than IDLE_SAMPLE_MOST_S, or this process itself, gets none (it samples afresh)."""
+    pytest.importorskip("psutil", reason="without psutil the host's CPU load is not measured")
+    from nandoctor.child import threads
+    from nandoctor.env import RUN_DIR_ENV, get_own_process_key
+
+    monkeypatch.setenv(RUN_DIR_ENV, "/runs/ours")
+    monkeypatch.setattr(threads, "_idle", None)
+    threads.note_idle()
+    inherited = sample_in_a_fork()
+    assert inherited["wall"] == threads._idle["wall"] and inherited["own_s"] == 0.0
+    me = get_own_process_key()
+    assert [*me, threads._idle["run_s"][me]] in inherited["run_s"]  # this process's CPU so far: the run's
+    assert threads.inherited_sample() is None  # not in the worker itself
+    monkeypatch.setitem(threads._idle, "wall", threads._idle["wall"] - threads.IDLE_SAMPLE_MOST_S - 1.0)
+    assert sample_in_a_fork() is None
+
+
+def test_a_cpu_probe_starts_its_window_at_the_inherited_sample_when_there_is_one(monkeypatch, torch_threads):
+    from nandoctor.child import threads
+    from nandoctor.models import plan_model
+    from nandoctor.recipes import resolve_model
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    recipe = resolve_model("tiny-llama")
+    cell = Cell("fp32", "sdpa", "off")
+    spec = ProbeSpec(cell.id, recipe, cell, plan_model(recipe, {"device": "cpu"}), 2, recipe.seed, "cpu", 2)
+    inherited = {"wall": 1.0, "busy_s": 5.0, "own_s": 0.0, "run_s": {}}
+    monkeypatch.setattr(threads, "inherited_sample", lambda: inherited)
+    assert threads.start(spec, 1) == (2, inherited)
+    monkeypatch.setattr(threads, "inherited_sample", lambda: None)
+    assert threads.start(spec, 1)[1]["wall"] > 1.0  # sampled now
+
+
 def test_free_cores_are_a_share_of_the_probes_own_plan():
     """4 probes at once on 16 cores (4 threads each), 8 cores busy elsewhere: each keeps half its share."""
     from nandoctor.child import threads

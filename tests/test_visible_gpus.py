@@ -16,6 +16,7 @@ from nandoctor import env
 from nandoctor.child.launch import rank_env
 from nandoctor.env import (
     RUN_DIR_ENV,
+    RUNNER_ENV,
     get_gpu_count_guess,
     get_gpu_load,
     get_host_sample,
@@ -241,6 +242,36 @@ def test_the_cpu_time_of_the_runs_own_probes_is_not_other_load(monkeypatch):
             proc.wait()
     assert 0.35 <= sample["run_cpu_cores"] * sample["wall_s"] <= 0.6  # the sibling's 0.4 s, not the other's
     assert sample["other_cpu_cores"] * sample["wall_s"] >= 0.35  # the other run's 0.4 s (and the host's own)
+
+
+@pytest.mark.parametrize("named_right", [True, False])
+def test_the_runner_named_with_its_start_time_is_the_runs_own(monkeypatch, named_right):
+    """The process RUNNER_ENV names (a session's runner, started without RUN_DIR_ENV) burns 0.4 CPU seconds
+    while this process samples: the run's own when the start time in the name is its own, other load when
+    it is not (on another node that pid is some other process)."""
+    psutil = pytest.importorskip("psutil", reason="without psutil the host's CPU load is not measured")
+    monkeypatch.setenv(RUN_DIR_ENV, "/runs/ours")
+    outside = {k: v for k, v in os.environ.items() if k != RUN_DIR_ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SPINNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=outside
+    )
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        start = psutil.Process(proc.pid).create_time() + (0.0 if named_right else 1.0)
+        monkeypatch.setenv(RUNNER_ENV, f"{proc.pid}:{start!r}")
+        before = get_host_sample()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "done\n"
+        sample = host_load(before)
+    finally:
+        proc.kill()
+        proc.wait()
+    own_s, other_s = (sample[k] * sample["wall_s"] for k in ("run_cpu_cores", "other_cpu_cores"))
+    if named_right:
+        assert 0.35 <= own_s <= 0.6
+    else:
+        assert own_s == 0.0 and other_s >= 0.35
 
 
 def test_host_load_outside_a_run_has_no_siblings(monkeypatch):

@@ -36,6 +36,7 @@ from ..cells import PACKAGES
 from ..optional import UNUSED_BY_PROBES, hidden
 from ..record import PARENT_ENV, Exited, Fork, Preload, Ready, Started, message_line, read_message
 from .lifetime import die_with_parent, parent_gone
+from .threads import note_idle
 
 
 def thread_count() -> int | None:
@@ -159,10 +160,12 @@ def serve(commands_fd: int, messages_fd: int) -> int:
 
     preload()
     send(Ready(os.getpid(), thread_count()))
+    note_idle()  # the next probe measures the free cores from here (child/threads.py)
     for line in os.fdopen(commands_fd):
         command = read_message(line)
         if isinstance(command, Preload):
             preload(command.model_type, command.adapter)
+            note_idle()
             continue
         if not isinstance(command, Fork):
             continue
@@ -175,6 +178,7 @@ def serve(commands_fd: int, messages_fd: int) -> int:
         send(Started(pid, threads))
         _, status = os.waitpid(pid, 0)
         send(Exited(pid, os.waitstatus_to_exitcode(status)))
+        note_idle()
     return 0
 
 

@@ -27,7 +27,7 @@ import signal
 import socket
 import sys
 
-from ..env import RUN_DIR_ENV
+from ..env import RUN_DIR_ENV, RUNNER_ENV
 from ..record import PARENT_ENV, ZYGOTE_ENV
 from .lifetime import die_with_parent
 from .worker import preload, serve
@@ -38,6 +38,7 @@ ZYGOTE_PER_RUN = frozenset(
     {
         PARENT_ENV,
         RUN_DIR_ENV,
+        RUNNER_ENV,
         ZYGOTE_ENV,
         "PYTEST_CURRENT_TEST",
         # the run's cache (run/cache.py), read when a probe is looked up, and the inductor cache in it

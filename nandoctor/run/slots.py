@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..device import DeviceFacts
-from ..env import OPENMP_WAIT_ENV, RUN_DIR_ENV, VISIBLE_DEVICES_ENV
+from ..env import OPENMP_WAIT_ENV, RUN_DIR_ENV, RUNNER_ENV, VISIBLE_DEVICES_ENV, get_own_process_key
 from ..record import PARENT_ENV, Exited, Fork, Preload, message_line, read_message
 from .cache import default_cache_dir
 from .zygote import ZygoteWorker, fork_worker
@@ -93,8 +93,9 @@ def inductor_cache_env() -> dict:
 def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
     """The environment of a probe process (and of a warm worker): this one's, with `gpus` as its
     CUDA_VISIBLE_DEVICES when given (the GPUs it was allotted, as this process was given them),
-    `run` (the run's directory) as RUN_DIR_ENV, which tells the run's own processes from other users'
-    load (env.host_load), and OpenMP's short spin (OPENMP_WAIT) unless the user set how threads wait."""
+    `run` (the run's directory) as RUN_DIR_ENV and this process as RUNNER_ENV, which tell the run's own
+    processes from other users' load (env.host_load), and OpenMP's short spin (OPENMP_WAIT) unless the
+    user set how threads wait."""
     env = dict(os.environ)
     if not any(name in env for name in OPENMP_WAIT_ENV):
         env.update(OPENMP_WAIT)
@@ -102,6 +103,9 @@ def probe_env(gpus: str | None = None, run: str | None = None) -> dict:
         env[VISIBLE_DEVICES_ENV] = gpus
     if run is not None:
         env[RUN_DIR_ENV] = run
+        runner = get_own_process_key()
+        if runner:
+            env[RUNNER_ENV] = f"{runner[0]}:{runner[1]!r}"
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault leaves its Python stack in log.txt
     env["TOKENIZERS_PARALLELISM"] = "false"
