@@ -239,10 +239,9 @@ def cpu_cores_between(before: dict, after: dict) -> tuple[float | None, float | 
 def host_load(before: dict) -> dict:
     """Other processes' use of the host since `before` (a get_host_sample): the cores they kept busy on
     average (None without psutil), the load averages now, and the GPUs' use by other processes. This
-    run's own other processes (its sibling probes and warm workers, RUN_DIR_ENV, and its runner, RUNNER_ENV)
-    are not "other": the cores they kept busy
-    are `run_cpu_cores`, apart. (A sibling that ended within the window took its CPU time with it: that
-    time stays in `other_cpu_cores`.)"""
+    run's own other processes (its sibling probes and warm workers, RUN_DIR_ENV, and its runner,
+    RUNNER_ENV) are not "other": the cores they kept busy are `run_cpu_cores`, apart. (A sibling that
+    ended within the window took its CPU time with it: that time stays in `other_cpu_cores`.)"""
     after = get_host_sample()
     other, run = cpu_cores_between(before, after)
     return {
