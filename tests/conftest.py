@@ -4,6 +4,7 @@ import functools
 import gc
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -362,6 +363,33 @@ def record_list(run_dir: Path) -> list[dict]:
 def records(run_dir: Path) -> dict[str, dict]:
     """{probe_id: record} of a run's results.jsonl."""
     return {r["probe_id"]: r for r in record_list(run_dir)}
+
+
+def cpu_bisect(out: Path, *args) -> tuple:
+    """`nandoctor bisect ARGS --out OUT` on the CPU of any host, which must exit 0: (the finished process,
+    bisect.json, {probe_id: record}, {probe_id: summary probe})."""
+    proc = run_cli("bisect", *args, "--out", out, on_cpu=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, bisection(out), records(out), summary_probes(out)
+
+
+def assert_only_bad_is_off_policy(records: dict, probes: dict, good: str, bad: str, attn: str) -> None:
+    """Two GRPO probes that scored the same sampled tokens with the same engine attention `attn`: good's
+    rollout-training mismatch is inside the bound the verdict names and stable, bad's past it and
+    off-policy, its reason naming its own figure."""
+    from nandoctor.thresholds import THRESHOLDS
+
+    apart, same = records[bad]["rollout_mismatch"], records[good]["rollout_mismatch"]
+    assert apart["engine_attn"] == same["engine_attn"] == attn
+    assert apart["tokens"] == same["tokens"] and apart["sequences"] == same["sequences"]
+    cap = math.log(THRESHOLDS.rollout_ratio_cap)  # the most a 4,096-token completion's log-ratio may reach
+    assert (
+        THRESHOLDS.rollout_log_ratio(same["logp_diff_mean"])
+        < cap
+        < THRESHOLDS.rollout_log_ratio(apart["logp_diff_mean"])
+    )
+    assert probes[good]["verdict"] == "stable" and probes[bad]["verdict"] == "off-policy"
+    assert probes[bad]["reason"].startswith(f"mean |dlogp| {apart['logp_diff_mean']:.2e} between rollout and training")
 
 
 def result_lines(run_dir: Path, complete: bool = False) -> list[str]:

@@ -6,12 +6,8 @@ the eager ops round each to bf16, put it at 8.0e-4, past the off-policy bound (d
 between the two cells, one inductor compile (seconds once inductor's cache under the nandoctor cache
 directory holds its graphs)."""
 
-import math
-
 import pytest
-from conftest import bisection, records, run_cli, summary_probes
-
-from nandoctor.thresholds import THRESHOLDS
+from conftest import assert_only_bad_is_off_policy, cpu_bisect
 
 pytestmark = pytest.mark.slow  # real models sample and score; the bisection spawns probe processes
 
@@ -22,16 +18,12 @@ GOOD, BAD = "bf16-amp/eager/off", "bf16-amp/eager/inductor"
 def bisected(tmp_path_factory):
     """bisect --objective grpo from bf16-amp/eager/off to bf16-amp/eager/inductor against an eager
     engine: (the finished process, bisect.json, {probe_id: record}, {probe_id: summary probe})."""
-    out = tmp_path_factory.mktemp("rl-compile") / "bisect"
-    proc = run_cli(
-        "bisect",
+    return cpu_bisect(
+        tmp_path_factory.mktemp("rl-compile") / "bisect",
         *("--objective", "grpo", "--steps", "2", "--set", "forensics_steps=0", "--set", "rollout.attn=eager"),
         *("--good", "dtype=bf16-amp,attn=eager,compile=off", "--bad", "dtype=bf16-amp,attn=eager,compile=inductor"),
-        *("--reruns", "0", "--out", out),
-        on_cpu=True,
+        *("--reruns", "0"),
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, bisection(out), records(out), summary_probes(out)
 
 
 def test_an_inductor_compiled_trainer_is_off_policy_where_the_uncompiled_one_is_not(bisected):
@@ -40,17 +32,7 @@ def test_an_inductor_compiled_trainer_is_off_policy_where_the_uncompiled_one_is_
     _, _, records, probes = bisected
     compiled, eager = records[BAD], records[GOOD]
     assert compiled["compile_s"] is not None and eager["compile_s"] is None
-    cap = math.log(THRESHOLDS.rollout_ratio_cap)  # the most a 4,096-token completion's log-ratio may reach
-    apart, same = compiled["rollout_mismatch"], eager["rollout_mismatch"]
-    assert apart["engine_attn"] == same["engine_attn"] == "eager"
-    assert apart["tokens"] == same["tokens"] and apart["sequences"] == same["sequences"]
-    assert (
-        THRESHOLDS.rollout_log_ratio(same["logp_diff_mean"])
-        < cap
-        < THRESHOLDS.rollout_log_ratio(apart["logp_diff_mean"])
-    )
-    assert probes[GOOD]["verdict"] == "stable" and probes[BAD]["verdict"] == "off-policy"
-    assert probes[BAD]["reason"].startswith(f"mean |dlogp| {apart['logp_diff_mean']:.2e} between rollout and training")
+    assert_only_bad_is_off_policy(records, probes, GOOD, BAD, "eager")
 
 
 def test_bisect_names_compile_when_only_the_trainer_is_compiled(bisected):
